@@ -1,0 +1,5 @@
+import sys
+
+from bumblebot.cli import main
+
+sys.exit(main())

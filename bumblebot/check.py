@@ -1,0 +1,91 @@
+"""``bumblebot check``: validate the config, then try the endpoint and each enabled platform.
+
+Prints one line per check (``ok`` or what is wrong and how to fix it). Secrets are never
+printed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from bumblebot.config import Secrets, Settings, effective_base_url
+from bumblebot.entity import Entity
+from bumblebot.errors import ModelError
+from bumblebot.llm import LLM
+
+
+def _line(ok: bool, what: str, detail: str = "") -> None:
+    print(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}")
+
+
+async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> list[str]:
+    """Run every check; returns the list of problems (empty when all is well)."""
+    problems: list[str] = []
+
+    def fail(what: str, detail: str) -> None:
+        problems.append(what)
+        _line(False, what, detail)
+
+    _line(True, "config", f"entity {entity.name!r} from {entity.source_path}; data in {settings.data_dir}")
+    base_url = effective_base_url(settings, secrets)
+    llm = LLM(
+        settings.llm,
+        base_url=base_url,
+        api_key=secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None,
+    )
+    try:
+        for model in dict.fromkeys([llm.model, llm.reflex_model]):
+            await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
+            _line(True, f"model {model}", f"answered at {base_url}")
+    except ModelError as exc:
+        hint = "check llm.base_url / OPENAI_BASE_URL, OPENAI_API_KEY and llm.model"
+        fail("model endpoint", f"{exc} ({hint})")
+    finally:
+        await llm.aclose()
+
+    tg = settings.telegram
+    if tg.enabled:
+        if not secrets.telegram_bot_token:
+            fail("telegram", "TELEGRAM_BOT_TOKEN is not set (create a bot with @BotFather), or set telegram.enabled: false")
+        else:
+            url = f"{tg.base_url}{secrets.telegram_bot_token.get_secret_value()}/getMe"
+            result = await _get_json(url)
+            if isinstance(result, dict) and result.get("ok"):
+                _line(True, "telegram", f"bot @{result['result'].get('username')}")
+                if not tg.allowed_user_ids and not tg.allowed_chat_ids:
+                    _line(True, "telegram allowlist", "empty: anyone who finds the bot can talk to it")
+            else:
+                fail("telegram", f"getMe failed ({_describe(result)}); check TELEGRAM_BOT_TOKEN")
+    dc = settings.discord
+    if dc.enabled:
+        if not secrets.discord_bot_token:
+            fail("discord", "DISCORD_BOT_TOKEN is not set (Developer Portal > your app > Bot > Reset Token)")
+        else:
+            headers = {"Authorization": f"Bot {secrets.discord_bot_token.get_secret_value()}"}
+            result = await _get_json(f"{dc.api_base_url}/users/@me", headers)
+            if isinstance(result, dict) and "id" in result:
+                _line(True, "discord", f"bot {result.get('username')}")
+            else:
+                fail("discord", f"/users/@me failed ({_describe(result)}); check DISCORD_BOT_TOKEN")
+    if not problems:
+        print("all checks passed")
+    return problems
+
+
+async def _get_json(url: str, headers: dict[str, str] | None = None) -> Any:
+    try:
+        async with httpx.AsyncClient(timeout=15) as client:
+            response = await client.get(url, headers=headers)
+        return response.json() if response.content else {"status": response.status_code}
+    except (httpx.HTTPError, ValueError) as exc:
+        return exc
+
+
+def _describe(result: Any) -> str:
+    if isinstance(result, Exception):
+        return type(result).__name__  # never the URL: it contains the token
+    if isinstance(result, dict):
+        return str(result.get("description") or result.get("message") or result.get("status"))
+    return "unexpected answer"

@@ -1,0 +1,313 @@
+"""Command line: ``bumblebot run | chat | check | trace`` and ``--version``.
+
+This is the one module that wires ``adapters/`` and ``tools/`` to the engine.
+
+Exit codes: 0 on a clean stop; 1 when a platform or the endpoint fails at start or while
+running (e.g. a second instance with the same Telegram token); 2 for a configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import signal
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from bumblebot import __version__
+from bumblebot.config import Secrets, Settings, effective_base_url, find_config, load_secrets, load_settings
+from bumblebot.engine import Engine
+from bumblebot.entity import Entity, load_entity
+from bumblebot.errors import AdapterError, BumblebotError, ConfigError, StoreError
+from bumblebot.llm import LLM, CapabilityMemory
+from bumblebot.logs import setup_logging
+from bumblebot.store import Store
+
+log = logging.getLogger("bumblebot")
+
+
+def build_toolbox(settings: Settings) -> Any:
+    from tools import build_registry
+
+    t = settings.tools
+    return build_registry(
+        workspace=settings.workspace,
+        shell_enabled=t.shell.enabled,
+        shell_timeout_s=t.shell.timeout_s,
+        shell_max_output_chars=t.shell.max_output_chars,
+        web_enabled=t.web.enabled,
+        web_timeout_s=t.web.timeout_s,
+        web_max_bytes=t.web.max_bytes,
+        web_allow_private=t.web.allow_private,
+        max_result_chars=t.max_result_chars,
+    )
+
+
+@contextlib.contextmanager
+def instance_lock(data_dir: Path) -> Any:
+    """Refuse a second daemon on the same data directory (field-bugs.md item 5)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "bumblebot.lock"
+    handle = open(path, "a+")  # noqa: SIM115
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise BumblebotError(f"another Bumblebot is already running on {data_dir} (lock {path})") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def enabled_platforms(settings: Settings, secrets: Secrets) -> list[str]:
+    """Platforms that are enabled in the config and have a token."""
+    out = []
+    if settings.telegram.enabled and secrets.telegram_bot_token:
+        out.append("telegram")
+    if settings.discord.enabled and secrets.discord_bot_token:
+        out.append("discord")
+    return out
+
+
+class Daemon:
+    """Everything ``bumblebot run`` (or ``chat``) runs, in start order; stops in reverse.
+
+    Start: open the store, build the LLM client, tools and engine, recover the journal, start
+    each adapter, then let turns run. Stop (idempotent): adapters stop intake, the engine
+    drains in-flight turns, the LLM client closes, the store closes last.
+    """
+
+    def __init__(self, settings: Settings, secrets: Secrets, entity: Entity) -> None:
+        self.settings, self.secrets, self.entity = settings, secrets, entity
+        self.store = Store(settings.db_path)
+        self.engine: Engine | None = None
+        self.llm: LLM | None = None
+        self.adapters: list[Any] = []
+        self._stopped = False
+
+    def platform_adapters(self, engine: Engine) -> list[Any]:
+        settings, secrets = self.settings, self.secrets
+        adapters: list[Any] = []
+        if settings.telegram.enabled and secrets.telegram_bot_token:
+            from adapters.telegram import TelegramAdapter
+
+            adapters.append(TelegramAdapter(engine, settings.telegram, secrets.telegram_bot_token.get_secret_value()))
+        if settings.discord.enabled and secrets.discord_bot_token:
+            from adapters.discord import DiscordAdapter
+
+            adapters.append(DiscordAdapter(engine, settings.discord, secrets.discord_bot_token.get_secret_value()))
+        return adapters
+
+    async def open(self) -> Engine:
+        """Open the store and build the engine (no adapter yet)."""
+        await self.store.open()
+        self.llm = LLM(
+            self.settings.llm,
+            base_url=effective_base_url(self.settings, self.secrets),
+            api_key=self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None,
+            capabilities=CapabilityMemory(self.store.get_kv, self.store.set_kv),
+        )
+        from bumblebot.compactor import Compactor
+
+        engine = Engine(self.settings, self.store, self.llm, build_toolbox(self.settings), self.entity)
+        engine.compactor = Compactor(engine)
+        self.engine = engine
+        return engine
+
+    async def start(self, adapters: list[Any] | None = None) -> None:
+        """Open, recover, connect ``adapters`` (default: every enabled platform), run turns.
+
+        Raises:
+            AdapterError: a platform refused the token or is unreachable.
+            StoreError: the database cannot be opened.
+        """
+        engine = await self.open()
+        self.adapters = self.platform_adapters(engine) if adapters is None else adapters
+        await engine.start()
+        for adapter in self.adapters:
+            engine.register(adapter)
+            await adapter.start()
+        engine.mark_ready()
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for adapter in self.adapters:
+            try:
+                await adapter.stop()
+            except Exception:
+                log.exception("stopping %s failed", adapter.platform.value)
+        if self.engine is not None:
+            await self.engine.stop()
+        if self.llm is not None:
+            await self.llm.aclose()
+        await self.store.close()
+
+
+def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
+    path = find_config(args.config)
+    settings = load_settings(path)
+    secrets = load_secrets()
+    entity = load_entity(settings.entity, config_dir=getattr(settings, "config_dir", None))
+    setup_logging(settings.log_level, secrets.values())
+    return settings, secrets, entity
+
+
+async def _wait_for_stop(extra: list[asyncio.Future[Any]]) -> BaseException | None:
+    loop = asyncio.get_running_loop()
+    stop = loop.create_future()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, lambda s=sig: stop.done() or stop.set_result(s))
+    done, _ = await asyncio.wait([stop, *extra], return_when=asyncio.FIRST_COMPLETED)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(sig)
+    for fut in done:
+        if fut is not stop and fut.exception() is not None:
+            return fut.exception()
+    if stop.done():
+        log.info("received %s; stopping", signal.Signals(stop.result()).name)
+    return None
+
+
+async def run_daemon(settings: Settings, secrets: Secrets, entity: Entity) -> int:
+    if not enabled_platforms(settings, secrets):
+        print(
+            "bumblebot: no platform to serve: set TELEGRAM_BOT_TOKEN (telegram.enabled) or "
+            "DISCORD_BOT_TOKEN with discord.enabled: true; `bumblebot chat` talks in the terminal",
+            file=sys.stderr,
+        )
+        return 2
+    daemon = Daemon(settings, secrets, entity)
+    failure: BaseException | None = None
+    try:
+        await daemon.start()
+        names = ", ".join(a.platform.value for a in daemon.adapters)
+        log.info("Bumblebot %s serving %s as %s", __version__, names, entity.name)
+        failure = await _wait_for_stop([a.failure for a in daemon.adapters])
+    except AdapterError as exc:
+        failure = exc
+    finally:
+        await daemon.stop()
+    if failure is not None:
+        print(f"bumblebot: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def run_chat(settings: Settings, secrets: Secrets, entity: Entity, stdin: TextIO | None = None) -> int:
+    from adapters.console import ConsoleAdapter
+
+    daemon = Daemon(settings, secrets, entity)
+    try:
+        engine = await daemon.open()
+        console = ConsoleAdapter(engine, stdin=stdin)
+        daemon.adapters = [console]
+        engine.register(console)
+        await engine.start()
+        engine.mark_ready()
+        await console.start()
+        await _wait_for_stop([console.closed])
+        await engine.drain()
+    finally:
+        await daemon.stop()
+    return 0
+
+
+async def run_check(settings: Settings, secrets: Secrets, entity: Entity) -> int:
+    from bumblebot.check import check_all
+
+    problems = await check_all(settings, secrets, entity)
+    return 1 if problems else 0
+
+
+async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
+    async with Store(settings.db_path) as store:
+        conversation_id = None
+        if chat:
+            rows = await store._all(
+                "SELECT id FROM conversations WHERE platform || ':' || chat_id || "
+                "CASE WHEN thread_id = '' THEN '' ELSE ':' || thread_id END = ?",
+                (chat,),
+            )
+            if not rows:
+                print(f"no conversation {chat!r}", file=sys.stderr)
+                return 1
+            conversation_id = int(rows[0][0])
+        for turn in reversed(await store.recent_turns(conversation_id, limit)):
+            t = turn["trace"]
+            when = datetime.fromtimestamp(turn["started_at"]).strftime("%Y-%m-%d %H:%M:%S")
+            print(
+                f"turn {turn['turn_id']} {when} {turn['chat']} [{turn['status']}] route={t.get('route')}"
+                f" ({t.get('route_reason')}) label={t.get('classifier_label')} stop={t.get('stop_reason')}"
+                f" wall={t.get('wall_s')}s"
+            )
+            for step in t.get("steps", []):
+                calls = ", ".join(
+                    f"{c['name']}{'' if c.get('ok', True) else '!'}({c.get('seconds', 0)}s)" for c in step["tool_calls"]
+                )
+                print(
+                    f"  step {step['step']}: finish={step['finish_reason']} prompt_tokens={step['prompt_tokens']}"
+                    f" estimate={step['estimate']} tools=[{calls}]"
+                )
+            for g in t.get("gate", []):
+                print(f"  gate@{g['step']}: {'DONE' if g['done'] else 'CONTINUE'} ({g.get('judge') or 'heuristic'}): {g['reason']}")
+            for c in t.get("compactions", []):
+                print(f"  compaction: {json.dumps(c)}")
+            if t.get("error"):
+                print(f"  error: {t['error']}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bumblebot", description="An LLM entity on Telegram and Discord.")
+    p.add_argument("--version", action="version", version=f"bumblebot {__version__}")
+    p.add_argument("--config", help="YAML config file (default: $BUMBLEBOT_CONFIG, else ./bumblebot.yaml)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="serve every enabled platform until SIGINT/SIGTERM")
+    sub.add_parser("chat", help="talk to the entity in this terminal")
+    sub.add_parser("check", help="validate the config and try the endpoint and the tokens")
+    t = sub.add_parser("trace", help="print recent turns and why they ended")
+    t.add_argument("--chat", help="conversation key, e.g. telegram:12345")
+    t.add_argument("-n", type=int, default=10, help="how many turns (default 10)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings, secrets, entity = _load(args)
+    except ConfigError as exc:
+        print(f"bumblebot: config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "run":
+            with instance_lock(settings.data_dir):
+                return asyncio.run(run_daemon(settings, secrets, entity))
+        if args.command == "chat":
+            return asyncio.run(run_chat(settings, secrets, entity))
+        if args.command == "check":
+            return asyncio.run(run_check(settings, secrets, entity))
+        if args.command == "trace":
+            return asyncio.run(run_trace(settings, args.chat, args.n))
+    except (StoreError, BumblebotError) as exc:
+        print(f"bumblebot: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

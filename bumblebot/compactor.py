@@ -1,0 +1,179 @@
+"""Runs compaction for a conversation and persists it (spec, "Context compaction").
+
+:mod:`bumblebot.compaction` plans and summarises; this module decides *when* and records the
+result. It is called before every completion of a turn (so growth inside a turn is compacted
+too) and by ``/compact``. It runs inside the conversation's actor, so no other turn of the
+conversation can write its history meanwhile (field-bugs.md item 10).
+
+Failure policy: if the summary call fails nothing is dropped; the failure is recorded with a
+backoff (1, 2, 4 … up to 60 minutes) and a later request retries. Meanwhile, when the request
+would overflow, old tool results are pruned (no LLM call) so the turn can go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from bumblebot.compaction import compact, find_boundaries, prune_tool_results, summary_message
+from bumblebot.context import ConversationContext
+from bumblebot.messages import Message
+
+if TYPE_CHECKING:
+    from bumblebot.conversation import ConversationActor
+    from bumblebot.engine import Engine
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE_S = 60.0
+BACKOFF_MAX_S = 3600.0
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds to wait before retrying a failed summary after ``failures`` consecutive failures."""
+    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** max(0, failures - 1))
+
+
+class Compactor:
+    """Compaction for the engine's conversations."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @property
+    def cfg(self) -> Any:
+        return self.engine.settings.cognition.history_compression
+
+    async def _complete(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float) -> str:
+        return await self.engine.llm.text(
+            messages, model=self.engine.llm.model, max_tokens=max_tokens, temperature=temperature
+        )
+
+    def before_request(
+        self, actor: ConversationActor
+    ) -> Callable[[ConversationContext, list[Message]], Awaitable[None]]:
+        """The hook :class:`ConversationContext` awaits before each request of a turn."""
+
+        async def hook(context: ConversationContext, turn_messages: list[Message]) -> None:
+            await self.maybe_compact(actor, context, turn_messages)
+
+        return hook
+
+    def _threshold(self) -> int:
+        return int(self.engine.settings.cognition.max_context_tokens * self.cfg.compaction_threshold_ratio)
+
+    async def maybe_compact(
+        self,
+        actor: ConversationActor,
+        context: ConversationContext,
+        turn_messages: list[Message],
+        *,
+        force: bool = False,
+    ) -> dict[str, Any] | None:
+        """Compact when the request estimate exceeds the threshold (or ``force``).
+
+        Returns a trace entry when something ran, else ``None``.
+        """
+        if not force and (not self.cfg.enabled or context.estimate(turn_messages) <= self._threshold()):
+            return None
+        conversation = actor.conversation
+        store = self.engine.store
+        state = await store.compaction_state(conversation.id, conversation.session)
+        fixed = context.fixed_tokens + sum(m.tokens for m in turn_messages)
+        if not force and state.next_retry_at > time.time():
+            return await self._prune_only(actor, context, turn_messages, state.summary)
+        settings = self.engine.settings.cognition
+        outcome = await compact(
+            context.history,
+            previous_summary=state.summary,
+            complete=self._complete,
+            knowledge=self.engine.knowledge if self.cfg.compaction_flush_to_knowledge else None,
+            fixed_tokens=fixed,
+            max_context_tokens=settings.max_context_tokens,
+            threshold_ratio=self.cfg.compaction_threshold_ratio,
+            target_ratio=self.cfg.compaction_target_ratio,
+            protect_first_n=self.cfg.compaction_protect_first_n,
+            protect_last_n=self.cfg.compaction_protect_last_n,
+            max_passes=self.cfg.compaction_max_passes,
+            flush=self.cfg.compaction_flush_to_knowledge,
+            force=force,
+        )
+        failed = outcome.summary_failed and not outcome.covered_ids
+        await store.save_compaction(
+            conversation,
+            summary=outcome.summary,
+            covered_ids=outcome.covered_ids,
+            pruned_ids=outcome.pruned_ids,
+            passes=outcome.passes,
+            failed=failed,
+            next_retry_at=time.time() + backoff_s(state.failures + 1) if failed else 0.0,
+        )
+        if outcome.flushed:
+            log.info("compaction in %s saved %d fact(s) to knowledge.md", actor.key, len(outcome.flushed))
+        entry = {
+            "passes": outcome.passes,
+            "covered": len(outcome.covered_ids),
+            "pruned": len(outcome.pruned_ids),
+            "flushed": outcome.flushed,
+            "summary_failed": outcome.summary_failed,
+            "error": outcome.error,
+            "estimate_before": outcome.estimate_before,
+            "estimate_after": outcome.estimate_after,
+        }
+        context.replace_history(outcome.messages, summary_message(outcome.summary) if outcome.summary else None)
+        actor.replace_history(outcome.messages)
+        context.compactions.append(entry)
+        if failed and context.estimate(turn_messages) > settings.max_context_tokens:
+            await self._prune_only(actor, context, turn_messages, outcome.summary)
+        return entry
+
+    async def _prune_only(
+        self, actor: ConversationActor, context: ConversationContext, turn_messages: list[Message], summary: str | None
+    ) -> dict[str, Any] | None:
+        """While summaries are backing off: clear old tool outputs so the request still fits."""
+        if context.estimate(turn_messages) <= self.engine.settings.cognition.max_context_tokens:
+            return None
+        _, tail_start = find_boundaries(
+            context.history,
+            protect_first_n=self.cfg.compaction_protect_first_n,
+            protect_last_n=self.cfg.compaction_protect_last_n,
+            tail_token_budget=0,
+        )
+        pruned, indexes = prune_tool_results(context.history, tail_start)
+        if not indexes:
+            return None
+        ids = [pruned[i].id for i in indexes if pruned[i].id is not None]
+        await self.engine.store.save_compaction(
+            actor.conversation, summary=summary, covered_ids=[], pruned_ids=[i for i in ids if i is not None],
+            passes=0, failed=False,
+        )
+        context.replace_history(pruned, context.summary_message)
+        actor.replace_history(pruned)
+        entry = {"passes": 0, "pruned": len(indexes), "prune_only": True}
+        context.compactions.append(entry)
+        return entry
+
+    async def force(self, actor: ConversationActor) -> str:
+        """``/compact``: compact the conversation now; returns a short report for the user."""
+        engine = self.engine
+        if actor.busy:
+            return "I'm in the middle of answering; send /compact again once I'm done."
+        history, summary = await actor.load_context()
+        context = ConversationContext(
+            system_prompt=engine.prompts.system_prompt(),
+            history=history,
+            summary_message=summary,
+            protect_first_n=self.cfg.compaction_protect_first_n,
+            preamble="",
+            tool_tokens=0,
+        )
+        before = context.estimate([])
+        entry = await self.maybe_compact(actor, context, [], force=True)
+        after = context.estimate([])
+        if entry is None or (not entry.get("covered") and not entry.get("pruned")):
+            if entry and entry.get("summary_failed"):
+                return "Compaction failed (the summary could not be made); nothing was dropped. I'll retry later."
+            return f"Nothing to compact yet (~{before} tokens in context)."
+        return f"Compacted: ~{before} → ~{after} tokens; {entry.get('covered', 0)} messages summarised."

@@ -1,0 +1,329 @@
+"""Configuration: one YAML file, ``BUMBLEBOT_<SECTION>__<KEY>`` env overrides, secrets from env.
+
+Where the file comes from (first match wins): ``--config PATH``, env ``BUMBLEBOT_CONFIG``,
+``./bumblebot.yaml``, else built-in defaults. Precedence of values: env override > YAML >
+default. Unknown keys are errors, so a typo never passes silently. Relative paths
+(``data_dir``, ``tools.workspace``, an entity path) are resolved against the config file's
+directory (or the working directory when there is no file).
+
+Secrets never live in the YAML file: they come from the environment or a ``.env`` file next to
+the working directory, under their usual names (``TELEGRAM_BOT_TOKEN``, ``DISCORD_BOT_TOKEN``,
+``OPENAI_API_KEY``, ``OPENAI_BASE_URL``).
+
+Raises:
+    ConfigError: from :func:`load_settings`, naming the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bumblebot.errors import ConfigError
+
+DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ThinkingSettings(_Section):
+    """How this endpoint is asked to think (deliberate) or not (reflex). Reasoning text is never shown."""
+
+    mode: Literal["off", "reasoning_effort", "extra_body"] = Field(
+        "off",
+        description="off: never request thinking; reasoning_effort: send OpenAI's reasoning_effort "
+        "on deliberate turns; extra_body: merge extra_body_on / extra_body_off into the request",
+    )
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] = Field(
+        "medium", description="value of reasoning_effort on deliberate turns (mode reasoning_effort)"
+    )
+    extra_body_on: dict[str, Any] = Field(
+        default_factory=dict,
+        description='extra request fields for deliberate turns, e.g. {"chat_template_kwargs": {"enable_thinking": true}}',
+    )
+    extra_body_off: dict[str, Any] = Field(
+        default_factory=dict, description="extra request fields for reflex turns, judges and summaries"
+    )
+
+
+class LLMSettings(_Section):
+    """The OpenAI-compatible chat-completions endpoint."""
+
+    base_url: str | None = Field(
+        None, description="endpoint base URL; default: env OPENAI_BASE_URL, else OpenAI's"
+    )
+    model: str = Field("gpt-4o-mini", description="model for deliberate turns")
+    reflex_model: str | None = Field(
+        None, description="model for reflex turns, the classifier and judges; default: model"
+    )
+    timeout_s: float = Field(60.0, gt=0, description="per-request timeout, seconds")
+    max_retries: int = Field(2, ge=0, le=10, description="client retries on 429/5xx/network errors")
+    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of turns")
+    tool_choice: Literal["required", "auto"] = Field(
+        "required",
+        description="tool forcing; on an endpoint that rejects 'required' the bot falls back to "
+        "'auto' by itself and remembers it",
+    )
+    thinking: ThinkingSettings = Field(default_factory=ThinkingSettings, description="thinking control")
+
+
+class TelegramSettings(_Section):
+    """The Telegram adapter (python-telegram-bot, long polling)."""
+
+    enabled: bool = Field(True, description="run the Telegram adapter when a token is set")
+    base_url: str = Field(
+        "https://api.telegram.org/bot", description="Bot API base URL (self-hosted Bot API server)"
+    )
+    base_file_url: str = Field("https://api.telegram.org/file/bot", description="file download base URL")
+    allowed_user_ids: list[int] = Field(
+        default_factory=list, description="user ids allowed to talk; empty with empty chats = anyone"
+    )
+    allowed_chat_ids: list[int] = Field(default_factory=list, description="chat ids allowed to talk")
+    poll_timeout_s: int = Field(30, ge=0, le=50, description="getUpdates long-poll timeout, seconds")
+
+
+class DiscordSettings(_Section):
+    """The Discord adapter (discord.py)."""
+
+    enabled: bool = Field(False, description="run the Discord adapter when a token is set")
+    api_base_url: str = Field("https://discord.com/api/v10", description="REST base URL")
+    gateway_url: str = Field("wss://gateway.discord.gg", description="gateway websocket URL")
+    respond_in_guilds: Literal["mention", "all", "off"] = Field(
+        "mention", description="in guild channels answer when mentioned/replied to, always, or never"
+    )
+    allowed_user_ids: list[int] = Field(default_factory=list, description="user allowlist (empty = anyone)")
+    allowed_channel_ids: list[int] = Field(
+        default_factory=list, description="guild channel allowlist (empty = any channel)"
+    )
+    allow_bots: bool = Field(False, description="answer other bots (never itself)")
+
+
+class HistoryCompression(_Section):
+    """Context compaction; keys and defaults from the spec's configuration block."""
+
+    enabled: bool = Field(True, description="compact before the context fills up")
+    compaction_threshold_ratio: float = Field(
+        0.75, gt=0, lt=1, description="compact when the estimate exceeds this share of max_context_tokens"
+    )
+    compaction_target_ratio: float = Field(
+        0.20, gt=0, lt=1, description="share of max_context_tokens kept as recent tail"
+    )
+    compaction_protect_last_n: int = Field(12, ge=1, description="minimum recent messages kept verbatim")
+    compaction_protect_first_n: int = Field(2, ge=0, description="first messages kept verbatim")
+    compaction_max_passes: int = Field(3, ge=1, le=10, description="compaction passes per trigger")
+    compaction_flush_to_knowledge: bool = Field(
+        True, description="extract durable facts into knowledge.md on the first pass"
+    )
+
+    @model_validator(mode="after")
+    def _target_below_threshold(self) -> HistoryCompression:
+        if self.compaction_target_ratio >= self.compaction_threshold_ratio:
+            raise ValueError(
+                "compaction_target_ratio must be below compaction_threshold_ratio "
+                f"(got {self.compaction_target_ratio} >= {self.compaction_threshold_ratio})"
+            )
+        return self
+
+
+class CognitionSettings(_Section):
+    """The turn pipeline (spec: Routing, Agent loop, Context compaction)."""
+
+    max_context_tokens: int = Field(32768, ge=1024, description="the model's context window, tokens")
+    reflex_max_tokens: int = Field(512, ge=16, description="completion budget of reflex turns, tokens")
+    deliberate_max_tokens: int = Field(2048, ge=64, description="completion budget of deliberate turns")
+    tool_continuation_rounds: int = Field(
+        4, ge=0, description="tool rounds; clamped to [0, 16]; steps = max(6, min(25, 6 + rounds))"
+    )
+    tool_timeout_s: float = Field(60.0, gt=0, description="default timeout of one tool call, seconds")
+    mid_turn_messages: Literal["steer", "queue"] = Field(
+        "steer", description="steer: show mid-turn messages at the next step; queue: next turn"
+    )
+    classifier: bool = Field(True, description="ask the reflex model when the router is unsure")
+    max_tool_result_share: float = Field(
+        0.25, gt=0, le=1, description="cap of one tool result as a share of max_context_tokens"
+    )
+    history_compression: HistoryCompression = Field(default_factory=HistoryCompression)
+
+
+class ShellSettings(_Section):
+    enabled: bool = Field(False, description="register run_command (runs as the daemon user)")
+    timeout_s: float = Field(30.0, gt=0, description="maximum run time of one command, seconds")
+    max_output_chars: int = Field(20000, ge=1000, description="cap of stdout/stderr each, characters")
+
+
+class WebSettings(_Section):
+    enabled: bool = Field(True, description="register fetch_url")
+    timeout_s: float = Field(20.0, gt=0, description="request timeout, seconds")
+    max_bytes: int = Field(2_000_000, ge=1024, description="maximum body read, bytes")
+    allow_private: bool = Field(False, description="allow loopback and private addresses")
+
+
+class ToolsSettings(_Section):
+    workspace: Path | None = Field(None, description="work tools' root; default <data_dir>/workspace")
+    max_result_chars: int = Field(16000, ge=500, description="cap of one tool result, characters")
+    shell: ShellSettings = Field(default_factory=ShellSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
+
+
+class EngineSettings(_Section):
+    idle_unload_s: float = Field(600.0, gt=0, description="unload a conversation idle this long, seconds")
+    max_concurrent_turns: int = Field(8, ge=1, description="turns running at once across conversations")
+    shutdown_grace_s: float = Field(30.0, ge=0, description="time in-flight turns get on stop, seconds")
+    typing_interval_s: float = Field(4.5, gt=0, description="typing indicator refresh, seconds")
+
+
+class Settings(BaseSettings):
+    """The whole configuration. See ``README.md`` for every key."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BUMBLEBOT_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    entity: str = Field("default", description="a name in entities/ or a path to a YAML file")
+    data_dir: Path = Field(Path("./data"), description="SQLite database, knowledge.md, workspace")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
+    cognition: CognitionSettings = Field(default_factory=CognitionSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML document arrives as init kwargs; env overrides it key by key.
+        return (env_settings, init_settings)
+
+    @property
+    def workspace(self) -> Path:
+        """The work tools' root directory."""
+        return self.tools.workspace or self.data_dir / "workspace"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "bumblebot.db"
+
+    @property
+    def knowledge_path(self) -> Path:
+        return self.data_dir / "knowledge.md"
+
+
+class Secrets(BaseSettings):
+    """Secrets from the environment or ``.env``, under their usual names. Never logged."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=False)
+
+    telegram_bot_token: SecretStr | None = Field(None, validation_alias="TELEGRAM_BOT_TOKEN")
+    discord_bot_token: SecretStr | None = Field(None, validation_alias="DISCORD_BOT_TOKEN")
+    openai_api_key: SecretStr | None = Field(None, validation_alias="OPENAI_API_KEY")
+    openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")
+
+    def values(self) -> list[str]:
+        """Every secret value that is set (for log redaction)."""
+        out = []
+        for v in (self.telegram_bot_token, self.discord_bot_token, self.openai_api_key):
+            if v is not None and v.get_secret_value():
+                out.append(v.get_secret_value())
+        return out
+
+
+def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file to use: ``explicit``, else ``$BUMBLEBOT_CONFIG``, else ``./bumblebot.yaml``.
+
+    Returns ``None`` when no file is named and ``./bumblebot.yaml`` does not exist.
+
+    Raises:
+        ConfigError: a file named explicitly or through the environment does not exist.
+    """
+    named = explicit or os.environ.get("BUMBLEBOT_CONFIG")
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise ConfigError(str(path), "", "config file not found")
+        return path
+    default = Path("bumblebot.yaml")
+    return default if default.is_file() else None
+
+
+def _describe(error: dict[str, Any]) -> tuple[str, str]:
+    loc = [str(p) for p in error.get("loc", ())]
+    key = ".".join(loc)
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return key, "unknown key (check the spelling; README.md lists every key)"
+    msg = error.get("msg", "invalid value")
+    msg = msg.removeprefix("Value error, ").removeprefix("Input should be ")
+    expected = f"expected {msg}" if kind != "value_error" else msg
+    if "input" in error and not isinstance(error["input"], dict | list):
+        expected += f" (got {error['input']!r})"
+    return key, expected
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Read, validate and resolve the configuration.
+
+    Args:
+        path: the YAML file (from :func:`find_config`), or ``None`` for defaults plus env.
+
+    Returns:
+        Settings with ``data_dir`` and ``tools.workspace`` made absolute.
+
+    Raises:
+        ConfigError: unreadable YAML, a document that is not a mapping, an unknown key or a
+            value of the wrong type; the error names the file, the dotted key and what was
+            expected.
+    """
+    source = str(path) if path else "environment"
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(source, "", f"cannot read file ({exc.strerror})") from exc
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark is not None else "?"
+            raise ConfigError(source, where, f"invalid YAML ({getattr(exc, 'problem', exc)})") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(source, "(top level)", "expected a mapping of keys to values")
+        data = loaded
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        key, expected = _describe(errors[0])
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ConfigError(source, key, expected + more) from None
+    base = path.parent.resolve() if path else Path.cwd()
+    resolved = settings.data_dir if settings.data_dir.is_absolute() else base / settings.data_dir
+    settings.data_dir = resolved.resolve()
+    if settings.tools.workspace is not None and not settings.tools.workspace.is_absolute():
+        settings.tools.workspace = (base / settings.tools.workspace).resolve()
+    settings.__dict__["config_dir"] = base
+    return settings
+
+
+def load_secrets() -> Secrets:
+    """Secrets from the environment and ``./.env``."""
+    return Secrets()
+
+
+def effective_base_url(settings: Settings, secrets: Secrets) -> str:
+    """``llm.base_url``, else ``OPENAI_BASE_URL``, else OpenAI's own URL."""
+    return settings.llm.base_url or secrets.openai_base_url or DEFAULT_OPENAI_BASE_URL

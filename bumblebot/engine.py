@@ -1,0 +1,286 @@
+"""The engine: intake, one actor per conversation, commands, recovery and shutdown.
+
+Flow of a message: an adapter calls :meth:`Engine.submit`; the message is written to the
+journal (for Telegram together with the next update offset) *before* the adapter acknowledges
+it to the platform; a duplicate (same platform, chat and message id) is dropped here. The entry
+goes to its conversation's :class:`~bumblebot.conversation.ConversationActor`, which runs turns
+one at a time (:mod:`bumblebot.turn`). Replies leave through :mod:`bumblebot.delivery`.
+
+Lifecycle: ``start()`` recovers (turns left running by a crash are marked interrupted, pending
+journal entries are queued again) and begins accepting; adapters start; ``mark_ready()`` lets
+turns run. ``stop()`` stops intake, lets in-flight turns finish within
+``engine.shutdown_grace_s``, cancels what is left (its messages stay pending in the journal and
+are answered after the next start), then stops the outbox sweeper. The store closes last, in
+the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from bumblebot.adapter import Adapter
+from bumblebot.config import Settings
+from bumblebot.conversation import ConversationActor
+from bumblebot.delivery import Delivery
+from bumblebot.events import ChatRef, Inbound, Platform
+from bumblebot.gate import CompletionGate
+from bumblebot.knowledge import KnowledgeFile
+from bumblebot.llm import LLM
+from bumblebot.loop import AgentLoop
+from bumblebot.messages import Message, estimate_text_tokens, estimate_tools
+from bumblebot.prompt import PromptBuilder
+from bumblebot.store import Conversation, JournalEntry, Store
+from bumblebot.entity import Entity
+from bumblebot.toolkit import ToolContext, Toolbox
+from bumblebot.turn import TurnRunner
+
+log = logging.getLogger(__name__)
+
+JUDGE_MAX_TOKENS = 64
+OUTBOX_SWEEP_S = 30.0
+COMMANDS = ("start", "reset", "status", "compact", "help")
+
+
+class Engine:
+    """The cognition engine. Collaborators come in through the constructor.
+
+    Args:
+        settings: the validated configuration.
+        store: the open database.
+        llm: the chat-completions client.
+        toolbox: the tool registry (built by the CLI from ``tools/``).
+        entity: the persona.
+    """
+
+    def __init__(self, settings: Settings, store: Store, llm: LLM, toolbox: Toolbox, entity: Entity) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.toolbox = toolbox
+        self.knowledge = KnowledgeFile(settings.knowledge_path)
+        tool_lines = [
+            f"{s['function']['name']}: {s['function'].get('description', '').splitlines()[0] if s['function'].get('description') else ''}"
+            for s in toolbox.schemas()
+        ]
+        self.prompts = PromptBuilder(entity, self.knowledge, tool_lines)
+        self.adapters: dict[Platform, Adapter] = {}
+        self.delivery = Delivery(store, self.adapters)
+        self.gate = CompletionGate(self._judge)
+        settings.workspace.mkdir(parents=True, exist_ok=True)
+        self.loop = AgentLoop(
+            llm=llm,
+            toolbox=toolbox,
+            gate=self.gate,
+            tool_context=ToolContext(workspace=settings.workspace.resolve(), data_dir=settings.data_dir),
+        )
+        self.runner = TurnRunner(self)
+        self.compactor: Any = None
+        self.turn_slots = asyncio.Semaphore(settings.engine.max_concurrent_turns)
+        self.ready = asyncio.Event()
+        self._actors: dict[str, ConversationActor] = {}
+        self._actor_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._accepting = False
+        self._stopped = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def register(self, adapter: Adapter) -> None:
+        """Make ``adapter`` the delivery route for its platform."""
+        self.adapters[adapter.platform] = adapter
+
+    async def start(self) -> None:
+        """Recover from the last run and begin accepting messages.
+
+        Raises:
+            RuntimeError: the engine was already started.
+        """
+        if self._accepting or self._stopped:
+            raise RuntimeError("engine already started" if self._accepting else "engine was stopped")
+        interrupted = await self.store.interrupted_turns()
+        if interrupted:
+            log.warning("%d turn(s) were interrupted by the last shutdown; answering them again", len(interrupted))
+        self._accepting = True
+        for entry in await self.store.pending_inbound():
+            await self._dispatch(entry)
+        self._spawn(self._sweep_outbox(), "bumblebot:outbox")
+
+    def mark_ready(self) -> None:
+        """Adapters are connected: let turns run (recovered ones first)."""
+        self.ready.set()
+
+    async def stop(self) -> None:
+        """Stop intake, let in-flight turns finish (or cancel them after the grace period)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._accepting = False
+        self.ready.set()
+        actors = list(self._actors.values())
+        for actor in actors:
+            actor.stop()
+        running = [a.task for a in actors if a.task is not None]
+        if running:
+            done, pending = await asyncio.wait(running, timeout=self.settings.engine.shutdown_grace_s)
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if pending:
+                log.warning("%d turn(s) did not finish in time; they will be answered after restart", len(pending))
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def drain(self, poll_s: float = 0.05) -> None:
+        """Wait until no conversation has a running or queued turn (used by ``bumblebot chat``)."""
+        while any(a.busy or a.queued for a in self._actors.values()):
+            await asyncio.sleep(poll_s)
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _sweep_outbox(self) -> None:
+        await self.ready.wait()
+        while True:
+            try:
+                await self.delivery.retry_pending()
+            except Exception:
+                log.exception("outbox sweep failed")
+            await asyncio.sleep(OUTBOX_SWEEP_S)
+
+    # -- intake ------------------------------------------------------------------------------
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    async def submit(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
+        """Journal ``inbound`` and queue it for its conversation.
+
+        Args:
+            inbound: the message.
+            kv: durable values written in the same transaction (Telegram's next offset).
+
+        Returns:
+            ``True`` if accepted; ``False`` for a duplicate (already journaled) or when the
+            engine is stopping (the adapter must then not acknowledge it).
+        """
+        if not self._accepting:
+            return False
+        journal_id = await self.store.journal(inbound, kv=kv)
+        if journal_id is None:
+            log.info("duplicate message %s in %s ignored", inbound.message_id, inbound.chat.key)
+            return False
+        await self._dispatch(JournalEntry(journal_id, inbound, "pending"))
+        return True
+
+    async def record_handled(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
+        """Journal a message answered without a turn (a command, a refusal). ``False`` if duplicate."""
+        journal_id = await self.store.journal(inbound, kv=kv)
+        if journal_id is None:
+            return False
+        await self.store.settle_journal([journal_id], "ignored")
+        return True
+
+    async def _dispatch(self, entry: JournalEntry) -> None:
+        actor = await self.actor(entry.inbound.chat)
+        actor.enqueue(entry)
+
+    async def actor(self, chat: ChatRef) -> ConversationActor:
+        """The live actor of ``chat`` (loaded on demand)."""
+        async with self._actor_lock:
+            actor = self._actors.get(chat.key)
+            if actor is None:
+                conversation = await self.store.conversation(chat)
+                actor = ConversationActor(self, conversation)
+                self._actors[chat.key] = actor
+                actor.task = self._spawn(actor.run(), f"bumblebot:{chat.key}:actor")
+            return actor
+
+    def unload(self, actor: ConversationActor) -> None:
+        """Forget an idle actor (called by the actor itself)."""
+        if self._actors.get(actor.key) is actor:
+            del self._actors[actor.key]
+
+    @property
+    def loaded_conversations(self) -> int:
+        return len(self._actors)
+
+    async def already_told(self, entries: list[JournalEntry]) -> tuple[str, ...]:
+        """What interrupted earlier turns of these entries already delivered."""
+        turn_ids = sorted({e.turn_id for e in entries if e.turn_id is not None})
+        if not turn_ids:
+            fresh = [await self.store.journal_entry(e.id) for e in entries]
+            turn_ids = sorted({e.turn_id for e in fresh if e is not None and e.turn_id is not None})
+        sent = await self.store.outbox_sent_for_turns(turn_ids)
+        return tuple(o.text for o in sent)
+
+    async def summary_message(self, conversation: Conversation) -> Message | None:
+        state = await self.store.compaction_state(conversation.id, conversation.session)
+        if not state.summary:
+            return None
+        from bumblebot.compaction import summary_message
+
+        return summary_message(state.summary)
+
+    # -- judges -------------------------------------------------------------------------------
+
+    async def _judge(self, messages: list[dict[str, Any]]) -> str:
+        return await self.llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0)
+
+    # -- commands -----------------------------------------------------------------------------
+
+    async def command(self, inbound: Inbound, name: str) -> str | None:
+        """Answer a command (``/start``, ``/reset``, ``/status``, ``/compact``, ``/help``).
+
+        Returns the text to show, or ``None`` when this message was already handled (duplicate).
+        """
+        if not await self.record_handled(inbound):
+            return None
+        name = name.lower()
+        if name == "start":
+            return self.prompts.entity.start_text()
+        if name == "help":
+            return (
+                "Talk to me normally. Commands: /reset starts a fresh conversation, "
+                "/status shows context usage, /compact compacts the conversation now."
+            )
+        actor = await self.actor(inbound.chat)
+        if name == "reset":
+            session = await self.store.reset(actor.conversation.id)
+            actor.invalidate(Conversation(actor.conversation.id, actor.conversation.chat, session))
+            return "Fresh start: I've put our earlier conversation aside."
+        if name == "status":
+            return await self.status_text(actor)
+        if name == "compact":
+            if self.compactor is None:
+                return "Compaction is not available."
+            return await self.compactor.force(actor)
+        return f"Unknown command /{name}. Try /help."
+
+    async def status_text(self, actor: ConversationActor) -> str:
+        history, summary = await actor.load_context()
+        conv = actor.conversation
+        estimate = (
+            estimate_text_tokens(self.prompts.system_prompt())
+            + estimate_tools(self.toolbox.schemas())
+            + sum(m.tokens for m in history)
+            + (summary.tokens if summary else 0)
+        )
+        limit = self.settings.cognition.max_context_tokens
+        state = await self.store.compaction_state(conv.id, conv.session)
+        return (
+            f"Context: ~{estimate} of {limit} tokens ({100 * estimate / limit:.0f}%), "
+            f"{len(history)} messages in context.\n"
+            f"Summary: {'yes' if state.summary else 'none'}; compactions so far: {state.compactions}."
+        )

@@ -1,0 +1,75 @@
+"""Bumblebot's exception tree.
+
+::
+
+    BumblebotError
+    ├── ConfigError            bad config file or value (exit code 2); carries file, key, expected
+    ├── ModelError             the LLM endpoint failed after retries
+    │   ├── ModelTimeout
+    │   └── ContextTooLong     the endpoint said the prompt is over its context window
+    ├── AdapterError           a platform call failed
+    │   └── DeliveryFailed     a message could not be delivered; ``retryable`` says if it may work later
+    └── StoreError             the database could not be opened or migrated
+
+Foreign errors (``openai``, ``telegram``, ``discord``) are translated into these in exactly one
+place per dependency (``bumblebot/llm.py`` and each adapter) and chained with ``from``.
+"""
+
+from __future__ import annotations
+
+
+class BumblebotError(Exception):
+    """Base of every error Bumblebot raises on purpose."""
+
+
+class ConfigError(BumblebotError):
+    """The configuration is invalid.
+
+    Args:
+        source: the file (or ``"environment"``) the bad value came from.
+        key: dotted path of the key, e.g. ``"cognition.max_context_tokens"``.
+        expected: what a valid value looks like.
+    """
+
+    def __init__(self, source: str, key: str, expected: str) -> None:
+        self.source, self.key, self.expected = source, key, expected
+        super().__init__(f"{source}: {key}: {expected}" if key else f"{source}: {expected}")
+
+
+class ModelError(BumblebotError):
+    """The chat-completions endpoint failed (after the client's own retries)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ModelTimeout(ModelError):
+    """The endpoint did not answer within ``llm.timeout_s``."""
+
+
+class ContextTooLong(ModelError):
+    """The endpoint rejected the request because the prompt exceeds its context window."""
+
+
+class AdapterError(BumblebotError):
+    """A platform adapter failed."""
+
+
+class DeliveryFailed(AdapterError):
+    """A message could not be delivered.
+
+    Args:
+        retryable: ``True`` for transient failures (network, 5xx, rate limit past its wait);
+            ``False`` when the platform refused the message for good (forbidden, bad request).
+        retry_after: seconds the platform asked to wait (rate limit), if it said.
+    """
+
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        self.retryable = retryable
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class StoreError(BumblebotError):
+    """The SQLite database could not be opened, locked or migrated."""

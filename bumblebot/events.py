@@ -1,0 +1,66 @@
+"""The wire between adapters and the engine: what comes in, and where it goes back.
+
+An adapter turns a platform event into an :class:`Inbound` and hands it to
+``Engine.submit``; the engine answers through the adapter's ``send``. The conversation key is
+built here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Platform(StrEnum):
+    TELEGRAM = "telegram"
+    DISCORD = "discord"
+    CONSOLE = "console"
+
+
+class ChatKind(StrEnum):
+    PRIVATE = "private"
+    GROUP = "group"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRef:
+    """Where a conversation lives: platform, chat (or channel) id and thread/topic id.
+
+    ``thread_id`` is ``""`` when the platform has no thread for this chat.
+    """
+
+    platform: Platform
+    chat_id: str
+    thread_id: str = ""
+
+    @property
+    def key(self) -> str:
+        """``"platform:chat_id"`` or ``"platform:chat_id:thread_id"``: the conversation key."""
+        base = f"{self.platform.value}:{self.chat_id}"
+        return f"{base}:{self.thread_id}" if self.thread_id else base
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """One accepted inbound message.
+
+    Args:
+        chat: the conversation it belongs to.
+        message_id: the platform's message id (unique within the chat); the dedupe key.
+        sender_id: the platform's user id of the author.
+        sender_name: a readable name of the author (for group chats and the turn context).
+        text: what the person wrote, with platform markup (mentions) already made readable.
+        chat_kind: private (DM) or group (guild channel, group chat).
+        source: ``"chat"`` for a person; ``"automation"`` / ``"autonomous"`` for scheduled input.
+        update_id: Telegram's update id, when there is one.
+    """
+
+    chat: ChatRef
+    message_id: str
+    sender_id: str
+    sender_name: str
+    text: str
+    chat_kind: ChatKind = ChatKind.PRIVATE
+    source: str = "chat"
+    update_id: int | None = None
+    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)

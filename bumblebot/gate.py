@@ -1,0 +1,189 @@
+"""The completion gate: may the agent loop end this turn?
+
+Spec, "Completion gate". The gate judges **all user-visible text of the turn** (everything
+delivered by ``say`` plus the final reply). Only *work* tools count for grounding; agency tools
+(``say``, ``think``, ``wait``, ``end_turn``) do not. Order:
+
+1. cheap heuristics: nothing visible at all; progress-only chatter ("on it", "let me check")
+   with no successful work tool;
+2. if work tools ran, or the user demanded tool grounding: the **grounding judge** (reflex
+   model, ``DONE:``/``CONTINUE:``) checks the visible reply reflects the tool results;
+3. otherwise (no work tool completed successfully): the **action-adequacy judge** decides, from
+   intent and in any language, whether tangible work was asked for and only promised. This runs
+   on ``end_turn`` too.
+
+Judges see no tools. A judge that errors or answers anything but ``DONE``/``CONTINUE`` lets
+the turn end (fail-open), and the loop caps gate continues, so every turn ends.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: A judge is called with chat messages and returns the raw completion text.
+Judge = Callable[[list[dict[str, Any]]], Awaitable[str]]
+
+MAX_GATE_CONTINUES = 2
+
+_PROGRESS_ONLY = re.compile(
+    r"^\W*((ok(ay)?|sure|alright|got it|on it|one (sec|second|moment)|give me a (sec|second|moment|minute)"
+    r"|hold on|working on (it|that)|let me (check|look|see|do|try|find|get|think|write|search|handle)\b[^.!?\n]*"
+    r"|i('| a)m (on it|working on (it|that)|checking|looking)[^.!?\n]*"
+    r"|i('| wi)ll (do|check|look|get|write|find|handle|take care of)\b[^.!?\n]*"
+    r"|(will )?do( it)?|coming (right )?up)\W*)+$",
+    re.IGNORECASE,
+)
+_DEMANDS_TOOLS = re.compile(
+    r"\b(use (the |your )?tools?|check (the |my |that )?(file|folder|directory|workspace)|look it up"
+    r"|search (for|the web)|read (the |my )?(file|readme)|run (it|the|this|that)|actually (check|run|look))\b",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """First 280 characters of a work tool's result (spec: last 8 are kept for the gate)."""
+
+    tool: str
+    ok: bool
+    text: str
+
+
+@dataclass(slots=True)
+class GateInput:
+    user_text: str
+    visible: list[str]
+    work_calls: int
+    work_ok: int
+    previews: list[Preview] = field(default_factory=list)
+    ended_by: str = "end_turn"  # or "text"
+    last_hit_length: bool = False
+    continues_so_far: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    done: bool
+    reason: str
+    judge: str | None = None  # "grounding", "adequacy" or None (heuristic)
+    nudge: str | None = None
+    raw: str | None = None
+
+
+def user_demands_tools(text: str) -> bool:
+    """The user explicitly asked for tool grounding ("check the file", "look it up", ...)."""
+    return bool(_DEMANDS_TOOLS.search(text))
+
+
+def progress_only(text: str) -> bool:
+    """Visible text is only an announcement of work ("On it! Let me check...")."""
+    return bool(text.strip()) and bool(_PROGRESS_ONLY.match(text.strip()))
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def grounding_messages(inp: GateInput) -> list[dict[str, Any]]:
+    previews = "\n".join(
+        f"- {p.tool} ({'ok' if p.ok else 'FAILED'}): {_clip(p.text, 220)}" for p in inp.previews
+    ) or "(no tool results)"
+    return [
+        {
+            "role": "system",
+            "content": "You check an assistant's reply before it is final. Answer with exactly one line "
+            "starting with DONE: or CONTINUE: followed by a short reason. CONTINUE when the visible "
+            "reply ignores or contradicts the tool results, is only a thin acknowledgement, or does not "
+            "tell the user what the tools found (or that they failed). DONE when it reports the results.",
+        },
+        {
+            "role": "user",
+            "content": f"User asked:\n{_clip(inp.user_text, 1200)}\n\nTool results:\n{previews}\n\n"
+            f"Visible reply to the user:\n{_clip(chr(10).join(inp.visible), 1500)}",
+        },
+    ]
+
+
+def adequacy_messages(inp: GateInput) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "system",
+            "content": "You check whether an assistant delivered what the user asked for. The assistant "
+            "has tools to write files, run commands and fetch web pages, and used none successfully "
+            "this turn. Judge by intent, in any language or tone. If the user asked for tangible work "
+            "(code, a file, a command run, live data, a lookup) and the reply only promised, announced "
+            "or hand-waved it, answer CONTINUE: <what is missing>. If the user only chatted, asked "
+            "something answerable from knowledge, or the reply delivers what was asked (or honestly "
+            "explains why it cannot), answer DONE: <reason>. One line, starting with DONE: or CONTINUE:.",
+        },
+        {
+            "role": "user",
+            "content": f"User wrote:\n{_clip(inp.user_text, 1200)}\n\n"
+            f"Everything the assistant showed the user this turn:\n{_clip(chr(10).join(inp.visible), 2000)}",
+        },
+    ]
+
+
+def parse_verdict(raw: str) -> tuple[bool | None, str]:
+    """``(True, reason)`` for DONE, ``(False, reason)`` for CONTINUE, ``(None, raw)`` otherwise."""
+    text = raw.strip().strip("*`\"' ")
+    m = re.match(r"^(DONE|CONTINUE)\b\s*[:\-–]?\s*(.*)", text, re.IGNORECASE | re.DOTALL)
+    if not m:
+        return None, raw.strip()
+    return m.group(1).upper() == "DONE", m.group(2).strip().splitlines()[0] if m.group(2).strip() else ""
+
+
+class CompletionGate:
+    """Decides whether a turn may end. ``judge`` sends tool-less requests to the reflex model."""
+
+    def __init__(self, judge: Judge) -> None:
+        self._judge = judge
+
+    async def check(self, inp: GateInput) -> GateDecision:
+        if inp.continues_so_far >= MAX_GATE_CONTINUES:
+            return GateDecision(True, f"gate continue cap ({MAX_GATE_CONTINUES}) reached")
+        visible = "\n".join(t for t in inp.visible if t.strip())
+        if not visible.strip():
+            why = "the last completion hit the length limit" if inp.last_hit_length else "nothing was said"
+            return GateDecision(
+                False,
+                f"no visible reply ({why})",
+                nudge="You have not said anything to the user in this turn. Call say() with your reply "
+                "(keep it within the length budget), then end_turn().",
+            )
+        if inp.work_ok == 0 and progress_only(visible):
+            return GateDecision(
+                False,
+                "progress-only reply without work",
+                nudge="You only announced work. Do it now with the work tools (for example write_file or "
+                "read_file), then say() what the tools returned, or tell the user plainly that you cannot.",
+            )
+        if inp.work_calls > 0 or user_demands_tools(inp.user_text):
+            return await self._ask("grounding", grounding_messages(inp), grounding=True)
+        return await self._ask("adequacy", adequacy_messages(inp), grounding=False)
+
+    async def _ask(self, name: str, messages: list[dict[str, Any]], *, grounding: bool) -> GateDecision:
+        try:
+            raw = await self._judge(messages)
+        except Exception as exc:  # a failing judge never blocks the turn
+            return GateDecision(True, f"{name} judge failed ({type(exc).__name__}); ending", judge=name)
+        verdict, reason = parse_verdict(raw)
+        if verdict is None:
+            return GateDecision(True, f"{name} judge answer unreadable; ending", judge=name, raw=raw)
+        if verdict:
+            return GateDecision(True, reason or "done", judge=name, raw=raw)
+        if grounding:
+            nudge = (
+                f"Your reply to the user does not yet reflect the tool results ({reason}). Tell the user "
+                "what the tools actually returned, with say(), then end_turn()."
+            )
+        else:
+            nudge = (
+                f"The user asked for real work that was not done yet ({reason}). Do it now with the work "
+                "tools (write_file, read_file, run_command, fetch_url, ...), then say() the result and "
+                "end_turn(). If it truly cannot be done, say so plainly."
+            )
+        return GateDecision(False, reason or "continue", judge=name, nudge=nudge, raw=raw)

@@ -1,0 +1,201 @@
+"""``knowledge.md``: the entity's durable facts, as Markdown H2 sections.
+
+Format (spec, "Context compaction" → memory flush; reference study 2.8)::
+
+    # Knowledge            <- preamble, kept as is
+    ## [locked] About yourself
+    body ...
+    ## User prefs
+    body ...
+
+A section is *locked* when its title starts with ``[locked]`` (case-insensitive). Locked
+sections are written by the operator only: :meth:`KnowledgeFile.append_sections` never
+touches them, never adds a title that starts with ``[locked]`` and never adds a section whose
+title equals a locked one without the prefix. Lines inside fenced code blocks are never read
+as headings.
+
+Writes are atomic (temporary file in the same directory, ``fsync``, ``os.replace``) and
+serialised by a per-path :class:`threading.Lock` shared by every :class:`KnowledgeFile` of the
+process, so concurrent conversations of one entity cannot lose each other's appends. Another
+process writing the same file at the same time is not guarded against (one daemon per entity).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Content of a newly created knowledge file.
+SEED = "# Knowledge\n"
+
+LOCKED_PREFIX = "[locked]"
+
+_H2 = re.compile(r"^##(?!#)[ \t]*(.*?)[ \t]*#*[ \t]*$")
+_FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
+_BODY_HEADING = re.compile(r"^([ \t]{0,3})(#{1,2})(?=[ \t]|$)", re.MULTILINE)
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock_for(path: Path) -> threading.Lock:
+    key = os.path.realpath(path)
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One ``## title`` section; ``body`` is the text up to the next H2, stripped."""
+
+    title: str
+    body: str
+    locked: bool
+
+
+def is_locked_title(title: str) -> bool:
+    """``True`` when ``title`` starts with ``[locked]`` (case-insensitive, after whitespace)."""
+    return title.lstrip().casefold().startswith(LOCKED_PREFIX)
+
+
+def normalize_title(title: str) -> str:
+    """Comparison key of a title: ``[locked]`` prefix removed, whitespace collapsed, casefolded."""
+    t = title.strip()
+    if is_locked_title(t):
+        t = t.lstrip()[len(LOCKED_PREFIX) :]
+    return " ".join(t.split()).casefold()
+
+
+def parse_sections(text: str) -> list[Section]:
+    """The H2 sections of ``text`` in file order (the preamble before the first H2 is skipped)."""
+    sections: list[Section] = []
+    title: str | None = None
+    body: list[str] = []
+    in_fence = False
+
+    def close() -> None:
+        if title is not None:
+            sections.append(Section(title, "\n".join(body).strip(), is_locked_title(title)))
+
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            in_fence = not in_fence
+        heading = None if in_fence else _H2.match(line)
+        if heading:
+            close()
+            title, body = heading.group(1), []
+        else:
+            body.append(line)
+    close()
+    return sections
+
+
+def _clean_title(title: str) -> str:
+    return " ".join(title.split()).lstrip("#").strip()
+
+
+def _clean_body(body: str) -> str:
+    # A "#"/"##" line in a body would start a new section when read back: demote it to H3.
+    return _BODY_HEADING.sub(r"\1###", body.strip())
+
+
+class KnowledgeFile:
+    """The knowledge file at ``path`` (created with :data:`SEED` on first read if missing)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def read(self) -> str:
+        """The whole file as text; creates it (and its directory) with :data:`SEED` if missing.
+
+        Raises:
+            OSError: the file or its directory cannot be read or created.
+        """
+        try:
+            return self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            with _lock_for(self.path):
+                if not self.path.exists():
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    self._write_atomic(SEED)
+            return self.path.read_text(encoding="utf-8")
+
+    def sections(self) -> list[Section]:
+        """All H2 sections, in file order."""
+        return parse_sections(self.read())
+
+    def titles(self) -> list[str]:
+        """Titles of all sections, as written (locked ones keep their prefix)."""
+        return [s.title for s in self.sections()]
+
+    def fingerprint(self) -> str:
+        """SHA-256 hex digest of the file's content, for the system prompt cache key."""
+        return hashlib.sha256(self.read().encode("utf-8")).hexdigest()
+
+    def append_sections(self, items: list[tuple[str, str]]) -> list[str]:
+        """Append ``(title, body)`` items whose title is new; returns the titles appended.
+
+        An item is skipped when its title or body is empty after stripping, when its title
+        starts with ``[locked]``, or when its title equals (case- and whitespace-insensitively)
+        an existing title, a locked title without its prefix, or an earlier item's title.
+        Titles are written on one line; ``#``/``##`` lines in a body are demoted to ``###``.
+        Existing text is never modified. The file is rewritten atomically under the per-path
+        lock, and only if something is appended.
+
+        Raises:
+            OSError: the file cannot be read or written (nothing is changed then).
+        """
+        with _lock_for(self.path):
+            text = self.read()
+            known = {normalize_title(s.title) for s in parse_sections(text)}
+            added: list[str] = []
+            blocks: list[str] = []
+            for raw_title, raw_body in items:
+                title, body = _clean_title(raw_title), _clean_body(raw_body)
+                key = normalize_title(title)
+                if not key or not body or is_locked_title(title) or key in known:
+                    continue
+                known.add(key)
+                added.append(title)
+                blocks.append(f"## {title}\n{body}\n")
+            if blocks:
+                sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+                self._write_atomic(text + sep + "\n".join(blocks))
+            return added
+
+    def _write_atomic(self, text: str) -> None:
+        directory = self.path.parent
+        try:
+            mode: int | None = self.path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = None
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        try:
+            dfd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)

@@ -1,0 +1,271 @@
+"""The chat-completions client: the only module that imports ``openai``.
+
+Endpoints differ, and Bumblebot must work with all of them (OpenAI, Ollama, llama.cpp
+server, vLLM, OpenRouter):
+
+* ``tool_choice="required"`` is rejected by some local servers (HTTP 400/422/500). The first
+  such rejection switches that endpoint+model to ``"auto"``; the choice is remembered in the
+  store's ``kv`` table so it survives restarts.
+* Assistant messages are always sent with ``content: ""``, never ``null``.
+* Reasoning text (``<think>…</think>`` in content, ``reasoning_content`` fields) is stripped
+  and never reaches the user.
+
+Errors are translated here, once: :class:`~bumblebot.errors.ModelTimeout`,
+:class:`~bumblebot.errors.ContextTooLong` and :class:`~bumblebot.errors.ModelError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from bumblebot.config import LLMSettings
+from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout
+
+log = logging.getLogger(__name__)
+
+_THINK_RE = re.compile(r"<(think|thinking|reasoning)>.*?(</\1>|$)", re.DOTALL | re.IGNORECASE)
+_CONTEXT_RE = re.compile(
+    r"context.{0,20}(length|window|too long)|maximum context|too many tokens|prompt is too long"
+    r"|exceeds? (the )?(model'?s? )?(max|context)",
+    re.IGNORECASE,
+)
+LENGTH_FINISHES = frozenset({"length", "max_tokens", "max_length"})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call the model asked for. ``arguments`` is the raw JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_api(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One completion, normalised.
+
+    Args:
+        content: visible text with reasoning stripped (``""`` if none).
+        tool_calls: the calls asked for, in order (ids filled in when the server left them out).
+        finish_reason: the server's finish reason (``"stop"``, ``"tool_calls"``, ``"length"``…).
+        prompt_tokens: ``usage.prompt_tokens`` as reported, ``None`` if the server sent none.
+        completion_tokens: ``usage.completion_tokens`` as reported.
+        tool_choice: the tool_choice actually used (``"required"``, ``"auto"`` or ``None``).
+    """
+
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    tool_choice: str | None = None
+
+    @property
+    def hit_length(self) -> bool:
+        return self.finish_reason in LENGTH_FINISHES
+
+
+def strip_reasoning(text: str) -> str:
+    """Remove ``<think>``-style reasoning blocks (closed or left open) and surrounding blanks."""
+    return _THINK_RE.sub("", text or "").strip()
+
+
+class CapabilityMemory:
+    """Where per-endpoint capabilities are remembered (the store's ``kv`` in production)."""
+
+    def __init__(
+        self,
+        load: Callable[[str], Awaitable[str | None]] | None = None,
+        save: Callable[[str, str], Awaitable[None]] | None = None,
+    ) -> None:
+        self._load, self._save = load, save
+        self._cache: dict[str, str | None] = {}
+
+    async def get(self, key: str) -> str | None:
+        if key not in self._cache:
+            self._cache[key] = await self._load(key) if self._load else None
+        return self._cache[key]
+
+    async def set(self, key: str, value: str) -> None:
+        self._cache[key] = value
+        if self._save:
+            await self._save(key, value)
+
+
+class LLM:
+    """Chat completions against one OpenAI-compatible endpoint.
+
+    Args:
+        settings: the ``llm`` config section.
+        base_url: the effective base URL (config, else ``OPENAI_BASE_URL``, else OpenAI's).
+        api_key: the key; local servers accept any non-empty value.
+        capabilities: where tool_choice fallbacks are remembered.
+    """
+
+    def __init__(
+        self,
+        settings: LLMSettings,
+        *,
+        base_url: str,
+        api_key: str | None,
+        capabilities: CapabilityMemory | None = None,
+    ) -> None:
+        self.settings = settings
+        self.base_url = base_url
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or "not-needed",
+            timeout=settings.timeout_s,
+            max_retries=settings.max_retries,
+        )
+        self.capabilities = capabilities or CapabilityMemory()
+
+    @property
+    def model(self) -> str:
+        return self.settings.model
+
+    @property
+    def reflex_model(self) -> str:
+        return self.settings.reflex_model or self.settings.model
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    def _thinking_params(self, thinking: bool) -> dict[str, Any]:
+        t = self.settings.thinking
+        if t.mode == "reasoning_effort":
+            return {"reasoning_effort": t.reasoning_effort} if thinking else {}
+        if t.mode == "extra_body":
+            body = t.extra_body_on if thinking else t.extra_body_off
+            return {"extra_body": dict(body)} if body else {}
+        return {}
+
+    def _tool_choice_key(self, model: str) -> str:
+        return f"llm.tool_choice:{self.base_url}:{model}"
+
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        model: str | None = None,
+        max_tokens: int,
+        temperature: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        thinking: bool = False,
+    ) -> Completion:
+        """One chat completion.
+
+        Args:
+            messages: OpenAI-form messages (assistant ``content`` must not be ``None``).
+            model: defaults to ``llm.model``.
+            max_tokens: completion budget, tokens.
+            temperature: defaults to ``llm.temperature``.
+            tools: tool schemas; when given, tool forcing applies (``llm.tool_choice`` or the
+                remembered fallback).
+            thinking: request thinking (per ``llm.thinking``); reasoning is always stripped.
+
+        Raises:
+            ModelTimeout: no answer within ``llm.timeout_s`` (after the client's retries).
+            ContextTooLong: the endpoint says the prompt is over its context window.
+            ModelError: any other failure, with the HTTP status when there was one.
+        """
+        model = model or self.settings.model
+        params: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": self.settings.temperature if temperature is None else temperature,
+            **self._thinking_params(thinking),
+        }
+        choice: str | None = None
+        if tools:
+            remembered = await self.capabilities.get(self._tool_choice_key(model))
+            choice = remembered or self.settings.tool_choice
+            params["tools"] = tools
+            params["tool_choice"] = choice
+        try:
+            response = await self._create(params)
+        except openai.APIStatusError as exc:
+            if choice != "required" or exc.status_code not in (400, 422, 500):
+                raise self._translate(exc) from exc
+            if self._is_context_error(exc):
+                raise self._translate(exc) from exc
+            log.warning(
+                "endpoint rejected tool_choice=required (HTTP %s); using 'auto' for model %s from now on",
+                exc.status_code, model,
+            )
+            params["tool_choice"] = choice = "auto"
+            try:
+                response = await self._create(params)
+            except openai.APIError as exc2:
+                raise self._translate(exc2) from exc2
+            await self.capabilities.set(self._tool_choice_key(model), "auto")
+        except openai.APIError as exc:
+            raise self._translate(exc) from exc
+        return self._normalise(response, choice)
+
+    async def text(
+        self, messages: list[dict[str, Any]], *, model: str | None = None, max_tokens: int, temperature: float
+    ) -> str:
+        """A tool-less completion returning its visible text (classifier, judges, summaries)."""
+        completion = await self.complete(
+            messages, model=model or self.reflex_model, max_tokens=max_tokens, temperature=temperature
+        )
+        return completion.content
+
+    async def _create(self, params: dict[str, Any]) -> Any:
+        return await self._client.chat.completions.create(**params)
+
+    @staticmethod
+    def _is_context_error(exc: openai.APIStatusError) -> bool:
+        return bool(_CONTEXT_RE.search(str(exc.message)))
+
+    def _translate(self, exc: openai.APIError) -> ModelError:
+        if isinstance(exc, openai.APITimeoutError):
+            return ModelTimeout(f"the model endpoint did not answer within {self.settings.timeout_s:g} s")
+        if isinstance(exc, openai.APIStatusError):
+            if exc.status_code in (400, 413) and self._is_context_error(exc):
+                return ContextTooLong(f"the prompt is too long for the model: {exc.message}", status=exc.status_code)
+            return ModelError(f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code)
+        if isinstance(exc, openai.APIConnectionError):
+            return ModelError(f"cannot reach the model endpoint: {exc.message}")
+        return ModelError(f"model endpoint error: {exc}")
+
+    @staticmethod
+    def _normalise(response: Any, choice: str | None) -> Completion:
+        if not getattr(response, "choices", None):
+            raise ModelError("the model endpoint returned no choices")
+        first = response.choices[0]
+        message = first.message
+        calls = []
+        for call in message.tool_calls or ():
+            fn = getattr(call, "function", None)
+            if fn is None or not fn.name:
+                continue
+            calls.append(
+                ToolCall(
+                    id=call.id or f"call_{uuid.uuid4().hex[:12]}",
+                    name=fn.name,
+                    arguments=fn.arguments or "{}",
+                )
+            )
+        usage = getattr(response, "usage", None)
+        return Completion(
+            content=strip_reasoning(message.content or ""),
+            tool_calls=calls,
+            finish_reason=first.finish_reason or "stop",
+            prompt_tokens=getattr(usage, "prompt_tokens", None),
+            completion_tokens=getattr(usage, "completion_tokens", None),
+            tool_choice=choice,
+        )

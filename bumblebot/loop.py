@@ -1,0 +1,360 @@
+"""The bounded agent loop of one turn (spec, "Agent loop").
+
+Each step sends one chat completion with every tool and tool forcing. Tool calls of a step run
+concurrently (``asyncio.gather``), each under a timeout, and their results are appended in call
+order with matching ids. Speaking is the ``say`` tool; ending is ``end_turn``, which goes
+through the completion gate. Text the model writes alongside tool calls is private reasoning and
+is never delivered. A plain-text answer (an endpoint that does not enforce ``tool_choice``) is
+delivered as an implicit ``say`` unless it only repeats what was already said.
+
+Limits: tool continuation rounds are clamped to [0, 16]; steps are capped at
+``max(6, min(25, 6 + rounds))``; the same call (tool and arguments) may not run a third time in a
+row; after 3 consecutive length-limited completions the model is told to use ``write_file``.
+Hitting a cap ends the turn with an honest short message, never silence.
+
+Internal nudges (post-tool, gate) live only in the request of the next step: they are never
+stored as if the user had written them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from typing import Any
+
+from bumblebot.gate import CompletionGate, GateInput, Preview
+from bumblebot.llm import LLM, Completion, ToolCall
+from bumblebot.messages import Message
+from bumblebot.toolkit import DeliveryReport, ToolContext, Toolbox, ToolKind, ToolResult
+
+log = logging.getLogger(__name__)
+
+PREVIEW_CHARS = 280
+PREVIEW_COUNT = 8
+REPEAT_LIMIT = 3
+LENGTH_STALL_LIMIT = 3
+UNGUARDED = frozenset({"end_turn"})
+
+STEP_CAP_MESSAGE = (
+    "I had to stop here: this took more steps than I'm allowed in one turn. "
+    "Tell me to continue and I'll pick it up from where I stopped."
+)
+NO_REPLY_MESSAGE = "Sorry, I couldn't put an answer together this time. Could you say that again?"
+_PRO_FORMA = frozenset({"done", "done.", "ok", "ok.", "okay", "okay.", "sure", "got it", "✅", "👍", "all done", "all done."})
+
+
+def max_steps(rounds: int) -> int:
+    """Spec: rounds clamped to [0, 16]; total steps ``max(6, min(25, 6 + rounds))``."""
+    rounds = min(16, max(0, rounds))
+    return max(6, min(25, 6 + rounds))
+
+
+def canonical_arguments(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments or "{}"), sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return arguments.strip()
+
+
+def repeats_said(text: str, said: list[str]) -> bool:
+    """``text`` only repeats what ``say`` already delivered (or is a pro-forma "done")."""
+    norm = " ".join(text.lower().split())
+    if not norm:
+        return True
+    if said and norm.strip(" .!") in _PRO_FORMA | {p.strip(" .!") for p in _PRO_FORMA}:
+        return True
+    joined = " ".join(" ".join(s.lower().split()) for s in said)
+    if not joined:
+        return False
+    if norm in joined:
+        return True
+    candidates = [" ".join(s.lower().split()) for s in said] + [joined]
+    return any(SequenceMatcher(None, norm, c).ratio() >= 0.85 for c in candidates)
+
+
+@dataclass(slots=True)
+class LoopLimits:
+    max_steps: int
+    max_tokens: int
+    model: str
+    thinking: bool
+    tool_timeout_s: float
+    temperature: float | None = None
+
+
+@dataclass(slots=True)
+class StepTrace:
+    step: int
+    finish_reason: str
+    prompt_tokens: int | None
+    estimate: int
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | None = None
+
+
+@dataclass(slots=True)
+class LoopResult:
+    messages: list[Message]
+    stop_reason: str
+    steps: list[StepTrace]
+    gate: list[dict[str, Any]]
+    delivered: list[str]
+    thoughts: list[str]
+    journal_ids: list[int]
+
+
+class TurnState:
+    """Per-turn state; implements :class:`bumblebot.toolkit.TurnControl` for the agency tools."""
+
+    def __init__(self, deliver: Callable[[str], Awaitable[DeliveryReport]]) -> None:
+        self._deliver = deliver
+        self.delivered: list[str] = []
+        self.thoughts: list[str] = []
+        self.end_requested = False
+
+    async def say(self, text: str) -> DeliveryReport:
+        report = await self._deliver(text)
+        if report.delivered or report.queued:
+            self.delivered.append(text)
+        return report
+
+    def end_turn(self) -> None:
+        self.end_requested = True
+
+    def think(self, thought: str) -> None:
+        self.thoughts.append(thought)
+
+
+class RequestBuilder:
+    """What the loop needs from the conversation: requests built from the turn's messages.
+
+    ``build(turn_messages, nudge)`` returns the full message list for the next completion
+    (system prompt, history, summary, this turn's messages with the preamble, the nudge) and
+    its token estimate; compaction runs inside it when the estimate crosses the threshold.
+    ``take_steering()`` returns user messages that arrived during the turn (steer mode) with
+    their journal ids.
+    """
+
+    async def build(self, turn_messages: list[Message], nudge: str | None) -> tuple[list[dict[str, Any]], int]:
+        raise NotImplementedError
+
+    def take_steering(self) -> list[tuple[Message, list[int]]]:
+        return []
+
+
+class AgentLoop:
+    """Runs one turn. Collaborators come in through the constructor."""
+
+    def __init__(self, *, llm: LLM, toolbox: Toolbox, gate: CompletionGate, tool_context: ToolContext) -> None:
+        self.llm = llm
+        self.toolbox = toolbox
+        self.gate = gate
+        self.tool_context = tool_context
+
+    async def run(
+        self,
+        *,
+        user_message: Message,
+        requests: RequestBuilder,
+        limits: LoopLimits,
+        deliver: Callable[[str], Awaitable[DeliveryReport]],
+    ) -> LoopResult:
+        state = TurnState(deliver)
+        ctx = ToolContext(
+            workspace=self.tool_context.workspace,
+            data_dir=self.tool_context.data_dir,
+            turn=state,
+            conversation=self.tool_context.conversation,
+            extras=self.tool_context.extras,
+        )
+        turn: list[Message] = [user_message]
+        user_texts = [user_message.content]
+        journal_ids: list[int] = []
+        steps: list[StepTrace] = []
+        gate_log: list[dict[str, Any]] = []
+        previews: deque[Preview] = deque(maxlen=PREVIEW_COUNT)
+        work_calls = work_ok = 0
+        repeat_key: tuple[str, str] | None = None
+        repeat_count = 0
+        length_stalls = 0
+        gate_continues = 0
+        nudge: str | None = None
+        stop_reason = "step_cap"
+        schemas = self.toolbox.schemas()
+
+        while len(steps) < limits.max_steps:
+            for steer, ids in requests.take_steering():
+                turn.append(steer)
+                user_texts.append(steer.content)
+                journal_ids.extend(ids)
+                nudge = None
+            request, estimate = await requests.build(turn, nudge)
+            completion: Completion = await self.llm.complete(
+                request,
+                model=limits.model,
+                max_tokens=limits.max_tokens,
+                temperature=limits.temperature,
+                tools=schemas,
+                thinking=limits.thinking,
+            )
+            trace = StepTrace(
+                step=len(steps) + 1,
+                finish_reason=completion.finish_reason,
+                prompt_tokens=completion.prompt_tokens,
+                estimate=estimate,
+                tool_choice=completion.tool_choice,
+            )
+            steps.append(trace)
+            length_stalls = length_stalls + 1 if completion.hit_length else 0
+            nudge = None
+
+            if completion.tool_calls:
+                calls = completion.tool_calls
+                turn.append(
+                    Message(role="assistant", content=completion.content, tool_calls=[c.to_api() for c in calls])
+                )
+                plan: list[tuple[ToolCall, bool]] = []
+                for call in calls:
+                    key = (call.name, canonical_arguments(call.arguments))
+                    if call.name in UNGUARDED:
+                        plan.append((call, True))
+                        continue
+                    repeat_count = repeat_count + 1 if key == repeat_key else 1
+                    repeat_key = key
+                    plan.append((call, repeat_count < REPEAT_LIMIT))
+                results = await asyncio.gather(*(self._execute(c, run, ctx, limits) for c, run in plan))
+                failed: list[str] = []
+                for (call, _), (result, seconds) in zip(plan, results, strict=True):
+                    kind = self.toolbox.kind(call.name)
+                    turn.append(Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name))
+                    trace.tool_calls.append(
+                        {"name": call.name, "ok": result.ok, "seconds": round(seconds, 3), "kind": str(kind)}
+                    )
+                    if not result.ok:
+                        failed.append(call.name)
+                    if kind is ToolKind.WORK:
+                        work_calls += 1
+                        work_ok += int(result.ok)
+                        previews.append(Preview(call.name, result.ok, result.content[:PREVIEW_CHARS]))
+                if state.end_requested:
+                    state.end_requested = False
+                    decision = await self.gate.check(
+                        GateInput(
+                            user_text="\n".join(user_texts),
+                            visible=state.delivered,
+                            work_calls=work_calls,
+                            work_ok=work_ok,
+                            previews=list(previews),
+                            ended_by="end_turn",
+                            last_hit_length=completion.hit_length,
+                            continues_so_far=gate_continues,
+                        )
+                    )
+                    gate_log.append(_gate_entry(trace.step, decision))
+                    if decision.done:
+                        stop_reason = "end_turn"
+                        break
+                    gate_continues += 1
+                    nudge = decision.nudge
+                    continue
+                nudge = post_tool_nudge(failed, state.delivered)
+                if length_stalls >= LENGTH_STALL_LIMIT:
+                    nudge += " " + LENGTH_ADVICE
+                continue
+
+            # A completion without tool calls: the endpoint did not force tools.
+            text = completion.content.strip()
+            if text:
+                if state.delivered and repeats_said(text, state.delivered):
+                    trace.tool_calls.append({"name": "(final reply)", "suppressed": True})
+                else:
+                    await state.say(text)
+                turn.append(Message(role="assistant", content=text))
+            decision = await self.gate.check(
+                GateInput(
+                    user_text="\n".join(user_texts),
+                    visible=state.delivered,
+                    work_calls=work_calls,
+                    work_ok=work_ok,
+                    previews=list(previews),
+                    ended_by="text",
+                    last_hit_length=completion.hit_length,
+                    continues_so_far=gate_continues,
+                )
+            )
+            gate_log.append(_gate_entry(trace.step, decision))
+            if decision.done:
+                stop_reason = "final_reply"
+                break
+            gate_continues += 1
+            nudge = decision.nudge
+            if length_stalls >= LENGTH_STALL_LIMIT:
+                nudge = (nudge or "") + " " + LENGTH_ADVICE
+
+        if stop_reason == "step_cap":
+            await state.say(STEP_CAP_MESSAGE)
+        elif not state.delivered:
+            stop_reason += "+fallback"
+            await state.say(NO_REPLY_MESSAGE)
+        return LoopResult(
+            messages=turn,
+            stop_reason=stop_reason,
+            steps=steps,
+            gate=gate_log,
+            delivered=list(state.delivered),
+            thoughts=list(state.thoughts),
+            journal_ids=journal_ids,
+        )
+
+    async def _execute(
+        self, call: ToolCall, run: bool, ctx: ToolContext, limits: LoopLimits
+    ) -> tuple[ToolResult, float]:
+        started = time.monotonic()
+        if not run:
+            return (
+                ToolResult.error(
+                    f"Not executed: you already called {call.name} with exactly these arguments "
+                    f"{REPEAT_LIMIT - 1} times in a row. Its result is above; use it, try something "
+                    "different, or tell the user and end_turn."
+                ),
+                0.0,
+            )
+        timeout = self.toolbox.timeout_s(call.name) or limits.tool_timeout_s
+        try:
+            result = await asyncio.wait_for(self.toolbox.execute(call.name, call.arguments, ctx), timeout)
+        except TimeoutError:
+            result = ToolResult.error(f"{call.name} timed out after {timeout:g} s")
+        return result, time.monotonic() - started
+
+
+LENGTH_ADVICE = (
+    "Your last replies hit the length limit three times in a row. Put long output in a file with "
+    "write_file, then say() a short summary and where the file is."
+)
+
+
+def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
+    """The short note after a tool round (spec, "Post-tool nudge")."""
+    parts = ["[Same turn] Tool results are ready."]
+    if failed:
+        parts.append("Failed: " + ", ".join(dict.fromkeys(failed)) + ".")
+    if delivered:
+        told = "; ".join(f'"{_clip(t, 80)}"' for t in delivered[-3:])
+        parts.append(f"Already told the user (do not repeat): {told}.")
+    parts.append("Next: call more tools, say() to talk to the user, or end_turn() when done.")
+    return " ".join(parts)
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _gate_entry(step: int, decision: Any) -> dict[str, Any]:
+    return {"step": step, "done": decision.done, "reason": decision.reason, "judge": decision.judge}

@@ -1,0 +1,116 @@
+"""The message shape the engine, the store and compaction share.
+
+A :class:`Message` is one entry of a conversation in OpenAI chat-completions form:
+
+* ``user``: ``content`` is what the person wrote (never the ``[Turn context]`` preamble);
+* ``assistant``: ``content`` (may be ``""``) and optional ``tool_calls``, each
+  ``{"id": str, "type": "function", "function": {"name": str, "arguments": str}}``;
+* ``tool``: ``content`` is the tool result, ``tool_call_id`` names the call it answers;
+* ``system``: only ever built per request (the system prompt, the compaction summary); never stored.
+
+``id`` is the SQLite row id once stored (``None`` before). Token estimates follow the
+spec (``../shared/spec/cognition.md``, "Token estimation"): ``len(text) // 4 + 10`` per
+message, where text includes tool call names and arguments. The estimate is computed once
+per message and cached, so the cost of estimating a prompt grows with new messages only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+#: Per-message overhead of the spec's estimate, in tokens.
+MESSAGE_OVERHEAD_TOKENS = 10
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens for a piece of text by the spec's heuristic: ``len(text) // 4``."""
+    return len(text) // 4
+
+
+@dataclass(slots=True, eq=False)
+class Message:
+    """One chat message in OpenAI form, plus its database id.
+
+    Args:
+        role: ``"system"``, ``"user"``, ``"assistant"`` or ``"tool"``.
+        content: the text; ``""`` rather than ``None`` (some servers reject null content).
+        tool_calls: for assistant messages, the OpenAI ``tool_calls`` list, or ``None``.
+        tool_call_id: for tool messages, the id of the call this result answers.
+        name: for tool messages, the tool's name (informational).
+        id: SQLite row id, ``None`` until stored.
+        pruned: ``True`` when compaction replaced a tool result with the placeholder
+            (the original stays in the database for audit).
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    id: int | None = None
+    pruned: bool = False
+    _tokens: int | None = field(default=None, repr=False)
+
+    @property
+    def tool_call_ids(self) -> list[str]:
+        """Ids of the tool calls of an assistant message (``[]`` if none)."""
+        return [c["id"] for c in self.tool_calls or ()]
+
+    @property
+    def tokens(self) -> int:
+        """Estimated tokens: ``len(text) // 4 + 10`` with tool call names and arguments counted."""
+        if self._tokens is None:
+            n = len(self.content)
+            for call in self.tool_calls or ():
+                fn = call.get("function", {})
+                n += len(fn.get("name", "")) + len(fn.get("arguments", "") or "")
+            self._tokens = n // 4 + MESSAGE_OVERHEAD_TOKENS
+        return self._tokens
+
+    def with_content(self, content: str, *, pruned: bool | None = None) -> Message:
+        """A copy with new ``content`` (the cached estimate is recomputed)."""
+        return Message(
+            role=self.role,
+            content=content,
+            tool_calls=self.tool_calls,
+            tool_call_id=self.tool_call_id,
+            name=self.name,
+            id=self.id,
+            pruned=self.pruned if pruned is None else pruned,
+        )
+
+    def to_api(self) -> dict[str, Any]:
+        """The dict sent to a chat-completions endpoint. ``content`` is never ``None``."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
+        if self.role == "assistant" and self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+    @classmethod
+    def from_api(cls, data: dict[str, Any]) -> Message:
+        """Build from an OpenAI-form dict (``content: None`` becomes ``""``)."""
+        return cls(
+            role=data["role"],
+            content=data.get("content") or "",
+            tool_calls=data.get("tool_calls") or None,
+            tool_call_id=data.get("tool_call_id"),
+            name=data.get("name"),
+        )
+
+
+def estimate_messages(messages: list[Message]) -> int:
+    """Sum of the cached per-message estimates."""
+    return sum(m.tokens for m in messages)
+
+
+def estimate_tools(tool_schemas: list[dict[str, Any]]) -> int:
+    """Tokens of the tool schemas sent with a request (``len(json) // 4``)."""
+    if not tool_schemas:
+        return 0
+    return estimate_text_tokens(json.dumps(tool_schemas, separators=(",", ":")))

@@ -1,0 +1,114 @@
+"""The contract between the engine and the tools it runs.
+
+The engine (``bumblebot/``) never imports ``tools/``; ``bumblebot/cli.py`` builds a
+registry from ``tools/`` and hands it to the engine as a :class:`Toolbox`.
+
+Two kinds of tool (spec, "Completion gate"):
+
+* **agency** tools (``say``, ``think``, ``wait``, ``end_turn``) steer the turn; they never
+  count as grounding;
+* **work** tools (files, shell, web, knowledge) do work; only they count for grounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class ToolKind(StrEnum):
+    """Whether a tool steers the turn (agency) or does work (work)."""
+
+    AGENCY = "agency"
+    WORK = "work"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool call gave back.
+
+    Args:
+        content: the text the model sees as the tool result (already capped by the registry).
+        ok: ``False`` when the call failed (bad arguments, refused, raised, timed out).
+    """
+
+    content: str
+    ok: bool = True
+
+    @classmethod
+    def error(cls, message: str) -> ToolResult:
+        """A failed result whose content is ``{"error": message}`` as JSON text."""
+        import json
+
+        return cls(json.dumps({"error": message}, ensure_ascii=False), ok=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryReport:
+    """Outcome of one ``say``: ``delivered`` once the platform accepted every chunk.
+
+    ``queued`` is ``True`` when delivery failed for now but the message stays in the outbox
+    and will be retried (so the model must not repeat it).
+    """
+
+    delivered: bool
+    queued: bool = False
+    error: str | None = None
+
+
+class TurnControl(Protocol):
+    """What agency tools may do to the running turn. Implemented by the agent loop."""
+
+    async def say(self, text: str) -> DeliveryReport:
+        """Deliver ``text`` to the conversation now, through the outbox."""
+
+    def end_turn(self) -> None:
+        """Ask the loop to end the turn after this step (the completion gate may refuse)."""
+
+    def think(self, thought: str) -> None:
+        """Record a private note in the turn trace (never shown to the user)."""
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """Everything a tool call may use.
+
+    Args:
+        workspace: the directory work tools are confined to (resolved, exists).
+        data_dir: the daemon's data directory (``knowledge.md`` lives here).
+        turn: the running turn, for agency tools; ``None`` outside a turn.
+        conversation: a human-readable key of the conversation, for logs.
+        extras: free slot for tool-specific services (e.g. an ``httpx.AsyncClient``).
+    """
+
+    workspace: Path
+    data_dir: Path
+    turn: TurnControl | None = None
+    conversation: str = ""
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Toolbox(Protocol):
+    """The registry as the engine sees it."""
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """OpenAI ``tools`` entries: ``[{"type": "function", "function": {...}}, ...]``."""
+
+    def kind(self, name: str) -> ToolKind | None:
+        """The kind of a registered tool, ``None`` if unknown."""
+
+    def timeout_s(self, name: str) -> float | None:
+        """The per-call timeout of a tool in seconds, ``None`` for the engine's default."""
+
+    async def execute(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
+        """Validate ``arguments`` (a JSON object as text) and run the tool.
+
+        Never raises for a tool's own failure: unknown tools, malformed JSON, invalid
+        arguments and exceptions inside the tool all become ``ToolResult(ok=False)``.
+        """
+
+
+ToolFn = Callable[..., Awaitable[ToolResult | str]]

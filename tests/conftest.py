@@ -1,0 +1,84 @@
+"""Shared fixtures: a clean environment, the fake servers, and a running daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakes.openai_server import FakeOpenAI
+from fakes.telegram_server import FakeTelegram
+
+TOKEN = "123456:TEST-token-for-the-fake-server-only"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No real secrets, proxies or overrides leak into a test; cwd is the test's own folder."""
+    for name in list(os.environ):
+        if name.startswith("BUMBLEBOT_") or name in (
+            "TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL",
+            "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",
+        ):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("PTB_TIMEDELTA", "true")  # PTB warns on RetryAfter otherwise
+    monkeypatch.chdir(tmp_path)
+    yield
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+async def tg() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(token=TOKEN) as server:
+        yield server
+
+
+def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None, **sections: Any) -> Path:
+    """A bumblebot.yaml pointing at the fakes; ``sections`` are deep-merged over the defaults."""
+    import yaml
+
+    config: dict[str, Any] = {
+        "data_dir": str(tmp_path / "data"),
+        "llm": {"base_url": llm.base_url, "model": "test-model", "reflex_model": "reflex-model", "max_retries": 0, "timeout_s": 10},
+        "telegram": {"enabled": tg is not None, "poll_timeout_s": 1},
+        "cognition": {"classifier": False},
+        "engine": {"shutdown_grace_s": 5},
+    }
+    if tg is not None:
+        config["telegram"].update(base_url=tg.base_url, base_file_url=tg.base_file_url)
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@contextlib.asynccontextmanager
+async def running(config: Path, *, telegram_token: str | None = TOKEN, adapters: Any = None) -> AsyncIterator[Any]:
+    """Run the daemon in this event loop (as ``bumblebot run`` would) and stop it afterwards."""
+    from bumblebot.cli import Daemon
+    from bumblebot.config import Secrets, load_settings
+    from bumblebot.entity import load_entity
+
+    settings = load_settings(config)
+    secrets = Secrets(TELEGRAM_BOT_TOKEN=telegram_token, OPENAI_API_KEY="sk-test-key-not-real-000000")
+    entity = load_entity(settings.entity, config_dir=config.parent)
+    daemon = Daemon(settings, secrets, entity)
+    try:
+        await daemon.start(adapters)
+        yield daemon
+    finally:
+        await daemon.stop()

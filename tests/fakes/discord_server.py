@@ -1,0 +1,1485 @@
+"""A local fake of Discord's REST API and gateway for testing the real discord.py client.
+
+`FakeDiscord` is an aiohttp server on 127.0.0.1 (port 0) that answers the REST calls and
+gateway opcodes discord.py 2.7.1 uses, records everything it receives, and lets a test
+push gateway events (MESSAGE_CREATE, INTERACTION_CREATE, ...) to the connected client.
+
+Usage::
+
+    async with FakeDiscord() as dc:
+        with dc.patch_discord():                       # redirects discord.http / discord.gateway
+            dc.add_guild("500", ["501"], name="Test Guild")
+            client = discord.Client(intents=intents, guild_ready_timeout=0.1)
+            task = asyncio.create_task(client.start(dc.token))
+            await dc.wait_identified()
+            await dc.send_dm("hi")
+            await dc.wait_for_call("POST", r"/channels/\\d+/messages")
+            await client.close(); await task
+
+Platform rules mimicked (source: Discord developer docs, "Gateway", "Message Resource",
+"Interactions", "JSON Error Codes"; and /work/shared/notes/test-infra.md section 2):
+
+- JSON responses carry ``Content-Type: application/json`` exactly (discord.py compares the
+  header literally; aiohttp's ``json_response`` adds ``; charset=utf-8`` and breaks it).
+- Gateway frames are plain-JSON text frames; discord.py only decompresses binary frames.
+- Events dispatched while the client is disconnected are kept in the session's event log and
+  replayed on RESUME (events with ``s`` greater than the client's sequence), then RESUMED.
+- Without the MESSAGE_CONTENT intent (``1 << 15``) in IDENTIFY, guild messages that do not
+  mention the bot arrive with empty ``content``/``embeds``/``attachments``/``components``.
+- Sending: empty content with nothing else -> 400 code 50006; content over 2000 characters
+  (counted as Python ``len``, i.e. code points) -> 400 code 50035.
+- A 429 that discord.py retries transparently needs a ``Via`` header and a JSON body with
+  ``retry_after`` (seconds); see `FakeDiscord.fail_next_rate_limited`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, NamedTuple, Self
+
+from aiohttp import WSMsgType, web
+
+JSON = dict[str, Any]
+
+DISCORD_EPOCH_MS = 1420070400000
+"""Discord's snowflake epoch, 2015-01-01T00:00:00Z, in milliseconds."""
+
+BOT_ID = "1000000000000000001"
+HUMAN_ID = "2000000000000000002"
+OTHER_BOT_ID = "3000000000000000003"
+
+INTENT_MESSAGE_CONTENT = 1 << 15
+
+PERM_ADD_REACTIONS = 0x40
+PERM_VIEW_CHANNEL = 0x400
+PERM_SEND_MESSAGES = 0x800
+PERM_EMBED_LINKS = 0x4000
+PERM_ATTACH_FILES = 0x8000
+PERM_READ_MESSAGE_HISTORY = 0x10000
+DEFAULT_EVERYONE_PERMISSIONS = (
+    PERM_VIEW_CHANNEL
+    | PERM_SEND_MESSAGES
+    | PERM_READ_MESSAGE_HISTORY
+    | PERM_EMBED_LINKS
+    | PERM_ATTACH_FILES
+    | PERM_ADD_REACTIONS
+)
+"""@everyone permissions in guilds from `FakeDiscord.add_guild`: view, send, read history,
+embed links, attach files, add reactions."""
+
+MAX_CONTENT_LENGTH = 2000
+HEARTBEAT_INTERVAL_MS = 41250
+
+
+def make_user(user_id: str, name: str, *, bot: bool = False) -> JSON:
+    """A Discord user object (snowflake as string, new-style username, discriminator "0")."""
+    user: JSON = {
+        "id": str(user_id),
+        "username": name,
+        "discriminator": "0",
+        "global_name": None if bot else name,
+        "avatar": None,
+        "flags": 0,
+    }
+    if bot:
+        user["bot"] = True
+    return user
+
+
+BOT_USER = make_user(BOT_ID, "fakebot", bot=True)
+HUMAN_USER = make_user(HUMAN_ID, "alice")
+OTHER_BOT_USER = make_user(OTHER_BOT_ID, "otherbot", bot=True)
+
+
+def iso_now() -> str:
+    """The current UTC time as ISO 8601 with offset, the format Discord uses for timestamps."""
+    return datetime.now(UTC).isoformat()
+
+
+class Call(NamedTuple):
+    """One REST request as seen by the fake: path is relative to ``/api/v10``, no query."""
+
+    method: str
+    path: str
+    json: Any
+    time: float
+
+
+@dataclass
+class RecordedRequest:
+    """Full record of one REST request: query, uploaded files and the status answered."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    json: Any
+    files: list[JSON]
+    headers: dict[str, str]
+    status: int = 0
+    time: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _FailRule:
+    method: str
+    path: re.Pattern[str]
+    status: int
+    body: Any
+    headers: dict[str, str]
+    times: int
+
+
+PathSpec = str | re.Pattern[str]
+_Handler = Callable[["_Req"], Any]
+
+
+@dataclass
+class _Req:
+    """What a REST route handler gets: URL params, parsed body, query and files."""
+
+    params: dict[str, str]
+    body: Any
+    query: dict[str, str]
+    files: list[JSON]
+
+
+def _json_response(
+    data: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """A JSON response with ``Content-Type`` exactly ``application/json``.
+
+    test-infra.md pitfall 1: discord.py compares the header literally.
+    """
+    all_headers = {"Content-Type": "application/json"}
+    all_headers.update(headers or {})
+    return web.Response(status=status, body=json.dumps(data).encode(), headers=all_headers)
+
+
+def _error(status: int, code: int, message: str, errors: JSON | None = None) -> web.Response:
+    body: JSON = {"message": message, "code": code}
+    if errors is not None:
+        body["errors"] = errors
+    return _json_response(body, status)
+
+
+def _form_error(field_name: str, code: str, message: str) -> web.Response:
+    """400 code 50035 "Invalid Form Body" with Discord's nested ``errors`` shape."""
+    return _error(
+        400,
+        50035,
+        "Invalid Form Body",
+        {field_name: {"_errors": [{"code": code, "message": message}]}},
+    )
+
+
+def _no_content() -> web.Response:
+    return web.Response(status=204)
+
+
+class FakeDiscord:
+    """Fake Discord REST + gateway server for the real discord.py client.
+
+    Args:
+        token: the bot token the fake accepts (``Authorization: Bot <token>`` and IDENTIFY).
+        enforce_message_content_intent: blank guild message content when IDENTIFY lacked the
+            MESSAGE_CONTENT intent and the bot is not mentioned, as real Discord does.
+
+    Attributes (read them in tests):
+        api_base, gateway_url: URLs to point discord.py at (valid inside ``async with``).
+        calls: every REST request as `Call` (method, path, json body, monotonic time).
+        requests: every REST request as `RecordedRequest` (adds query, files, status).
+        unknown_routes: `Call` records of requests no route matched (answered 404).
+        gw_received: every gateway payload received from the client, parsed.
+        gw_close_codes: close code of each gateway connection as it ended.
+        gw_queries: query parameters of each gateway connection (v, encoding, compress).
+        identify_count, resume_count: number of IDENTIFY (accepted) and successful RESUME.
+        intents: the intents integer of the latest IDENTIFY, or None.
+        interaction_responses: bodies POSTed to interaction callbacks, with id and token.
+        server_errors: exceptions raised inside the fake's handlers (answered as 400).
+        app_commands: registered application commands, keyed by guild id (None = global).
+    """
+
+    def __init__(
+        self, token: str = "TESTTOKEN", *, enforce_message_content_intent: bool = True
+    ) -> None:
+        self.token = token
+        self.enforce_message_content_intent = enforce_message_content_intent
+        self.bot_user: JSON = dict(BOT_USER)
+        self.human_user: JSON = dict(HUMAN_USER)
+        self.other_bot: JSON = dict(OTHER_BOT_USER)
+        self.application_id = BOT_ID
+
+        self.calls: list[Call] = []
+        self.requests: list[RecordedRequest] = []
+        self.unknown_routes: list[Call] = []
+        self.gw_received: list[JSON] = []
+        self.gw_close_codes: list[int | None] = []
+        self.gw_queries: list[dict[str, str]] = []
+        self.identify_count = 0
+        self.resume_count = 0
+        self.intents: int | None = None
+        self.interaction_responses: list[JSON] = []
+        self.server_errors: list[Exception] = []
+        self.app_commands: dict[str | None, list[JSON]] = {}
+
+        self._port = 0
+        self._runner: web.AppRunner | None = None
+        self._cond: asyncio.Condition | None = None
+        self._send_lock: asyncio.Lock | None = None
+        self._fail_rules: list[_FailRule] = []
+        self._last_snowflake = 0
+
+        self._guilds: dict[str, JSON] = {}
+        self._channels: dict[str, JSON] = {}
+        self._dm_by_user: dict[str, str] = {}
+        self._messages: dict[str, JSON] = {}
+        self._sent: list[tuple[str, str, str]] = []  # (channel_id, content at POST, message_id)
+        self._nonces: dict[tuple[str, str], str] = {}
+        self._interactions: dict[str, JSON] = {}
+        self._originals: dict[str, str] = {}  # interaction token -> message id
+
+        self._ws: web.WebSocketResponse | None = None
+        self._all_ws: set[web.WebSocketResponse] = set()
+        self._session_id: str | None = None
+        self._seq = 0
+        self._live = False
+        self._event_log: list[JSON] = []
+        self._pre_ready: list[tuple[str, JSON]] = []
+        self._resumes_at_force = 0
+        self._routes = self._build_routes()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Bind 127.0.0.1 on a free port and start serving."""
+        self._cond = asyncio.Condition()
+        self._send_lock = asyncio.Lock()
+        app = web.Application()
+        app.router.add_get("/gateway", self._gateway)
+        app.router.add_route("*", "/api/v10/{tail:.*}", self._rest)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets, "aiohttp site did not bind"
+        self._port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Close open gateway sockets (code 1001) and stop the server. Idempotent."""
+        for ws in list(self._all_ws):
+            if not ws.closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(ws.close(code=1001), 1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def api_base(self) -> str:
+        """REST base, e.g. ``http://127.0.0.1:PORT/api/v10`` (for ``discord.http.Route.BASE``)."""
+        return f"http://127.0.0.1:{self._port}/api/v10"
+
+    @property
+    def gateway_url(self) -> str:
+        """``ws://127.0.0.1:PORT/gateway``, for ``DiscordWebSocket.DEFAULT_GATEWAY``."""
+        return f"ws://127.0.0.1:{self._port}/gateway"
+
+    @contextlib.contextmanager
+    def patch_discord(self) -> Iterator[None]:
+        """Point discord.py's REST base and default gateway at this fake; restore on exit.
+
+        Sets ``discord.http.Route.BASE`` and ``discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY``
+        (class attributes, so it affects every client in the process). Enter it before
+        ``client.start()``/``login()``; do not call ``discord.http._set_api_version`` afterwards.
+        """
+        import discord.gateway
+        import discord.http
+        import yarl
+
+        old_base = discord.http.Route.BASE
+        old_gateway = discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
+        discord.http.Route.BASE = self.api_base
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self.gateway_url)
+        try:
+            yield
+        finally:
+            discord.http.Route.BASE = old_base
+            discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = old_gateway
+
+    # ------------------------------------------------------------------ ids, users, guilds
+
+    def snowflake(self) -> str:
+        """A new, strictly increasing snowflake (as string) whose timestamp is now."""
+        ms = int(time.time() * 1000) - DISCORD_EPOCH_MS
+        value = max(ms << 22, self._last_snowflake + 1)
+        self._last_snowflake = value
+        return str(value)
+
+    def human(self, id: str = HUMAN_ID, name: str = "alice") -> JSON:
+        """A non-bot user object with the given id and username."""
+        return make_user(str(id), name)
+
+    def bot(self, id: str = OTHER_BOT_ID, name: str = "otherbot") -> JSON:
+        """A bot user object other than our own bot."""
+        return make_user(str(id), name, bot=True)
+
+    def add_guild(
+        self,
+        guild_id: str | int,
+        channel_ids: Sequence[str | int],
+        name: str = "Test Guild",
+        *,
+        everyone_permissions: int = DEFAULT_EVERYONE_PERMISSIONS,
+        owner: JSON | None = None,
+    ) -> JSON:
+        """Register a guild with text channels; returns its GUILD_CREATE ``d`` payload.
+
+        Guilds registered before IDENTIFY are listed unavailable in READY and each is followed
+        by a GUILD_CREATE, as Discord does. For a guild added later use `join_guild`.
+        """
+        gid = str(guild_id)
+        owner = owner or self.human_user
+        joined = iso_now()
+        channels = [
+            {
+                "id": str(cid),
+                "type": 0,
+                "name": f"channel-{i}" if i else "general",
+                "position": i,
+                "permission_overwrites": [],
+                "nsfw": False,
+                "parent_id": None,
+                "topic": None,
+                "last_message_id": None,
+                "rate_limit_per_user": 0,
+            }
+            for i, cid in enumerate(channel_ids)
+        ]
+        members = [
+            {
+                "user": self.bot_user,
+                "roles": [],
+                "joined_at": joined,
+                "deaf": False,
+                "mute": False,
+                "flags": 0,
+            },
+            {
+                "user": owner,
+                "roles": [],
+                "joined_at": joined,
+                "deaf": False,
+                "mute": False,
+                "flags": 0,
+            },
+        ]
+        guild: JSON = {
+            "id": gid,
+            "name": name,
+            "icon": None,
+            "owner_id": owner["id"],
+            "member_count": len(members),
+            "large": False,
+            "unavailable": False,
+            "joined_at": joined,
+            "features": [],
+            "emojis": [],
+            "stickers": [],
+            "threads": [],
+            "voice_states": [],
+            "presences": [],
+            "stage_instances": [],
+            "guild_scheduled_events": [],
+            "soundboard_sounds": [],
+            "verification_level": 0,
+            "default_message_notifications": 0,
+            "explicit_content_filter": 0,
+            "mfa_level": 0,
+            "nsfw_level": 0,
+            "premium_tier": 0,
+            "preferred_locale": "en-US",
+            "system_channel_id": None,
+            "roles": [
+                {
+                    "id": gid,
+                    "name": "@everyone",
+                    "permissions": str(everyone_permissions),
+                    "position": 0,
+                    "color": 0,
+                    "hoist": False,
+                    "managed": False,
+                    "mentionable": False,
+                    "flags": 0,
+                }
+            ],
+            "channels": channels,
+            "members": members,
+        }
+        self._guilds[gid] = guild
+        for ch in channels:
+            self._channels[ch["id"]] = {**ch, "guild_id": gid}
+        return guild
+
+    async def join_guild(
+        self, guild_id: str | int, channel_ids: Sequence[str | int], name: str = "Test Guild"
+    ) -> JSON:
+        """Register a guild and dispatch its GUILD_CREATE now (the bot joining a guild)."""
+        guild = self.add_guild(guild_id, channel_ids, name)
+        await self.dispatch("GUILD_CREATE", guild)
+        return guild
+
+    def dm_channel_id(self, user: JSON | None = None) -> str:
+        """The DM channel id between the bot and ``user`` (default the human); created once."""
+        user = user or self.human_user
+        uid = str(user["id"])
+        cid = self._dm_by_user.get(uid)
+        if cid is None:
+            cid = self.snowflake()
+            self._dm_by_user[uid] = cid
+            self._channels[cid] = {
+                "id": cid,
+                "type": 1,
+                "recipients": [user],
+                "last_message_id": None,
+                "flags": 0,
+            }
+        return cid
+
+    def _ensure_channel(self, channel_id: str, guild_id: str | None, author: JSON) -> None:
+        if channel_id in self._channels:
+            return
+        if guild_id is None:
+            self._dm_by_user.setdefault(str(author["id"]), channel_id)
+            self._channels[channel_id] = {
+                "id": channel_id,
+                "type": 1,
+                "recipients": [author],
+                "last_message_id": None,
+                "flags": 0,
+            }
+        else:
+            self._channels[channel_id] = {
+                "id": channel_id,
+                "type": 0,
+                "guild_id": guild_id,
+                "name": f"channel-{channel_id}",
+                "position": 0,
+                "permission_overwrites": [],
+                "nsfw": False,
+                "parent_id": None,
+            }
+
+    # ------------------------------------------------------------------ payload builders
+
+    def message_payload(
+        self,
+        content: str,
+        channel_id: str | int,
+        author: JSON | None = None,
+        guild_id: str | int | None = None,
+        mentions: Sequence[JSON] = (),
+        message_id: str | int | None = None,
+        referenced_message: JSON | None = None,
+        *,
+        attachments: Sequence[JSON] = (),
+        embeds: Sequence[JSON] = (),
+    ) -> JSON:
+        """A MESSAGE_CREATE ``d`` payload (snowflakes as strings).
+
+        Without ``guild_id`` it is a DM; with it, a guild message carrying ``member``.
+        ``referenced_message`` (another payload) makes it a reply (type 19 with
+        ``message_reference``). The message is stored so ``GET`` on it answers 200.
+        """
+        author = author or self.human_user
+        cid = str(channel_id)
+        gid = None if guild_id is None else str(guild_id)
+        self._ensure_channel(cid, gid, author)
+        data: JSON = {
+            "id": str(message_id) if message_id is not None else self.snowflake(),
+            "channel_id": cid,
+            "author": author,
+            "content": content,
+            "timestamp": iso_now(),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [dict(m) for m in mentions],
+            "mention_roles": [],
+            "attachments": list(attachments),
+            "embeds": list(embeds),
+            "components": [],
+            "pinned": False,
+            "type": 0,
+            "flags": 0,
+        }
+        if gid is not None:
+            data["guild_id"] = gid
+            data["member"] = {
+                "roles": [],
+                "joined_at": iso_now(),
+                "deaf": False,
+                "mute": False,
+                "flags": 0,
+            }
+        if referenced_message is not None:
+            data["type"] = 19
+            data["message_reference"] = {
+                "type": 0,
+                "message_id": referenced_message["id"],
+                "channel_id": referenced_message["channel_id"],
+                **({"guild_id": gid} if gid is not None else {}),
+            }
+            data["referenced_message"] = referenced_message
+        self._messages[data["id"]] = data
+        return data
+
+    def interaction_payload(
+        self,
+        name: str,
+        options: dict[str, str | int | float | bool] | None = None,
+        *,
+        channel_id: str | int,
+        guild_id: str | int | None = None,
+        user: JSON | None = None,
+    ) -> JSON:
+        """An INTERACTION_CREATE ``d`` payload for a slash command (type 2, chat input).
+
+        ``options`` map option name to value; types are inferred (str 3, bool 5, int 4,
+        float 10). The interaction is remembered so its callback is accepted once.
+        """
+        user = user or self.human_user
+        cid = str(channel_id)
+        gid = None if guild_id is None else str(guild_id)
+        self._ensure_channel(cid, gid, user)
+        registered = [
+            c
+            for c in self.app_commands.get(gid, []) + self.app_commands.get(None, [])
+            if c["name"] == name
+        ]
+        type_of = {str: 3, bool: 5, int: 4, float: 10}
+        opts = [
+            {"name": k, "type": type_of[type(v)], "value": v} for k, v in (options or {}).items()
+        ]
+        channel = self._channels[cid]
+        data: JSON = {
+            "id": self.snowflake(),
+            "application_id": self.application_id,
+            "type": 2,
+            "token": f"itok-{uuid.uuid4().hex}",
+            "version": 1,
+            "data": {
+                "id": registered[0]["id"] if registered else self.snowflake(),
+                "name": name,
+                "type": 1,
+                "options": opts,
+            },
+            "channel_id": cid,
+            "channel": channel,
+            "app_permissions": str(DEFAULT_EVERYONE_PERMISSIONS),
+            "locale": "en-US",
+            "attachment_size_limit": 8 * 1024 * 1024,
+            "entitlements": [],
+        }
+        if gid is not None:
+            data["guild_id"] = gid
+            data["guild_locale"] = "en-US"
+            data["context"] = 0
+            data["authorizing_integration_owners"] = {"0": gid}
+            data["member"] = {
+                "user": user,
+                "roles": [],
+                "joined_at": iso_now(),
+                "deaf": False,
+                "mute": False,
+                "flags": 0,
+                "permissions": str(DEFAULT_EVERYONE_PERMISSIONS),
+            }
+        else:
+            data["context"] = 1
+            data["authorizing_integration_owners"] = {"0": "0"}
+            data["user"] = user
+        self._interactions[data["id"]] = {"payload": data, "acknowledged": False}
+        return data
+
+    # ------------------------------------------------------------------ gateway dispatch API
+
+    async def dispatch(self, event_name: str, data: JSON) -> None:
+        """Send a DISPATCH (op 0) event to the client.
+
+        Before the first READY the event is queued and sent right after READY and the
+        GUILD_CREATEs. While the client is disconnected it is logged and replayed on RESUME.
+        """
+        assert self._send_lock is not None, "FakeDiscord is not started"
+        async with self._send_lock:
+            if self._session_id is None:
+                self._pre_ready.append((event_name, data))
+                return
+            await self._emit_locked(event_name, data)
+
+    async def send_dm(
+        self,
+        content: str,
+        author: JSON | None = None,
+        *,
+        message_id: str | int | None = None,
+        referenced_message: JSON | None = None,
+        attachments: Sequence[JSON] = (),
+    ) -> JSON:
+        """Dispatch a DM from ``author`` (default the human) to the bot; returns the payload."""
+        author = author or self.human_user
+        payload = self.message_payload(
+            content,
+            self.dm_channel_id(author),
+            author=author,
+            message_id=message_id,
+            referenced_message=referenced_message,
+            attachments=attachments,
+        )
+        await self.dispatch("MESSAGE_CREATE", payload)
+        return payload
+
+    async def send_guild_message(
+        self,
+        content: str,
+        guild_id: str | int,
+        channel_id: str | int,
+        mention_bot: bool = False,
+        author: JSON | None = None,
+        *,
+        message_id: str | int | None = None,
+        referenced_message: JSON | None = None,
+    ) -> JSON:
+        """Dispatch a guild message; returns the payload.
+
+        ``mention_bot`` prefixes ``<@BOTID>`` to the content and puts the bot in ``mentions``.
+        """
+        mentions: list[JSON] = []
+        if mention_bot:
+            content = f"<@{self.bot_user['id']}> {content}"
+            mentions.append(self.bot_user)
+        payload = self.message_payload(
+            content,
+            channel_id,
+            author=author,
+            guild_id=guild_id,
+            mentions=mentions,
+            message_id=message_id,
+            referenced_message=referenced_message,
+        )
+        await self.dispatch("MESSAGE_CREATE", payload)
+        return payload
+
+    async def send_interaction(
+        self, name: str, options: dict[str, Any] | None = None, **kwargs: Any
+    ) -> JSON:
+        """Build with `interaction_payload` and dispatch INTERACTION_CREATE; returns the payload."""
+        payload = self.interaction_payload(name, options, **kwargs)
+        await self.dispatch("INTERACTION_CREATE", payload)
+        return payload
+
+    async def force_reconnect(
+        self, how: Literal["op7", "close"] = "op7", close_code: int = 4000
+    ) -> None:
+        """Make the client drop its gateway connection and RESUME.
+
+        ``"op7"`` sends RECONNECT (op 7); ``"close"`` closes the socket with ``close_code``
+        (4000 "unknown error" is resumable). Wait with `wait_resumed`.
+        """
+        assert self._send_lock is not None, "FakeDiscord is not started"
+        async with self._send_lock:
+            ws = self._ws
+            self._live = False
+            self._resumes_at_force = self.resume_count
+            if ws is None or ws.closed:
+                return
+            if how == "op7":
+                with contextlib.suppress(ConnectionError):
+                    await ws.send_str(json.dumps({"op": 7, "d": None}))
+                return
+        await asyncio.wait_for(ws.close(code=close_code), 5.0)
+
+    async def invalidate_session(self, resumable: bool = False) -> None:
+        """Send INVALID_SESSION (op 9); with ``resumable=False`` the client must IDENTIFY again."""
+        assert self._send_lock is not None, "FakeDiscord is not started"
+        async with self._send_lock:
+            ws = self._ws
+            if not resumable:
+                self._session_id = None
+            self._live = False
+            if ws is not None and not ws.closed:
+                with contextlib.suppress(ConnectionError):
+                    await ws.send_str(json.dumps({"op": 9, "d": resumable}))
+
+    async def wait_identified(self, timeout: float = 5.0, count: int = 1) -> None:
+        """Wait until ``count`` IDENTIFYs were answered with READY. Raises TimeoutError."""
+        await self.wait_until(lambda: self.identify_count >= count, timeout, f"{count} IDENTIFY")
+
+    async def wait_resumed(self, timeout: float = 5.0, count: int | None = None) -> None:
+        """Wait until the client RESUMEd; by default, once more than before `force_reconnect`."""
+        target = self._resumes_at_force + 1 if count is None else count
+        await self.wait_until(lambda: self.resume_count >= target, timeout, f"{target} RESUME")
+
+    # ------------------------------------------------------------------ observation API
+
+    def messages_sent(self, channel_id: str | int | None = None) -> list[str]:
+        """Contents successfully POSTed to ``/channels/{id}/messages``, in order (as at POST)."""
+        return [
+            content
+            for cid, content, _ in self._sent
+            if channel_id is None or cid == str(channel_id)
+        ]
+
+    def created_messages(self, channel_id: str | int | None = None) -> list[JSON]:
+        """Message objects the bot created via POST, current state (edits applied), in order."""
+        out = []
+        for cid, _, mid in self._sent:
+            if (channel_id is None or cid == str(channel_id)) and mid in self._messages:
+                out.append(self._messages[mid])
+        return out
+
+    def message(self, message_id: str | int) -> JSON | None:
+        """Current state of a stored message (created, dispatched, edited), or None if absent."""
+        return self._messages.get(str(message_id))
+
+    def matching_calls(
+        self, method: str, path: PathSpec, *, status: int | None = None
+    ) -> list[RecordedRequest]:
+        """Requests with this method whose path fully matches ``path`` (a regex; plain paths
+        match themselves), optionally only those answered with ``status``."""
+        pattern = re.compile(path) if isinstance(path, str) else path
+        return [
+            r
+            for r in self.requests
+            if r.method == method.upper()
+            and pattern.fullmatch(r.path)
+            and (status is None or r.status == status)
+        ]
+
+    async def wait_for_call(
+        self,
+        method: str,
+        path: PathSpec,
+        n: int = 1,
+        timeout: float = 5.0,
+        *,
+        status: int | None = None,
+    ) -> list[RecordedRequest]:
+        """Wait until at least ``n`` matching requests were answered; returns them.
+
+        Raises TimeoutError naming the calls seen, to make failures readable.
+        """
+
+        def enough() -> bool:
+            return len(self.matching_calls(method, path, status=status)) >= n
+
+        await self.wait_until(enough, timeout, f"{n} x {method} {path}")
+        return self.matching_calls(method, path, status=status)
+
+    def fail_next(
+        self,
+        method: str,
+        path_regex: PathSpec,
+        status: int,
+        body: Any,
+        times: int = 1,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Answer the next ``times`` matching requests with ``status`` and ``body``.
+
+        A dict/list body is sent as JSON; a str as text/plain. The request is still recorded.
+        """
+        pattern = re.compile(path_regex) if isinstance(path_regex, str) else path_regex
+        self._fail_rules.append(
+            _FailRule(method.upper(), pattern, status, body, dict(headers or {}), times)
+        )
+
+    def fail_next_rate_limited(
+        self,
+        method: str,
+        path_regex: PathSpec,
+        retry_after: float = 0.05,
+        times: int = 1,
+        *,
+        is_global: bool = False,
+    ) -> None:
+        """A 429 discord.py retries transparently after ``retry_after`` seconds.
+
+        Carries a ``Via`` header and a JSON body with ``retry_after``; without them discord.py
+        assumes a Cloudflare ban and raises HTTPException (test-infra.md pitfall 2).
+        """
+        body = {
+            "message": "You are being rate limited.",
+            "retry_after": retry_after,
+            "global": is_global,
+        }
+        headers = {"Via": "1.1 google", "Retry-After": str(max(1, round(retry_after)))}
+        if is_global:
+            headers["X-RateLimit-Global"] = "true"
+        self.fail_next(method, path_regex, 429, body, times, headers)
+
+    def fail_next_error(
+        self,
+        method: str,
+        path_regex: PathSpec,
+        status: int = 400,
+        code: int = 50035,
+        message: str = "Invalid Form Body",
+        times: int = 1,
+    ) -> None:
+        """A Discord JSON error, e.g. 400/50035, 403/50013 "Missing Permissions", 404/10003."""
+        self.fail_next(method, path_regex, status, {"message": message, "code": code}, times)
+
+    def fail_next_forbidden(self, method: str, path_regex: PathSpec, times: int = 1) -> None:
+        """403 code 50013 "Missing Permissions" (discord.Forbidden)."""
+        self.fail_next_error(method, path_regex, 403, 50013, "Missing Permissions", times)
+
+    # ------------------------------------------------------------------ waiting
+
+    async def _notify(self) -> None:
+        assert self._cond is not None
+        async with self._cond:
+            self._cond.notify_all()
+
+    async def wait_until(
+        self, predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition"
+    ) -> None:
+        """Wait until ``predicate()`` is true; re-checked after every request and gateway change.
+
+        Raises TimeoutError listing the REST calls and gateway ops seen so far.
+        """
+        assert self._cond is not None, "FakeDiscord is not started"
+        try:
+            async with self._cond:
+                await asyncio.wait_for(self._cond.wait_for(predicate), timeout)
+        except TimeoutError:
+            seen = [f"{r.method} {r.path} -> {r.status}" for r in self.requests]
+            ops = [p.get("op") for p in self.gw_received]
+            raise TimeoutError(
+                f"FakeDiscord: waited {timeout}s for {what}; REST seen: {seen}; gateway ops: {ops}"
+            ) from None
+
+    # ------------------------------------------------------------------ internals: gateway
+
+    async def _send_frame_locked(self, frame: JSON) -> bool:
+        ws = self._ws
+        if ws is None or ws.closed or not self._live:
+            return False
+        try:
+            await ws.send_str(json.dumps(frame))
+        except ConnectionError:
+            self._live = False
+            return False
+        return True
+
+    def _visible_to_bot(self, event_name: str, data: JSON) -> JSON:
+        """Apply the MESSAGE_CONTENT intent rule to a message event (see module docstring)."""
+        if (
+            not self.enforce_message_content_intent
+            or event_name not in ("MESSAGE_CREATE", "MESSAGE_UPDATE")
+            or "guild_id" not in data
+            or self.intents is None
+            or self.intents & INTENT_MESSAGE_CONTENT
+        ):
+            return data
+        bot_id = self.bot_user["id"]
+        if data.get("author", {}).get("id") == bot_id or any(
+            m.get("id") == bot_id for m in data.get("mentions", [])
+        ):
+            return data
+        return {**data, "content": "", "embeds": [], "attachments": [], "components": []}
+
+    async def _emit_locked(self, event_name: str, data: JSON) -> None:
+        self._seq += 1
+        frame = {
+            "op": 0,
+            "t": event_name,
+            "s": self._seq,
+            "d": self._visible_to_bot(event_name, data),
+        }
+        self._event_log.append(frame)
+        await self._send_frame_locked(frame)
+
+    async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        self._all_ws.add(ws)
+        self.gw_queries.append(dict(request.query))
+        assert self._send_lock is not None
+        async with self._send_lock:
+            old, self._ws, self._live = self._ws, ws, False
+        if old is not None and not old.closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.close(code=4000), 1.0)
+        try:
+            await ws.send_str(
+                json.dumps({"op": 10, "d": {"heartbeat_interval": HEARTBEAT_INTERVAL_MS}})
+            )
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    break
+                payload = json.loads(msg.data)
+                self.gw_received.append(payload)
+                await self._on_gateway_payload(ws, payload)
+        finally:
+            async with self._send_lock:
+                if self._ws is ws:
+                    self._ws, self._live = None, False
+            self.gw_close_codes.append(ws.close_code)
+            self._all_ws.discard(ws)
+            await self._notify()
+        return ws
+
+    async def _on_gateway_payload(self, ws: web.WebSocketResponse, payload: JSON) -> None:
+        op = payload.get("op")
+        d = payload.get("d")
+        assert self._send_lock is not None
+        if op == 1:  # HEARTBEAT
+            with contextlib.suppress(ConnectionError):
+                await ws.send_str(json.dumps({"op": 11}))
+        elif op == 2:  # IDENTIFY
+            if d.get("token") != self.token:
+                await ws.close(code=4004, message=b"Authentication failed.")
+                return
+            async with self._send_lock:
+                await self._identify_locked(ws, d)
+            await self._notify()
+        elif op == 6:  # RESUME
+            async with self._send_lock:
+                await self._resume_locked(ws, d)
+            await self._notify()
+        # op 3 presence, op 4 voice state, op 8 request members: recorded only.
+
+    async def _identify_locked(self, ws: web.WebSocketResponse, d: JSON) -> None:
+        self.intents = int(d.get("intents", 0))
+        self._session_id = f"fake-session-{uuid.uuid4().hex[:12]}"
+        self._seq = 0
+        self._event_log = []
+        self._live = self._ws is ws
+        ready = {
+            "v": 10,
+            "user": self.bot_user,
+            "guilds": [{"id": gid, "unavailable": True} for gid in self._guilds],
+            "session_id": self._session_id,
+            "session_type": "normal",
+            "resume_gateway_url": self.gateway_url,
+            "private_channels": [],
+            "relationships": [],
+            "application": {"id": self.application_id, "flags": 0},
+        }
+        await self._emit_locked("READY", ready)
+        for guild in self._guilds.values():
+            await self._emit_locked("GUILD_CREATE", guild)
+        pending, self._pre_ready = self._pre_ready, []
+        for event_name, data in pending:
+            await self._emit_locked(event_name, data)
+        self.identify_count += 1
+
+    async def _resume_locked(self, ws: web.WebSocketResponse, d: JSON) -> None:
+        if (
+            d.get("token") != self.token
+            or d.get("session_id") != self._session_id
+            or self._session_id is None
+        ):
+            with contextlib.suppress(ConnectionError):
+                await ws.send_str(json.dumps({"op": 9, "d": False}))
+            return
+        self._live = self._ws is ws
+        client_seq = d.get("seq") or 0
+        for frame in self._event_log:
+            if frame["s"] > client_seq:
+                await self._send_frame_locked(frame)
+        await self._emit_locked("RESUMED", {})
+        self.resume_count += 1
+
+    # ------------------------------------------------------------------ internals: REST
+
+    def _build_routes(self) -> list[tuple[str, re.Pattern[str], _Handler]]:
+        ch = r"/channels/(?P<cid>\d+)"
+        msg = ch + r"/messages/(?P<mid>\d+)"
+        cmds = r"/applications/(?P<app>\d+)(?:/guilds/(?P<gid>\d+))?/commands"
+        hook = r"/webhooks/(?P<app>\d+)/(?P<tok>[^/]+)"
+        table: list[tuple[str, str, _Handler]] = [
+            ("GET", r"/users/@me", self._get_me),
+            ("GET", r"/oauth2/applications/@me", self._get_application),
+            ("GET", r"/applications/@me", self._get_application),
+            ("GET", r"/gateway", self._get_gateway),
+            ("GET", r"/gateway/bot", self._get_gateway_bot),
+            ("POST", r"/users/@me/channels", self._create_dm),
+            ("GET", ch, self._get_channel),
+            ("POST", ch + r"/typing", self._typing),
+            ("POST", ch + r"/messages", self._create_message),
+            ("GET", ch + r"/messages", self._history),
+            ("GET", msg, self._get_message),
+            ("PATCH", msg, self._edit_message),
+            ("DELETE", msg, self._delete_message),
+            ("PUT", msg + r"/reactions/(?P<emoji>[^/]+)/@me", self._reaction),
+            ("DELETE", msg + r"/reactions/(?P<emoji>[^/]+)/@me", self._reaction),
+            ("GET", cmds, self._get_commands),
+            ("PUT", cmds, self._put_commands),
+            ("POST", cmds, self._post_command),
+            (
+                "POST",
+                r"/interactions/(?P<iid>\d+)/(?P<tok>[^/]+)/callback",
+                self._interaction_callback,
+            ),
+            ("POST", hook, self._followup),
+            ("GET", hook + r"/messages/(?P<mid>@original|\d+)", self._get_webhook_message),
+            ("PATCH", hook + r"/messages/(?P<mid>@original|\d+)", self._edit_webhook_message),
+            ("DELETE", hook + r"/messages/(?P<mid>@original|\d+)", self._delete_webhook_message),
+        ]
+        return [(m, re.compile(p), h) for m, p, h in table]
+
+    @staticmethod
+    async def _read_body(request: web.Request) -> tuple[Any, list[JSON]]:
+        if not request.body_exists:
+            return None, []
+        ctype = request.content_type
+        if ctype == "application/json":
+            return await request.json(), []
+        if ctype.startswith("multipart/"):
+            body: Any = None
+            files: list[JSON] = []
+            reader = await request.multipart()
+            async for part in reader:
+                if part.name == "payload_json":
+                    body = json.loads(await part.text())  # type: ignore[union-attr]
+                else:
+                    data = await part.read()  # type: ignore[union-attr]
+                    files.append({"field": part.name, "filename": part.filename, "size": len(data)})
+            return body, files
+        text = await request.text()
+        return (text or None), []
+
+    def _take_failure(self, method: str, path: str) -> web.Response | None:
+        for rule in self._fail_rules:
+            if rule.times > 0 and rule.method == method and rule.path.fullmatch(path):
+                rule.times -= 1
+                if isinstance(rule.body, (dict, list)):
+                    return _json_response(rule.body, rule.status, rule.headers)
+                return web.Response(status=rule.status, text=str(rule.body), headers=rule.headers)
+        return None
+
+    def _authorized(self, path: str, request: web.Request) -> bool:
+        if path.startswith("/interactions/") or re.fullmatch(r"/webhooks/\d+/[^/]+(/.*)?", path):
+            return True  # interaction and webhook-token routes take no Authorization (Discord docs)
+        return request.headers.get("Authorization") == f"Bot {self.token}"
+
+    async def _rest(self, request: web.Request) -> web.StreamResponse:
+        path = "/" + request.match_info["tail"]
+        method = request.method.upper()
+        body, files = await self._read_body(request)
+        record = RecordedRequest(
+            method, path, dict(request.query), body, files, dict(request.headers)
+        )
+        self.calls.append(Call(method, path, body, record.time))
+        self.requests.append(record)
+        try:
+            response = self._take_failure(method, path)
+            if response is None and not self._authorized(path, request):
+                response = _error(401, 0, "401: Unauthorized")
+            if response is None:
+                try:
+                    response = await self._route(
+                        method, path, _Req({}, body, dict(request.query), files)
+                    )
+                # A bug in the fake must fail fast: a 500 makes discord.py retry for 16 s.
+                except Exception as exc:  # noqa: BLE001 - kept in server_errors
+                    self.server_errors.append(exc)
+                    response = _error(400, 0, f"FakeDiscord internal error: {exc!r}")
+            record.status = response.status
+            return response
+        finally:
+            await self._notify()
+
+    async def _route(self, method: str, path: str, req: _Req) -> web.Response:
+        for route_method, pattern, handler in self._routes:
+            match = pattern.fullmatch(path)
+            if match and route_method == method:
+                req.params = {k: v for k, v in match.groupdict().items() if v is not None}
+                result = handler(req)
+                if asyncio.iscoroutine(result):
+                    result = await result
+                return result
+        self.unknown_routes.append(Call(method, path, req.body, time.monotonic()))
+        return _json_response({"message": "Unknown", "code": 0}, 404)
+
+    # --- users, application, gateway
+
+    def _get_me(self, req: _Req) -> web.Response:
+        return _json_response(
+            {**self.bot_user, "verified": True, "mfa_enabled": False, "locale": "en-US"}
+        )
+
+    def _get_application(self, req: _Req) -> web.Response:
+        return _json_response(
+            {
+                "id": self.application_id,
+                "name": self.bot_user["username"],
+                "icon": None,
+                "description": "",
+                "rpc_origins": [],
+                "bot_public": True,
+                "bot_require_code_grant": False,
+                "bot": self.bot_user,
+                "terms_of_service_url": None,
+                "privacy_policy_url": None,
+                "owner": self.human_user,
+                "verify_key": "0" * 64,
+                "team": None,
+                "flags": 0,
+            }
+        )
+
+    def _get_gateway(self, req: _Req) -> web.Response:
+        return _json_response({"url": self.gateway_url})
+
+    def _get_gateway_bot(self, req: _Req) -> web.Response:
+        return _json_response(
+            {
+                "url": self.gateway_url,
+                "shards": 1,
+                "session_start_limit": {
+                    "total": 1000,
+                    "remaining": 999,
+                    "reset_after": 0,
+                    "max_concurrency": 1,
+                },
+            }
+        )
+
+    def _create_dm(self, req: _Req) -> web.Response:
+        recipient_id = str((req.body or {}).get("recipient_id", ""))
+        if not recipient_id:
+            return _form_error("recipient_id", "BASE_TYPE_REQUIRED", "This field is required")
+        known = {u["id"]: u for u in (self.human_user, self.other_bot)}
+        user = known.get(recipient_id) or make_user(recipient_id, f"user{recipient_id[-4:]}")
+        return _json_response(self._channels[self.dm_channel_id(user)])
+
+    # --- channels and messages
+
+    def _get_channel(self, req: _Req) -> web.Response:
+        channel = self._channels.get(req.params["cid"])
+        if channel is None:
+            return _error(404, 10003, "Unknown Channel")
+        return _json_response(channel)
+
+    def _typing(self, req: _Req) -> web.Response:
+        if req.params["cid"] not in self._channels:
+            return _error(404, 10003, "Unknown Channel")
+        return _no_content()
+
+    @staticmethod
+    def _content_error(
+        body: JSON, files: list[JSON], *, require_something: bool = True
+    ) -> web.Response | None:
+        """Discord's send rules: not empty (50006), content at most 2000 characters (50035)."""
+        content = body.get("content") or ""
+        if len(content) > MAX_CONTENT_LENGTH:
+            return _form_error(
+                "content",
+                "BASE_TYPE_MAX_LENGTH",
+                f"Must be {MAX_CONTENT_LENGTH} or fewer in length.",
+            )
+        has_other = files or any(
+            body.get(k) for k in ("embeds", "sticker_ids", "components", "poll", "attachments")
+        )
+        if require_something and not content.strip() and not has_other:
+            return _error(400, 50006, "Cannot send an empty message")
+        return None
+
+    def _bot_message(self, channel_id: str, body: JSON, files: list[JSON]) -> JSON:
+        """A message object authored by the bot, as Discord returns it from REST (no guild_id)."""
+        mid = self.snowflake()
+        message: JSON = {
+            "id": mid,
+            "channel_id": channel_id,
+            "author": self.bot_user,
+            "content": body.get("content") or "",
+            "timestamp": iso_now(),
+            "edited_timestamp": None,
+            "tts": bool(body.get("tts", False)),
+            "mention_everyone": False,
+            "mentions": [],
+            "mention_roles": [],
+            "attachments": [
+                {
+                    "id": self.snowflake(),
+                    "filename": f["filename"],
+                    "size": f["size"],
+                    "url": f"{self.api_base}/attachments/{mid}/{f['filename']}",
+                    "proxy_url": f"{self.api_base}/attachments/{mid}/{f['filename']}",
+                }
+                for f in files
+            ],
+            "embeds": list(body.get("embeds") or []),
+            "components": list(body.get("components") or []),
+            "pinned": False,
+            "type": 0,
+            "flags": int(body.get("flags") or 0),
+        }
+        if body.get("nonce") is not None:
+            message["nonce"] = body["nonce"]
+        return message
+
+    def _create_message(self, req: _Req) -> web.Response:
+        cid = req.params["cid"]
+        if cid not in self._channels:
+            return _error(404, 10003, "Unknown Channel")
+        body: JSON = req.body if isinstance(req.body, dict) else {}
+        error = self._content_error(body, req.files)
+        if error is not None:
+            return error
+        nonce = body.get("nonce")
+        if body.get("enforce_nonce") and nonce is not None and (cid, str(nonce)) in self._nonces:
+            existing = self._messages.get(self._nonces[(cid, str(nonce))])
+            if existing is not None:
+                return _json_response(existing)  # Discord dedupes by nonce: no second message
+        reference = body.get("message_reference")
+        referenced: JSON | None = None
+        if reference:
+            referenced = self._messages.get(str(reference.get("message_id")))
+            if referenced is None and reference.get("fail_if_not_exists", True):
+                return _form_error(
+                    "message_reference", "MESSAGE_REFERENCE_UNKNOWN_MESSAGE", "Unknown message"
+                )
+        message = self._bot_message(cid, body, req.files)
+        if referenced is not None:
+            message["type"] = 19
+            message["message_reference"] = {
+                "type": 0,
+                "message_id": referenced["id"],
+                "channel_id": cid,
+            }
+            message["referenced_message"] = referenced
+        self._messages[message["id"]] = message
+        self._sent.append((cid, message["content"], message["id"]))
+        if nonce is not None:
+            self._nonces[(cid, str(nonce))] = message["id"]
+        return _json_response(message)
+
+    def _history(self, req: _Req) -> web.Response:
+        cid = req.params["cid"]
+        if cid not in self._channels:
+            return _error(404, 10003, "Unknown Channel")
+        limit = int(req.query.get("limit", 50))
+        msgs = sorted(
+            (m for m in self._messages.values() if m["channel_id"] == cid),
+            key=lambda m: int(m["id"]),
+        )
+        if "before" in req.query:
+            msgs = [m for m in msgs if int(m["id"]) < int(req.query["before"])]
+        if "after" in req.query:
+            msgs = [m for m in msgs if int(m["id"]) > int(req.query["after"])]
+        return _json_response(list(reversed(msgs))[:limit])
+
+    def _lookup(self, req: _Req) -> JSON | None:
+        message = self._messages.get(req.params["mid"])
+        if message is None or message["channel_id"] != req.params["cid"]:
+            return None
+        return message
+
+    def _get_message(self, req: _Req) -> web.Response:
+        message = self._lookup(req)
+        return _json_response(message) if message else _error(404, 10008, "Unknown Message")
+
+    def _apply_edit(self, message: JSON, body: JSON) -> web.Response | None:
+        error = self._content_error(body, [], require_something=False)
+        if error is not None:
+            return error
+        for key in ("content", "embeds", "components", "flags"):
+            if key in body:
+                message[key] = (
+                    body[key] if body[key] is not None else ([] if key != "content" else "")
+                )
+        if (
+            not (message.get("content") or "").strip()
+            and not message.get("embeds")
+            and not message.get("attachments")
+        ):
+            return _error(400, 50006, "Cannot send an empty message")
+        message["edited_timestamp"] = iso_now()
+        return None
+
+    def _edit_message(self, req: _Req) -> web.Response:
+        message = self._lookup(req)
+        if message is None:
+            return _error(404, 10008, "Unknown Message")
+        if message["author"]["id"] != self.bot_user["id"]:
+            return _error(403, 50005, "Cannot edit a message authored by another user")
+        error = self._apply_edit(message, req.body if isinstance(req.body, dict) else {})
+        return error or _json_response(message)
+
+    def _delete_message(self, req: _Req) -> web.Response:
+        message = self._lookup(req)
+        if message is None:
+            return _error(404, 10008, "Unknown Message")
+        del self._messages[message["id"]]
+        return _no_content()
+
+    def _reaction(self, req: _Req) -> web.Response:
+        if self._lookup(req) is None:
+            return _error(404, 10008, "Unknown Message")
+        return _no_content()
+
+    # --- application commands
+
+    def _get_commands(self, req: _Req) -> web.Response:
+        return _json_response(self.app_commands.get(req.params.get("gid"), []))
+
+    def _normalise_command(self, command: JSON, gid: str | None, existing: list[JSON]) -> JSON:
+        same = [
+            c
+            for c in existing
+            if c["name"] == command["name"] and c["type"] == command.get("type", 1)
+        ]
+        out: JSON = {
+            "type": 1,
+            "description": "",
+            "options": [],
+            "default_member_permissions": None,
+            "dm_permission": True,
+            "nsfw": False,
+            **command,
+            "id": same[0]["id"] if same else self.snowflake(),
+            "application_id": self.application_id,
+            "version": self.snowflake(),
+        }
+        if gid is not None:
+            out["guild_id"] = gid
+        return out
+
+    def _put_commands(self, req: _Req) -> web.Response:
+        gid = req.params.get("gid")
+        existing = self.app_commands.get(gid, [])
+        commands = [self._normalise_command(c, gid, existing) for c in (req.body or [])]
+        self.app_commands[gid] = commands
+        return _json_response(commands)
+
+    def _post_command(self, req: _Req) -> web.Response:
+        gid = req.params.get("gid")
+        existing = self.app_commands.get(gid, [])
+        command = self._normalise_command(req.body or {}, gid, existing)
+        self.app_commands[gid] = [c for c in existing if c["id"] != command["id"]] + [command]
+        return _json_response(command)
+
+    # --- interactions and their webhook messages
+
+    def _interaction_callback(self, req: _Req) -> web.Response:
+        iid, token = req.params["iid"], req.params["tok"]
+        body: JSON = req.body if isinstance(req.body, dict) else {}
+        self.interaction_responses.append({"id": iid, "token": token, **body, "files": req.files})
+        known = self._interactions.get(iid)
+        if known is None or known["payload"]["token"] != token:
+            return _error(404, 10062, "Unknown interaction")
+        if known["acknowledged"]:
+            return _error(400, 40060, "Interaction has already been acknowledged.")
+        callback_type = int(body.get("type", 0))
+        data: JSON = body.get("data") or {}
+        message: JSON | None = None
+        if callback_type in (
+            4,
+            5,
+        ):  # CHANNEL_MESSAGE_WITH_SOURCE, DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE
+            if callback_type == 4:
+                error = self._content_error(data, req.files)
+                if error is not None:
+                    return error
+            payload = known["payload"]
+            message = self._bot_message(
+                payload["channel_id"], data if callback_type == 4 else {}, req.files
+            )
+            message["type"] = 20
+            message["interaction_metadata"] = {
+                "id": iid,
+                "type": payload["type"],
+                "user": payload.get("user") or payload["member"]["user"],
+                "authorizing_integration_owners": payload.get("authorizing_integration_owners", {}),
+            }
+            if callback_type == 5:
+                message["flags"] = int(data.get("flags") or 0) | 128  # LOADING
+            self._messages[message["id"]] = message
+            self._originals[token] = message["id"]
+        known["acknowledged"] = True
+        if req.query.get("with_response") not in ("1", "true", "True"):
+            return _no_content()
+        flags = int(data.get("flags") or 0)
+        response: JSON = {
+            "interaction": {
+                "id": iid,
+                "type": known["payload"]["type"],
+                "response_message_loading": callback_type == 5,
+                "response_message_ephemeral": bool(flags & 64),
+            },
+            "resource": {"type": callback_type},
+        }
+        if message is not None:
+            response["interaction"]["response_message_id"] = message["id"]
+            response["resource"]["message"] = message
+        return _json_response(response)
+
+    def _interaction_by_token(self, token: str) -> JSON | None:
+        for known in self._interactions.values():
+            if known["payload"]["token"] == token:
+                return known["payload"]
+        return None
+
+    def _webhook_message(self, req: _Req) -> JSON | None:
+        mid = req.params["mid"]
+        if mid == "@original":
+            mid = self._originals.get(req.params["tok"], "")
+        return self._messages.get(mid)
+
+    def _followup(self, req: _Req) -> web.Response:
+        payload = self._interaction_by_token(req.params["tok"])
+        if payload is None:
+            return _error(404, 10015, "Unknown Webhook")
+        body: JSON = req.body if isinstance(req.body, dict) else {}
+        error = self._content_error(body, req.files)
+        if error is not None:
+            return error
+        message = self._bot_message(payload["channel_id"], body, req.files)
+        self._messages[message["id"]] = message
+        return (
+            _json_response(message)
+            if req.query.get("wait") in ("1", "true", "True")
+            else _no_content()
+        )
+
+    def _get_webhook_message(self, req: _Req) -> web.Response:
+        message = self._webhook_message(req)
+        return _json_response(message) if message else _error(404, 10008, "Unknown Message")
+
+    def _edit_webhook_message(self, req: _Req) -> web.Response:
+        message = self._webhook_message(req)
+        if message is None:
+            return _error(404, 10008, "Unknown Message")
+        message["flags"] = int(message.get("flags") or 0) & ~128
+        error = self._apply_edit(message, req.body if isinstance(req.body, dict) else {})
+        return error or _json_response(message)
+
+    def _delete_webhook_message(self, req: _Req) -> web.Response:
+        message = self._webhook_message(req)
+        if message is None:
+            return _error(404, 10008, "Unknown Message")
+        del self._messages[message["id"]]
+        return _no_content()

@@ -1,0 +1,291 @@
+"""A scripted OpenAI-compatible chat-completions server for tests.
+
+Real TCP on 127.0.0.1 (port 0), so the real ``openai.AsyncOpenAI`` client works against it, both
+in-process and from a subprocess (e.g. ``bumblebot run``) pointed at :attr:`FakeOpenAI.base_url`.
+
+Usage::
+
+    async with FakeOpenAI() as llm:
+        llm.push(tool_calls(("send_message", {"text": "hi"})), when=is_loop)
+        llm.push(text("a summary"), when=is_aux)
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="sk-test", max_retries=0)
+        ...
+        await llm.wait_for_requests(2)
+
+Endpoints: ``POST /v1/chat/completions`` (non-streaming) and ``GET /v1/models``. Error bodies
+follow OpenAI's shape ``{"error": {"message", "type", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+Request = dict[str, Any]
+Predicate = Callable[[Request], bool]
+
+_call_ids = itertools.count(1)
+_completion_ids = itertools.count(1)
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 429: "rate_limit_error"}
+
+
+@dataclass
+class Reply:
+    """One scripted answer: HTTP ``status`` plus either an assistant ``message`` or a ``body``."""
+
+    status: int = 200
+    message: dict[str, Any] | None = None
+    finish_reason: str = "stop"
+    body: dict[str, Any] | None = None
+    delay: float = 0.0  # seconds awaited before answering (latency injection)
+
+
+@dataclass
+class RequestRecord:
+    """One arrival: monotonic ``time`` (s), ``headers``, JSON ``body``, answered ``status``."""
+
+    time: float
+    headers: dict[str, str]
+    body: Request
+    status: int | None = None
+
+
+def tool_calls(*calls: tuple[Any, ...], content: str = "", finish_reason: str = "tool_calls",
+               delay: float = 0.0) -> Reply:
+    """Reply with tool calls; each call is ``(name, args)`` or ``(name, args, call_id)``.
+
+    Ids default to unique ``call_<n>``; arguments are encoded with ``json.dumps``. Empty
+    ``content`` is sent as JSON null, as OpenAI does for tool-call replies.
+    """
+    encoded = []
+    for call in calls:
+        name, args = call[0], call[1]
+        call_id = call[2] if len(call) > 2 else f"call_{next(_call_ids)}"
+        encoded.append({"id": call_id, "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)}})
+    message = {"role": "assistant", "content": content or None, "tool_calls": encoded}
+    return Reply(message=message, finish_reason=finish_reason, delay=delay)
+
+
+def text(content: str, finish_reason: str = "stop", delay: float = 0.0) -> Reply:
+    """Reply with a plain assistant message."""
+    return Reply(message={"role": "assistant", "content": content},
+                 finish_reason=finish_reason, delay=delay)
+
+
+def error(status: int, message: str = "fake error", delay: float = 0.0,
+          body: dict[str, Any] | None = None) -> Reply:
+    """Reply with HTTP ``status`` and an OpenAI-style error body (or ``body`` verbatim)."""
+    return Reply(status=status, body=body or _error_body(status, message), delay=delay)
+
+
+def _error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+def is_loop(request: Request) -> bool:
+    """Predicate: the request offers tools (an agent-loop turn)."""
+    return bool(request.get("tools"))
+
+
+def is_aux(request: Request) -> bool:
+    """Predicate: the request offers no tools (an auxiliary call such as compaction)."""
+    return not is_loop(request)
+
+
+def mentions(needle: str) -> Predicate:
+    """Predicate factory: some message's content (string or text parts) contains ``needle``."""
+    def predicate(request: Request) -> bool:
+        return any(needle in _content_text(m.get("content")) for m in request.get("messages", []))
+    return predicate
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def sequence_violation(messages: list[dict[str, Any]]) -> str | None:
+    """Why ``messages`` is not a valid chat sequence, or None if it is.
+
+    OpenAI's rule: the ``role: "tool"`` messages directly following an assistant message with
+    ``tool_calls`` must answer exactly those calls, each exactly once; a tool message anywhere
+    else is rejected ("messages with role 'tool' must be a response to a preceding message with
+    'tool_calls'").
+    """
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        if message.get("role") == "tool":
+            return (f"messages[{i}]: tool message does not follow an assistant message "
+                    "with tool_calls")
+        calls = (message.get("tool_calls") or []) if message.get("role") == "assistant" else []
+        i += 1
+        if not calls:
+            continue
+        expected = [c.get("id") for c in calls]
+        if len(set(expected)) != len(expected):
+            return f"messages[{i - 1}]: duplicate tool call ids {expected}"
+        answered: list[str] = []
+        while i < len(messages) and messages[i].get("role") == "tool":
+            call_id = messages[i].get("tool_call_id")
+            if call_id not in expected:
+                return f"messages[{i}]: tool_call_id {call_id!r} is not among {expected}"
+            if call_id in answered:
+                return f"messages[{i}]: second result for tool_call_id {call_id!r}"
+            answered.append(call_id)
+            i += 1
+        missing = [c for c in expected if c not in answered]
+        if missing:
+            return (f"tool calls {missing} have no tool message directly after their "
+                    "assistant message")
+    return None
+
+
+class FakeOpenAI:
+    """Scripted chat-completions endpoint; see the module docstring.
+
+    Recorded state: ``requests`` (every body, arrival order), ``request_log``
+    (:class:`RequestRecord`), ``unscripted``, ``rejected`` (tool_choice quirk) and
+    ``violations`` (``(reason, body)`` for null content / invalid sequence).
+    """
+
+    def __init__(self, models: Iterable[str] = ("test-model", "reflex-model"), *,
+                 reject_tool_choice_required: int | None = None,
+                 reject_null_content: bool = True, validate_sequence: bool = True,
+                 default: Callable[[Request], Any] | None = None) -> None:
+        self.models = list(models)
+        self.reject_tool_choice_required = reject_tool_choice_required
+        self.reject_null_content = reject_null_content
+        self.validate_sequence = validate_sequence
+        self.default = default
+        self.requests: list[Request] = []
+        self.request_log: list[RequestRecord] = []
+        self.unscripted: list[Request] = []
+        self.rejected: list[Request] = []
+        self.violations: list[tuple[str, Request]] = []
+        self._script: list[tuple[Any, Predicate | None]] = []
+        self._arrived = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    @property
+    def pending(self) -> int:
+        """Scripted replies not consumed yet (assert 0 to prove a script was used up)."""
+        return len(self._script)
+
+    def push(self, reply: Any, when: Predicate | None = None) -> None:
+        """Queue ``reply`` (a :class:`Reply` or a callable ``request -> reply``) for the first
+        request matching ``when`` (any request if None)."""
+        self._script.append((reply, when))
+
+    async def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[Request]:
+        """Wait until at least ``n`` requests arrived; return them. AssertionError on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._arrived:
+                    await self._arrived.wait_for(lambda: len(self.requests) >= n)
+        except TimeoutError:
+            raise AssertionError(f"FakeOpenAI: expected {n} requests within {timeout}s, "
+                                 f"got {len(self.requests)}") from None
+        return list(self.requests)
+
+    async def __aenter__(self) -> FakeOpenAI:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.25, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        port = self._runner.addresses[0][1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _models(self, _request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _completions(self, http: web.Request) -> web.Response:
+        body: Request = await http.json()
+        record = RequestRecord(time.monotonic(), dict(http.headers), body)
+        async with self._arrived:
+            self.requests.append(body)
+            self.request_log.append(record)
+            self._arrived.notify_all()
+        reply = await self._answer(body)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        record.status = reply.status
+        if reply.status != 200:
+            return web.json_response(reply.body, status=reply.status)
+        return web.json_response(reply.body or self._completion(body, reply))
+
+    async def _answer(self, body: Request) -> Reply:
+        if self.reject_null_content and any(
+                "content" in m and m["content"] is None for m in body.get("messages", [])):
+            return self._violation("a message has null content", body)
+        reason = sequence_violation(body.get("messages", [])) if self.validate_sequence else None
+        if reason:
+            return self._violation(reason, body)
+        if self.reject_tool_choice_required and body.get("tool_choice") == "required":
+            self.rejected.append(body)
+            status = self.reject_tool_choice_required
+            return error(status, "tool_choice 'required' is not supported by this endpoint")
+        for index, (reply, when) in enumerate(self._script):
+            if when is None or when(body):
+                del self._script[index]
+                return await _resolve(reply, body)
+        if self.default is not None:
+            return await _resolve(self.default, body)
+        self.unscripted.append(body)
+        return error(500, "unscripted request")
+
+    def _violation(self, reason: str, body: Request) -> Reply:
+        self.violations.append((reason, body))
+        return Reply(status=400, body=_error_body(400, f"Invalid 'messages': {reason}",
+                                                  "invalid_request_error"))
+
+    @staticmethod
+    def _completion(body: Request, reply: Reply) -> dict[str, Any]:
+        message = dict(reply.message or {"role": "assistant", "content": ""})
+        if not message.get("tool_calls"):
+            message.pop("tool_calls", None)
+        prompt_tokens = len(json.dumps(body.get("messages", []))) // 4
+        completion_tokens = max(1, len(json.dumps(message)) // 4)
+        return {
+            "id": f"chatcmpl-fake{next(_completion_ids)}", "object": "chat.completion",
+            "created": int(time.time()), "model": body.get("model", "unknown"),
+            "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason,
+                         "logprobs": None}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+
+async def _resolve(reply: Any, body: Request) -> Reply:
+    """Call dynamic replies (sync or async) until a :class:`Reply` comes out."""
+    while not isinstance(reply, Reply):
+        if not callable(reply):
+            raise TypeError(f"FakeOpenAI: a reply must be a Reply or a callable, got {reply!r}")
+        reply = reply(body)
+        if inspect.isawaitable(reply):
+            reply = await reply
+    return reply

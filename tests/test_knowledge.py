@@ -1,0 +1,178 @@
+"""knowledge.md: sections, locked sections, deduplicated atomic appends (reference study 2.8;
+field bug 13)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bumblebot.knowledge import SEED, KnowledgeFile, Section, normalize_title, parse_sections
+
+DOC = """# Knowledge
+Preamble line.
+
+## [LOCKED] About yourself
+I am Bumble.
+Keep this.
+
+## User prefs
+Likes tea.
+
+```md
+## not a heading inside a fence
+```
+## Empty
+"""
+
+
+def test_sections_titles_and_locks(tmp_path: Path) -> None:
+    path = tmp_path / "knowledge.md"
+    path.write_text(DOC)
+    k = KnowledgeFile(path)
+    assert k.sections() == [
+        Section("[LOCKED] About yourself", "I am Bumble.\nKeep this.", True),
+        Section("User prefs", "Likes tea.\n\n```md\n## not a heading inside a fence\n```", False),
+        Section("Empty", "", False),
+    ]
+    assert k.titles() == ["[LOCKED] About yourself", "User prefs", "Empty"]
+    assert k.read() == DOC
+
+
+def test_missing_file_is_created_with_the_seed(tmp_path: Path) -> None:
+    path = tmp_path / "entity" / "knowledge.md"
+    k = KnowledgeFile(path)
+    assert k.read() == SEED and path.read_text() == SEED
+    assert k.sections() == []
+    assert k.append_sections([("First", "fact")]) == ["First"]
+    assert path.read_text() == "# Knowledge\n\n## First\nfact\n"
+
+
+def test_append_dedupes_and_respects_locked_sections(tmp_path: Path) -> None:
+    path = tmp_path / "knowledge.md"
+    path.write_text(DOC)
+    k = KnowledgeFile(path)
+    added = k.append_sections([
+        ("New fact", "body 1"),
+        ("  new   FACT ", "dup of the item above"),
+        ("user prefs", "dup of an existing title"),
+        ("[locked] Rules", "must never be added"),
+        ("About Yourself", "shadow of a locked title"),
+        ("[Locked] about yourself", "overwrite attempt"),
+        ("", "no title"),
+        ("No body", "   "),
+        ("## Multi\nline   title", "first\n## sneaky heading\n# h1\n### fine"),
+    ])
+    assert added == ["New fact", "Multi line title"]
+    text = path.read_text()
+    assert text.startswith(DOC)  # existing text untouched
+    assert text[len(DOC):] == (
+        "\n## New fact\nbody 1\n\n## Multi line title\nfirst\n### sneaky heading\n### h1\n### fine\n"
+    )
+    assert [s.title for s in k.sections()] == [
+        "[LOCKED] About yourself", "User prefs", "Empty", "New fact", "Multi line title"
+    ]
+    assert k.append_sections([("new fact", "again")]) == []
+    assert path.read_text() == text
+
+
+def test_no_write_when_nothing_is_new(tmp_path: Path) -> None:
+    path = tmp_path / "knowledge.md"
+    path.write_text(DOC)
+    before = path.stat().st_mtime_ns, path.stat().st_ino
+    assert KnowledgeFile(path).append_sections([("user PREFS", "x")]) == []
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == before
+
+
+def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    path = tmp_path / "knowledge.md"
+    path.write_text(DOC)
+    os.chmod(path, 0o640)
+    inode = path.stat().st_ino
+    KnowledgeFile(path).append_sections([("A", "b")])
+    assert path.stat().st_ino != inode  # replaced, not rewritten in place
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["knowledge.md"]
+
+
+def test_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "knowledge.md"
+    path.write_text(DOC)
+    os.chmod(tmp_path, 0o500)  # directory not writable: no temp file can be created
+    try:
+        if os.access(tmp_path, os.W_OK):  # running as root: make the target a directory instead
+            os.chmod(tmp_path, 0o700)
+            target = tmp_path / "as_dir"
+            target.mkdir()
+            k = KnowledgeFile(target)
+        else:
+            k = KnowledgeFile(path)
+        try:
+            k.append_sections([("A", "b")])
+        except OSError:
+            pass
+        else:
+            raise AssertionError("append_sections should have raised OSError")
+    finally:
+        os.chmod(tmp_path, 0o700)
+    assert path.read_text() == DOC
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_fingerprint_changes_with_content(tmp_path: Path) -> None:
+    k = KnowledgeFile(tmp_path / "knowledge.md")
+    first = k.fingerprint()
+    assert first == k.fingerprint() and len(first) == 64
+    k.append_sections([("A", "b")])
+    assert k.fingerprint() != first
+
+
+def test_concurrent_appends_from_threads_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "knowledge.md"
+    start = threading.Barrier(8)
+
+    def worker(n: int) -> None:
+        k = KnowledgeFile(path)  # separate instances share the per-path lock
+        start.wait(timeout=10)
+        for i in range(10):
+            k.append_sections([(f"T{n}-{i}", "x"), ("shared", f"from {n}")])
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    titles = KnowledgeFile(path).titles()
+    assert sorted(titles) == sorted([f"T{n}-{i}" for n in range(8) for i in range(10)] + ["shared"])
+
+
+def test_normalize_title() -> None:
+    assert normalize_title("  User \t PREFS ") == normalize_title("user prefs") == "user prefs"
+    assert normalize_title("[LOCKED]  About  you") == "about you"
+
+
+titles = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=20)
+bodies = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=60)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(titles, bodies), max_size=8), st.lists(st.tuples(titles, bodies), max_size=8))
+def test_appends_round_trip_without_duplicates(
+    tmp_path: Path, first: list[tuple[str, str]], second: list[tuple[str, str]]
+) -> None:
+    path = tmp_path / "knowledge.md"
+    path.write_text("# Knowledge\n\n## [locked] Core\nfixed\n")
+    k = KnowledgeFile(path)
+    added = k.append_sections(first) + k.append_sections(second)
+    sections = k.sections()
+    assert sections[0] == Section("[locked] Core", "fixed", True)
+    assert [s.title for s in sections[1:]] == added
+    keys = [normalize_title(s.title) for s in sections]
+    assert len(keys) == len(set(keys)) and all(keys)
+    assert not any(s.locked for s in sections[1:])
+    for s in sections[1:]:  # each body is the first item's body with that title (stripped)
+        body = next(b for t, b in first + second if normalize_title(" ".join(t.split()).lstrip("#")) == normalize_title(s.title))
+        assert s.body.replace("###", "##") .strip() != "" and body.strip()

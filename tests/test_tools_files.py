@@ -1,0 +1,316 @@
+"""File tools: confinement to the workspace (field-bugs 30) and their limits."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bumblebot.toolkit import ToolContext, ToolResult
+from tools.files import (
+    FILE_TOOLS,
+    MAX_LIST_ENTRIES,
+    MAX_SEARCH_MATCHES,
+    READ_CAP_BYTES,
+    PathEscapeError,
+    resolve_in_workspace,
+)
+from tools.registry import Registry
+
+SECRET = "top secret outside the workspace"
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> dict[str, Path]:
+    """``ws/`` (the workspace) next to ``outside/`` holding a secret, plus symlinks out."""
+    workspace = tmp_path / "ws"
+    outside = tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text(SECRET + "\n")
+    (workspace / "notes.txt").write_text("hello\nworld\n")
+    (workspace / "file_link").symlink_to(outside / "secret.txt")
+    (workspace / "dir_link").symlink_to(outside, target_is_directory=True)
+    (workspace / "relative_link").symlink_to(Path("..") / "outside" / "secret.txt")
+    (workspace / "dangling").symlink_to(outside / "created-by-tool.txt")
+    (workspace / "inside_link").symlink_to(workspace / "notes.txt")
+    return {"workspace": workspace, "outside": outside}
+
+
+@pytest.fixture
+def ctx(layout: dict[str, Path], tmp_path: Path) -> ToolContext:
+    return ToolContext(workspace=layout["workspace"].resolve(), data_dir=tmp_path / "data")
+
+
+@pytest.fixture
+def files() -> Registry:
+    return Registry(FILE_TOOLS, max_result_chars=200_000)
+
+
+async def call(files: Registry, ctx: ToolContext, name: str, **args: Any) -> ToolResult:
+    return await files.execute(name, json.dumps(args), ctx)
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+ESCAPES = [
+    "../outside/secret.txt",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "~/.ssh/id_rsa",
+    "~root/.bashrc",
+    "sub/../../outside/secret.txt",
+    "file_link",
+    "relative_link",
+    "dir_link",
+    "dir_link/secret.txt",
+    "dangling",
+]
+
+OPERATIONS: list[tuple[str, dict[str, Any]]] = [
+    ("read_file", {}),
+    ("write_file", {"content": "pwned"}),
+    ("append_file", {"content": "pwned"}),
+    ("list_directory", {}),
+    ("search_files", {"pattern": "secret"}),
+]
+
+
+@pytest.mark.parametrize("path", ESCAPES)
+@pytest.mark.parametrize(("name", "extra"), OPERATIONS, ids=[op for op, _ in OPERATIONS])
+async def test_every_escape_is_refused_for_every_operation(
+    files: Registry,
+    ctx: ToolContext,
+    layout: dict[str, Path],
+    name: str,
+    extra: dict[str, Any],
+    path: str,
+) -> None:
+    before = snapshot(layout["outside"])
+    result = await call(files, ctx, name, path=path, **extra)
+    assert not result.ok
+    error = json.loads(result.content)["error"]
+    assert error.startswith(f"path escapes the workspace: {path}")
+    assert SECRET not in result.content
+    assert snapshot(layout["outside"]) == before
+    assert not (layout["outside"] / "created-by-tool.txt").exists()
+    assert not (layout["workspace"] / "~").exists()
+
+
+async def test_absolute_outside_path_is_refused(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    secret = str(layout["outside"] / "secret.txt")
+    for name, extra in OPERATIONS:
+        result = await call(files, ctx, name, path=secret, **extra)
+        assert not result.ok and "path escapes the workspace" in result.content
+    assert (layout["outside"] / "secret.txt").read_text() == SECRET + "\n"
+
+
+def test_resolve_in_workspace(layout: dict[str, Path]) -> None:
+    workspace = layout["workspace"]
+    root = workspace.resolve()
+    assert resolve_in_workspace(workspace, ".") == root
+    assert resolve_in_workspace(workspace, "") == root
+    assert resolve_in_workspace(workspace, "a/../b/c.txt") == root / "b" / "c.txt"
+    assert resolve_in_workspace(workspace, str(root / "notes.txt")) == root / "notes.txt"
+    assert resolve_in_workspace(workspace, "inside_link") == root / "notes.txt"
+    assert resolve_in_workspace(workspace, "dir~/x") == root / "dir~" / "x"
+    with pytest.raises(PathEscapeError, match=r"path escapes the workspace: \.\."):
+        resolve_in_workspace(workspace, "..")
+    with pytest.raises(PathEscapeError):
+        resolve_in_workspace(workspace, "dangling")
+    with pytest.raises(ValueError, match="NUL"):
+        resolve_in_workspace(workspace, "a\x00b")
+
+
+async def test_symlink_loop_is_an_error(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    (layout["workspace"] / "loop_a").symlink_to("loop_b")
+    (layout["workspace"] / "loop_b").symlink_to("loop_a")
+    result = await call(files, ctx, "read_file", path="loop_a")
+    assert not result.ok
+
+
+# -- allowed operations -------------------------------------------------------------------
+
+
+async def test_write_then_read_round_trip(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    result = await call(files, ctx, "write_file", path="deep/er/poem.txt", content="line1\nline2\n")
+    assert result == ToolResult("wrote 12 bytes to deep/er/poem.txt")
+    target = layout["workspace"] / "deep" / "er" / "poem.txt"
+    assert target.read_text() == "line1\nline2\n"
+    assert oct(target.stat().st_mode & 0o777) == oct(0o644)
+
+    result = await call(files, ctx, "write_file", path="deep/er/poem.txt", content="new")
+    assert result.ok and target.read_text() == "new"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["poem.txt"]  # no temp files
+
+    result = await call(files, ctx, "read_file", path="deep/er/poem.txt")
+    assert result == ToolResult("new")
+
+
+async def test_absolute_path_inside_workspace_is_allowed(
+    files: Registry, ctx: ToolContext
+) -> None:
+    result = await call(files, ctx, "read_file", path=str(ctx.workspace / "notes.txt"))
+    assert result == ToolResult("hello\nworld\n")
+
+
+async def test_symlink_inside_the_workspace_is_followed(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    assert await call(files, ctx, "read_file", path="inside_link") == ToolResult("hello\nworld\n")
+    result = await call(files, ctx, "append_file", path="inside_link", content="more\n")
+    assert result.ok
+    assert (layout["workspace"] / "notes.txt").read_text() == "hello\nworld\nmore\n"
+    assert (layout["workspace"] / "inside_link").is_symlink()
+
+
+async def test_append_creates_and_appends(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    assert await call(files, ctx, "append_file", path="log/a.log", content="one\n") == ToolResult(
+        "appended 4 bytes to log/a.log"
+    )
+    await call(files, ctx, "append_file", path="log/a.log", content="two\n")
+    assert (layout["workspace"] / "log" / "a.log").read_text() == "one\ntwo\n"
+
+
+async def test_write_to_a_directory_is_an_error(files: Registry, ctx: ToolContext) -> None:
+    for path in (".", "dir_inside"):
+        (ctx.workspace / "dir_inside").mkdir(exist_ok=True)
+        result = await call(files, ctx, "write_file", path=path, content="x")
+        assert not result.ok and "is a directory" in result.content
+
+
+async def test_read_window_and_line_numbers(files: Registry, ctx: ToolContext) -> None:
+    (ctx.workspace / "n.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    result = await call(files, ctx, "read_file", path="n.txt", offset_line=3, max_lines=2)
+    assert result.content == (
+        "line 3\nline 4\n\n[... showed lines 3-4 of n.txt; continue with offset_line=5]"
+    )
+    result = await call(
+        files, ctx, "read_file", path="n.txt", offset_line=9, max_lines=5, line_numbers=True
+    )
+    assert result.content == "     9\tline 9\n    10\tline 10"
+    result = await call(files, ctx, "read_file", path="n.txt", offset_line=50)
+    assert not result.ok and "past the end" in result.content
+    result = await call(files, ctx, "read_file", path="n.txt", max_lines=0)
+    assert not result.ok and "max_lines" in result.content
+
+
+async def test_read_is_capped_in_bytes(files: Registry, ctx: ToolContext) -> None:
+    line = "x" * 99 + "\n"
+    (ctx.workspace / "big.txt").write_text(line * 2000)  # 200 KB
+    result = await call(files, ctx, "read_file", path="big.txt", max_lines=2000)
+    assert result.ok
+    body, footer = result.content.rsplit("\n[... ", 1)
+    assert len(body.encode()) <= READ_CAP_BYTES
+    shown = READ_CAP_BYTES // 100
+    assert body.count("\n") == shown
+    assert f"continue with offset_line={shown + 1}" in footer
+
+    (ctx.workspace / "one_line.js").write_text("y" * (READ_CAP_BYTES * 2))
+    result = await call(files, ctx, "read_file", path="one_line.js")
+    assert result.ok and "longer than 64 KiB and was cut" in result.content
+    assert result.content.count("y") == READ_CAP_BYTES
+
+
+async def test_read_refuses_binary_missing_and_directories(
+    files: Registry, ctx: ToolContext
+) -> None:
+    (ctx.workspace / "blob.bin").write_bytes(b"\x89PNG\x00\x01\x02")
+    result = await call(files, ctx, "read_file", path="blob.bin")
+    assert not result.ok and "binary" in result.content
+    result = await call(files, ctx, "read_file", path="missing.txt")
+    assert not result.ok and "no such file: missing.txt" in result.content
+    (ctx.workspace / "d").mkdir()
+    result = await call(files, ctx, "read_file", path="d")
+    assert not result.ok and "is a directory" in result.content
+    (ctx.workspace / "empty.txt").write_text("")
+    assert await call(files, ctx, "read_file", path="empty.txt") == ToolResult("(empty file)")
+
+
+async def test_list_directory_marks_kinds_and_caps(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    (ctx.workspace / "sub").mkdir()
+    result = await call(files, ctx, "list_directory")
+    lines = result.content.splitlines()
+    assert lines[0] == "./ (7 entries)"
+    assert "sub/" in lines and "notes.txt" in lines and "inside_link@" in lines
+    assert "dir_link@ (points outside the workspace)" in lines
+    assert "file_link@ (points outside the workspace)" in lines
+    assert "secret.txt" not in result.content
+
+    many = ctx.workspace / "many"
+    many.mkdir()
+    for i in range(MAX_LIST_ENTRIES + 25):
+        (many / f"f{i:04}").touch()
+    result = await call(files, ctx, "list_directory", path="many")
+    lines = result.content.splitlines()
+    assert lines[0] == f"many/ ({MAX_LIST_ENTRIES + 25} entries)"
+    assert len(lines) == 1 + MAX_LIST_ENTRIES + 1
+    assert lines[-1] == "[... and 25 more]"
+
+    result = await call(files, ctx, "list_directory", path="notes.txt")
+    assert not result.ok and "not a directory" in result.content
+
+
+async def test_search_stays_inside_and_skips_binaries(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    workspace = ctx.workspace
+    (workspace / "src").mkdir()
+    (workspace / "src" / "a.py").write_text("x = 1\nneedle = 2\n")
+    (workspace / "src" / "b.bin").write_bytes(b"needle\x00\x00")
+    (workspace / "src" / "huge.txt").write_text("needle\n" + "z" * (1024 * 1024))
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "config").write_text("needle\n")
+    (layout["outside"] / "secret.txt").write_text("needle " + SECRET)
+
+    result = await call(files, ctx, "search_files", pattern="needle")
+    assert result.content.splitlines() == ["1 matches for 'needle' in .", "src/a.py:2: needle = 2"]
+
+    result = await call(files, ctx, "search_files", pattern=r"^x\s*=", regex=True, path="src")
+    assert result.content.splitlines()[1:] == ["src/a.py:1: x = 1"]
+    result = await call(files, ctx, "search_files", pattern="NEEDLE", ignore_case=True)
+    assert "src/a.py:2" in result.content
+    result = await call(files, ctx, "search_files", pattern="(", regex=True)
+    assert not result.ok and "invalid regular expression" in result.content
+    result = await call(files, ctx, "search_files", pattern="(")
+    assert result.ok  # a literal search for "("
+
+
+async def test_search_caps_matches(files: Registry, ctx: ToolContext) -> None:
+    (ctx.workspace / "many.txt").write_text("hit\n" * (MAX_SEARCH_MATCHES + 50))
+    result = await call(files, ctx, "search_files", pattern="hit", path="many.txt")
+    lines = result.content.splitlines()
+    assert lines[0] == f"{MAX_SEARCH_MATCHES} matches for 'hit' in many.txt (stopped at 200)"
+    assert len(lines) == MAX_SEARCH_MATCHES + 1
+
+
+async def test_search_does_not_follow_symlinked_directories_out(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    nested = layout["outside"] / "nested"
+    nested.mkdir()
+    (nested / "deep.txt").write_text("needle deep\n")
+    (ctx.workspace / "sub").mkdir()
+    (ctx.workspace / "sub" / "link_up").symlink_to(layout["outside"], target_is_directory=True)
+    os.symlink(nested / "deep.txt", ctx.workspace / "sub" / "deep_link.txt")
+    result = await call(files, ctx, "search_files", pattern="needle")
+    assert result.content == "0 matches for 'needle' in ."

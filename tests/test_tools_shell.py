@@ -1,0 +1,212 @@
+"""run_command: cwd, reduced environment, process-group kill on timeout, exit and
+cancellation, output caps (field-bugs 30: no deny-list pretending to be a sandbox)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bumblebot.toolkit import ToolContext, ToolResult
+from tools.registry import Registry
+from tools.shell import command_env, shell_tools
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> ToolContext:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    return ToolContext(workspace=workspace.resolve(), data_dir=tmp_path / "data")
+
+
+@pytest.fixture
+def shell() -> Registry:
+    return Registry(shell_tools(max_timeout_s=5, max_output_chars=2000, kill_grace_s=1))
+
+
+@pytest.fixture
+def stray_pids() -> Iterator[list[int]]:
+    """Pids a test saw; killed at teardown so a failing test leaves nothing running."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+async def run(shell: Registry, ctx: ToolContext, command: str, **extra: Any) -> ToolResult:
+    return await shell.execute("run_command", json.dumps({"command": command, **extra}), ctx)
+
+
+def outcome(result: ToolResult) -> dict[str, Any]:
+    data = json.loads(result.content)
+    assert set(data) == {"exit_code", "stdout", "stderr", "timed_out"}
+    return data
+
+
+async def wait_until_gone(pid: int, timeout: float = 5.0) -> None:
+    """Wait (on a pidfd, not by polling) until ``pid`` has exited; zombies count as gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    try:
+        loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await asyncio.wait_for(exited, timeout)
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+
+
+async def read_fifo(path: Path, timeout: float = 10.0) -> str:
+    """Read what a writer puts into the FIFO at ``path``, without blocking the loop."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    try:
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await asyncio.wait_for(ready, timeout)
+        finally:
+            loop.remove_reader(fd)
+        return os.read(fd, 4096).decode()
+    finally:
+        os.close(fd)
+
+
+async def test_runs_in_the_workspace(shell: Registry, ctx: ToolContext) -> None:
+    result = await run(shell, ctx, "pwd; echo hello; echo oops >&2; echo $HOME")
+    assert result.ok
+    data = outcome(result)
+    assert data["stdout"] == f"{ctx.workspace}\nhello\n{ctx.workspace}\n"
+    assert data["stderr"] == "oops\n"
+    assert data["exit_code"] == 0 and data["timed_out"] is False
+
+    await run(shell, ctx, "echo made > here.txt")
+    assert (ctx.workspace / "here.txt").read_text() == "made\n"
+
+
+async def test_non_zero_exit_is_not_ok(shell: Registry, ctx: ToolContext) -> None:
+    result = await run(shell, ctx, "echo partial; exit 3")
+    assert not result.ok
+    data = outcome(result)
+    assert data["exit_code"] == 3 and data["stdout"] == "partial\n"
+    result = await run(shell, ctx, "no-such-command-here")
+    assert not result.ok and outcome(result)["exit_code"] == 127
+
+
+async def test_stdin_is_empty(shell: Registry, ctx: ToolContext) -> None:
+    result = await run(shell, ctx, "cat; echo done")
+    assert result.ok and outcome(result)["stdout"] == "done\n"
+
+
+async def test_secrets_are_not_passed_on(
+    shell: Registry, ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TELEGRAM_BOT_TOKEN", "123456:fake-telegram-secret")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-fake-openai-secret")
+    monkeypatch.setenv("DISCORD_BOT_TOKEN", "fake-discord-secret")
+    result = await run(shell, ctx, "env")
+    assert result.ok
+    env_lines = set(outcome(result)["stdout"].splitlines())
+    assert "secret" not in outcome(result)["stdout"]
+    assert f"HOME={ctx.workspace}" in env_lines
+    names = {line.split("=", 1)[0] for line in env_lines}
+    assert {"TELEGRAM_BOT_TOKEN", "OPENAI_API_KEY", "DISCORD_BOT_TOKEN"}.isdisjoint(names)
+    assert set(command_env(ctx.workspace)) == {"PATH", "HOME", "LANG"}
+
+
+async def test_timeout_stops_the_command(shell: Registry, ctx: ToolContext) -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    result = await run(shell, ctx, "echo before; sleep 30; echo after", timeout_s=1)
+    elapsed = loop.time() - start
+    assert not result.ok
+    data = outcome(result)
+    assert data["timed_out"] is True
+    assert data["stdout"] == "before\n"
+    assert data["exit_code"] == -signal.SIGTERM
+    assert elapsed < 10
+
+
+async def test_model_timeout_is_capped_by_config(ctx: ToolContext) -> None:
+    shell = Registry(shell_tools(max_timeout_s=1, max_output_chars=500, kill_grace_s=1))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    result = await run(shell, ctx, "sleep 30", timeout_s=100)
+    assert outcome(result)["timed_out"] is True
+    assert loop.time() - start < 10
+
+
+async def test_term_ignoring_group_is_killed(shell: Registry, ctx: ToolContext) -> None:
+    result = await run(shell, ctx, "trap '' TERM; sleep 30", timeout_s=0.5)
+    data = outcome(result)
+    assert data["timed_out"] is True and data["exit_code"] == -signal.SIGKILL
+
+
+async def test_background_children_die_with_the_call(
+    shell: Registry, ctx: ToolContext, stray_pids: list[int]
+) -> None:
+    # the child keeps the output pipe open: the call must still return when the shell exits
+    result = await run(shell, ctx, "sleep 300 & echo $!")
+    assert result.ok
+    pid = int(outcome(result)["stdout"])
+    stray_pids.append(pid)
+    await wait_until_gone(pid)
+
+    result = await run(shell, ctx, "sleep 300 >/dev/null 2>&1 & echo $!")
+    pid = int(outcome(result)["stdout"])
+    stray_pids.append(pid)
+    await wait_until_gone(pid)
+
+
+async def test_cancelled_call_kills_the_group(
+    shell: Registry, ctx: ToolContext, stray_pids: list[int]
+) -> None:
+    fifo = ctx.workspace / "ready.fifo"
+    os.mkfifo(fifo)
+    task = asyncio.create_task(run(shell, ctx, "sleep 300 & echo $! > ready.fifo; wait"))
+    pid = int(await read_fifo(fifo))
+    stray_pids.append(pid)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_until_gone(pid)
+
+
+async def test_output_is_capped_head_and_tail(shell: Registry, ctx: ToolContext) -> None:
+    result = await run(
+        shell, ctx, "printf START; head -c 100000 /dev/zero | tr '\\0' a; printf END; "
+        "head -c 50000 /dev/zero | tr '\\0' e >&2"
+    )
+    assert result.ok
+    data = outcome(result)
+    stdout, stderr = data["stdout"], data["stderr"]
+    assert stdout.startswith("STARTaaa") and stdout.endswith("aaaEND")
+    assert len(stdout) < 2100 and len(stderr) < 2100
+    kept = stdout.count("a") + len("STARTEND")
+    assert f"[... {100_008 - kept} bytes cut ...]" in stdout
+    assert "bytes cut" in stderr and stderr.strip("e\n").startswith("[...")
+
+
+async def test_invalid_arguments(shell: Registry, ctx: ToolContext) -> None:
+    for args in ({"command": ""}, {"command": "true", "timeout_s": 0}, {}):
+        result = await shell.execute("run_command", json.dumps(args), ctx)
+        assert not result.ok
+
+
+def test_registry_timeout_leaves_room_for_the_kill() -> None:
+    (built,) = shell_tools(max_timeout_s=30, kill_grace_s=2)
+    assert built.timeout_s is not None and built.timeout_s > 30 + 2

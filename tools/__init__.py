@@ -1,0 +1,83 @@
+"""Bumblebot's tools: the registry, agency tools and work tools (files, shell, web).
+
+``bumblebot/cli.py`` calls :func:`build_registry` with values from the settings and hands
+the result to the engine as a :class:`bumblebot.toolkit.Toolbox`. The engine never
+imports this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from .agency import AGENCY_TOOLS
+from .files import FILE_TOOLS
+from .registry import DEFAULT_MAX_RESULT_CHARS, Registry, Tool, cap_text, make_tool, tool
+from .shell import shell_tools
+from .web import web_tools
+
+__all__ = [
+    "AGENCY_TOOLS",
+    "FILE_TOOLS",
+    "Registry",
+    "Tool",
+    "build_registry",
+    "cap_text",
+    "make_tool",
+    "shell_tools",
+    "tool",
+    "web_tools",
+]
+
+
+def build_registry(
+    *,
+    workspace: Path,
+    shell_enabled: bool = False,
+    shell_timeout_s: float = 60.0,
+    shell_max_output_chars: int = 6000,
+    web_enabled: bool = True,
+    web_timeout_s: float = 20.0,
+    web_max_bytes: int = 2_000_000,
+    web_allow_private: bool = False,
+    web_allowed_hosts: Iterable[str] = (),
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+) -> Registry:
+    """The registry the daemon offers: agency tools, file tools, and the enabled others.
+
+    Args:
+        workspace: the directory work tools are confined to; created if missing. (The
+            tools use ``ToolContext.workspace`` at call time; pass the same directory.)
+        shell_enabled: offer ``run_command``. Off by default: a shell is a trust decision
+            (see :mod:`tools.shell`).
+        shell_timeout_s: longest (and default) command run time, in seconds.
+        shell_max_output_chars: cap per output stream of a command, about characters.
+        web_enabled: offer ``fetch_url``.
+        web_timeout_s: deadline of one fetch, in seconds.
+        web_max_bytes: most body bytes read per fetch.
+        web_allow_private: let ``fetch_url`` reach loopback/private/link-local addresses.
+        web_allowed_hosts: host names exempt from that address check.
+        max_result_chars: cap on every tool result, in characters (head and tail kept).
+
+    Returns:
+        A new :class:`Registry`: ``say``, ``think``, ``wait``, ``end_turn``, the file tools,
+        then ``run_command`` and ``fetch_url`` when enabled.
+
+    Raises:
+        ValueError: for a non-positive limit.
+        OSError: if the workspace cannot be created.
+    """
+    workspace.mkdir(parents=True, exist_ok=True)
+    tools: list[Tool] = [*AGENCY_TOOLS, *FILE_TOOLS]
+    if shell_enabled:
+        tools += shell_tools(
+            max_timeout_s=shell_timeout_s, max_output_chars=shell_max_output_chars
+        )
+    if web_enabled:
+        tools += web_tools(
+            timeout_s=web_timeout_s,
+            max_bytes=web_max_bytes,
+            allow_private=web_allow_private,
+            allowed_hosts=web_allowed_hosts,
+        )
+    return Registry(tools, max_result_chars=max_result_chars)

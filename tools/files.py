@@ -1,0 +1,411 @@
+"""File tools confined to the workspace: read, write, append, list, search.
+
+Confinement rule (field-bugs 30; reference-study §4, "File confinement"): every path the
+model gives is joined to the workspace and resolved with :meth:`pathlib.Path.resolve`,
+which follows symlinks (also dangling ones, to the path they name). The result must be
+the workspace itself or inside it, otherwise the call is refused with
+``path escapes the workspace: <path>``. So ``..`` escapes, absolute paths outside the
+workspace, and symlinks inside the workspace that point outside are all refused, for
+every operation. A leading ``~`` is refused too: it is never expanded (the daemon's home
+is not the workspace) and a literal ``~`` directory would only confuse.
+
+After the check, files are opened by their resolved path with ``O_NOFOLLOW``, and writes
+go to a temporary file that replaces the target, so a symlink swapped in after the check
+is not written through. ``list_directory`` and ``search_files`` never descend into
+symlinked directories and skip symlinked files that resolve outside the workspace.
+
+Limits: ``read_file`` returns at most :data:`READ_CAP_BYTES` bytes and ``max_lines``
+lines; ``list_directory`` at most :data:`MAX_LIST_ENTRIES` entries; ``search_files`` at
+most :data:`MAX_SEARCH_MATCHES` matches, skipping binary files and files over
+:data:`MAX_SEARCH_FILE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+
+from .registry import Tool, tool
+
+__all__ = [
+    "FILE_TOOLS",
+    "MAX_LIST_ENTRIES",
+    "MAX_SEARCH_FILE_BYTES",
+    "MAX_SEARCH_MATCHES",
+    "READ_CAP_BYTES",
+    "PathError",
+    "PathEscapeError",
+    "append_file",
+    "list_directory",
+    "read_file",
+    "resolve_in_workspace",
+    "search_files",
+    "write_file",
+]
+
+#: Most bytes one ``read_file`` call returns.
+READ_CAP_BYTES = 64 * 1024
+#: Most entries one ``list_directory`` call returns.
+MAX_LIST_ENTRIES = 500
+#: Most matches one ``search_files`` call returns.
+MAX_SEARCH_MATCHES = 200
+#: Files larger than this are skipped by ``search_files``.
+MAX_SEARCH_FILE_BYTES = 1024 * 1024
+#: ``search_files`` stops after looking at this many files.
+MAX_SEARCH_FILES = 20_000
+#: Directories ``search_files`` does not enter.
+SEARCH_SKIP_DIRS = frozenset({".git", "__pycache__", "node_modules", ".venv"})
+#: A NUL byte in this many leading bytes marks a file as binary.
+_SNIFF_BYTES = 8192
+#: Longest matching line shown by ``search_files``, in characters.
+_MAX_MATCH_LINE = 300
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class PathError(ValueError):
+    """A path the file tools refuse; the message is shown to the model."""
+
+
+class PathEscapeError(PathError):
+    """A path that resolves outside the workspace."""
+
+
+def resolve_in_workspace(workspace: Path, path: str) -> Path:
+    """Resolve ``path`` (relative to ``workspace``) and check it stays inside.
+
+    Args:
+        workspace: the confinement root (resolved here too).
+        path: what the model gave; relative, or absolute inside the workspace.
+
+    Returns:
+        The resolved absolute path: the workspace itself or a path inside it. It need not
+        exist.
+
+    Raises:
+        PathEscapeError: if the path starts with ``~`` or resolves outside the workspace
+            (through ``..``, an absolute path or a symlink, dangling or not).
+        PathError: if the path contains a NUL byte or cannot be resolved (symlink loop).
+    """
+    if "\x00" in path:
+        raise PathError(f"invalid path (contains a NUL byte): {path!r}")
+    parts = Path(path).parts
+    if parts and parts[0].startswith("~"):
+        raise PathEscapeError(
+            f"path escapes the workspace: {path} ('~' is not expanded; "
+            "use a path relative to the workspace)"
+        )
+    root = workspace.resolve()
+    try:
+        target = (root / path).resolve()
+    except (OSError, RuntimeError) as exc:
+        raise PathError(f"cannot resolve path {path}: {exc}") from exc
+    if not target.is_relative_to(root):
+        raise PathEscapeError(f"path escapes the workspace: {path}")
+    return target
+
+
+def _display(root: Path, target: Path) -> str:
+    relative = target.relative_to(root).as_posix()
+    return relative if relative != "." else "."
+
+
+def _is_binary(head: bytes) -> bool:
+    return b"\x00" in head[:_SNIFF_BYTES]
+
+
+async def _run(fn: Callable[..., ToolResult | str], *args: object) -> ToolResult | str:
+    """Run a blocking file operation in a thread; refusals and OS errors become errors."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except PathError as exc:
+        return ToolResult.error(str(exc))
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return ToolResult.error(f"{where}{exc.strerror or exc}")
+
+
+# -- read_file ----------------------------------------------------------------------------
+
+
+class ReadFileArgs(BaseModel):
+    path: str = Field(description="Path relative to the workspace")
+    offset_line: int = Field(1, ge=1, description="First line to return, counting from 1")
+    max_lines: int = Field(400, ge=1, le=2000, description="Most lines to return")
+    line_numbers: bool = Field(False, description="Prefix each line with its number")
+
+
+@tool(kind=ToolKind.WORK)
+async def read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolResult | str:
+    """Read a text file from the workspace (at most 64 KiB per call; use offset_line to
+    continue)."""
+    return await _run(_read_sync, ctx.workspace, args)
+
+
+def _read_sync(workspace: Path, args: ReadFileArgs) -> ToolResult | str:
+    root = workspace.resolve()
+    target = resolve_in_workspace(root, args.path)
+    shown = _display(root, target)
+    if not target.exists():
+        return ToolResult.error(f"no such file: {shown}")
+    if target.is_dir():
+        return ToolResult.error(f"{shown} is a directory; use list_directory")
+    fd = os.open(target, os.O_RDONLY | _O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        if _is_binary(fh.read(_SNIFF_BYTES)):
+            size = os.fstat(fh.fileno()).st_size
+            return ToolResult.error(f"{shown} is a binary file ({size} bytes); not shown")
+        fh.seek(0)
+        line_no = 1
+        while line_no < args.offset_line:
+            chunk = fh.readline(READ_CAP_BYTES)
+            if not chunk:
+                return ToolResult.error(
+                    f"offset_line {args.offset_line} is past the end of {shown} "
+                    f"({line_no - 1} lines)"
+                )
+            if chunk.endswith(b"\n"):
+                line_no += 1
+        lines: list[bytes] = []
+        used = 0
+        cut_mid_line = more = False
+        while len(lines) < args.max_lines and used < READ_CAP_BYTES:
+            line = fh.readline(READ_CAP_BYTES - used)
+            if not line:
+                break
+            if not line.endswith(b"\n") and fh.read(1):
+                # the line does not fit: show it cut only if it is the first one
+                cut_mid_line = not lines
+                if cut_mid_line:
+                    lines.append(line)
+                more = True
+                break
+            used += len(line)
+            lines.append(line)
+        else:
+            more = bool(fh.read(1))
+    text = _format_lines(lines, args.offset_line, args.line_numbers)
+    if not lines:
+        return "(empty file)" if args.offset_line == 1 else f"(no lines after line {line_no - 1})"
+    if more:
+        next_line = args.offset_line + len(lines) - (1 if cut_mid_line else 0)
+        why = (
+            f"line {next_line} is longer than {READ_CAP_BYTES // 1024} KiB and was cut"
+            if cut_mid_line
+            else f"continue with offset_line={next_line}"
+        )
+        last = args.offset_line + len(lines) - 1
+        text += f"\n[... showed lines {args.offset_line}-{last} of {shown}; {why}]"
+    return text
+
+
+def _format_lines(lines: list[bytes], first: int, numbered: bool) -> str:
+    decoded = [raw.decode("utf-8", errors="replace") for raw in lines]
+    if not numbered:
+        return "".join(decoded)
+    return "".join(
+        f"{first + index:>6}\t{line if line.endswith(chr(10)) else line + chr(10)}"
+        for index, line in enumerate(decoded)
+    ).rstrip("\n")
+
+
+# -- write_file / append_file -------------------------------------------------------------
+
+
+class WriteFileArgs(BaseModel):
+    path: str = Field(description="Path relative to the workspace")
+    content: str = Field(description="The whole new content of the file")
+
+
+@tool(kind=ToolKind.WORK)
+async def write_file(ctx: ToolContext, args: WriteFileArgs) -> ToolResult | str:
+    """Create or overwrite a file in the workspace with the given content (parent
+    directories are created)."""
+    return await _run(_write_sync, ctx.workspace, args.path, args.content)
+
+
+def _writable_target(workspace: Path, path: str) -> tuple[Path, Path, str]:
+    root = workspace.resolve()
+    target = resolve_in_workspace(root, path)
+    shown = _display(root, target)
+    if target == root or target.is_dir():
+        raise PathError(f"{shown} is a directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return root, target, shown
+
+
+def _write_sync(workspace: Path, path: str, content: str) -> str:
+    _root, target, shown = _writable_target(workspace, path)
+    data = content.encode("utf-8")
+    try:
+        mode = os.stat(target, follow_symlinks=False).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o644
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(temp, mode)
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return f"wrote {len(data)} bytes to {shown}"
+
+
+class AppendFileArgs(BaseModel):
+    path: str = Field(description="Path relative to the workspace")
+    content: str = Field(description="Text to add at the end of the file")
+
+
+@tool(kind=ToolKind.WORK)
+async def append_file(ctx: ToolContext, args: AppendFileArgs) -> ToolResult | str:
+    """Append text to the end of a file in the workspace (created if missing)."""
+    return await _run(_append_sync, ctx.workspace, args.path, args.content)
+
+
+def _append_sync(workspace: Path, path: str, content: str) -> str:
+    _root, target, shown = _writable_target(workspace, path)
+    data = content.encode("utf-8")
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "ab") as fh:
+        fh.write(data)
+    return f"appended {len(data)} bytes to {shown}"
+
+
+# -- list_directory -----------------------------------------------------------------------
+
+
+class ListDirectoryArgs(BaseModel):
+    path: str = Field(".", description="Directory relative to the workspace")
+
+
+@tool(kind=ToolKind.WORK)
+async def list_directory(ctx: ToolContext, args: ListDirectoryArgs) -> ToolResult | str:
+    """List a directory of the workspace; directories end with "/", symlinks with "@"."""
+    return await _run(_list_sync, ctx.workspace, args.path)
+
+
+def _list_sync(workspace: Path, path: str) -> ToolResult | str:
+    root = workspace.resolve()
+    target = resolve_in_workspace(root, path)
+    shown = _display(root, target)
+    if not target.exists():
+        return ToolResult.error(f"no such directory: {shown}")
+    if not target.is_dir():
+        return ToolResult.error(f"{shown} is not a directory")
+    with os.scandir(target) as scan:
+        entries = sorted(scan, key=lambda entry: entry.name)
+    lines = [f"{shown}/ ({len(entries)} entries)"]
+    for entry in entries[:MAX_LIST_ENTRIES]:
+        lines.append(_describe_entry(root, entry))
+    if len(entries) > MAX_LIST_ENTRIES:
+        lines.append(f"[... and {len(entries) - MAX_LIST_ENTRIES} more]")
+    return "\n".join(lines)
+
+
+def _describe_entry(root: Path, entry: os.DirEntry[str]) -> str:
+    if entry.is_symlink():
+        try:
+            inside = Path(entry.path).resolve().is_relative_to(root)
+        except (OSError, RuntimeError):
+            inside = False
+        return f"{entry.name}@" if inside else f"{entry.name}@ (points outside the workspace)"
+    if entry.is_dir(follow_symlinks=False):
+        return f"{entry.name}/"
+    return entry.name
+
+
+# -- search_files -------------------------------------------------------------------------
+
+
+class SearchFilesArgs(BaseModel):
+    pattern: str = Field(min_length=1, description="Text (or regular expression) to find")
+    path: str = Field(".", description="Directory (or file) relative to the workspace")
+    regex: bool = Field(False, description="Treat pattern as a Python regular expression")
+    ignore_case: bool = Field(False, description="Match regardless of letter case")
+
+
+@tool(kind=ToolKind.WORK)
+async def search_files(ctx: ToolContext, args: SearchFilesArgs) -> ToolResult | str:
+    """Search the text files of the workspace for a pattern, line by line (skips binary
+    files, files over 1 MiB and .git, node_modules, .venv, __pycache__)."""
+    return await _run(_search_sync, ctx.workspace, args)
+
+
+def _search_sync(workspace: Path, args: SearchFilesArgs) -> ToolResult | str:
+    root = workspace.resolve()
+    target = resolve_in_workspace(root, args.path)
+    shown = _display(root, target)
+    flags = re.IGNORECASE if args.ignore_case else 0
+    source = args.pattern if args.regex else re.escape(args.pattern)
+    try:
+        matcher = re.compile(source, flags)
+    except re.error as exc:
+        return ToolResult.error(f"invalid regular expression: {exc}")
+    if not target.exists():
+        return ToolResult.error(f"no such file or directory: {shown}")
+    matches: list[str] = []
+    scanned = 0
+    for file in _walk_files(root, target):
+        scanned += 1
+        if scanned > MAX_SEARCH_FILES or len(matches) >= MAX_SEARCH_MATCHES:
+            break
+        _search_file(root, file, matcher, matches)
+    header = f"{len(matches)} matches for {args.pattern!r} in {shown}"
+    if len(matches) >= MAX_SEARCH_MATCHES:
+        header += f" (stopped at {MAX_SEARCH_MATCHES})"
+    elif scanned > MAX_SEARCH_FILES:
+        header += f" (stopped after {MAX_SEARCH_FILES} files)"
+    return "\n".join([header, *matches[:MAX_SEARCH_MATCHES]])
+
+
+def _walk_files(root: Path, target: Path) -> Iterator[Path]:
+    """Files under ``target`` in a stable order, never following symlinks out."""
+    if not target.is_dir():
+        yield target
+        return
+    for dirpath, dirnames, filenames in os.walk(target, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if d not in SEARCH_SKIP_DIRS)
+        for name in sorted(filenames):
+            file = Path(dirpath, name)
+            if file.is_symlink():
+                try:
+                    real = file.resolve()
+                except (OSError, RuntimeError):
+                    continue
+                if not real.is_relative_to(root):
+                    continue
+            yield file
+
+
+def _search_file(root: Path, file: Path, matcher: re.Pattern[str], out: list[str]) -> None:
+    try:
+        if not file.is_file() or file.stat().st_size > MAX_SEARCH_FILE_BYTES:
+            return
+        data = file.read_bytes()
+    except OSError:
+        return
+    if _is_binary(data):
+        return
+    shown = _display(root, file)
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if matcher.search(line):
+            text = line.strip()
+            if len(text) > _MAX_MATCH_LINE:
+                text = text[:_MAX_MATCH_LINE] + "..."
+            out.append(f"{shown}:{number}: {text}")
+            if len(out) >= MAX_SEARCH_MATCHES:
+                return
+
+
+#: The file tools, in the order they are offered.
+FILE_TOOLS: tuple[Tool, ...] = (read_file, write_file, append_file, list_directory, search_files)

@@ -1,0 +1,271 @@
+"""The shell tool, ``run_command``: a trust decision, off by default.
+
+**What this tool is.** ``run_command`` runs ``/bin/sh -c <command>`` as the daemon's own
+user. A shell cannot be confined by looking at the command string: deny-lists of
+"dangerous" commands are bypassed by ``. script``, ``| /bin/bash``, here-strings,
+``su -c``, a newline as a separator and countless spellings (field-bugs 30; the
+reference's substring deny-list let ``rm -fr /`` through, reference-study §4). So there is
+no deny-list here, and nothing pretends to be one. Enabling the tool means trusting
+everyone who can talk to the entity with a shell as the daemon user, on the daemon's
+machine, with its network. Only enable it for a daemon whose user and host you are willing
+to hand over, and confine the daemon with the operating system: a dedicated user, systemd
+sandboxing (``ProtectSystem=strict``, ``ProtectHome=yes``, ``ReadWritePaths=`` the
+workspace, ``PrivateTmp=yes``, ``NoNewPrivileges=yes``, ``KillMode=control-group``), or a
+container (see ``deploy/``).
+
+**What the tool does do** (hygiene, not a sandbox):
+
+* cwd is the workspace; the environment is reduced to ``PATH``, ``HOME`` (the workspace)
+  and ``LANG``, so the daemon's secrets (``TELEGRAM_BOT_TOKEN``, ``DISCORD_BOT_TOKEN``,
+  ``OPENAI_API_KEY``, ...) are not handed to the command (they can still be read from
+  wherever the daemon reads them, e.g. its config file, if the user may read it);
+* stdin is ``/dev/null``, so a command waiting for input ends instead of hanging;
+* the command runs in a new session (its own process group). On timeout the group gets
+  ``SIGTERM``, then ``SIGKILL`` after a grace period. When the shell exits, whatever is
+  left of its group (background children) is killed too: nothing outlives the call. A
+  process that starts its own session (``setsid``) escapes the group; only the OS
+  (``KillMode=control-group``) catches that;
+* the timeout is the smaller of the model's ``timeout_s`` and the configured maximum;
+* stdout and stderr are captured separately, each capped (head and tail kept), and
+  reported as JSON ``{"exit_code", "stdout", "stderr", "timed_out"}``; the result is
+  ``ok`` only for exit code 0 without timeout. ``exit_code`` is negative when a signal
+  ended the shell (``-9`` for ``SIGKILL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+
+from .registry import Tool, make_tool
+
+__all__ = [
+    "CommandOutcome",
+    "RunCommandArgs",
+    "command_env",
+    "run_shell",
+    "shell_tools",
+]
+
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_READ_CHUNK = 64 * 1024
+
+
+def command_env(workspace: Path) -> dict[str, str]:
+    """The whole environment a command gets: ``PATH``, ``HOME`` = workspace, ``LANG``.
+
+    Nothing else of the daemon's environment is passed on (no tokens, no API keys).
+    """
+    return {
+        "PATH": os.environ.get("PATH") or _DEFAULT_PATH,
+        "HOME": str(workspace),
+        "LANG": os.environ.get("LANG") or "C.UTF-8",
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class CommandOutcome:
+    """How a command ended.
+
+    Args:
+        exit_code: the shell's exit status; negative for a signal (``-9`` = ``SIGKILL``).
+        stdout: captured standard output, capped (head and tail kept).
+        stderr: captured standard error, capped the same way.
+        timed_out: ``True`` when the command was stopped for running past its timeout.
+    """
+
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+    @property
+    def ok(self) -> bool:
+        """Exit code 0 and no timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    def to_result(self) -> ToolResult:
+        """The tool result: ``{"exit_code", "stdout", "stderr", "timed_out"}`` as JSON."""
+        payload = {
+            "exit_code": self.exit_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "timed_out": self.timed_out,
+        }
+        return ToolResult(json.dumps(payload, ensure_ascii=False), ok=self.ok)
+
+
+class _HeadTail:
+    """Keeps the first and last bytes of a stream, counting what falls in between."""
+
+    def __init__(self, limit: int) -> None:
+        self._head_limit = limit - limit // 3
+        self._tail_limit = limit // 3
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._total = 0
+
+    def feed(self, data: bytes) -> None:
+        self._total += len(data)
+        room = self._head_limit - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if data and self._tail_limit:
+            self._tail += data
+            excess = len(self._tail) - self._tail_limit
+            if excess > 0:
+                del self._tail[:excess]
+
+    def text(self) -> str:
+        cut = self._total - len(self._head) - len(self._tail)
+        head = self._head.decode("utf-8", errors="replace")
+        tail = self._tail.decode("utf-8", errors="replace")
+        if cut <= 0:
+            return (self._head + self._tail).decode("utf-8", errors="replace")
+        return f"{head}\n[... {cut} bytes cut ...]\n{tail}"
+
+
+async def _pump(stream: asyncio.StreamReader | None, sink: _HeadTail) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(_READ_CHUNK):
+        sink.feed(chunk)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+
+
+async def run_shell(
+    command: str,
+    *,
+    cwd: Path,
+    timeout_s: float,
+    max_output_chars: int,
+    kill_grace_s: float = 2.0,
+    env: dict[str, str] | None = None,
+) -> CommandOutcome:
+    """Run ``/bin/sh -c command`` in its own process group and collect its output.
+
+    Args:
+        command: the shell command line.
+        cwd: working directory (the workspace).
+        timeout_s: seconds before the group gets ``SIGTERM`` (then ``SIGKILL`` after
+            ``kill_grace_s``).
+        max_output_chars: cap per stream, in bytes of output (about as many characters).
+        kill_grace_s: seconds between ``SIGTERM`` and ``SIGKILL``, and the longest wait
+            for the output pipes to close once the group is dead.
+        env: the environment; defaults to :func:`command_env` of ``cwd``.
+
+    Returns:
+        The outcome. Whatever is left of the process group is killed before returning,
+        also when the call is cancelled.
+
+    Raises:
+        OSError: if the shell cannot be started (e.g. ``cwd`` does not exist).
+        asyncio.CancelledError: if cancelled (after killing the group).
+    """
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh",
+        "-c",
+        command,
+        cwd=cwd,
+        env=command_env(cwd) if env is None else env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    out, err = _HeadTail(max_output_chars), _HeadTail(max_output_chars)
+    readers = [
+        asyncio.create_task(_pump(proc.stdout, out), name=f"run_command:{proc.pid}:stdout"),
+        asyncio.create_task(_pump(proc.stderr, err), name=f"run_command:{proc.pid}:stderr"),
+    ]
+    timed_out = False
+    try:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                async with asyncio.timeout(kill_grace_s):
+                    await proc.wait()
+            except TimeoutError:
+                pass
+    finally:
+        _signal_group(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        _, pending = await asyncio.wait(readers, timeout=kill_grace_s)
+        for reader in pending:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    return CommandOutcome(proc.returncode, out.text(), err.text(), timed_out)
+
+
+class RunCommandArgs(BaseModel):
+    command: str = Field(min_length=1, description="A /bin/sh command line")
+    timeout_s: float | None = Field(
+        None, gt=0, description="Seconds before the command is stopped (capped by config)"
+    )
+
+
+def shell_tools(
+    *,
+    max_timeout_s: float = 60.0,
+    max_output_chars: int = 6000,
+    kill_grace_s: float = 2.0,
+) -> tuple[Tool, ...]:
+    """The ``run_command`` tool, configured.
+
+    Args:
+        max_timeout_s: the longest a command may run, in seconds; also the default.
+        max_output_chars: cap per stream (stdout, stderr), about characters.
+        kill_grace_s: seconds between ``SIGTERM`` and ``SIGKILL`` on timeout.
+
+    Returns:
+        A one-tool tuple. Its registry timeout leaves room for the kill sequence, so the
+        tool itself reports ``timed_out`` before the engine would cancel it.
+
+    Raises:
+        ValueError: for a non-positive limit.
+    """
+    if max_timeout_s <= 0 or max_output_chars <= 0 or kill_grace_s < 0:
+        raise ValueError("shell limits must be positive")
+
+    async def run_command(ctx: ToolContext, args: RunCommandArgs) -> ToolResult:
+        timeout = min(args.timeout_s or max_timeout_s, max_timeout_s)
+        outcome = await run_shell(
+            args.command,
+            cwd=ctx.workspace,
+            timeout_s=timeout,
+            max_output_chars=max_output_chars,
+            kill_grace_s=kill_grace_s,
+        )
+        return outcome.to_result()
+
+    description = (
+        "Run a shell command (/bin/sh -c) in the workspace and get its exit code, stdout "
+        f"and stderr as JSON. It is stopped after timeout_s seconds (at most "
+        f"{max_timeout_s:g}); background processes do not survive the call; stdin is empty."
+    )
+    built = make_tool(
+        run_command,
+        kind=ToolKind.WORK,
+        description=description,
+        timeout_s=max_timeout_s + 2 * kill_grace_s + 5,
+    )
+    return (built,)
