@@ -22,13 +22,23 @@ log = logging.getLogger(__name__)
 
 
 class Adapter(ABC):
-    """A platform connection. Lifecycle: ``start()`` (begin intake) then ``stop()`` (idempotent)."""
+    """A platform connection.
+
+    Lifecycle: ``start()`` connects and begins intake; ``stop_intake()`` stops intake only;
+    ``stop()`` disconnects (idempotent).
+    """
 
     platform: ClassVar[Platform]
 
     @abstractmethod
     async def start(self) -> None:
         """Connect and begin intake. Raises ``RuntimeError`` if already started."""
+
+    async def stop_intake(self) -> None:
+        """Stop accepting new platform events, but keep the connection for sending.
+
+        Called first on shutdown, so that in-flight turns can still deliver their replies.
+        """
 
     @abstractmethod
     async def stop(self) -> None:

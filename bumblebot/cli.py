@@ -82,7 +82,8 @@ class Daemon:
 
     Start: open the store, build the LLM client, tools and engine, recover the journal, start
     each adapter, then let turns run. Stop (idempotent): adapters stop intake, the engine
-    drains in-flight turns, the LLM client closes, the store closes last.
+    drains in-flight turns (they can still deliver), adapters disconnect, the LLM client
+    closes, the store closes last.
     """
 
     def __init__(self, settings: Settings, secrets: Secrets, entity: Entity) -> None:
@@ -143,11 +144,16 @@ class Daemon:
         self._stopped = True
         for adapter in self.adapters:
             try:
+                await adapter.stop_intake()
+            except Exception:
+                log.exception("stopping intake of %s failed", adapter.platform.value)
+        if self.engine is not None:
+            await self.engine.stop()  # in-flight turns finish and deliver
+        for adapter in self.adapters:
+            try:
                 await adapter.stop()
             except Exception:
                 log.exception("stopping %s failed", adapter.platform.value)
-        if self.engine is not None:
-            await self.engine.stop()
         if self.llm is not None:
             await self.llm.aclose()
         await self.store.close()

@@ -151,8 +151,8 @@ class LLM:
             return {"extra_body": dict(body)} if body else {}
         return {}
 
-    def _tool_choice_key(self, model: str) -> str:
-        return f"llm.tool_choice:{self.base_url}:{model}"
+    def _tool_choice_key(self) -> str:
+        return f"llm.tool_choice:{self.base_url}"
 
     async def complete(
         self,
@@ -190,7 +190,7 @@ class LLM:
         }
         choice: str | None = None
         if tools:
-            remembered = await self.capabilities.get(self._tool_choice_key(model))
+            remembered = await self.capabilities.get(self._tool_choice_key())
             choice = remembered or self.settings.tool_choice
             params["tools"] = tools
             params["tool_choice"] = choice
@@ -202,15 +202,15 @@ class LLM:
             if self._is_context_error(exc):
                 raise self._translate(exc) from exc
             log.warning(
-                "endpoint rejected tool_choice=required (HTTP %s); using 'auto' for model %s from now on",
-                exc.status_code, model,
+                "endpoint %s rejected tool_choice=required (HTTP %s); using 'auto' from now on",
+                self.base_url, exc.status_code,
             )
             params["tool_choice"] = choice = "auto"
             try:
                 response = await self._create(params)
             except openai.APIError as exc2:
                 raise self._translate(exc2) from exc2
-            await self.capabilities.set(self._tool_choice_key(model), "auto")
+            await self.capabilities.set(self._tool_choice_key(), "auto")
         except openai.APIError as exc:
             raise self._translate(exc) from exc
         return self._normalise(response, choice)

@@ -301,6 +301,12 @@ class _Layout:
         return self._hard_cut(content, end, fits)
 
     def _hard_cut(self, content: int, end: int, fits: Callable[[int], bool]) -> int:
+        """A cut in ``(content, end]`` when no boundary fits: near the end, clusters kept whole.
+
+        Falls back, in order, to any allowed cut, then (for a limit below the length of a
+        fence-like line plus the added fence lines) to a cut that leaves no fence-like fragment
+        at the end of the chunk, then to ``end``.
+        """
         cut = end
         f = self._fence_before(end)
         if f is not None and f.open_start < end <= f.first_content and f.open_start > content:
@@ -310,7 +316,31 @@ class _Layout:
         for i in range(cut, max(content, cut - _HARD_CUT_BACKOFF), -1):
             if _breakable(self.text, i) and self.allowed(i) and fits(i):
                 return i
-        return cut if fits(cut) else end
+        for i in range(cut, content, -1):
+            if self.allowed(i) and fits(i):
+                return i
+        for strict in (True, False):
+            for i in range(end, content, -1):
+                if self._safe(i, content, strict=strict) and fits(i):
+                    return i
+        return end
+
+    def _safe(self, cut: int, content: int, *, strict: bool) -> bool:
+        """Whether cutting inside a fence-like line leaves no stray fence in the chunk.
+
+        ``strict`` also requires that the rest of the line is not fence-like (it may still be
+        cut again in the next chunk).
+        """
+        k = bisect_right(self._fence_line_starts, cut - 1)
+        if not k or cut >= self._fence_lines[k - 1][1]:
+            return True
+        start, end = self._fence_lines[k - 1]
+        f = self._fence_before(cut)
+        if f is not None and start in (f.open_start, f.close_start):
+            # Inside an over-long opener; the rest must not lengthen the reopened fence run.
+            return start == f.open_start and cut >= f.info_start and self.text[cut] != f.fence[-1]
+        left, right = self.text[max(start, content) : cut], self.text[cut:end]
+        return not _FENCE.fullmatch(left) and not (strict and _FENCE.fullmatch(right))
 
 
 def _starts(

@@ -67,14 +67,18 @@ def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None
 
 
 @contextlib.asynccontextmanager
-async def running(config: Path, *, telegram_token: str | None = TOKEN, adapters: Any = None) -> AsyncIterator[Any]:
+async def running(
+    config: Path, *, telegram_token: str | None = TOKEN, discord_token: str | None = None, adapters: Any = None
+) -> AsyncIterator[Any]:
     """Run the daemon in this event loop (as ``bumblebot run`` would) and stop it afterwards."""
     from bumblebot.cli import Daemon
     from bumblebot.config import Secrets, load_settings
     from bumblebot.entity import load_entity
 
     settings = load_settings(config)
-    secrets = Secrets(TELEGRAM_BOT_TOKEN=telegram_token, OPENAI_API_KEY="sk-test-key-not-real-000000")
+    secrets = Secrets(
+        TELEGRAM_BOT_TOKEN=telegram_token, DISCORD_BOT_TOKEN=discord_token, OPENAI_API_KEY="sk-test-key-not-real-000000"
+    )
     entity = load_entity(settings.entity, config_dir=config.parent)
     daemon = Daemon(settings, secrets, entity)
     try:

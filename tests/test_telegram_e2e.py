@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
-from conftest import running, write_config
-from fakes.openai_server import is_aux, is_loop, text, tool_calls
+from conftest import TOKEN, running, write_config
+from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
+from support import Gate, contents, judges_say_done, loop_requests, say
 
 
 async def test_say_then_end_turn_reaches_send_message_with_typing(tmp_path, llm, tg):
-    llm.push(tool_calls(("say", {"text": "hey you"}), ("end_turn", {})), when=is_loop)
+    llm.push(say("hey you"), when=is_loop)
     llm.push(text("DONE: chat"), when=is_aux)
     async with running(write_config(tmp_path, llm, tg)):
         tg.push_text("hi", chat_id=1001)
@@ -17,8 +19,187 @@ async def test_say_then_end_turn_reaches_send_message_with_typing(tmp_path, llm,
         await llm.wait_for_requests(2)
     assert tg.sent(1001) == ["hey you"]
     assert [c for c in tg.calls if c.method == "sendChatAction" and c.params.get("action") == "typing"]
-    loop_requests = [r for r in llm.requests if "tools" in r]
-    assert loop_requests[0]["tool_choice"] == "required"
-    assert loop_requests[0]["messages"][-1]["content"].endswith("hi")
-    assert "[Turn context]" in loop_requests[0]["messages"][-1]["content"]
+    first = loop_requests(llm)[0]
+    assert first["tool_choice"] == "required"
+    assert first["messages"][-1]["content"].endswith("\nhi")
+    assert "[Turn context]" in first["messages"][-1]["content"]
     assert not llm.violations and not llm.unscripted
+
+
+async def test_history_survives_a_restart(tmp_path, llm, tg):
+    judges_say_done(llm)
+    config = write_config(tmp_path, llm, tg)
+    llm.push(say("nice to meet you, Ada"), when=is_loop)
+    async with running(config):
+        tg.push_text("my name is Ada", chat_id=7)
+        await tg.wait_for("sendMessage")
+        await llm.wait_for_requests(2)
+    llm.push(say("you are Ada"), when=is_loop)
+    async with running(config):
+        tg.push_text("what's my name?", chat_id=7)
+        await tg.wait_for("sendMessage", n=2)
+    second_turn = [r for r in loop_requests(llm) if "what's my name?" in contents(r)][0]
+    seen = contents(second_turn)
+    assert "my name is Ada" in seen and "nice to meet you, Ada" in seen
+    # history stores what the user wrote, not the preamble
+    user_messages = [m["content"] for m in second_turn["messages"] if m["role"] == "user"]
+    assert sum("[Turn context]" in c for c in user_messages) == 1
+
+
+async def test_two_chats_run_concurrently_without_sharing_history(tmp_path, llm, tg):
+    judges_say_done(llm)
+    gate_a = Gate(say("answer for A"))
+    gate_b = Gate(say("answer for B"))
+    llm.push(gate_a, when=lambda r: is_loop(r) and "secret-a" in contents(r))
+    llm.push(gate_b, when=lambda r: is_loop(r) and "secret-b" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("secret-a", chat_id=1)
+        tg.push_text("secret-b", chat_id=2)
+        # both turns are inside their model call at the same time: they overlap
+        await asyncio.wait_for(asyncio.gather(gate_a.entered.wait(), gate_b.entered.wait()), 5)
+        gate_a.release.set()
+        gate_b.release.set()
+        await tg.wait_for("sendMessage", n=2)
+    assert tg.sent(1) == ["answer for A"] and tg.sent(2) == ["answer for B"]
+    for r in loop_requests(llm):
+        seen = contents(r)
+        assert not ("secret-a" in seen and "secret-b" in seen)
+
+
+async def test_message_during_a_turn_is_answered_next_turn_in_queue_mode(tmp_path, llm, tg):
+    judges_say_done(llm)
+    first = Gate(say("first answer"))
+    llm.push(first, when=lambda r: is_loop(r) and "one" in contents(r))
+    llm.push(say("second answer"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, cognition={"mid_turn_messages": "queue", "classifier": False})) as d:
+        tg.push_text("one", chat_id=5)
+        await asyncio.wait_for(first.entered.wait(), 5)
+        tg.push_text("two", chat_id=5)
+        tg.push_text("three", chat_id=5)
+        await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= tg.next_update_id)
+        first.release.set()
+        await tg.wait_for("sendMessage", n=2)
+        turns = await d.store.recent_turns()
+    assert tg.sent(5) == ["first answer", "second answer"]
+    second = loop_requests(llm)[1]
+    last_user = [m for m in second["messages"] if m["role"] == "user"][-1]["content"]
+    assert "two" in last_user and "three" in last_user  # merged into one turn
+    assert len(turns) == 2
+
+
+async def test_same_update_delivered_twice_makes_one_turn(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("once"), when=is_loop)
+    update = {
+        "update_id": 500,
+        "message": {
+            "message_id": 42, "date": 1700000000, "text": "hello",
+            "chat": {"id": 9, "type": "private"},
+            "from": {"id": 9, "is_bot": False, "first_name": "Bo"},
+        },
+    }
+    tg.push_update(update)
+    tg.push_update(dict(update, update_id=501))  # Telegram re-delivers the same message
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await tg.wait_for("sendMessage")
+        await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= 502)
+        turns = await d.store.recent_turns()
+    assert tg.sent(9) == ["once"]
+    assert len(turns) == 1
+    assert len(loop_requests(llm)) == 1
+
+
+async def test_endpoint_rejecting_required_tool_choice_falls_back_to_auto(tmp_path, tg):
+    async with FakeOpenAI(reject_tool_choice_required=400) as llm:
+        judges_say_done(llm)
+        llm.push(text("plain hello"), when=is_loop)  # the model answers in plain text
+        llm.push(text("plain again"), when=is_loop)
+        async with running(write_config(tmp_path, llm, tg)) as d:
+            tg.push_text("hi", chat_id=3)
+            await tg.wait_for("sendMessage")
+            tg.push_text("hi again", chat_id=3)
+            await tg.wait_for("sendMessage", n=2)
+            remembered = await d.store.get_kv(f"llm.tool_choice:{llm.base_url}")
+        assert tg.sent(3) == ["plain hello", "plain again"]
+        assert len(llm.rejected) == 1  # remembered: the second turn went straight to "auto"
+        assert remembered == "auto"
+        assert [r["tool_choice"] for r in loop_requests(llm) if r not in llm.rejected] == ["auto", "auto"]
+
+
+async def test_start_answers_without_a_model_call_and_reset_starts_fresh(tmp_path, llm, tg):
+    judges_say_done(llm)
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("/start", chat_id=11)
+        await tg.wait_for("sendMessage")
+        assert llm.requests == []
+        assert "Bumble" in tg.sent(11)[0]
+        llm.push(say("noted"), when=is_loop)
+        tg.push_text("remember the word pineapple", chat_id=11)
+        await tg.wait_for("sendMessage", n=2)
+        tg.push_text("/reset", chat_id=11)
+        await tg.wait_for("sendMessage", n=3)
+        llm.push(say("fresh"), when=is_loop)
+        tg.push_text("what word?", chat_id=11)
+        await tg.wait_for("sendMessage", n=4)
+    after_reset = [r for r in loop_requests(llm) if "what word?" in contents(r)][0]
+    assert "pineapple" not in contents(after_reset)
+    rows = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT COUNT(*) FROM messages WHERE content LIKE '%pineapple%'"
+    ).fetchone()
+    assert rows[0] == 1  # old rows stay in the database
+
+
+async def test_user_outside_allowlist_gets_one_refusal(tmp_path, llm, tg):
+    config = write_config(tmp_path, llm, tg, telegram={"allowed_user_ids": [1], "poll_timeout_s": 1})
+    async with running(config) as d:
+        tg.push_text("hello?", chat_id=66)
+        tg.push_text("anyone?", chat_id=66)
+        await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= tg.next_update_id)
+        await tg.wait_for("sendMessage")
+        pending = await d.store.pending_inbound()
+    assert tg.sent(66) == ["Sorry, this bot is private."]
+    assert llm.requests == [] and pending == []
+
+
+async def test_long_reply_is_split_at_line_boundaries_without_loss(tmp_path, llm, tg):
+    judges_say_done(llm)
+    lines = [f"line {i:04d} " + "x" * 80 for i in range(100)]  # ~9,000 characters
+    long_text = "\n".join(lines)
+    llm.push(say(long_text), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("write a lot", chat_id=4)
+        await tg.wait_for("sendMessage", n=3)
+    chunks = tg.sent(4)
+    assert all(len(c) <= 4096 for c in chunks)
+    assert "\n".join(chunks) == long_text
+    assert all(c.startswith("line ") for c in chunks)  # cut at line boundaries
+
+
+async def test_delivery_retries_after_rate_limit(tmp_path, llm, tg):
+    from fakes.telegram_server import retry_after_body
+
+    judges_say_done(llm)
+    llm.push(say("after the pause"), when=is_loop)
+    tg.fail_next("sendMessage", 429, retry_after_body(0))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=8)
+        await tg.wait_for("sendMessage", n=2)
+        await llm.wait_for_requests(2)
+        rows = await d.store._all("SELECT status, attempts FROM outbox")
+    # first attempt refused with 429, second delivered; nothing sent a third time
+    assert tg.sent(8) == ["after the pause", "after the pause"]
+    assert [tuple(r) for r in rows] == [("sent", 1)]
+
+
+async def test_secrets_never_reach_the_database_or_logs(tmp_path, llm, tg, caplog):
+    judges_say_done(llm)
+    llm.push(say("ok"), when=is_loop)
+    caplog.set_level("DEBUG")
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("hi", chat_id=12)
+        await tg.wait_for("sendMessage")
+    blob = (tmp_path / "data" / "bumblebot.db").read_bytes()
+    wal = tmp_path / "data" / "bumblebot.db-wal"
+    if wal.exists():
+        blob += wal.read_bytes()
+    assert TOKEN.encode() not in blob and b"sk-test-key-not-real" not in blob

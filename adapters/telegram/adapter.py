@@ -117,14 +117,18 @@ class TelegramAdapter(Adapter):
         self._poller = asyncio.create_task(self._poll(), name="bumblebot:telegram:poll")
         log.info("Telegram: polling as @%s", self.app.bot.username)
 
-    async def stop(self) -> None:
-        if not self._started:
-            return
-        self._started = False
+    async def stop_intake(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+            self._poller = None
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        await self.stop_intake()
         if self.app.running:
             await self.app.stop()
         await self.app.shutdown()

@@ -1,0 +1,166 @@
+"""``bumblebot`` as a subprocess: the real CLI against the fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TOKEN, write_config
+from fakes.openai_server import is_loop
+from support import Gate, judges_say_done, say
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUMBLEBOT_")}
+    env.update(TELEGRAM_BOT_TOKEN=TOKEN, OPENAI_API_KEY="sk-test-key-not-real-000000", PYTHONUNBUFFERED="1")
+    return env
+
+
+async def start_daemon(config: Path, tmp_path: Path) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "run",
+        env=env_for(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm, tg):
+    judges_say_done(llm)
+    hang = Gate(say("never delivered"))  # the first process dies inside this model call
+    llm.push(hang, when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text("are you there?", chat_id=21)
+        await asyncio.wait_for(hang.entered.wait(), 20)
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(proc.wait(), 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    hang.release.set()
+    assert tg.sent(21) == []
+    llm.push(say("yes, here"), when=is_loop)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        await tg.wait_for("sendMessage", timeout=20)
+        await tg.wait_for("getUpdates", n=2, predicate=lambda p: int(p.get("offset", 0)) > 0, timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert code == 0, (await proc.stderr.read()).decode()
+    assert tg.sent(21) == ["yes, here"]
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT status FROM journal").fetchall() == [("done",)]
+    assert db.execute("SELECT status FROM turns ORDER BY id").fetchall() == [("interrupted",), ("done",)]
+
+
+async def test_sigterm_lets_the_running_turn_finish_and_exits_zero(tmp_path, llm, tg):
+    judges_say_done(llm)
+    slow = Gate(say("finished before exit"))
+    llm.push(slow, when=is_loop)
+    proc = await start_daemon(write_config(tmp_path, llm, tg), tmp_path)
+    try:
+        tg.push_text("hello", chat_id=22)
+        await asyncio.wait_for(slow.entered.wait(), 20)
+        proc.send_signal(signal.SIGTERM)
+        slow.release.set()
+        code = await asyncio.wait_for(proc.wait(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert code == 0
+    assert tg.sent(22) == ["finished before exit"]
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bumblebot", *args], cwd=cwd, env=env or env_for(cwd),
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_bad_config_exits_2_naming_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cognition:\n  max_context_tokens: lots\n")
+    result = run_cli("--config", str(bad), "run", cwd=tmp_path)
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert str(bad) in line and "cognition.max_context_tokens" in line and "integer" in line
+
+
+def test_unknown_key_is_an_error(tmp_path):
+    bad = tmp_path / "bumblebot.yaml"
+    bad.write_text("telegram:\n  alowed_user_ids: [1]\n")
+    result = run_cli("check", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "telegram.alowed_user_ids" in result.stderr and "unknown key" in result.stderr
+
+
+def test_env_override_is_validated_too(tmp_path):
+    env = env_for(tmp_path) | {"BUMBLEBOT_COGNITION__REFLEX_MAX_TOKENS": "many"}
+    result = run_cli("run", cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert "cognition.reflex_max_tokens" in result.stderr
+
+
+def test_version(tmp_path):
+    result = run_cli("--version", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("bumblebot ")
+
+
+def test_run_without_any_token_explains_what_to_set(tmp_path):
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "TELEGRAM_BOT_TOKEN"}
+    result = run_cli("run", cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    assert "TELEGRAM_BOT_TOKEN" in result.stderr
+
+
+async def test_check_reports_endpoint_and_token(tmp_path, llm, tg):
+    judges_say_done(llm)
+    config = write_config(tmp_path, llm, tg)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "check",
+        env=env_for(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode() + err.decode()
+    assert b"bot @fake_bot" in out and b"all checks passed" in out
+    assert TOKEN.encode() not in out + err
+
+
+async def test_check_fails_clearly_on_a_bad_token(tmp_path, llm, tg):
+    judges_say_done(llm)
+    config = write_config(tmp_path, llm, tg)
+    env = env_for(tmp_path) | {"TELEGRAM_BOT_TOKEN": "999:WRONG-token-value-for-the-test-only"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "check",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1
+    assert b"[FAIL] telegram" in out and b"WRONG-token" not in out + err
+
+
+async def test_chat_console_talks_and_persists(tmp_path, llm):
+    judges_say_done(llm)
+    llm.push(say("hello from the console"), when=is_loop)
+    config = write_config(tmp_path, llm, None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "chat",
+        env=env_for(tmp_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(b"hi there\n/status\n"), 60)
+    assert proc.returncode == 0, err.decode()
+    assert b"hello from the console" in out
+    assert b"Context: ~" in out
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT platform FROM conversations").fetchall() == [("console",)]
+    assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] >= 3
