@@ -161,7 +161,7 @@ def cap_tool_result(text: str, max_chars: int) -> str:
         return text[:max_chars]
     head = keep * 2 // 3
     tail = keep - head
-    return f"{text[:head]}\n[... {len(text) - keep} characters cut ...]\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n[... {len(text) - keep} characters cut ...]\n{text[len(text) - tail :]}"
 
 
 def summary_message(summary: str) -> Message:
@@ -231,7 +231,8 @@ class CompactionOutcome:
         summary: the latest summary (the previous one when no new summary was made).
         covered_ids: ids of messages moved into the summary (messages without an id are
             dropped all the same but not listed).
-        pruned_ids: ids of tool results replaced by :data:`PLACEHOLDER`.
+        pruned_ids: ids of tool results replaced by :data:`PLACEHOLDER` that stay in
+            ``messages`` (disjoint from ``covered_ids``).
         passes: passes run (0: not triggered).
         flushed: titles appended to the knowledge file.
         summary_failed: a summary call failed or gave an unusable summary; that pass dropped
@@ -331,16 +332,23 @@ async def compact(
             max_out = min(8000, 2 * budget)
             room = max_context_tokens - max_out - summary_tokens() - PROMPT_OVERHEAD_TOKENS
             chunk = middle[: _fit_chunk(middle, room)]
-            if flush and knowledge is not None and out.passes == 1:
-                if len(serialize(chunk)) >= MIN_FLUSH_CHARS:
-                    try:
-                        out.flushed = await _flush(chunk, knowledge, complete)
-                    except Exception as exc:  # best effort (spec): record and go on
-                        errors.append(f"flush: {type(exc).__name__}: {exc}")
-            if not chunk or (total() <= target and not (force and out.passes == 1)):
+            first = out.passes == 1
+            if (
+                flush
+                and first
+                and knowledge is not None
+                and len(serialize(chunk)) >= MIN_FLUSH_CHARS
+            ):
+                try:
+                    out.flushed = await _flush(chunk, knowledge, complete)
+                except Exception as exc:  # best effort (spec): record and go on
+                    errors.append(f"flush: {type(exc).__name__}: {exc}")
+            if not chunk or (total() <= target and not (force and first)):
                 break
             try:
-                text = await complete(summary_request(chunk, summary, budget), max_out, SUMMARY_TEMPERATURE)
+                text = await complete(
+                    summary_request(chunk, summary, budget), max_out, SUMMARY_TEMPERATURE
+                )
                 new = _clean_summary(text)
                 if not _summary_ok(new):
                     raise ValueError(f"unusable summary ({len(new)} chars): {new[:80]!r}")
@@ -351,6 +359,8 @@ async def compact(
             summary = new
             out.covered_ids += [m.id for m in chunk if m.id is not None]
             msgs = msgs[:start] + msgs[start + len(chunk) :]
+    covered = set(out.covered_ids)
+    out.pruned_ids = [i for i in out.pruned_ids if i not in covered]
     out.messages, out.summary = msgs, summary
     out.error = "; ".join(errors) or None
     out.estimate_after = total()

@@ -70,7 +70,7 @@ def clip(text: str, head: int = CONTENT_HEAD_CHARS, tail: int = CONTENT_TAIL_CHA
     if len(text) <= head + tail:
         return text
     cut = len(text) - head - tail
-    return f"{text[:head]}\n[... {cut} characters omitted ...]\n{text[len(text) - tail:]}"
+    return f"{text[:head]}\n[... {cut} characters omitted ...]\n{text[len(text) - tail :]}"
 
 
 def _call_text(call: Any) -> str:

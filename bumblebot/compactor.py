@@ -32,8 +32,14 @@ BACKOFF_MAX_S = 3600.0
 
 
 def backoff_s(failures: int) -> float:
-    """Seconds to wait before retrying a failed summary after ``failures`` consecutive failures."""
-    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** max(0, failures - 1))
+    """Seconds before the next summary attempt after ``failures`` consecutive failures.
+
+    The first failure is retried on the very next request (often a passing fault); then
+    60 s, 120 s, 240 s … capped at an hour.
+    """
+    if failures <= 1:
+        return 0.0
+    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (failures - 2))
 
 
 class Compactor:
@@ -61,6 +67,17 @@ class Compactor:
 
         return hook
 
+    def shrinker(
+        self, actor: ConversationActor
+    ) -> Callable[[ConversationContext, list[Message]], Awaitable[None]]:
+        """The hook for a context-length refusal: force a compaction, then prune if needed."""
+
+        async def shrink(context: ConversationContext, turn_messages: list[Message]) -> None:
+            await self.maybe_compact(actor, context, turn_messages, force=True)
+            await self._prune_only(actor, context, turn_messages, always=True)
+
+        return shrink
+
     def _threshold(self) -> int:
         return int(self.engine.settings.cognition.max_context_tokens * self.cfg.compaction_threshold_ratio)
 
@@ -83,7 +100,7 @@ class Compactor:
         state = await store.compaction_state(conversation.id, conversation.session)
         fixed = context.fixed_tokens + sum(m.tokens for m in turn_messages)
         if not force and state.next_retry_at > time.time():
-            return await self._prune_only(actor, context, turn_messages, state.summary)
+            return await self._prune_only(actor, context, turn_messages)
         settings = self.engine.settings.cognition
         outcome = await compact(
             context.history,
@@ -126,14 +143,19 @@ class Compactor:
         actor.replace_history(outcome.messages)
         context.compactions.append(entry)
         if failed and context.estimate(turn_messages) > settings.max_context_tokens:
-            await self._prune_only(actor, context, turn_messages, outcome.summary)
+            await self._prune_only(actor, context, turn_messages)
         return entry
 
     async def _prune_only(
-        self, actor: ConversationActor, context: ConversationContext, turn_messages: list[Message], summary: str | None
+        self,
+        actor: ConversationActor,
+        context: ConversationContext,
+        turn_messages: list[Message],
+        *,
+        always: bool = False,
     ) -> dict[str, Any] | None:
         """While summaries are backing off: clear old tool outputs so the request still fits."""
-        if context.estimate(turn_messages) <= self.engine.settings.cognition.max_context_tokens:
+        if not always and context.estimate(turn_messages) <= self.engine.settings.cognition.max_context_tokens:
             return None
         _, tail_start = find_boundaries(
             context.history,
@@ -145,10 +167,7 @@ class Compactor:
         if not indexes:
             return None
         ids = [pruned[i].id for i in indexes if pruned[i].id is not None]
-        await self.engine.store.save_compaction(
-            actor.conversation, summary=summary, covered_ids=[], pruned_ids=[i for i in ids if i is not None],
-            passes=0, failed=False,
-        )
+        await self.engine.store.mark_pruned(ids)
         context.replace_history(pruned, context.summary_message)
         actor.replace_history(pruned)
         entry = {"passes": 0, "pruned": len(indexes), "prune_only": True}

@@ -41,6 +41,8 @@ class ConversationContext(RequestBuilder):
         steering: returns messages that arrived mid-turn (steer mode) with their journal ids.
         before_request: compaction hook, awaited with the estimate before each request; it may
             change ``history`` / ``summary_message`` through :meth:`replace_history`.
+        shrink: awaited when the endpoint refused the prompt as too long (forced compaction,
+            then pruning), before the one retry.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class ConversationContext(RequestBuilder):
         tool_tokens: int,
         steering: Callable[[], list[tuple[Message, list[int]]]] | None = None,
         before_request: Callable[[ConversationContext, list[Message]], Awaitable[None]] | None = None,
+        shrink: Callable[[ConversationContext, list[Message]], Awaitable[None]] | None = None,
     ) -> None:
         self.system_prompt = system_prompt
         self.preamble = preamble
@@ -61,6 +64,7 @@ class ConversationContext(RequestBuilder):
         self.protect_first_n = protect_first_n
         self._steering = steering
         self._before_request = before_request
+        self._shrink = shrink
         self.history: list[Message] = []
         self.summary_message: Message | None = None
         self._history_tokens = 0
@@ -82,6 +86,10 @@ class ConversationContext(RequestBuilder):
 
     def take_steering(self) -> list[tuple[Message, list[int]]]:
         return self._steering() if self._steering else []
+
+    async def shrink(self, turn_messages: list[Message]) -> None:
+        if self._shrink is not None:
+            await self._shrink(self, turn_messages)
 
     def messages(self, turn_messages: list[Message], nudge: str | None) -> list[Message]:
         """The message list (without the system prompt) in request order."""

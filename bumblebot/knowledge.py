@@ -15,13 +15,15 @@ title equals a locked one without the prefix. Lines inside fenced code blocks ar
 as headings.
 
 Writes are atomic (temporary file in the same directory, ``fsync``, ``os.replace``) and
-serialised by a per-path :class:`threading.Lock` shared by every :class:`KnowledgeFile` of the
-process, so concurrent conversations of one entity cannot lose each other's appends. Another
-process writing the same file at the same time is not guarded against (one daemon per entity).
+serialised by a per-path re-entrant :class:`threading.RLock` shared by every
+:class:`KnowledgeFile` of the process, so concurrent conversations of one entity cannot lose
+each other's appends. Another process writing the same file at the same time is not guarded
+against (one daemon per entity).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -35,18 +37,20 @@ SEED = "# Knowledge\n"
 
 LOCKED_PREFIX = "[locked]"
 
-_H2 = re.compile(r"^##(?!#)[ \t]*(.*?)[ \t]*#*[ \t]*$")
+_H2 = re.compile(r"^##(?!#)(?:[ \t]+(.*?))??(?:[ \t]+#+)?[ \t]*$")
+_CLOSING = re.compile(r"(?:^|[ \t])#+$")
+_NEWLINE = re.compile(r"\r\n|\r|\n")
 _FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
 _BODY_HEADING = re.compile(r"^([ \t]{0,3})(#{1,2})(?=[ \t]|$)", re.MULTILINE)
 
-_locks: dict[str, threading.Lock] = {}
+_locks: dict[str, threading.RLock] = {}
 _locks_guard = threading.Lock()
 
 
-def _lock_for(path: Path) -> threading.Lock:
+def _lock_for(path: Path) -> threading.RLock:
     key = os.path.realpath(path)
     with _locks_guard:
-        return _locks.setdefault(key, threading.Lock())
+        return _locks.setdefault(key, threading.RLock())
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,26 +86,37 @@ def parse_sections(text: str) -> list[Section]:
         if title is not None:
             sections.append(Section(title, "\n".join(body).strip(), is_locked_title(title)))
 
-    for line in text.splitlines():
+    for line in _NEWLINE.split(text):
         if _FENCE.match(line):
             in_fence = not in_fence
         heading = None if in_fence else _H2.match(line)
         if heading:
             close()
-            title, body = heading.group(1), []
+            title, body = heading.group(1) or "", []
         else:
             body.append(line)
     close()
     return sections
 
 
-def _clean_title(title: str) -> str:
-    return " ".join(title.split()).lstrip("#").strip()
+def clean_title(title: str) -> str:
+    """``title`` as written: one line, whitespace collapsed, no leading or closing ``#``s."""
+    t = " ".join(title.split())
+    while True:
+        cleaned = _CLOSING.sub("", t.lstrip("#").strip()).strip()
+        if cleaned == t:
+            return t
+        t = cleaned
 
 
-def _clean_body(body: str) -> str:
-    # A "#"/"##" line in a body would start a new section when read back: demote it to H3.
-    return _BODY_HEADING.sub(r"\1###", body.strip())
+def clean_body(body: str) -> str:
+    """``body`` as written: stripped, ``\\n`` line ends, ``#``/``##`` lines demoted to ``###``
+    (they would start a new section when read back), an unclosed code fence closed (it would
+    hide the headings after it)."""
+    text = _BODY_HEADING.sub(r"\1###", _NEWLINE.sub("\n", body).strip())
+    if sum(1 for line in text.split("\n") if _FENCE.match(line)) % 2:
+        text += "\n```"
+    return text
 
 
 class KnowledgeFile:
@@ -156,7 +171,7 @@ class KnowledgeFile:
             added: list[str] = []
             blocks: list[str] = []
             for raw_title, raw_body in items:
-                title, body = _clean_title(raw_title), _clean_body(raw_body)
+                title, body = clean_title(raw_title), clean_body(raw_body)
                 key = normalize_title(title)
                 if not key or not body or is_locked_title(title) or key in known:
                     continue
@@ -164,7 +179,11 @@ class KnowledgeFile:
                 added.append(title)
                 blocks.append(f"## {title}\n{body}\n")
             if blocks:
-                sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+                sep = (
+                    ""
+                    if not text or text.endswith("\n\n")
+                    else ("\n" if text.endswith("\n") else "\n\n")
+                )
                 self._write_atomic(text + sep + "\n".join(blocks))
             return added
 
@@ -184,10 +203,8 @@ class KnowledgeFile:
                 os.chmod(tmp, mode)
             os.replace(tmp, self.path)
         except BaseException:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
             raise
         try:
             dfd = os.open(directory, os.O_RDONLY)

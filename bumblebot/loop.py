@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
+from bumblebot.compaction import cap_tool_result
+from bumblebot.errors import ContextTooLong
 from bumblebot.gate import CompletionGate, GateInput, Preview
 from bumblebot.llm import LLM, Completion, ToolCall
 from bumblebot.messages import Message
@@ -85,6 +87,7 @@ class LoopLimits:
     model: str
     thinking: bool
     tool_timeout_s: float
+    max_tool_result_chars: int = 32768
     temperature: float | None = None
 
 
@@ -147,6 +150,9 @@ class RequestBuilder:
     def take_steering(self) -> list[tuple[Message, list[int]]]:
         return []
 
+    async def shrink(self, turn_messages: list[Message]) -> None:
+        """The endpoint said the prompt is too long: compact (or prune) before one retry."""
+
 
 class AgentLoop:
     """Runs one turn. Collaborators come in through the constructor."""
@@ -195,14 +201,13 @@ class AgentLoop:
                 journal_ids.extend(ids)
                 nudge = None
             request, estimate = await requests.build(turn, nudge)
-            completion: Completion = await self.llm.complete(
-                request,
-                model=limits.model,
-                max_tokens=limits.max_tokens,
-                temperature=limits.temperature,
-                tools=schemas,
-                thinking=limits.thinking,
-            )
+            try:
+                completion: Completion = await self._complete(request, schemas, limits)
+            except ContextTooLong:
+                # spec/issue: compact (or prune) and retry once; a second refusal ends the turn
+                await requests.shrink(turn)
+                request, estimate = await requests.build(turn, nudge)
+                completion = await self._complete(request, schemas, limits)
             trace = StepTrace(
                 step=len(steps) + 1,
                 finish_reason=completion.finish_reason,
@@ -312,6 +317,16 @@ class AgentLoop:
             journal_ids=journal_ids,
         )
 
+    async def _complete(self, request: list[dict[str, Any]], schemas: list[dict[str, Any]], limits: LoopLimits) -> Completion:
+        return await self.llm.complete(
+            request,
+            model=limits.model,
+            max_tokens=limits.max_tokens,
+            temperature=limits.temperature,
+            tools=schemas,
+            thinking=limits.thinking,
+        )
+
     async def _execute(
         self, call: ToolCall, run: bool, ctx: ToolContext, limits: LoopLimits
     ) -> tuple[ToolResult, float]:
@@ -330,6 +345,9 @@ class AgentLoop:
             result = await asyncio.wait_for(self.toolbox.execute(call.name, call.arguments, ctx), timeout)
         except TimeoutError:
             result = ToolResult.error(f"{call.name} timed out after {timeout:g} s")
+        if len(result.content) > limits.max_tool_result_chars:
+            # one huge result must not brick the session (field-bugs.md item 12)
+            result = ToolResult(cap_tool_result(result.content, limits.max_tool_result_chars), ok=result.ok)
         return result, time.monotonic() - started
 
 

@@ -95,7 +95,9 @@ def validate(messages: Sequence[Message]) -> None:
                 pending.add(cid)
             group_at = i
     if pending:
-        raise InvalidSequence(group_at, f"tool results missing for calls {', '.join(sorted(pending))}")
+        raise InvalidSequence(
+            group_at, f"tool results missing for calls {', '.join(sorted(pending))}"
+        )
 
 
 def is_valid(messages: Sequence[Message]) -> bool:

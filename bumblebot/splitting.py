@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["DISCORD_LIMIT", "TELEGRAM_LIMIT", "split_markdown", "split_text", "utf16_len"]
@@ -47,6 +47,7 @@ _SENTENCE = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s)|[。！？]+")  # the 
 _SPACE = re.compile(r"\s+")
 _NONSPACE = re.compile(r"\S")
 _FENCE = re.compile(r"([ \t]*)(`{3,}|~{3,})(.*)")
+_FENCE_RUN = re.compile(r"`{3,}|~{3,}")
 _HARD_CUT_BACKOFF = 32  # code points a hard cut may move back to avoid splitting a cluster
 
 
@@ -91,7 +92,10 @@ def split_markdown(text: str, limit: int, *, measure: Measure = len) -> list[str
     kept whole when it fits. An unclosed block is closed at the end of the last chunk, so every
     chunk has balanced fences. An opener line longer than the window is cut inside its info
     string and the rest continues after a bare reopened fence. Fences are recognised per line
-    (any indentation, CommonMark closing rule); inline triple backticks are not fences.
+    (any indentation, CommonMark closing rule); inline triple backticks are not fences. A cut
+    never leaves a fence-like fragment (``"```"`` from ``"```py"``, or a line starting with a
+    run of backticks) at a chunk's edge, except when ``limit`` is below the length of such a
+    line plus the added fence lines; only then may a chunk's fences fail to balance.
 
     Args:
         text: the reply, in Markdown.
@@ -235,6 +239,7 @@ class _Layout:
 
     def __init__(self, text: str, *, markdown: bool) -> None:
         self.text = text
+        self.markdown = markdown
         self.fences, fence_lines = _find_fences(text) if markdown else ([], [])
         fences = self.fences
         self._opens = [f.open_start for f in fences]
@@ -283,6 +288,8 @@ class _Layout:
         k = bisect_right(self._fence_line_starts, cut - 1)
         if k and cut < self._fence_lines[k - 1][1]:
             return False
+        if self.markdown and self._starts_stray_fence(cut):
+            return False
         f = self._fence_before(cut)
         if f is None:
             return True
@@ -319,36 +326,66 @@ class _Layout:
         for i in range(cut, content, -1):
             if self.allowed(i) and fits(i):
                 return i
-        for strict in (True, False):
-            for i in range(end, content, -1):
-                if self._safe(i, content, strict=strict) and fits(i):
-                    return i
+        for i in range(end, content, -1):
+            if self._safe(i, content) and fits(i):
+                return i
         return end
 
-    def _safe(self, cut: int, content: int, *, strict: bool) -> bool:
-        """Whether cutting inside a fence-like line leaves no stray fence in the chunk.
+    def _starts_stray_fence(self, cut: int) -> bool:
+        """Whether a cut inside a line would start the next chunk with a stray fence."""
+        start = _skip_separator(self.text, cut)
+        if start == 0 or self.text[start - 1] == "\n":
+            return False
+        end = self.text.find("\n", start)
+        return self._stray(self.text[start : len(self.text) if end == -1 else end], cut)
 
-        ``strict`` also requires that the rest of the line is not fence-like (it may still be
-        cut again in the next chunk).
-        """
+    def _stray(self, piece: str, cut: int) -> bool:
+        """Whether ``piece`` of a line cut at ``cut`` would open or close a fence on its own."""
+        m = _FENCE.fullmatch(piece)
+        if m is None:
+            return False
+        f = self.open_at(cut)
+        if f is None:
+            return not (m[2][0] == "`" and "`" in m[3])
+        return _closes(f.fence.lstrip(" \t"), m[2]) and not m[3].strip()
+
+    def _safe(self, cut: int, content: int) -> bool:
+        """Whether a cut leaves no stray fence at the end of the chunk or the start of the next."""
+        if self._starts_stray_fence(cut):
+            return False
         k = bisect_right(self._fence_line_starts, cut - 1)
         if not k or cut >= self._fence_lines[k - 1][1]:
             return True
-        start, end = self._fence_lines[k - 1]
+        start = self._fence_lines[k - 1][0]
         f = self._fence_before(cut)
         if f is not None and start in (f.open_start, f.close_start):
             # Inside an over-long opener; the rest must not lengthen the reopened fence run.
             return start == f.open_start and cut >= f.info_start and self.text[cut] != f.fence[-1]
-        left, right = self.text[max(start, content) : cut], self.text[cut:end]
-        return not _FENCE.fullmatch(left) and not (strict and _FENCE.fullmatch(right))
+        return not self._stray(self.text[max(start, content) : cut], cut)
 
 
-def _starts(
-    layout: _Layout, inside: _Fence | None, pos: int, content: int
-) -> list[tuple[int, str]]:
-    """Chunk starts and reopening prefixes to try, best first (dropping indentation last)."""
-    starts = [pos] if pos == content else [pos, content]
-    return [(start, prefix) for start in starts for prefix in layout.reopeners(inside, start)]
+def _fitter(
+    layout: _Layout, limit: int, measure: Measure, inside: _Fence | None, pos: int, content: int
+) -> tuple[int, str, Callable[[int], bool]]:
+    """Start, reopening prefix and fit test of the chunk whose first content is ``content``.
+
+    Tries, best first, the kept indentation before dropping it and the full reopened opener
+    before the bare fence, and takes the first that holds one character.
+
+    Raises:
+        ValueError: none holds one character.
+    """
+    text = layout.text
+    for start in [pos] if pos == content else [pos, content]:
+        for prefix in layout.reopeners(inside, start):
+
+            def fits(cut: int, prefix: str = prefix, start: int = start) -> bool:
+                chunk = prefix + text[start:cut].rstrip() + layout.closer(cut)
+                return measure(chunk) <= limit
+
+            if fits(content + 1):
+                return start, prefix, fits
+    raise ValueError(f"limit {limit} cannot hold {text[content]!r} at index {content}")
 
 
 def _split(text: str, limit: int, measure: Measure, layout: _Layout) -> list[str]:
@@ -361,16 +398,7 @@ def _split(text: str, limit: int, measure: Measure, layout: _Layout) -> list[str
             # Only blank lines remain in the block: the closer added to the last chunk ends it.
             pos, inside = _skip_separator(text, inside.close_end), None
             continue
-        for pos, prefix in _starts(layout, inside, pos, content):  # noqa: B007 (used below)
-
-            def fits(cut: int, prefix: str = prefix, pos: int = pos) -> bool:
-                chunk = prefix + text[pos:cut].rstrip() + layout.closer(cut)
-                return measure(chunk) <= limit
-
-            if fits(content + 1):
-                break
-        else:
-            raise ValueError(f"limit {limit} cannot hold {text[content]!r} at index {content}")
+        pos, prefix, fits = _fitter(layout, limit, measure, inside, pos, content)
         if fits(n):
             cut = n
         else:

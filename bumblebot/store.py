@@ -513,6 +513,12 @@ class Store:
             float(row["next_retry_at"]),
         )
 
+    async def mark_pruned(self, message_ids: list[int]) -> None:
+        """Show these tool results as the placeholder in prompts from now on (content is kept)."""
+        if message_ids:
+            async with self.transaction() as db:
+                await db.executemany("UPDATE messages SET pruned=1 WHERE id=?", [(i,) for i in message_ids])
+
     async def save_compaction(
         self,
         conversation: Conversation,

@@ -90,6 +90,7 @@ class TurnRunner:
             model=engine.llm.reflex_model if reflex else engine.llm.model,
             thinking=not reflex,
             tool_timeout_s=cfg.tool_timeout_s,
+            max_tool_result_chars=int(cfg.max_tool_result_share * cfg.max_context_tokens * 4),
         )
 
         already_told = await engine.already_told(entries)
@@ -108,6 +109,7 @@ class TurnRunner:
             tool_tokens=estimate_tools(schemas),
             steering=actor.take_steering if cfg.mid_turn_messages == "steer" else None,
             before_request=engine.compactor.before_request(actor) if engine.compactor else None,
+            shrink=engine.compactor.shrinker(actor) if engine.compactor else None,
         )
         user_message = Message(role="user", content=text)
 
@@ -122,6 +124,7 @@ class TurnRunner:
             "model": limits.model,
             "max_tokens": limits.max_tokens,
             "journal_ids": journal_ids,
+            "compactions": context.compactions,
         }
         adapter = engine.adapters.get(chat.platform)
         typing = adapter.typing(chat, engine.settings.engine.typing_interval_s) if adapter else _null_scope()

@@ -22,10 +22,12 @@ def env_for(tmp_path: Path) -> dict[str, str]:
 
 
 async def start_daemon(config: Path, tmp_path: Path) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bumblebot", "--config", str(config), "run",
-        env=env_for(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
+    """``bumblebot run`` in the background; its stderr goes to ``tmp_path/daemon.log``."""
+    with open(tmp_path / "daemon.log", "ab") as log:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bumblebot", "--config", str(config), "run",
+            env=env_for(tmp_path), stdout=asyncio.subprocess.DEVNULL, stderr=log,
+        )
 
 
 async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm, tg):
@@ -54,7 +56,7 @@ async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm,
     finally:
         if proc.returncode is None:
             proc.kill()
-    assert code == 0, (await proc.stderr.read()).decode()
+    assert code == 0, (tmp_path / "daemon.log").read_text()
     assert tg.sent(21) == ["yes, here"]
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
     assert db.execute("SELECT status FROM journal").fetchall() == [("done",)]

@@ -8,6 +8,7 @@ import itertools
 import json
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -61,7 +62,9 @@ def conversation(turns: int, tool_chars: int = 2000, start: int = 0) -> list[Mes
         out += [
             Message("user", f"Turn {t}: remember FACT-{t}. " + "u" * 380),
             Message("assistant", "", tool_calls=[call(f"c{t}")]),
-            Message("tool", f"result {t} " + "r" * tool_chars, tool_call_id=f"c{t}", name="read_file"),
+            Message(
+                "tool", f"result {t} " + "r" * tool_chars, tool_call_id=f"c{t}", name="read_file"
+            ),
             Message("assistant", f"Reply {t} " + "a" * 380),
         ]
     return out
@@ -73,11 +76,16 @@ def histories(draw: st.DrawFn) -> list[Message]:
     ids = itertools.count()
     out: list[Message] = []
     size = st.integers(0, 3000)
-    for kind in draw(st.lists(st.sampled_from(["user", "assistant", "tools", "tools"]), max_size=40)):
+    for kind in draw(
+        st.lists(st.sampled_from(["user", "assistant", "tools", "tools"]), max_size=40)
+    ):
         if kind == "tools":
             group = [f"c{next(ids)}" for _ in range(draw(st.integers(1, 3)))]
             out.append(Message("assistant", "", tool_calls=[call(c) for c in group]))
-            out += [Message("tool", "r" * draw(size), tool_call_id=c) for c in draw(st.permutations(group))]
+            out += [
+                Message("tool", "r" * draw(size), tool_call_id=c)
+                for c in draw(st.permutations(group))
+            ]
         else:
             out.append(Message(kind, "x" * draw(size)))
     return numbered(out)
@@ -87,8 +95,12 @@ class Model:
     """A scripted chat model: flush calls get ``flush_answer``; summary calls echo every
     FACT-n of their input under the seven headings (or fail as told)."""
 
-    def __init__(self, flush_answer: str = "[]", summary_error: Exception | None = None,
-                 summary_text: str | None = None) -> None:
+    def __init__(
+        self,
+        flush_answer: str = "[]",
+        summary_error: Exception | None = None,
+        summary_text: str | None = None,
+    ) -> None:
         self.flush_answer = flush_answer
         self.summary_error = summary_error
         self.summary_text = summary_text
@@ -103,7 +115,9 @@ class Model:
             raise self.summary_error
         if self.summary_text is not None:
             return self.summary_text
-        facts = sorted(set(re.findall(r"FACT-\d+", messages[1]["content"])), key=lambda f: int(f[5:]))
+        facts = sorted(
+            set(re.findall(r"FACT-\d+", messages[1]["content"])), key=lambda f: int(f[5:])
+        )
         body = {h: "None." for h in SUMMARY_HEADINGS}
         body["Critical Context"] = " ".join(facts) or "None."
         return "<think>plan</think>" + "\n".join(f"## {h}\n{b}" for h, b in body.items())
@@ -112,12 +126,24 @@ class Model:
         return [c[0] for c in self.calls]
 
 
-async def run(history: list[Message], model: Model, knowledge: KnowledgeFile | None = None,
-              **overrides: object) -> CompactionOutcome:
+async def run(
+    history: list[Message],
+    model: Model,
+    knowledge: KnowledgeFile | None = None,
+    **overrides: object,
+) -> CompactionOutcome:
     params: dict[str, object] = dict(
-        previous_summary=None, complete=model, knowledge=knowledge, fixed_tokens=FIXED,
-        max_context_tokens=CTX, threshold_ratio=0.75, target_ratio=0.20, protect_first_n=2,
-        protect_last_n=12, max_passes=3, flush=True,
+        previous_summary=None,
+        complete=model,
+        knowledge=knowledge,
+        fixed_tokens=FIXED,
+        max_context_tokens=CTX,
+        threshold_ratio=0.75,
+        target_ratio=0.20,
+        protect_first_n=2,
+        protect_last_n=12,
+        max_passes=3,
+        flush=True,
     )
     params.update(overrides)
     return await compact(history, **params)  # type: ignore[arg-type]
@@ -135,7 +161,9 @@ def prompt_of(out: CompactionOutcome) -> list[Message]:
 @SETTINGS
 @given(histories(), st.integers(0, 5), st.integers(0, 16), st.integers(0, 20000))
 def test_boundaries_properties(msgs: list[Message], first: int, last: int, budget: int) -> None:
-    start, end = find_boundaries(msgs, protect_first_n=first, protect_last_n=last, tail_token_budget=budget)
+    start, end = find_boundaries(
+        msgs, protect_first_n=first, protect_last_n=last, tail_token_budget=budget
+    )
     n = len(msgs)
     assert 0 <= start <= end <= n
     head, middle, tail = msgs[:start], msgs[start:end], msgs[end:]
@@ -154,7 +182,7 @@ def test_boundaries_properties(msgs: list[Message], first: int, last: int, budge
         rest = tail[first_group_end:]
         assert len(rest) <= last or estimate_messages(rest) <= budget
     # head + summary + tail is what compaction sends: valid
-    validate(head + [summary_message("s" * 40)] + tail)
+    validate([*head, summary_message("s" * 40), *tail])
 
 
 def test_group_straddling_the_tail_cut_moves_into_the_tail() -> None:
@@ -171,9 +199,15 @@ def test_group_straddling_the_tail_cut_moves_into_the_tail() -> None:
 
 
 def test_head_is_extended_past_its_tool_group() -> None:
-    msgs = numbered([Message("user", "q"), Message("assistant", "", tool_calls=[call("a"), call("b")]),
-                     Message("tool", "x", tool_call_id="a"), Message("tool", "y", tool_call_id="b")]
-                    + [Message("user", f"u{i}") for i in range(20)])
+    msgs = numbered(
+        [
+            Message("user", "q"),
+            Message("assistant", "", tool_calls=[call("a"), call("b")]),
+            Message("tool", "x", tool_call_id="a"),
+            Message("tool", "y", tool_call_id="b"),
+        ]
+        + [Message("user", f"u{i}") for i in range(20)]
+    )
     start, _ = find_boundaries(msgs, protect_first_n=2, protect_last_n=12, tail_token_budget=0)
     assert start == 4
 
@@ -181,7 +215,7 @@ def test_head_is_extended_past_its_tool_group() -> None:
 class CountingMessage(Message):
     """A Message that counts reads of its token estimate."""
 
-    reads: list[int] = []
+    reads: ClassVar[list[int]] = []
 
     @property
     def tokens(self) -> int:  # type: ignore[override]
@@ -210,17 +244,24 @@ def test_running_estimate_matches_full_estimate() -> None:
 
 
 def test_prune_replaces_long_old_results_only() -> None:
-    msgs = numbered([
-        Message("assistant", "", tool_calls=[call("a"), call("b")]),
-        Message("tool", "L" * 201, tool_call_id="a"),
-        Message("tool", "s" * 200, tool_call_id="b"),
-        Message("user", "U" * 5000),
-        Message("assistant", "", tool_calls=[call("c")]),
-        Message("tool", "T" * 5000, tool_call_id="c"),
-    ])
+    msgs = numbered(
+        [
+            Message("assistant", "", tool_calls=[call("a"), call("b")]),
+            Message("tool", "L" * 201, tool_call_id="a"),
+            Message("tool", "s" * 200, tool_call_id="b"),
+            Message("user", "U" * 5000),
+            Message("assistant", "", tool_calls=[call("c")]),
+            Message("tool", "T" * 5000, tool_call_id="c"),
+        ]
+    )
     out, pruned = prune_tool_results(msgs, tail_start=4)
     assert pruned == [1]
-    assert out[1].content == PLACEHOLDER and out[1].pruned and out[1].id == 2 and out[1].tool_call_id == "a"
+    assert (
+        out[1].content == PLACEHOLDER
+        and out[1].pruned
+        and out[1].id == 2
+        and out[1].tool_call_id == "a"
+    )
     assert out[1].tokens < msgs[1].tokens
     assert all(out[i] is msgs[i] for i in (0, 2, 3, 4, 5))  # short, non-tool and tail: kept
     assert msgs[1].content == "L" * 201  # input untouched
@@ -258,7 +299,13 @@ def test_serialize_labels_roles_and_caps() -> None:
     text = serialize(msgs)
     assert "USER: hello" in text and "ASSISTANT: let me look" in text
     assert f"ASSISTANT CALLS: read_file({'A' * 400}...)" in text and "A" * 401 not in text
-    assert "TOOL RESULT (read_file): " + "B" * 2000 + "\n[... 2200 characters omitted ...]\n" + "B" * 800 in text
+    assert (
+        "TOOL RESULT (read_file): "
+        + "B" * 2000
+        + "\n[... 2200 characters omitted ...]\n"
+        + "B" * 800
+        in text
+    )
 
 
 def test_summary_request_updates_the_previous_summary_verbatim() -> None:
@@ -288,8 +335,11 @@ def test_flush_request_lists_existing_titles() -> None:
         ('[{"title": "A", "body": "b"}]', [("A", "b")]),
         ('Sure!\n```json\n[{"title": " A ", "body": "b"}]\n```\nDone.', [("A", "b")]),
         ('<think>[maybe]</think>Facts [see below]: [{"title": "A", "body": "b"}] ok', [("A", "b")]),
-        ('[{"title": "", "body": "b"}, {"title": "T"}, {"title": "X", "body": 3}, {"title": "Y", "body": "y"}]',
-         [("Y", "y")]),
+        (
+            '[{"title": "", "body": "b"}, {"title": "T"}, {"title": "X", "body": 3}, '
+            '{"title": "Y", "body": "y"}]',
+            [("Y", "y")],
+        ),
         ("[]", []),
     ],
 )
@@ -297,7 +347,9 @@ def test_parse_flush_accepts(answer: str, expected: list[tuple[str, str]]) -> No
     assert parse_flush(answer) == expected
 
 
-@pytest.mark.parametrize("answer", ["not json", '{"title": "A", "body": "b"}', '["a", "b"]', "[{broken"])
+@pytest.mark.parametrize(
+    "answer", ["not json", '{"title": "A", "body": "b"}', '["a", "b"]', "[{broken"]
+)
 def test_parse_flush_rejects(answer: str) -> None:
     with pytest.raises(FlushParseError):
         parse_flush(answer)
@@ -326,11 +378,14 @@ async def test_crossing_the_threshold_flushes_then_summarises(tmp_path: Path) ->
     assert h == 3  # the first 2 messages, extended past the tool result of the second
     assert [m.id for m in out.messages[:h]] == [1, 2, 3] and out.messages[:2] == history[:2]
     tail = out.messages[h:]
-    assert len(tail) >= 12 and tail == history[len(history) - len(tail):]
+    assert len(tail) >= 12 and tail == history[len(history) - len(tail) :]
     assert out.covered_ids == [m.id for m in history[h : len(history) - len(tail)]]
     assert all(h in out.summary for h in SUMMARY_HEADINGS) and "<think>" not in out.summary
     assert "FACT-1 " in out.summary  # a fact of the middle reached the summary
-    assert out.estimate_after == FIXED + estimate_messages(out.messages) + summary_message(out.summary).tokens
+    assert (
+        out.estimate_after
+        == FIXED + estimate_messages(out.messages) + summary_message(out.summary).tokens
+    )
     assert out.estimate_after <= TARGET < THRESHOLD
     assert out.flushed == ["User prefs"]
     request = prompt_of(out)
@@ -352,7 +407,10 @@ async def test_second_compaction_updates_the_first_summary(tmp_path: Path) -> No
 
 async def test_summary_failure_drops_no_message() -> None:
     history = numbered(conversation(40))
-    for model in (Model(summary_error=ConnectionError("HTTP 529 overloaded")), Model(summary_text="ok")):
+    for model in (
+        Model(summary_error=ConnectionError("HTTP 529 overloaded")),
+        Model(summary_text="ok"),
+    ):
         out = await run(history, model, previous_summary="## Goal\nold summary kept")
         assert out.summary_failed and out.summary == "## Goal\nold summary kept"
         assert out.covered_ids == [] and "summary" in (out.error or "")
@@ -366,13 +424,19 @@ async def test_summary_failure_drops_no_message() -> None:
 async def test_flush_dedupes_titles_and_never_touches_locked_sections(tmp_path: Path) -> None:
     path = tmp_path / "knowledge.md"
     path.write_text("# Knowledge\n\n## [locked] About yourself\nI am Bumble.\n\n## Notes\n")
-    answer = "```json\n" + json.dumps([
-        {"title": "User prefs", "body": "Likes green tea."},
-        {"title": "[locked] about yourself", "body": "I am evil now."},
-        {"title": "user   PREFS", "body": "Duplicate."},
-        {"title": "About Yourself", "body": "Also evil."},
-        {"title": "notes", "body": "Dup of existing."},
-    ]) + "\n```"
+    answer = (
+        "```json\n"
+        + json.dumps(
+            [
+                {"title": "User prefs", "body": "Likes green tea."},
+                {"title": "[locked] about yourself", "body": "I am evil now."},
+                {"title": "user   PREFS", "body": "Duplicate."},
+                {"title": "About Yourself", "body": "Also evil."},
+                {"title": "notes", "body": "Dup of existing."},
+            ]
+        )
+        + "\n```"
+    )
     out = await run(numbered(conversation(40)), Model(flush_answer=answer), KnowledgeFile(path))
     assert out.flushed == ["User prefs"] and out.error is None and out.summary
     text = path.read_text()
@@ -404,8 +468,10 @@ async def test_pruning_alone_can_avoid_the_summary() -> None:
 async def test_tool_group_straddling_the_cut_stays_whole() -> None:
     history = numbered(
         conversation(30)
-        + [Message("user", "check three files"),
-           Message("assistant", "", tool_calls=[call("p1"), call("p2"), call("p3")])]
+        + [
+            Message("user", "check three files"),
+            Message("assistant", "", tool_calls=[call("p1"), call("p2"), call("p3")]),
+        ]
         + [Message("tool", "x" * 3000, tool_call_id=c) for c in ("p3", "p1", "p2")]
         + [Message("assistant", f"step {i}") for i in range(10)]
     )
@@ -430,24 +496,45 @@ async def test_huge_middle_is_summarised_in_requests_that_fit_the_context() -> N
 
 
 @settings(max_examples=60, deadline=None)
-@given(histories(), st.integers(0, 4), st.integers(0, 14), st.integers(1, 4),
-       st.sampled_from(["ok", "fail", "bad"]), st.booleans())
+@given(
+    histories(),
+    st.integers(0, 4),
+    st.integers(0, 14),
+    st.integers(1, 4),
+    st.sampled_from(["ok", "fail", "bad"]),
+    st.booleans(),
+)
 def test_compact_keeps_sequences_valid_and_loses_nothing_silently(
     history: list[Message], first: int, last: int, passes: int, behaviour: str, force: bool
 ) -> None:
-    model = Model(summary_error=RuntimeError("down") if behaviour == "fail" else None,
-                  summary_text="too short" if behaviour == "bad" else None)
-    out = asyncio.run(compact(
-        history, previous_summary=None, complete=model, knowledge=None, fixed_tokens=0,
-        max_context_tokens=8000, threshold_ratio=0.5, target_ratio=0.2, protect_first_n=first,
-        protect_last_n=last, max_passes=passes, flush=True, force=force,
-    ))
+    model = Model(
+        summary_error=RuntimeError("down") if behaviour == "fail" else None,
+        summary_text="too short" if behaviour == "bad" else None,
+    )
+    out = asyncio.run(
+        compact(
+            history,
+            previous_summary=None,
+            complete=model,
+            knowledge=None,
+            fixed_tokens=0,
+            max_context_tokens=8000,
+            threshold_ratio=0.5,
+            target_ratio=0.2,
+            protect_first_n=first,
+            protect_last_n=last,
+            max_passes=passes,
+            flush=True,
+            force=force,
+        )
+    )
     validate(with_summary(out.messages, out.summary, protect_first_n=first))
     kept = [m.id for m in out.messages]
     assert kept == sorted(kept)  # order preserved
     assert sorted(kept + out.covered_ids) == [m.id for m in history]  # each message kept or covered
     assert out.passes <= passes
+    assert sorted(out.pruned_ids) == [m.id for m in out.messages if m.pruned]
     if out.covered_ids:
-        assert out.summary and not (behaviour != "ok")
+        assert out.summary and behaviour == "ok"
     if behaviour != "ok":
         assert out.summary is None and out.covered_ids == []

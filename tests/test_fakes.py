@@ -263,6 +263,7 @@ async def test_fail_next_retry_after(tg: FakeTelegram, bot: telegram.Bot,
                                      monkeypatch: pytest.MonkeyPatch):
     tg.fail_next("sendMessage", 429, retry_after_body(3), times=2)
     tg.fail_next("sendChatAction", 400, bad_request_body("chat not found"))
+    monkeypatch.delenv("PTB_TIMEDELTA", raising=False)  # conftest sets it; test the int form too
     # PTB 22.8 reads RetryAfter.retry_after inside RetryAfter.__init__, so without
     # PTB_TIMEDELTA even *constructing* the error emits PTBDeprecationWarning.
     with warnings.catch_warnings():

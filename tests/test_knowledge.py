@@ -10,7 +10,14 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bumblebot.knowledge import SEED, KnowledgeFile, Section, normalize_title, parse_sections
+from bumblebot.knowledge import (
+    SEED,
+    KnowledgeFile,
+    Section,
+    clean_body,
+    clean_title,
+    normalize_title,
+)
 
 DOC = """# Knowledge
 Preamble line.
@@ -55,25 +62,32 @@ def test_append_dedupes_and_respects_locked_sections(tmp_path: Path) -> None:
     path = tmp_path / "knowledge.md"
     path.write_text(DOC)
     k = KnowledgeFile(path)
-    added = k.append_sections([
-        ("New fact", "body 1"),
-        ("  new   FACT ", "dup of the item above"),
-        ("user prefs", "dup of an existing title"),
-        ("[locked] Rules", "must never be added"),
-        ("About Yourself", "shadow of a locked title"),
-        ("[Locked] about yourself", "overwrite attempt"),
-        ("", "no title"),
-        ("No body", "   "),
-        ("## Multi\nline   title", "first\n## sneaky heading\n# h1\n### fine"),
-    ])
+    added = k.append_sections(
+        [
+            ("New fact", "body 1"),
+            ("  new   FACT ", "dup of the item above"),
+            ("user prefs", "dup of an existing title"),
+            ("[locked] Rules", "must never be added"),
+            ("About Yourself", "shadow of a locked title"),
+            ("[Locked] about yourself", "overwrite attempt"),
+            ("", "no title"),
+            ("No body", "   "),
+            ("## Multi\nline   title", "first\n## sneaky heading\n# h1\n### fine"),
+        ]
+    )
     assert added == ["New fact", "Multi line title"]
     text = path.read_text()
     assert text.startswith(DOC)  # existing text untouched
-    assert text[len(DOC):] == (
-        "\n## New fact\nbody 1\n\n## Multi line title\nfirst\n### sneaky heading\n### h1\n### fine\n"
+    assert text[len(DOC) :] == (
+        "\n## New fact\nbody 1\n\n"
+        "## Multi line title\nfirst\n### sneaky heading\n### h1\n### fine\n"
     )
     assert [s.title for s in k.sections()] == [
-        "[LOCKED] About yourself", "User prefs", "Empty", "New fact", "Multi line title"
+        "[LOCKED] About yourself",
+        "User prefs",
+        "Empty",
+        "New fact",
+        "Multi line title",
     ]
     assert k.append_sections([("new fact", "again")]) == []
     assert path.read_text() == text
@@ -149,17 +163,34 @@ def test_concurrent_appends_from_threads_lose_nothing(tmp_path: Path) -> None:
     assert sorted(titles) == sorted([f"T{n}-{i}" for n in range(8) for i in range(10)] + ["shared"])
 
 
+def test_unclosed_fence_in_a_body_does_not_hide_later_sections(tmp_path: Path) -> None:
+    k = KnowledgeFile(tmp_path / "knowledge.md")
+    assert k.append_sections([("Code", "```python\nprint(1)"), ("After", "x")]) == ["Code", "After"]
+    assert k.titles() == ["Code", "After"]
+    assert k.append_sections([("after", "dup")]) == []
+
+
 def test_normalize_title() -> None:
     assert normalize_title("  User \t PREFS ") == normalize_title("user prefs") == "user prefs"
     assert normalize_title("[LOCKED]  About  you") == "about you"
 
 
 titles = st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=20)
-bodies = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=60)
+bodies = st.lists(
+    st.one_of(
+        st.characters(codec="utf-8", exclude_categories=["Cs"]),
+        st.sampled_from(["\n", "#", "```", " "]),
+    ),
+    max_size=30,
+).map("".join)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(titles, bodies), max_size=8), st.lists(st.tuples(titles, bodies), max_size=8))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.tuples(titles, bodies), max_size=8), st.lists(st.tuples(titles, bodies), max_size=8)
+)
 def test_appends_round_trip_without_duplicates(
     tmp_path: Path, first: list[tuple[str, str]], second: list[tuple[str, str]]
 ) -> None:
@@ -173,6 +204,10 @@ def test_appends_round_trip_without_duplicates(
     keys = [normalize_title(s.title) for s in sections]
     assert len(keys) == len(set(keys)) and all(keys)
     assert not any(s.locked for s in sections[1:])
-    for s in sections[1:]:  # each body is the first item's body with that title (stripped)
-        body = next(b for t, b in first + second if normalize_title(" ".join(t.split()).lstrip("#")) == normalize_title(s.title))
-        assert s.body.replace("###", "##") .strip() != "" and body.strip()
+    for s in sections[1:]:  # each body is the cleaned body of the first valid item with that title
+        expected = next(
+            clean_body(b)
+            for t, b in first + second
+            if normalize_title(clean_title(t)) == normalize_title(s.title) and clean_body(b)
+        )
+        assert s.body == expected

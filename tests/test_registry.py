@@ -336,6 +336,21 @@ async def test_results_are_capped_keeping_head_and_tail(ctx: ToolContext) -> Non
     assert f"[... {20_000 - kept} characters cut ...]" in result.content
 
 
+async def test_error_results_are_capped_too(ctx: ToolContext) -> None:
+    registry = Registry(max_result_chars=300)
+
+    @registry.tool(kind=ToolKind.WORK)
+    async def verbose(ctx: ToolContext) -> str:
+        """Fail verbosely."""
+        raise RuntimeError("x" * 5000)
+
+    result = await registry.execute("verbose", "{}", ctx)
+    assert not result.ok and len(result.content) <= 300
+    assert result.content.startswith('{"error": "verbose failed: RuntimeError: xxx')
+    result = await registry.execute("y" * 5000, "{}", ctx)
+    assert not result.ok and len(result.content) <= 300
+
+
 @pytest.mark.parametrize("limit", [0, 5, 40, 41, 100, 999])
 def test_cap_text_bounds(limit: int) -> None:
     text = "".join(chr(ord("a") + i % 26) for i in range(5000))
@@ -425,9 +440,7 @@ async def test_say_queued_is_ok_and_failure_is_not(agency: Registry, ctx: ToolCo
     assert json.loads(result.content)["error"] == "chat not found"
 
 
-async def test_say_refuses_empty_text_and_missing_turn(
-    agency: Registry, ctx: ToolContext
-) -> None:
+async def test_say_refuses_empty_text_and_missing_turn(agency: Registry, ctx: ToolContext) -> None:
     turn = RecordingTurn()
     ctx.turn = turn
     for text in ("", "   \n\t"):

@@ -166,7 +166,9 @@ def test_emoji_heavy_reply_fits_telegram_in_utf16():
     assert_slices(text, chunks)
 
 
-_ALPHABET = st.sampled_from(list("ab c.!?\n\n\t") + ["😀", "é", "e\u0301", "。", "👍🏽", "\r\n"])
+_ALPHABET = st.sampled_from(
+    list("ab c.!?\n\n\t") + ["😀", "é", "e\u0301", "。", "👍🏽", "\r\n", "🇵🇹", "\u200d"]
+)
 
 
 @PROPERTY

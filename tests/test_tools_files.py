@@ -162,9 +162,7 @@ async def test_write_then_read_round_trip(
     assert result == ToolResult("new")
 
 
-async def test_absolute_path_inside_workspace_is_allowed(
-    files: Registry, ctx: ToolContext
-) -> None:
+async def test_absolute_path_inside_workspace_is_allowed(files: Registry, ctx: ToolContext) -> None:
     result = await call(files, ctx, "read_file", path=str(ctx.workspace / "notes.txt"))
     assert result == ToolResult("hello\nworld\n")
 

@@ -4,6 +4,7 @@ cancellation, output caps (field-bugs 30: no deny-list pretending to be a sandbo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from bumblebot.toolkit import ToolContext, ToolResult
+from tools import build_registry
 from tools.registry import Registry
 from tools.shell import command_env, shell_tools
 
@@ -36,10 +38,8 @@ def stray_pids() -> Iterator[list[int]]:
     pids: list[int] = []
     yield pids
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 async def run(shell: Registry, ctx: ToolContext, command: str, **extra: Any) -> ToolResult:
@@ -121,7 +121,8 @@ async def test_secrets_are_not_passed_on(
     result = await run(shell, ctx, "env")
     assert result.ok
     env_lines = set(outcome(result)["stdout"].splitlines())
-    assert "secret" not in outcome(result)["stdout"]
+    for secret in ("fake-telegram-secret", "sk-fake-openai-secret", "fake-discord-secret"):
+        assert secret not in outcome(result)["stdout"]
     assert f"HOME={ctx.workspace}" in env_lines
     names = {line.split("=", 1)[0] for line in env_lines}
     assert {"TELEGRAM_BOT_TOKEN", "OPENAI_API_KEY", "DISCORD_BOT_TOKEN"}.isdisjoint(names)
@@ -186,10 +187,24 @@ async def test_cancelled_call_kills_the_group(
     await wait_until_gone(pid)
 
 
+async def test_engine_timeout_while_running_kills_the_group(
+    shell: Registry, ctx: ToolContext, stray_pids: list[int]
+) -> None:
+    # the engine applies Registry.timeout_s by cancelling the call (asyncio.wait_for)
+    command = "sleep 300 & echo $! > child.pid; wait"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(run(shell, ctx, command, timeout_s=30), 1.0)
+    pid = int((ctx.workspace / "child.pid").read_text())
+    stray_pids.append(pid)
+    await wait_until_gone(pid)
+
+
 async def test_output_is_capped_head_and_tail(shell: Registry, ctx: ToolContext) -> None:
     result = await run(
-        shell, ctx, "printf START; head -c 100000 /dev/zero | tr '\\0' a; printf END; "
-        "head -c 50000 /dev/zero | tr '\\0' e >&2"
+        shell,
+        ctx,
+        "printf START; head -c 100000 /dev/zero | tr '\\0' a; printf END; "
+        "head -c 50000 /dev/zero | tr '\\0' e >&2",
     )
     assert result.ok
     data = outcome(result)
@@ -210,3 +225,15 @@ async def test_invalid_arguments(shell: Registry, ctx: ToolContext) -> None:
 def test_registry_timeout_leaves_room_for_the_kill() -> None:
     (built,) = shell_tools(max_timeout_s=30, kill_grace_s=2)
     assert built.timeout_s is not None and built.timeout_s > 30 + 2
+
+
+async def test_built_registry_keeps_shell_results_valid_json(ctx: ToolContext) -> None:
+    registry = build_registry(
+        workspace=ctx.workspace, shell_enabled=True, shell_max_output_chars=20_000,
+        max_result_chars=2000,
+    )  # fmt: skip
+    command = "head -c 50000 /dev/zero | tr '\\0' o; head -c 50000 /dev/zero | tr '\\0' e >&2"
+    result = await run(registry, ctx, command)
+    assert result.ok and len(result.content) <= 2000
+    data = outcome(result)  # still valid JSON: the streams were capped, not the JSON
+    assert "bytes cut" in data["stdout"] and "bytes cut" in data["stderr"]

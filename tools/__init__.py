@@ -51,7 +51,9 @@ def build_registry(
         shell_enabled: offer ``run_command``. Off by default: a shell is a trust decision
             (see :mod:`tools.shell`).
         shell_timeout_s: longest (and default) command run time, in seconds.
-        shell_max_output_chars: cap per output stream of a command, about characters.
+        shell_max_output_chars: cap per output stream of a command, about characters;
+            lowered to ``(max_result_chars - 400) // 2`` if larger, so that the JSON result
+            of a command normally fits the result cap and stays valid JSON.
         web_enabled: offer ``fetch_url``.
         web_timeout_s: deadline of one fetch, in seconds.
         web_max_bytes: most body bytes read per fetch.
@@ -70,9 +72,8 @@ def build_registry(
     workspace.mkdir(parents=True, exist_ok=True)
     tools: list[Tool] = [*AGENCY_TOOLS, *FILE_TOOLS]
     if shell_enabled:
-        tools += shell_tools(
-            max_timeout_s=shell_timeout_s, max_output_chars=shell_max_output_chars
-        )
+        per_stream = min(shell_max_output_chars, max(100, (max_result_chars - 400) // 2))
+        tools += shell_tools(max_timeout_s=shell_timeout_s, max_output_chars=per_stream)
     if web_enabled:
         tools += web_tools(
             timeout_s=web_timeout_s,

@@ -86,9 +86,7 @@ async def wait(
 @tool(kind=ToolKind.AGENCY)
 async def end_turn(
     ctx: ToolContext,
-    summary: Annotated[
-        str, Field(description="Optional private note on how the turn went")
-    ] = "",
+    summary: Annotated[str, Field(description="Optional private note on how the turn went")] = "",
 ) -> ToolResult | str:
     """End your turn once you have said everything and finished the work; call it last.
     Ending may be refused if the user's request was not done yet.

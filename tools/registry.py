@@ -270,9 +270,7 @@ class Registry:
 
         return decorate
 
-    def copy(
-        self, *, exclude: Iterable[str] = (), only: Iterable[str] | None = None
-    ) -> Registry:
+    def copy(self, *, exclude: Iterable[str] = (), only: Iterable[str] | None = None) -> Registry:
         """A new registry with a subset of these tools (same ``max_result_chars``).
 
         Args:
@@ -346,6 +344,12 @@ class Registry:
         Raises:
             asyncio.CancelledError: if the call is cancelled (never swallowed).
         """
+        out = await self._run(name, arguments, ctx)
+        if len(out.content) > self.max_result_chars:
+            out = ToolResult(cap_text(out.content, self.max_result_chars), ok=out.ok)
+        return out
+
+    async def _run(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
         found = self._tools.get(name)
         if found is None:
             available = ", ".join(self._tools) or "(none)"
@@ -363,12 +367,10 @@ class Registry:
             log.warning("tool %s raised in %s", name, ctx.conversation or "-", exc_info=True)
             return ToolResult.error(f"{name} failed: {type(exc).__name__}: {exc}")
         if isinstance(out, str):
-            out = ToolResult(out)
-        elif not isinstance(out, ToolResult):
+            return ToolResult(out)
+        if not isinstance(out, ToolResult):
             log.error("tool %s returned %s, not str or ToolResult", name, type(out).__name__)
             return ToolResult.error(f"{name} failed: returned {type(out).__name__}")
-        if len(out.content) > self.max_result_chars:
-            out = ToolResult(cap_text(out.content, self.max_result_chars), ok=out.ok)
         return out
 
 

@@ -35,9 +35,11 @@ container (see ``deploy/``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +58,6 @@ __all__ = [
 ]
 
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-_READ_CHUNK = 64 * 1024
 
 
 def command_env(workspace: Path) -> dict[str, str]:
@@ -134,18 +135,46 @@ class _HeadTail:
         return f"{head}\n[... {cut} bytes cut ...]\n{tail}"
 
 
-async def _pump(stream: asyncio.StreamReader | None, sink: _HeadTail) -> None:
-    if stream is None:
-        return
-    while chunk := await stream.read(_READ_CHUNK):
-        sink.feed(chunk)
+class _CommandProtocol(asyncio.SubprocessProtocol):
+    """Collects a command's output and tells when the shell has exited.
+
+    ``exited`` is set when the shell process ends, even if background children still
+    hold the output pipes (``Process.wait()`` would wait for the pipes too).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.stdout = _HeadTail(limit)
+        self.stderr = _HeadTail(limit)
+        self.exited = asyncio.Event()
+        self.pipes_closed = asyncio.Event()
+        self._open_pipes = {1, 2}
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        chunk = data.encode() if isinstance(data, str) else data
+        (self.stdout if fd == 1 else self.stderr).feed(chunk)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self._open_pipes.discard(fd)
+        if not self._open_pipes:
+            self.pipes_closed.set()
+
+    def process_exited(self) -> None:
+        self.exited.set()
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is gone already
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for ``event``; ``True`` if it was set."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 async def run_shell(
@@ -177,43 +206,57 @@ async def run_shell(
         OSError: if the shell cannot be started (e.g. ``cwd`` does not exist).
         asyncio.CancelledError: if cancelled (after killing the group).
     """
-    proc = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        command,
-        cwd=cwd,
-        env=command_env(cwd) if env is None else env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
+    loop = asyncio.get_running_loop()
+    protocol = _CommandProtocol(max_output_chars)
+    starting = asyncio.ensure_future(
+        loop.subprocess_exec(
+            lambda: protocol,
+            "/bin/sh",
+            "-c",
+            command,
+            cwd=cwd,
+            env=command_env(cwd) if env is None else env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     )
-    out, err = _HeadTail(max_output_chars), _HeadTail(max_output_chars)
-    readers = [
-        asyncio.create_task(_pump(proc.stdout, out), name=f"run_command:{proc.pid}:stdout"),
-        asyncio.create_task(_pump(proc.stderr, err), name=f"run_command:{proc.pid}:stderr"),
-    ]
+    try:
+        # shielded: a cancellation while asyncio is still wiring the pipes would leave
+        # asyncio waiting for pipes that background children may hold open for minutes
+        transport, _ = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        try:
+            started, _ = await starting
+        except Exception:
+            pass  # the shell did not start: nothing to stop
+        else:
+            await _stop(started, protocol, kill_grace_s)
+        raise
     timed_out = False
     try:
-        try:
-            async with asyncio.timeout(timeout_s):
-                await proc.wait()
-        except TimeoutError:
+        if not await _wait(protocol.exited, timeout_s):
             timed_out = True
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                async with asyncio.timeout(kill_grace_s):
-                    await proc.wait()
-            except TimeoutError:
-                pass
+            _signal_group(transport.get_pid(), signal.SIGTERM)
+            await _wait(protocol.exited, kill_grace_s)
     finally:
-        _signal_group(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        _, pending = await asyncio.wait(readers, timeout=kill_grace_s)
-        for reader in pending:
-            reader.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
-    return CommandOutcome(proc.returncode, out.text(), err.text(), timed_out)
+        await _stop(transport, protocol, kill_grace_s)
+    return CommandOutcome(
+        transport.get_returncode(), protocol.stdout.text(), protocol.stderr.text(), timed_out
+    )
+
+
+async def _stop(
+    transport: asyncio.SubprocessTransport, protocol: _CommandProtocol, grace_s: float
+) -> None:
+    """Kill what is left of the command's process group and close the transport."""
+    _signal_group(transport.get_pid(), signal.SIGKILL)  # the shell leads its own group
+    try:
+        await _wait(protocol.exited, grace_s)
+        await _wait(protocol.pipes_closed, grace_s)
+    finally:
+        transport.close()
 
 
 class RunCommandArgs(BaseModel):

@@ -33,6 +33,7 @@ import ipaddress
 import json
 import re
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from html.parser import HTMLParser
 
@@ -97,8 +98,8 @@ def blocked_reason(address: IPAddress) -> str | None:
         ("loopback", inner.is_loopback),
         ("link-local", inner.is_link_local),
         ("multicast", inner.is_multicast),
-        ("private", inner.is_private),
         ("reserved", inner.is_reserved),
+        ("private", inner.is_private),
         ("non-global", not inner.is_global),
     )
     for label, hit in checks:
@@ -132,6 +133,9 @@ class UrlFetcher:
         allowed_hosts: host names (or address literals) exempt from the address check,
             compared case-insensitively, e.g. an intranet wiki.
         resolver: name resolution, :func:`system_resolver` by default.
+        verify: TLS verification as for ``httpx`` (``True``: the certifi bundle; an
+            ``ssl.SSLContext`` for a private CA). Certificates are checked against the
+            URL's host name, not the pinned address.
     """
 
     def __init__(
@@ -143,6 +147,7 @@ class UrlFetcher:
         allow_private: bool = False,
         allowed_hosts: Iterable[str] = (),
         resolver: Resolver | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         if timeout_s <= 0 or max_bytes <= 0 or max_text_chars <= 0:
             raise ValueError("web limits must be positive")
@@ -152,6 +157,7 @@ class UrlFetcher:
         self.allow_private = allow_private
         self.allowed_hosts = frozenset(host.lower().strip("[]") for host in allowed_hosts)
         self._resolve = resolver or system_resolver
+        self._verify = verify
 
     async def fetch(self, url: str) -> ToolResult:
         """GET ``url`` following checked redirects; never raises for network trouble.
@@ -178,6 +184,7 @@ class UrlFetcher:
         current = _parse_url(raw_url)
         async with httpx.AsyncClient(
             timeout=httpx.Timeout(self.timeout_s),
+            verify=self._verify,
             follow_redirects=False,
             trust_env=False,
             limits=httpx.Limits(max_keepalive_connections=0),
@@ -370,4 +377,7 @@ def web_tools(
         else "Fetch a web page or file by URL (GET, http/https only) and get its status, "
         "content type and text; HTML is reduced to plain text."
     )
-    return (make_tool(fetch_url, kind=ToolKind.WORK, description=description, timeout_s=timeout_s + 5),)
+    built = make_tool(
+        fetch_url, kind=ToolKind.WORK, description=description, timeout_s=timeout_s + 5
+    )
+    return (built,)

@@ -1,0 +1,514 @@
+"""Discord through discord.py: one ``Client`` on the gateway, messages in, outbox chunks out.
+
+Intake. ``on_message`` turns a message into an :class:`~bumblebot.events.Inbound` and hands it
+to ``Engine.submit``, which journals it; the journal's uniqueness on (platform, channel,
+message id) drops the same MESSAGE_CREATE seen twice (a gateway RESUME replay, a reconnect,
+a restart). Messages are taken one at a time in arrival order (one lock), so a channel's
+messages are journaled in the order Discord sent them; turns then run in the engine's own
+tasks, so the gateway is never blocked by a turn. Who is answered is decided by
+:func:`adapters.discord.policy.decide`; mention tokens are made readable by
+:func:`adapters.discord.mentions.readable_text`.
+
+Conversations. A DM channel or a guild channel is one conversation (``discord:<channel id>``);
+a thread is its own conversation keyed by its parent channel and the thread
+(``discord:<parent id>:<thread id>``), so ``bumblebot trace`` groups it under its channel and
+the channel allowlist applies to it. A guild channel is shared: every message is
+:attr:`~bumblebot.events.ChatKind.GROUP` and carries its speaker's display name, which the
+engine puts before the text (``[Name]: ...``).
+
+Delivery (Discord developer docs, "Create Message"): content is at most 2000 characters
+(measured here in UTF-16 code units, the conservative bound), never empty; replies are split
+with :func:`bumblebot.splitting.split_markdown`, so code fences are closed and reopened.
+Every message goes out with ``allowed_mentions`` parsing nothing, so a reply never pings
+anyone (field-bugs.md item 26). discord.py waits out rate limits up to 30 s itself; a longer
+one, a 5xx or a network error raises :class:`~bumblebot.errors.DeliveryFailed` with
+``retryable=True`` and the outbox retries it later; 400/403/404 are permanent.
+
+Commands. ``/reset``, ``/status``, ``/compact`` and ``/help`` are registered as application
+(slash) commands (synced at start only when they changed) and recognised as text (``/status``
+in a DM, ``@bot /status`` in a guild); the engine answers both the same way.
+
+Redirection (config ``discord.api_base_url`` / ``discord.gateway_url``, for a proxy or tests):
+discord.py reads its REST base from ``discord.http.Route.BASE`` and its first gateway URL from
+``discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY`` (class attributes, set before login and
+restored on stop). Resumes use the ``resume_gateway_url`` of the server's READY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import discord
+import discord.gateway
+import discord.http
+import yarl
+from discord import app_commands
+
+from adapters.discord.mentions import MentionNames, mentions_user, readable_text
+from adapters.discord.policy import BotTurnBudget, MessageFacts, Verdict, decide, parse_command
+from bumblebot.adapter import Adapter
+from bumblebot.config import DiscordSettings
+from bumblebot.errors import AdapterError, DeliveryFailed
+from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.splitting import DISCORD_LIMIT, split_markdown, utf16_len
+
+if TYPE_CHECKING:
+    from bumblebot.engine import Engine
+
+log = logging.getLogger(__name__)
+
+#: Seconds ``start()`` waits for the gateway's READY before giving up.
+READY_TIMEOUT_S = 60.0
+#: Seconds discord.py waits for further GUILD_CREATEs after READY before ``on_ready``. The
+#: guilds arrive right after READY; the cache fills on its own for any that come later, and
+#: messages are taken before ``on_ready`` anyway, so a long wait would only delay start-up.
+GUILD_READY_TIMEOUT_S = 0.2
+#: Longest rate limit discord.py sleeps through (discord.py raises it to at least 30 s); a
+#: longer one becomes a retryable DeliveryFailed and the outbox takes over.
+MAX_RATELIMIT_WAIT_S = 30.0
+#: Seconds a look-up of a replied-to message may take before it counts as "not the bot's".
+REFERENCE_FETCH_TIMEOUT_S = 5.0
+REFUSED_KEY = "discord.refused:{user_id}"
+REFUSAL_TEXT = "Sorry, this bot is private."
+NOT_HERE_TEXT = "I don't answer in this channel."
+NO_PINGS = discord.AllowedMentions.none()
+SLASH_COMMANDS = {
+    "reset": "Start a fresh conversation",
+    "status": "Context usage and compaction",
+    "compact": "Compact the conversation now",
+    "help": "What I can do",
+}
+_ANSWERED_TYPES = (discord.MessageType.default, discord.MessageType.reply)
+
+
+def intents() -> discord.Intents:
+    """Guilds (channel/role/thread names), guild and DM messages, and MESSAGE CONTENT.
+
+    MESSAGE CONTENT is privileged: it must be enabled in the developer portal, or Discord
+    closes the gateway with 4014 (:class:`discord.PrivilegedIntentsRequired`). Without it
+    guild messages that do not mention the bot arrive with empty content.
+    """
+    wanted = discord.Intents.none()
+    wanted.guilds = True
+    wanted.guild_messages = True
+    wanted.dm_messages = True
+    wanted.message_content = True
+    return wanted
+
+
+def describe_failure(exc: BaseException, settings: DiscordSettings) -> str:
+    """A one-line explanation of why the client could not log in or stay connected."""
+    if isinstance(exc, discord.LoginFailure):
+        return (
+            "Discord rejected DISCORD_BOT_TOKEN (401 Unauthorized); copy the token from the "
+            "Bot page of your application in the Discord developer portal"
+        )
+    if isinstance(exc, discord.PrivilegedIntentsRequired):
+        return (
+            "Discord refused the MESSAGE CONTENT intent: enable 'Message Content Intent' under "
+            "Bot > Privileged Gateway Intents in the developer portal "
+            "(https://discord.com/developers/applications); the bot needs it to read messages"
+        )
+    if isinstance(exc, discord.ConnectionClosed):
+        if exc.code == 4004:
+            return "Discord gateway rejected DISCORD_BOT_TOKEN (close code 4004)"
+        reason = exc.reason or "no reason"
+        return f"Discord gateway closed the connection (close code {exc.code}: {reason})"
+    if isinstance(exc, discord.HTTPException):
+        return f"Discord API at {settings.api_base_url} answered {exc.status}: {exc.text or exc}"
+    if isinstance(exc, (aiohttp.ClientError, OSError, TimeoutError, discord.GatewayNotFound)):
+        return f"cannot reach Discord at {settings.api_base_url} / {settings.gateway_url}: {exc!r}"
+    return f"Discord client failed: {exc!r}"
+
+
+def _is_dm(channel: Any) -> bool:
+    if isinstance(channel, discord.DMChannel):
+        return True
+    return isinstance(channel, discord.PartialMessageable) and channel.guild_id is None
+
+
+def chat_ref(channel: Any) -> ChatRef:
+    """The conversation of a channel: a thread is ``(parent, thread)``, anything else itself."""
+    if isinstance(channel, discord.Thread) and channel.parent_id is not None:
+        return ChatRef(Platform.DISCORD, str(channel.parent_id), str(channel.id))
+    return ChatRef(Platform.DISCORD, str(channel.id))
+
+
+class _Client(discord.Client):
+    """discord.Client whose events go to the adapter."""
+
+    def __init__(self, adapter: DiscordAdapter) -> None:
+        # Bumblebot uses no voice: skip discord.py's start-up warnings about voice libraries.
+        discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
+        super().__init__(
+            intents=intents(),
+            allowed_mentions=NO_PINGS,
+            guild_ready_timeout=GUILD_READY_TIMEOUT_S,
+            max_ratelimit_timeout=MAX_RATELIMIT_WAIT_S,
+            chunk_guilds_at_startup=False,
+        )
+        self.adapter = adapter
+        self.tree = app_commands.CommandTree(self)
+        for name, description in SLASH_COMMANDS.items():
+            self.tree.add_command(
+                app_commands.Command(
+                    name=name, description=description, callback=_slash_callback(adapter, name)
+                )
+            )
+
+    async def setup_hook(self) -> None:
+        await self.adapter._sync_commands()
+
+    async def on_ready(self) -> None:
+        self.adapter._on_ready()
+
+    async def on_message(self, message: discord.Message) -> None:
+        await self.adapter._on_message(message)
+
+
+def _slash_callback(adapter: DiscordAdapter, name: str) -> Any:
+    async def callback(interaction: discord.Interaction) -> None:
+        await adapter._on_slash_command(interaction, name)
+
+    callback.__name__ = f"slash_{name}"
+    return callback
+
+
+class DiscordAdapter(Adapter):
+    """Connects the engine to one Discord bot.
+
+    Args:
+        engine: the running engine (``submit``/``command``/``delivery``/``store``).
+        settings: the ``discord`` config section.
+        token: the bot token (``DISCORD_BOT_TOKEN``); never logged.
+
+    Attributes:
+        failure: resolves with an :class:`AdapterError` when the connection fails for good
+            after ``start()`` (e.g. the token is revoked); ``bumblebot run`` exits on it.
+        client: the discord.py client.
+    """
+
+    platform = Platform.DISCORD
+
+    def __init__(self, engine: Engine, settings: DiscordSettings, token: str) -> None:
+        self.engine = engine
+        self.settings = settings
+        self._token = token
+        self.client = _Client(self)
+        self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ready = asyncio.Event()
+        self._runner: asyncio.Task[None] | None = None
+        self._intake = asyncio.Lock()
+        self._bot_budget = BotTurnBudget()
+        self._saved_endpoints: tuple[str, yarl.URL] | None = None
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Log in, connect to the gateway and wait for READY.
+
+        Raises:
+            RuntimeError: already started.
+            AdapterError: the token was rejected, the MESSAGE CONTENT intent is not enabled,
+                Discord is unreachable, or no READY came within :data:`READY_TIMEOUT_S`.
+        """
+        if self._runner is not None:
+            raise RuntimeError("Discord adapter already started")
+        self._redirect()
+        self._runner = asyncio.create_task(
+            self.client.start(self._token), name="bumblebot:discord:client"
+        )
+        ready = asyncio.create_task(self._ready.wait(), name="bumblebot:discord:ready")
+        done, _ = await asyncio.wait(
+            {self._runner, ready}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        if ready in done:
+            self._runner.add_done_callback(self._on_runner_done)
+            return
+        ready.cancel()
+        if self._runner in done:
+            exc = self._runner.exception() or AdapterError("the client stopped before READY")
+            message = describe_failure(exc, self.settings)
+        else:
+            exc = None
+            message = (
+                f"no READY from the Discord gateway at {self.settings.gateway_url} "
+                f"within {READY_TIMEOUT_S:.0f} s"
+            )
+        await self._close_client()
+        raise AdapterError(message) from exc
+
+    async def stop(self) -> None:
+        """Close the gateway and REST session; restore discord.py's endpoints. Idempotent."""
+        if self._stopping or self._runner is None:
+            return
+        await self._close_client()
+
+    def _redirect(self) -> None:
+        gateway = discord.gateway.DiscordWebSocket
+        self._saved_endpoints = (discord.http.Route.BASE, gateway.DEFAULT_GATEWAY)
+        discord.http.Route.BASE = self.settings.api_base_url.rstrip("/")
+        gateway.DEFAULT_GATEWAY = yarl.URL(self.settings.gateway_url)
+
+    async def _close_client(self) -> None:
+        self._stopping = True
+        await self.client.close()
+        if self._runner is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._runner
+        if self._saved_endpoints is not None:
+            base, gateway = self._saved_endpoints
+            discord.http.Route.BASE = base
+            discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = gateway
+            self._saved_endpoints = None
+
+    def _on_ready(self) -> None:
+        user = self.client.user
+        if not self._ready.is_set():
+            guilds = len(self.client.guilds)
+            log.info("Discord: connected as %s (id %s) in %d guild(s)", user, user and user.id, guilds)
+        self._ready.set()
+
+    def _on_runner_done(self, task: asyncio.Task[None]) -> None:
+        if self._stopping or self.failure.done():
+            return
+        exc = None if task.cancelled() else task.exception()
+        message = (
+            describe_failure(exc, self.settings) if exc else "the Discord client stopped unexpectedly"
+        )
+        log.error("Discord: %s", message)
+        self.failure.set_exception(AdapterError(message))
+
+    async def _sync_commands(self) -> None:
+        """Register the slash commands unless Discord already has exactly these."""
+        tree = self.client.tree
+        try:
+            existing = {(c.name, c.description) for c in await tree.fetch_commands()}
+            if existing != set(SLASH_COMMANDS.items()):
+                await tree.sync()
+                names = ", ".join(f"/{n}" for n in SLASH_COMMANDS)
+                log.info("Discord: registered slash commands %s", names)
+        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+            log.warning("Discord: could not register slash commands (%s); text commands still work", exc)
+
+    # -- intake ------------------------------------------------------------------------------
+
+    async def _on_message(self, message: discord.Message) -> None:
+        async with self._intake:  # FIFO: journal in arrival order
+            await self._take(message)
+
+    async def _take(self, message: discord.Message) -> None:
+        me = self.client.user
+        if me is None or message.author.id == me.id or message.type not in _ANSWERED_TYPES:
+            return
+        facts = await self._facts(message, me.id)
+        verdict = decide(facts, self.settings, me.id)
+        chat = chat_ref(message.channel)
+        if verdict is Verdict.ANSWER and facts.author_is_bot and not self._bot_budget.allow(chat.key):
+            log.warning("Discord: too many bot messages in %s; ignoring %s", chat.key, message.author)
+            return
+        if verdict is Verdict.IGNORE:
+            return
+        inbound = self._inbound(message, chat, facts)
+        if verdict is Verdict.REFUSE:
+            await self._refuse(inbound)
+            return
+        command = parse_command(inbound.text)
+        if command is not None:
+            await self._answer_command(inbound, command)
+            return
+        if not inbound.text:
+            return
+        await self.engine.submit(inbound)
+
+    async def _facts(self, message: discord.Message, bot_id: int) -> MessageFacts:
+        channel = message.channel
+        is_dm = _is_dm(channel)
+        ids = [channel.id]
+        if isinstance(channel, discord.Thread) and channel.parent_id is not None:
+            ids.append(channel.parent_id)
+        bot_roles = self._bot_role_ids(message)
+        mentioned = any(u.id == bot_id for u in message.mentions) or any(
+            r in bot_roles for r in message.raw_role_mentions
+        )
+        facts = MessageFacts(
+            author_id=message.author.id,
+            author_is_bot=message.author.bot or message.webhook_id is not None,
+            is_dm=is_dm,
+            channel_ids=tuple(ids),
+            mentioned=mentioned,
+            typed_mention=mentions_user(message.content, bot_id),
+        )
+        needs_reply_check = (
+            not is_dm
+            and self.settings.respond_in_guilds == "mention"
+            and not mentioned
+            and message.reference is not None
+        )
+        if needs_reply_check and await self._replies_to(message, bot_id):
+            facts = dataclasses.replace(facts, replies_to_bot=True)
+        return facts
+
+    async def _replies_to(self, message: discord.Message, bot_id: int) -> bool:
+        """Whether ``message`` replies to one of the bot's messages (cache first, then REST)."""
+        reference = message.reference
+        if reference is None or reference.message_id is None:
+            return False
+        resolved = reference.resolved
+        if not isinstance(resolved, discord.Message):
+            resolved = reference.cached_message
+        if resolved is not None:
+            return resolved.author.id == bot_id
+        if isinstance(reference.resolved, discord.DeletedReferencedMessage):
+            return False
+        try:
+            async with asyncio.timeout(REFERENCE_FETCH_TIMEOUT_S):
+                fetched = await message.channel.fetch_message(reference.message_id)
+        except (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.debug("Discord: cannot look up replied-to message %s: %s", reference.message_id, exc)
+            return False
+        return fetched.author.id == bot_id
+
+    def _bot_role_ids(self, message: discord.Message) -> frozenset[int]:
+        guild = message.guild
+        role = guild.self_role if guild is not None else None
+        return frozenset({role.id}) if role is not None else frozenset()
+
+    def _names(self, message: discord.Message) -> MentionNames:
+        guild = message.guild
+        channels: dict[int, str] = {}
+        for cid in message.raw_channel_mentions:
+            found = guild.get_channel_or_thread(cid) if guild else None
+            found = found or self.client.get_channel(cid)
+            name = getattr(found, "name", None)
+            if name:
+                channels[cid] = name
+        return MentionNames(
+            users={u.id: u.display_name for u in message.mentions},
+            channels=channels,
+            roles={r.id: r.name for r in message.role_mentions},
+            bot_user_id=self.client.user.id if self.client.user else None,
+            bot_role_ids=self._bot_role_ids(message),
+        )
+
+    def _inbound(self, message: discord.Message, chat: ChatRef, facts: MessageFacts) -> Inbound:
+        text = readable_text(message.content, self._names(message))
+        attachments = [f"[attachment: {a.filename}]" for a in message.attachments]
+        text = "\n".join([text, *attachments]) if text else "\n".join(attachments)
+        if not text and (facts.mentioned or facts.typed_mention) and self.client.user is not None:
+            text = f"@{self.client.user.display_name}"  # only a ping: the person said just that
+        return Inbound(
+            chat=chat,
+            message_id=str(message.id),
+            sender_id=str(message.author.id),
+            sender_name=message.author.display_name,
+            text=text,
+            chat_kind=ChatKind.PRIVATE if facts.is_dm else ChatKind.GROUP,
+        )
+
+    async def _refuse(self, inbound: Inbound) -> None:
+        """One refusal per user outside the allowlist (DMs only); later messages are dropped."""
+        if not await self.engine.record_handled(inbound):
+            return
+        log.info("Discord: refused user %s (not in discord.allowed_user_ids)", inbound.sender_id)
+        key = REFUSED_KEY.format(user_id=inbound.sender_id)
+        if await self.engine.store.get_kv(key) is None:
+            await self.engine.store.set_kv(key, "1")
+            await self._reply(inbound.chat, REFUSAL_TEXT)
+
+    async def _answer_command(self, inbound: Inbound, name: str) -> None:
+        answer = await self.engine.command(inbound, name)
+        if answer:
+            await self._reply(inbound.chat, answer)
+
+    async def _reply(self, chat: ChatRef, text: str) -> None:
+        conversation = await self.engine.store.conversation(chat)
+        await self.engine.delivery.send(conversation.id, None, chat, text)
+
+    async def _on_slash_command(self, interaction: discord.Interaction, name: str) -> None:
+        """Answer a slash command: the same gate and the same engine command as text."""
+        user = interaction.user
+        channel = interaction.channel
+        if channel is None or interaction.channel_id is None:
+            return
+        is_dm = interaction.guild_id is None
+        ids = [interaction.channel_id]
+        if isinstance(channel, discord.Thread) and channel.parent_id is not None:
+            ids.append(channel.parent_id)
+        facts = MessageFacts(
+            author_id=user.id,
+            author_is_bot=user.bot,
+            is_dm=is_dm,
+            channel_ids=tuple(ids),
+            mentioned=True,
+        )
+        bot_id = self.client.user.id if self.client.user else 0
+        verdict = decide(facts, self.settings, bot_id)
+        if verdict is not Verdict.ANSWER:
+            allowed = verdict is not Verdict.REFUSE and self._user_allowed(user.id)
+            text = NOT_HERE_TEXT if allowed else REFUSAL_TEXT
+            with contextlib.suppress(discord.HTTPException):
+                await interaction.response.send_message(
+                    text, ephemeral=True, allowed_mentions=NO_PINGS
+                )
+            return
+        inbound = Inbound(
+            chat=chat_ref(channel),
+            message_id=f"interaction:{interaction.id}",
+            sender_id=str(user.id),
+            sender_name=user.display_name,
+            text=f"/{name}",
+            chat_kind=ChatKind.PRIVATE if is_dm else ChatKind.GROUP,
+        )
+        try:
+            await interaction.response.defer(thinking=True)
+        except discord.HTTPException as exc:  # already acknowledged (a replayed interaction)
+            log.debug("Discord: cannot acknowledge /%s: %s", name, exc)
+            return
+        try:
+            answer = await self.engine.command(inbound, name) or "Already done."
+        except Exception:
+            log.exception("Discord: /%s failed", name)
+            answer = "Sorry, that did not work. Try again later."
+        with contextlib.suppress(discord.HTTPException):
+            for chunk in self.chunks(answer):
+                await interaction.followup.send(chunk, allowed_mentions=NO_PINGS)
+
+    def _user_allowed(self, user_id: int) -> bool:
+        return not self.settings.allowed_user_ids or user_id in self.settings.allowed_user_ids
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def chunks(self, text: str) -> list[str]:
+        return split_markdown(text, DISCORD_LIMIT, measure=utf16_len)
+
+    async def send_chunk(self, chat: ChatRef, text: str) -> str:
+        if not text.strip():
+            raise DeliveryFailed("refusing to send an empty Discord message", retryable=False)
+        if self.client.is_closed():
+            raise DeliveryFailed("the Discord client is not connected", retryable=True)
+        channel = self.client.get_partial_messageable(int(chat.thread_id or chat.chat_id))
+        try:
+            message = await channel.send(text, allowed_mentions=NO_PINGS)
+        except discord.RateLimited as exc:
+            raise DeliveryFailed(
+                "Discord rate limit", retryable=True, retry_after=exc.retry_after
+            ) from exc
+        except discord.HTTPException as exc:
+            retryable = exc.status == 429 or exc.status >= 500
+            verb = "failed" if retryable else "refused the message"
+            reason = f"Discord {verb}: {exc.status} {exc.text}"
+            raise DeliveryFailed(reason, retryable=retryable) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError, RuntimeError) as exc:
+            raise DeliveryFailed(f"Discord unreachable: {exc!r}", retryable=True) from exc
+        return str(message.id)
+
+    async def send_typing(self, chat: ChatRef) -> None:
+        channel = self.client.get_partial_messageable(int(chat.thread_id or chat.chat_id))
+        await channel.typing()

@@ -1,0 +1,119 @@
+"""When the bot answers on Discord, and which messages are commands (pure functions).
+
+Rules (issue 5, "When to answer"; field-bugs.md item 26):
+
+* The bot never answers itself.
+* Other bots are ignored unless ``discord.allow_bots``; even then a bot must mention the bot
+  in its text (a reply's automatic ping does not count), and :class:`BotTurnBudget` caps how
+  many bot messages per channel are answered per minute, so two bots cannot loop forever.
+* DMs are always answered, except for users outside ``discord.allowed_user_ids`` (when set):
+  they get one polite refusal (:attr:`Verdict.REFUSE`).
+* In guild channels (and their threads), ``discord.respond_in_guilds`` decides: ``off`` never,
+  ``all`` every message, ``mention`` (default) only when the bot is mentioned or replied to.
+  Users outside the user allowlist and channels outside ``discord.allowed_channel_ids`` (when
+  set; a thread counts as its parent channel too) are ignored silently: nothing is ever
+  posted in a shared channel for a refusal.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bumblebot.config import DiscordSettings
+
+__all__ = ["TEXT_COMMANDS", "BotTurnBudget", "MessageFacts", "Verdict", "decide", "parse_command"]
+
+#: Commands recognised as text (``/status`` or ``@bot /status``); the engine answers them.
+TEXT_COMMANDS = ("start", "reset", "status", "compact", "help")
+_COMMAND = re.compile(r"/(?P<name>[A-Za-z]+)(?:@\S+)?(?=\s|$)")
+
+
+class Verdict(StrEnum):
+    ANSWER = "answer"
+    IGNORE = "ignore"
+    REFUSE = "refuse"  # a DM from a user outside the allowlist: answered once with a refusal
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFacts:
+    """What the decision needs to know about one message.
+
+    Args:
+        author_id: the author's user id.
+        author_is_bot: the author is a bot account (or a webhook).
+        is_dm: a direct message (no guild).
+        channel_ids: the channel, and for a thread also its parent channel.
+        mentioned: the bot's user or managed role is among the message's mentions (this
+            includes the automatic ping of a reply to the bot).
+        typed_mention: the content itself contains the bot's ``<@id>`` token.
+        replies_to_bot: the message is a reply to a message the bot wrote.
+    """
+
+    author_id: int
+    author_is_bot: bool
+    is_dm: bool
+    channel_ids: tuple[int, ...] = ()
+    mentioned: bool = False
+    typed_mention: bool = False
+    replies_to_bot: bool = False
+
+
+def decide(facts: MessageFacts, settings: DiscordSettings, bot_user_id: int) -> Verdict:
+    """Answer, ignore or refuse ``facts``'s message under ``settings`` (see the module rules)."""
+    if facts.author_id == bot_user_id:
+        return Verdict.IGNORE
+    if facts.author_is_bot and not (settings.allow_bots and facts.typed_mention):
+        return Verdict.IGNORE
+    user_allowed = not settings.allowed_user_ids or facts.author_id in settings.allowed_user_ids
+    if facts.is_dm:
+        return Verdict.ANSWER if user_allowed else Verdict.REFUSE
+    if settings.respond_in_guilds == "off" or not user_allowed:
+        return Verdict.IGNORE
+    channels = settings.allowed_channel_ids
+    if channels and not any(c in channels for c in facts.channel_ids):
+        return Verdict.IGNORE
+    if settings.respond_in_guilds == "all":
+        return Verdict.ANSWER
+    addressed = facts.mentioned or facts.typed_mention or facts.replies_to_bot
+    return Verdict.ANSWER if addressed else Verdict.IGNORE
+
+
+def parse_command(text: str) -> str | None:
+    """The command name when ``text`` (already without the bot's mention) is a text command.
+
+    ``"/status"``, ``"/Reset@bumblebot"`` and ``"/help me"`` are commands; ``"/shrug"``,
+    ``"a /status"`` and ``"/"`` are not (unknown slash words stay ordinary text).
+    """
+    m = _COMMAND.match(text.strip())
+    if m is None:
+        return None
+    name = m["name"].lower()
+    return name if name in TEXT_COMMANDS else None
+
+
+class BotTurnBudget:
+    """At most ``limit`` bot-authored messages answered per channel within ``window_s`` seconds.
+
+    A brake for ``allow_bots``: two bots told to talk to each other stop after a few rounds
+    (field-bugs.md item 26). Memory is bounded by the number of channels that saw bot traffic.
+    """
+
+    def __init__(self, limit: int = 5, window_s: float = 60.0) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._seen: dict[str, deque[float]] = {}
+
+    def allow(self, channel_key: str, now: float | None = None) -> bool:
+        """Record one bot message in ``channel_key``; ``False`` when the budget is spent."""
+        now = time.monotonic() if now is None else now
+        times = self._seen.setdefault(channel_key, deque())
+        while times and now - times[0] >= self.window_s:
+            times.popleft()
+        if len(times) >= self.limit:
+            return False
+        times.append(now)
+        return True
