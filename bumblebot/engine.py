@@ -85,6 +85,8 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accepting = False
         self._stopped = False
+        self.turns_finished = 0
+        self._turn_finished = asyncio.Condition()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -137,6 +139,21 @@ class Engine:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    async def turn_committed(self) -> None:
+        """Called by the turn runner after each commit (counts turns, wakes waiters)."""
+        async with self._turn_finished:
+            self.turns_finished += 1
+            self._turn_finished.notify_all()
+
+    async def wait_for_turns(self, n: int, timeout: float = 10.0) -> None:
+        """Wait until ``n`` turns were committed since start (for tests and tooling).
+
+        Raises:
+            TimeoutError: fewer than ``n`` turns finished within ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout), self._turn_finished:
+            await self._turn_finished.wait_for(lambda: self.turns_finished >= n)
 
     async def drain(self, poll_s: float = 0.05) -> None:
         """Wait until no conversation has a running or queued turn (used by ``bumblebot chat``)."""

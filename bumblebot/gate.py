@@ -4,8 +4,9 @@ Spec, "Completion gate". The gate judges **all user-visible text of the turn** (
 delivered by ``say`` plus the final reply). Only *work* tools count for grounding; agency tools
 (``say``, ``think``, ``wait``, ``end_turn``) do not. Order:
 
-1. cheap heuristics: nothing visible at all; progress-only chatter ("on it", "let me check")
-   with no successful work tool;
+1. cheap heuristics: nothing visible at all; a plain-text ending that is only progress chatter
+   ("on it", "let me check") with no successful work tool (an explicit ``end_turn`` always goes
+   to the judge below, as the spec asks);
 2. if work tools ran, or the user demanded tool grounding: the **grounding judge** (reflex
    model, ``DONE:``/``CONTINUE:``) checks the visible reply reflects the tool results;
 3. otherwise (no work tool completed successfully): the **action-adequacy judge** decides, from
@@ -154,7 +155,7 @@ class CompletionGate:
                 nudge="You have not said anything to the user in this turn. Call say() with your reply "
                 "(keep it within the length budget), then end_turn().",
             )
-        if inp.work_ok == 0 and progress_only(visible):
+        if inp.ended_by == "text" and inp.work_ok == 0 and progress_only(visible):
             return GateDecision(
                 False,
                 "progress-only reply without work",

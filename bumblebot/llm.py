@@ -202,7 +202,7 @@ class LLM:
             if self._is_context_error(exc):
                 raise self._translate(exc) from exc
             log.warning(
-                "endpoint %s rejected tool_choice=required (HTTP %s); using 'auto' from now on",
+                "endpoint %s rejected tool_choice=required (HTTP %s); retrying with 'auto'",
                 self.base_url, exc.status_code,
             )
             params["tool_choice"] = choice = "auto"
@@ -211,6 +211,7 @@ class LLM:
             except openai.APIError as exc2:
                 raise self._translate(exc2) from exc2
             await self.capabilities.set(self._tool_choice_key(), "auto")
+            log.warning("endpoint %s works with tool_choice='auto'; using it from now on", self.base_url)
         except openai.APIError as exc:
             raise self._translate(exc) from exc
         return self._normalise(response, choice)

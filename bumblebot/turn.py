@@ -182,6 +182,7 @@ class TurnRunner:
             status=status,
         )
         actor.append_history(messages)
+        await engine.turn_committed()
         return TurnReport(turn_id=turn_id, stop_reason=stop_reason, delivered=delivered, trace=trace)
 
 

@@ -43,13 +43,14 @@ async def tg() -> AsyncIterator[FakeTelegram]:
         yield server
 
 
-def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None, **sections: Any) -> Path:
+def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None, /, **sections: Any) -> Path:
     """A bumblebot.yaml pointing at the fakes; ``sections`` are deep-merged over the defaults."""
     import yaml
 
     config: dict[str, Any] = {
         "data_dir": str(tmp_path / "data"),
         "llm": {"base_url": llm.base_url, "model": "test-model", "reflex_model": "reflex-model", "max_retries": 0, "timeout_s": 10},
+        # tests keep the default entity and data under tmp_path
         "telegram": {"enabled": tg is not None, "poll_timeout_s": 1},
         "cognition": {"classifier": False},
         "engine": {"shutdown_grace_s": 5},

@@ -70,3 +70,20 @@ def tool_result(request: dict[str, Any], name: str) -> list[Any]:
             except ValueError:
                 out.append(m["content"])
     return out
+
+
+def is_classifier(request: dict[str, Any]) -> bool:
+    return is_aux(request) and "You route chat messages" in contents(request)
+
+
+def is_adequacy_judge(request: dict[str, Any]) -> bool:
+    return is_aux(request) and "used none successfully" in contents(request)
+
+
+def is_grounding_judge(request: dict[str, Any]) -> bool:
+    return is_aux(request) and "before it is final" in contents(request)
+
+
+def is_loop_with(needle: str) -> Any:
+    """A predicate: a loop request whose messages contain ``needle``."""
+    return lambda request: "tools" in request and needle in contents(request)

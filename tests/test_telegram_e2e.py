@@ -79,6 +79,7 @@ async def test_message_during_a_turn_is_answered_next_turn_in_queue_mode(tmp_pat
         await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= tg.next_update_id)
         first.release.set()
         await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
         turns = await d.store.recent_turns()
     assert tg.sent(5) == ["first answer", "second answer"]
     second = loop_requests(llm)[1]
@@ -103,6 +104,7 @@ async def test_same_update_delivered_twice_makes_one_turn(tmp_path, llm, tg):
     async with running(write_config(tmp_path, llm, tg)) as d:
         await tg.wait_for("sendMessage")
         await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= 502)
+        await d.engine.wait_for_turns(1)
         turns = await d.store.recent_turns()
     assert tg.sent(9) == ["once"]
     assert len(turns) == 1
