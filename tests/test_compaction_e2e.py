@@ -1,0 +1,229 @@
+"""Compaction through the running daemon (issue 4): scripted model, real SQLite, real clients."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from conftest import running, write_config
+from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
+from support import contents, judges_say_done, loop_requests, say
+
+from bumblebot.compaction import PLACEHOLDER, SUMMARY_HEADER, SUMMARY_HEADINGS
+from bumblebot.events import ChatRef, Platform
+from bumblebot.messages import Message
+from bumblebot.store import Store
+
+CHAT = 501
+SUMMARY = "\n".join(f"## {h}\n- the user's cat is called Miso" for h in SUMMARY_HEADINGS)
+
+
+def is_summary(request):
+    return is_aux(request) and "You compact the history" in contents(request)
+
+
+def is_flush(request):
+    return is_aux(request) and "durable facts" in contents(request)
+
+
+def compaction_config(tmp_path, llm, tg, **history_compression):
+    return write_config(
+        tmp_path, llm, tg,
+        cognition={
+            "classifier": False,
+            "max_context_tokens": 8000,
+            "history_compression": {"compaction_threshold_ratio": 0.75, "compaction_target_ratio": 0.4, **history_compression},
+        },
+    )
+
+
+async def seed_history(tmp_path, pairs: int, *, filler: int = 400, tool_every: int = 0) -> None:
+    """Write ``pairs`` old exchanges (with tool groups every ``tool_every`` pairs) into the chat."""
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        conversation = await store.conversation(ChatRef(Platform.TELEGRAM, str(CHAT)))
+        messages: list[Message] = []
+        for i in range(pairs):
+            messages.append(Message(role="user", content=f"old question {i} " + "q" * filler))
+            if tool_every and i % tool_every == 0:
+                call = {"id": f"seed_{i}", "type": "function", "function": {"name": "read_file", "arguments": json.dumps({"path": f"f{i}.txt"})}}
+                messages.append(Message(role="assistant", content="", tool_calls=[call]))
+                messages.append(Message(role="tool", content=f"file {i} " + "t" * 600, tool_call_id=f"seed_{i}", name="read_file"))
+            messages.append(Message(role="assistant", content=f"old answer {i} " + "a" * filler))
+        turn = await store.begin_turn(conversation.id, [])
+        await store.commit_turn(turn_id=turn, conversation=conversation, messages=messages, journal_ids=[], trace={})
+
+
+async def test_crossing_the_threshold_flushes_and_summarises_before_the_completion(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24, tool_every=4)
+    llm.push(text('[{"title": "Pets", "body": "The user has a cat called Miso."}]'), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("Miso, of course"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what's my cat called?", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+        knowledge = d.settings.knowledge_path.read_text()
+    kinds = ["flush" if is_flush(r) else "summary" if is_summary(r) else "loop" if is_loop(r) else "judge" for r in llm.requests]
+    assert kinds[:3] == ["flush", "summary", "loop"]
+    main = loop_requests(llm)[0]["messages"]
+    summary_at = [i for i, m in enumerate(main) if m["content"].startswith(SUMMARY_HEADER)]
+    assert summary_at and summary_at[0] >= 3  # system + protected head come first
+    assert main[1]["content"].startswith("old question 0")
+    assert len(main) - summary_at[0] - 1 >= 12  # at least 12 tail messages (+ this turn)
+    step = trace["steps"][0]
+    assert step["estimate"] < 8000 * 0.75
+    assert trace["compactions"][0]["covered"] > 0
+    assert "## Pets" in knowledge
+    assert not llm.violations  # every request, summaries included, was a valid sequence
+
+
+async def test_restart_after_compaction_sends_a_byte_identical_prompt(tmp_path, llm, tg):
+    from bumblebot.context import ConversationContext
+
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24, tool_every=5)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("first"), when=is_loop)
+    llm.push(say("second"), when=is_loop)
+    config = compaction_config(tmp_path, llm, tg)
+    chat = ChatRef(Platform.TELEGRAM, str(CHAT))
+
+    async def next_prompt(d) -> list[dict]:
+        """What the next turn would send before its own user message, as API dicts."""
+        history, summary = await (await d.engine.actor(chat)).load_context()
+        context = ConversationContext(
+            system_prompt=d.engine.prompts.system_prompt(), history=history, summary_message=summary,
+            protect_first_n=2, preamble="", tool_tokens=0,
+        )
+        api, _ = await context.build([Message(role="user", content="probe")], None)
+        return api[:-1]
+
+    async with running(config) as d:
+        tg.push_text("hello", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        predicted = await next_prompt(d)
+    assert [r for r in llm.requests if is_summary(r)]  # it did compact
+    async with running(config) as d:
+        assert json.dumps(await next_prompt(d)) == json.dumps(predicted)  # byte-identical
+        tg.push_text("after restart", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(1)
+    sent = loop_requests(llm)[-1]["messages"][:-1]
+    assert json.dumps(sent) == json.dumps(predicted)
+    assert len([r for r in llm.requests if is_summary(r)]) == 1
+
+
+async def test_summary_failure_drops_nothing_and_the_next_turn_retries(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(error(500, "summariser down"), when=is_summary)
+    llm.push(say("answer one"), when=is_loop)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("answer two"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("first", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        first = loop_requests(llm)[0]
+        assert "old question 15" in contents(first)  # the middle is still there
+        assert not any(m["content"].startswith(SUMMARY_HEADER) for m in first["messages"])
+        tg.push_text("second", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
+    second = loop_requests(llm)[1]
+    assert any(m["content"].startswith(SUMMARY_HEADER) for m in second["messages"])
+    assert len([r for r in llm.requests if is_summary(r)]) == 2
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT COUNT(*) FROM messages WHERE content LIKE 'old question%'").fetchone()[0] == 24
+
+
+async def test_one_huge_tool_result_is_capped_and_the_session_goes_on(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("read_file", {"path": "big.txt"})), when=is_loop)
+    llm.push(say("it is big"), when=is_loop)
+    llm.push(say("still here"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg, enabled=False)) as d:
+        (d.settings.workspace / "big.txt").write_text("HEAD " + "x" * 60_000 + " TAIL")
+        tg.push_text("read big.txt", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        tg.push_text("and now?", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=2)
+    second = loop_requests(llm)[1]
+    result = [m for m in second["messages"] if m["role"] == "tool"][0]["content"]
+    assert len(result) <= int(0.25 * 8000 * 4)
+    assert tg.sent(CHAT) == ["it is big", "still here"]
+
+
+async def test_context_length_refusal_compacts_and_retries_once(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 14)  # under the threshold: only the refusal triggers compaction
+    llm.push(error(400, "This model's maximum context length is 4096 tokens"), when=is_loop)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("fits now"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(CHAT) == ["fits now"]
+    retry = loop_requests(llm)[1]
+    assert any(m["content"].startswith(SUMMARY_HEADER) for m in retry["messages"])
+
+
+async def test_second_refusal_tells_the_user_plainly(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(error(400, "maximum context length exceeded"), when=is_loop)
+    llm.push(error(400, "maximum context length exceeded"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        rows = await d.store._all("SELECT role, content FROM messages")
+    assert "too long" in tg.sent(CHAT)[0] and "/reset" in tg.sent(CHAT)[0]
+    assert [tuple(r) for r in rows] == [("user", "hello")]  # the message is kept
+
+
+async def test_status_and_compact_commands(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 14)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    async with running(compaction_config(tmp_path, llm, tg)):
+        tg.push_text("/status", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        tg.push_text("/compact", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=2)
+        tg.push_text("/status", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=3)
+    before, compacted, after = tg.sent(CHAT)
+    assert "of 8000 tokens" in before and "Summary: none" in before and "compactions so far: 0" in before
+    assert compacted.startswith("Compacted:")
+    assert "Summary: yes" in after and "compactions so far: 1" in after
+    assert not [r for r in llm.requests if is_loop(r)]  # commands never start a turn
+
+
+async def test_old_long_tool_results_are_pruned_in_the_prompt_but_kept_in_the_database(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24, tool_every=2)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("ok"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg, compaction_target_ratio=0.6)) as d:
+        tg.push_text("hi", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    pruned = db.execute("SELECT content FROM messages WHERE pruned = 1").fetchall()
+    covered = db.execute("SELECT COUNT(*) FROM messages WHERE covered_by IS NOT NULL").fetchone()[0]
+    assert covered > 0
+    assert all(c[0].startswith("file ") for c in pruned)  # originals kept for audit
+    main = loop_requests(llm)[0]["messages"]
+    tool_contents = [m["content"] for m in main if m["role"] == "tool"]
+    assert tool_contents and all(c == PLACEHOLDER or c.startswith("file ") for c in tool_contents)
+    assert not llm.violations
