@@ -395,7 +395,7 @@ def test_build_registry_enables_what_is_configured(tmp_path: Path) -> None:
     assert default.names() == [
         "say", "think", "wait", "end_turn",
         "read_file", "write_file", "append_file", "list_directory", "search_files",
-        "fetch_url",
+        "remember", "recall", "fetch_url",
     ]  # fmt: skip
     assert "run_command" not in default  # the shell is off unless asked for
     assert {default.kind(n) for n in ("say", "think", "wait", "end_turn")} == {ToolKind.AGENCY}

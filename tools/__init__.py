@@ -1,4 +1,4 @@
-"""Bumblebot's tools: the registry, agency tools and work tools (files, shell, web).
+"""Bumblebot's tools: the registry, agency tools and work tools (files, knowledge, shell, web).
 
 ``bumblebot/cli.py`` calls :func:`build_registry` with values from the settings and hands
 the result to the engine as a :class:`bumblebot.toolkit.Toolbox`. The engine never
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .agency import AGENCY_TOOLS
 from .files import FILE_TOOLS
+from .knowledge import KNOWLEDGE_TOOLS
 from .registry import DEFAULT_MAX_RESULT_CHARS, Registry, Tool, cap_text, make_tool, tool
 from .shell import shell_tools
 from .web import web_tools
@@ -63,14 +64,14 @@ def build_registry(
 
     Returns:
         A new :class:`Registry`: ``say``, ``think``, ``wait``, ``end_turn``, the file tools,
-        then ``run_command`` and ``fetch_url`` when enabled.
+        ``remember`` and ``recall``, then ``run_command`` and ``fetch_url`` when enabled.
 
     Raises:
         ValueError: for a non-positive limit.
         OSError: if the workspace cannot be created.
     """
     workspace.mkdir(parents=True, exist_ok=True)
-    tools: list[Tool] = [*AGENCY_TOOLS, *FILE_TOOLS]
+    tools: list[Tool] = [*AGENCY_TOOLS, *FILE_TOOLS, *KNOWLEDGE_TOOLS]
     if shell_enabled:
         per_stream = min(shell_max_output_chars, max(100, (max_result_chars - 400) // 2))
         tools += shell_tools(max_timeout_s=shell_timeout_s, max_output_chars=per_stream)
