@@ -1,8 +1,9 @@
 """Logging setup with secret redaction (field-bugs.md item 29).
 
 httpx logs every request URL at INFO, and Telegram URLs contain the bot token, so the HTTP
-libraries are held at WARNING. A filter on the root handler replaces every configured secret
-and anything shaped like a bot token or an API key with ``[REDACTED]``.
+libraries are held at WARNING. The daemon's handler formats through :class:`RedactingFormatter`,
+which replaces every configured secret, and anything shaped like a bot token or an API key, with
+``[REDACTED]`` in the final text (tracebacks included). Records themselves are not modified.
 """
 
 from __future__ import annotations
@@ -10,48 +11,43 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from typing import TextIO
 
 _PATTERNS = [
-    re.compile(r"\b\d{6,12}:[A-Za-z0-9_-]{30,}\b"),  # Telegram bot token
+    re.compile(r"(?<!\d)\d{6,12}:[A-Za-z0-9_-]{30,}"),  # Telegram bot token
     re.compile(r"\bsk-[A-Za-z0-9_-]{16,}\b"),  # OpenAI-style keys
-    re.compile(r"(?i)(authorization:\s*(bot|bearer)\s+)\S+"),
+    re.compile(r"(?i)(authorization:\s*(?:bot|bearer)\s+)\S+"),
 ]
 
 
-class RedactingFilter(logging.Filter):
-    """Removes secrets from every record's final message."""
+def redact(text: str, secrets: list[str]) -> str:
+    """``text`` with each secret and each token-shaped string replaced by ``[REDACTED]``."""
+    for secret in secrets:
+        text = text.replace(secret, "[REDACTED]")
+    for pattern in _PATTERNS:
+        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + "[REDACTED]", text)
+    return text
 
-    def __init__(self, secrets: list[str]) -> None:
-        super().__init__()
+
+class RedactingFormatter(logging.Formatter):
+    """A formatter whose output never contains the given secrets."""
+
+    def __init__(self, fmt: str, secrets: list[str]) -> None:
+        super().__init__(fmt)
         self.secrets = [s for s in secrets if len(s) >= 6]
 
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, "[REDACTED]")
-        for pattern in _PATTERNS:
-            text = pattern.sub(lambda m: (m.group(1) if m.lastindex else "") + "[REDACTED]", text)
-        return text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if record.exc_info:
-            message += "\n" + logging.Formatter().formatException(record.exc_info)
-            record.exc_info = None
-            record.exc_text = None
-        record.msg = self.redact(message)
-        record.args = None
-        return True
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record), self.secrets)
 
 
-def setup_logging(level: str, secrets: list[str], *, stream: object = None) -> None:
-    """Configure the root logger once: a redacting stream handler on stderr."""
+def setup_logging(level: str, secrets: list[str], *, stream: TextIO | None = None) -> None:
+    """Configure the root logger: one redacting handler on stderr (replacing an earlier one)."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_bumblebot", False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactingFilter(secrets))
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", secrets))
     handler._bumblebot = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)

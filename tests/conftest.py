@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,7 +29,11 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     monkeypatch.setenv("PTB_TIMEDELTA", "true")  # PTB warns on RetryAfter otherwise
     monkeypatch.chdir(tmp_path)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     yield
+    root.handlers[:] = handlers  # an in-process `bumblebot` call installs its own handler
+    root.setLevel(level)
 
 
 @pytest.fixture

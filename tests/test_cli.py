@@ -61,6 +61,8 @@ async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm,
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
     assert db.execute("SELECT status FROM journal").fetchall() == [("done",)]
     assert db.execute("SELECT status FROM turns ORDER BY id").fetchall() == [("interrupted",), ("done",)]
+    log = (tmp_path / "daemon.log").read_text()
+    assert "interrupted" in log and TOKEN not in log and "sk-test-key" not in log
 
 
 async def test_sigterm_lets_the_running_turn_finish_and_exits_zero(tmp_path, llm, tg):
