@@ -113,7 +113,7 @@ class HistoryCompression(_Section):
         0.75, gt=0, lt=1, description="compact when the estimate exceeds this share of max_context_tokens"
     )
     compaction_target_ratio: float = Field(
-        0.20, gt=0, lt=1, description="share of max_context_tokens kept as recent tail"
+        0.20, gt=0, lt=1, description="after compaction the prompt aims for this share of max_context_tokens"
     )
     compaction_protect_last_n: int = Field(12, ge=1, description="minimum recent messages kept verbatim")
     compaction_protect_first_n: int = Field(2, ge=0, description="first messages kept verbatim")
@@ -155,7 +155,7 @@ class CognitionSettings(_Section):
 class ShellSettings(_Section):
     enabled: bool = Field(False, description="register run_command (runs as the daemon user)")
     timeout_s: float = Field(30.0, gt=0, description="maximum run time of one command, seconds")
-    max_output_chars: int = Field(20000, ge=1000, description="cap of stdout/stderr each, characters")
+    max_output_chars: int = Field(6000, ge=1000, description="cap of stdout/stderr each, characters")
 
 
 class WebSettings(_Section):
