@@ -131,7 +131,7 @@ def adequacy_messages(inp: GateInput) -> list[dict[str, Any]]:
 def parse_verdict(raw: str) -> tuple[bool | None, str]:
     """``(True, reason)`` for DONE, ``(False, reason)`` for CONTINUE, ``(None, raw)`` otherwise."""
     text = raw.strip().strip("*`\"' ")
-    m = re.match(r"^(DONE|CONTINUE)\b\s*[:\-–]?\s*(.*)", text, re.IGNORECASE | re.DOTALL)
+    m = re.match(r"^(DONE|CONTINUE)\b[\s*_:\-–]*(.*)", text, re.IGNORECASE | re.DOTALL)
     if not m:
         return None, raw.strip()
     return m.group(1).upper() == "DONE", m.group(2).strip().splitlines()[0] if m.group(2).strip() else ""

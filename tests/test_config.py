@@ -1,0 +1,94 @@
+"""Configuration loading: precedence, validation errors that name file and key, entities."""
+
+from __future__ import annotations
+
+import pytest
+
+from bumblebot.config import Secrets, effective_base_url, find_config, load_settings
+from bumblebot.entity import load_entity
+from bumblebot.errors import ConfigError
+
+
+def test_defaults_without_a_file(tmp_path):
+    settings = load_settings(None)
+    assert settings.cognition.max_context_tokens == 32768
+    assert settings.cognition.history_compression.compaction_protect_last_n == 12
+    assert settings.data_dir == (tmp_path / "data").resolve()
+    assert settings.workspace == settings.data_dir / "workspace"
+
+
+def test_env_overrides_yaml_key_by_key(tmp_path, monkeypatch):
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text("llm:\n  model: from-yaml\n  timeout_s: 5\n")
+    monkeypatch.setenv("BUMBLEBOT_LLM__MODEL", "from-env")
+    settings = load_settings(find_config(None))
+    assert settings.llm.model == "from-env" and settings.llm.timeout_s == 5
+
+
+def test_config_path_from_env_and_missing_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUMBLEBOT_CONFIG", str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError) as caught:
+        find_config(None)
+    assert "nope.yaml" in str(caught.value) and "not found" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key", "expected"),
+    [
+        ("cognition:\n  max_context_tokens: lots\n", "cognition.max_context_tokens", "integer"),
+        ("telegram:\n  allowed_user_ids: alice\n", "telegram.allowed_user_ids", "list"),
+        ("discord:\n  respond_in_guilds: sometimes\n", "discord.respond_in_guilds", "'mention', 'all' or 'off'"),
+        ("cognition:\n  history_compression:\n    compaction_threshold_ratio: 1.5\n",
+         "cognition.history_compression.compaction_threshold_ratio", "less than 1"),
+        ("cognition:\n  history_compression:\n    compaction_target_ratio: 0.8\n",
+         "cognition.history_compression", "below compaction_threshold_ratio"),
+        ("llm: [1, 2]\n", "llm", "dictionary"),
+        ("- just\n- a list\n", "(top level)", "mapping"),
+        ("llm:\n  model: [unclosed\n", "line", "invalid YAML"),
+        ("tools:\n  shel:\n    enabled: true\n", "tools.shel", "unknown key"),
+    ],
+)
+def test_bad_config_names_file_key_and_expectation(tmp_path, yaml_text, key, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    message = str(caught.value)
+    assert message.startswith(str(path)) and key in message and expected in message
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    conf_dir = tmp_path / "etc"
+    conf_dir.mkdir()
+    (conf_dir / "bumblebot.yaml").write_text("data_dir: state\ntools:\n  workspace: ws\n")
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(conf_dir / "bumblebot.yaml")
+    assert settings.data_dir == (conf_dir / "state").resolve()
+    assert settings.workspace == (conf_dir / "ws").resolve()
+
+
+def test_secrets_come_from_env_and_dotenv_and_are_not_shown(tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text("TELEGRAM_BOT_TOKEN=123:abc-from-dotenv\nUNRELATED=1\n")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    secrets = Secrets()
+    assert secrets.telegram_bot_token.get_secret_value() == "123:abc-from-dotenv"
+    assert "abc-from-dotenv" not in repr(secrets)
+    assert effective_base_url(load_settings(None), secrets) == "http://127.0.0.1:9/v1"
+
+
+def test_entity_errors_name_the_entity_file(tmp_path):
+    (tmp_path / "entities").mkdir()
+    (tmp_path / "entities" / "odd.yaml").write_text("name: Odd\nvoice: [1, {a: b}]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_entity("odd", config_dir=tmp_path)
+    assert "odd.yaml" in str(caught.value) and "voice" in str(caught.value)
+    with pytest.raises(ConfigError, match="not found"):
+        load_entity("missing", config_dir=tmp_path)
+    (tmp_path / "entities" / "tz.yaml").write_text("name: T\ntimezone: Mars/Olympus\n")
+    with pytest.raises(ConfigError, match="IANA"):
+        load_entity("tz", config_dir=tmp_path)
+
+
+def test_bundled_default_entity_loads(tmp_path):
+    entity = load_entity("default")
+    assert entity.name and entity.voice and entity.greeting

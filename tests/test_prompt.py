@@ -1,0 +1,57 @@
+"""System prompt cache and turn preamble (spec, "System prompt separation")."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from bumblebot.entity import load_entity
+from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.knowledge import KnowledgeFile
+from bumblebot.prompt import KNOWLEDGE_INLINE_CHARS, PromptBuilder, TurnInfo
+
+
+def builder(tmp_path, knowledge_text="# Knowledge\n"):
+    entity_file = tmp_path / "me.yaml"
+    entity_file.write_text("name: Testy\npersona: You test things.\ntimezone: Europe/Lisbon\n")
+    (tmp_path / "knowledge.md").write_text(knowledge_text)
+    entity = load_entity(str(entity_file))
+    return PromptBuilder(entity, KnowledgeFile(tmp_path / "knowledge.md"), ["say: talk"]), entity_file
+
+
+def test_system_prompt_is_rebuilt_only_when_its_inputs_change(tmp_path):
+    prompts, entity_file = builder(tmp_path)
+    first = prompts.system_prompt()
+    assert prompts.system_prompt() == first and prompts.builds == 1
+    (tmp_path / "knowledge.md").write_text("# Knowledge\n\n## Pets\nCat: Miso\n")
+    second = prompts.system_prompt()
+    assert "Cat: Miso" in second and prompts.builds == 2
+    entity_file.write_text("name: Testy\npersona: You test things, carefully.\ntimezone: Europe/Lisbon\n")
+    assert "carefully" in prompts.system_prompt() and prompts.builds == 3
+
+
+def test_broken_entity_edit_keeps_the_last_good_entity(tmp_path):
+    prompts, entity_file = builder(tmp_path)
+    prompts.system_prompt()
+    entity_file.write_text("name: [unclosed\n")
+    assert "Testy" in prompts.system_prompt()
+
+
+def test_preamble_carries_the_volatile_facts(tmp_path):
+    prompts, _ = builder(tmp_path)
+    inbound = Inbound(ChatRef(Platform.TELEGRAM, "5"), "1", "5", "Ada", "hello", ChatKind.PRIVATE)
+    text = prompts.preamble(TurnInfo(inbound=inbound, route="reflex", now=datetime(2026, 7, 1, 12, 0, tzinfo=UTC)))
+    assert text.startswith("[Turn context]") and text.endswith("---")
+    assert "2026-07-01 13:00 (Europe/Lisbon)" in text  # local time of the entity
+    assert "telegram, private chat" in text and "Ada (id 5)" in text
+    assert "[Turn context]" not in prompts.system_prompt().split("# How you act")[0]
+
+
+def test_large_knowledge_moves_relevant_sections_into_the_preamble(tmp_path):
+    sections = "".join(f"## Topic {i}\n" + "filler words " * 40 + "\n\n" for i in range(20))
+    prompts, _ = builder(tmp_path, "# Knowledge\n\n## [locked] Core\nAlways kind.\n\n" + sections + "## Bees\nThe hive is blue.\n")
+    assert len((tmp_path / "knowledge.md").read_text()) > KNOWLEDGE_INLINE_CHARS
+    system = prompts.system_prompt()
+    assert "Always kind." in system and "The hive is blue." not in system and "Bees" in system
+    inbound = Inbound(ChatRef(Platform.TELEGRAM, "5"), "1", "5", "Ada", "what colour is the hive?", ChatKind.PRIVATE)
+    preamble = prompts.preamble(TurnInfo(inbound=inbound, route="deliberate", now=datetime.now(UTC)))
+    assert "The hive is blue." in preamble
