@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from bumblebot.adapter import Adapter
@@ -86,7 +87,8 @@ class Engine:
         self._accepting = False
         self._stopped = False
         self.turns_finished = 0
-        self._turn_finished = asyncio.Condition()
+        self.accepted = 0
+        self._changed = asyncio.Condition()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -140,20 +142,28 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
     async def turn_committed(self) -> None:
         """Called by the turn runner after each commit (counts turns, wakes waiters)."""
-        async with self._turn_finished:
-            self.turns_finished += 1
-            self._turn_finished.notify_all()
+        self.turns_finished += 1
+        await self._notify()
 
-    async def wait_for_turns(self, n: int, timeout: float = 10.0) -> None:
-        """Wait until ``n`` turns were committed since start (for tests and tooling).
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Wait until ``predicate()`` holds; re-checked whenever a message is accepted, a turn
+        commits or a conversation unloads (for tests and tooling).
 
         Raises:
-            TimeoutError: fewer than ``n`` turns finished within ``timeout`` seconds.
+            TimeoutError: it did not hold within ``timeout`` seconds.
         """
-        async with asyncio.timeout(timeout), self._turn_finished:
-            await self._turn_finished.wait_for(lambda: self.turns_finished >= n)
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
+
+    async def wait_for_turns(self, n: int, timeout: float = 10.0) -> None:
+        """Wait until ``n`` turns were committed since start."""
+        await self.wait_until(lambda: self.turns_finished >= n, timeout)
 
     async def drain(self, poll_s: float = 0.05) -> None:
         """Wait until no conversation has a running or queued turn (used by ``bumblebot chat``)."""
@@ -199,6 +209,8 @@ class Engine:
             log.info("duplicate message %s in %s ignored", inbound.message_id, inbound.chat.key)
             return False
         await self._dispatch(JournalEntry(journal_id, inbound, "pending"))
+        self.accepted += 1
+        await self._notify()
         return True
 
     async def record_handled(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
@@ -228,6 +240,7 @@ class Engine:
         """Forget an idle actor (called by the actor itself)."""
         if self._actors.get(actor.key) is actor:
             del self._actors[actor.key]
+            self._spawn(self._notify(), "bumblebot:notify")
 
     @property
     def loaded_conversations(self) -> int:

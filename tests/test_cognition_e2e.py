@@ -288,7 +288,7 @@ async def test_message_during_a_turn_steers_at_the_next_step(tmp_path, llm, tg):
         await asyncio.wait_for(slow.entered.wait(), 5)
         tg.push_text("actually make it blue", chat_id=1)
         await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= tg.next_update_id)
-        await asyncio.wait_for(_journaled(d, 2), 5)
+        await d.engine.wait_until(lambda: d.engine.accepted == 2)
         slow.release.set()
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
@@ -300,11 +300,6 @@ async def test_message_during_a_turn_steers_at_the_next_step(tmp_path, llm, tg):
     roles = [m["role"] for m in second[-3:]]
     assert roles == ["assistant", "tool", "user"]  # after the tool batch, so pairs stay intact
     no_violations(llm)
-
-
-async def _journaled(d, n):
-    while (await d.store._one("SELECT COUNT(*) FROM journal"))[0] < n:
-        await asyncio.sleep(0.01)
 
 
 async def test_trace_command_shows_why_a_turn_ended(tmp_path, llm, tg, capsys):

@@ -204,3 +204,18 @@ async def test_secrets_never_reach_the_database(tmp_path, llm, tg):
     if wal.exists():
         blob += wal.read_bytes()
     assert TOKEN.encode() not in blob and b"sk-test-key-not-real" not in blob
+
+
+async def test_idle_conversation_is_unloaded_and_reloaded_from_sqlite(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("first"), when=is_loop)
+    llm.push(say("second"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, engine={"idle_unload_s": 0.05, "shutdown_grace_s": 5})
+    async with running(config) as d:
+        tg.push_text("remember kiwi", chat_id=31)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        await d.engine.wait_until(lambda: d.engine.loaded_conversations == 0)
+        tg.push_text("what fruit?", chat_id=31)
+        await tg.wait_for("sendMessage", n=2)
+    assert "remember kiwi" in contents(loop_requests(llm)[1])
