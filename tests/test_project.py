@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -12,35 +13,26 @@ from bumblebot.config import Settings
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, field)`` for every leaf setting."""
     out = []
     for name, field in model.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            out += _keys(ann, f"{prefix}{name}.")
+            out += _leaf_fields(ann, f"{prefix}{name}.")
         else:
-            out.append(prefix + name)
+            out.append((prefix + name, field))
     return out
 
 
 def test_readme_documents_every_config_key():
     readme = (ROOT / "README.md").read_text()
-    missing = [k for k in _keys(Settings) if f"`{k}`" not in readme]
+    missing = [k for k, _ in _leaf_fields(Settings) if f"`{k}`" not in readme]
     assert not missing, f"README.md lacks: {missing}"
 
 
 def test_every_config_field_has_a_description():
-    def walk(model: type[BaseModel], prefix: str = "") -> list[str]:
-        bad = []
-        for name, field in model.model_fields.items():
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                bad += walk(ann, f"{prefix}{name}.")
-            elif not field.description:
-                bad.append(prefix + name)
-        return bad
-
-    assert walk(Settings) == []
+    assert [k for k, f in _leaf_fields(Settings) if not f.description] == []
 
 
 def test_env_example_lists_every_secret():

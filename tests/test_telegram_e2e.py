@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 
 from conftest import TOKEN, running, write_config
+from bumblebot.events import ChatRef, Platform
 from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
 from support import Gate, contents, judges_say_done, loop_requests, say
 
@@ -219,3 +220,19 @@ async def test_idle_conversation_is_unloaded_and_reloaded_from_sqlite(tmp_path, 
         tg.push_text("what fruit?", chat_id=31)
         await tg.wait_for("sendMessage", n=2)
     assert "remember kiwi" in contents(loop_requests(llm)[1])
+
+
+async def test_typing_indicator_is_refreshed_until_the_turn_ends(tmp_path, llm, tg):
+    judges_say_done(llm)
+    slow = Gate(say("done thinking"))
+    llm.push(slow, when=is_loop)
+    config = write_config(tmp_path, llm, tg, engine={"typing_interval_s": 0.05, "shutdown_grace_s": 5})
+    async with running(config) as d:
+        tg.push_text("take your time", chat_id=41)
+        await tg.wait_for("sendChatAction", n=3)  # refreshed while the model is still working
+        slow.release.set()
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        actor = await d.engine.actor(ChatRef(Platform.TELEGRAM, "41"))
+    assert not actor.busy
+    assert not [t for t in asyncio.all_tasks() if t.get_name().endswith(":typing")]  # refresher gone
