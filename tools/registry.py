@@ -234,6 +234,7 @@ class Registry:
             raise ValueError(f"max_result_chars must be >= 200, got {max_result_chars}")
         self.max_result_chars = max_result_chars
         self._tools: dict[str, Tool] = {}
+        self._schemas: list[dict[str, Any]] | None = None
         for item in tools:
             self.add(item)
 
@@ -244,6 +245,7 @@ class Registry:
         if item.name in self._tools:
             raise ValueError(f"tool {item.name!r} is already registered")
         self._tools[item.name] = item
+        self._schemas = None
         return item
 
     def tool(
@@ -309,8 +311,14 @@ class Registry:
         return len(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
-        """OpenAI ``tools`` entries for every registered tool, in registration order."""
-        return [t.schema() for t in self._tools.values()]
+        """OpenAI ``tools`` entries for every registered tool, in registration order.
+
+        Built once and cached (JSON-schema generation is not free and runs every step);
+        :meth:`add` invalidates the cache. Callers must not modify the returned list.
+        """
+        if self._schemas is None:
+            self._schemas = [t.schema() for t in self._tools.values()]
+        return self._schemas
 
     def kind(self, name: str) -> ToolKind | None:
         """The kind of tool ``name``, ``None`` if unknown."""
