@@ -132,7 +132,7 @@ class Daemon:
         """
         engine = await self.open()
         self.adapters = self.platform_adapters(engine) if adapters is None else adapters
-        await engine.start()
+        await engine.start({a.platform for a in self.adapters})
         for adapter in self.adapters:
             engine.register(adapter)
             await adapter.start()
@@ -220,7 +220,7 @@ async def run_chat(settings: Settings, secrets: Secrets, entity: Entity, stdin: 
         console = ConsoleAdapter(engine, stdin=stdin)
         daemon.adapters = [console]
         engine.register(console)
-        await engine.start()
+        await engine.start({console.platform})
         engine.mark_ready()
         await console.start()
         await _wait_for_stop([console.closed])

@@ -2,12 +2,13 @@
 
 :mod:`bumblebot.compaction` plans and summarises; this module decides *when* and records the
 result. It is called before every completion of a turn (so growth inside a turn is compacted
-too) and by ``/compact``. It runs inside the conversation's actor, so no other turn of the
-conversation can write its history meanwhile (field-bugs.md item 10).
+too) and by ``/compact`` (scheduled as a job of the conversation's actor). Both run inside the
+actor, so no turn of the conversation can write its history meanwhile (field-bugs.md item 10).
 
-Failure policy: if the summary call fails nothing is dropped; the failure is recorded with a
-backoff (1, 2, 4 … up to 60 minutes) and a later request retries. Meanwhile, when the request
-would overflow, old tool results are pruned (no LLM call) so the turn can go on.
+Failure policy: if the summary call fails nothing is dropped; the failure is recorded and the
+next request retries at once, later failures back off (60 s, 120 s, 240 s … up to an hour,
+:func:`backoff_s`). Meanwhile, when the request would overflow, old tool results are pruned
+(no LLM call) so the turn can go on.
 """
 
 from __future__ import annotations
@@ -177,8 +178,6 @@ class Compactor:
     async def force(self, actor: ConversationActor) -> str:
         """``/compact``: compact the conversation now; returns a short report for the user."""
         engine = self.engine
-        if actor.busy:
-            return "I'm in the middle of answering; send /compact again once I'm done."
         history, summary = await actor.load_context()
         context = ConversationContext(
             system_prompt=engine.prompts.system_prompt(),

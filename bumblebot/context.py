@@ -72,6 +72,8 @@ class ConversationContext(RequestBuilder):
         self.fixed_tokens = estimate_text_tokens(system_prompt) + 10 + tool_tokens + estimate_text_tokens(preamble)
         self.last_estimate = 0
         self.compactions: list[dict[str, Any]] = []
+        #: every mid-turn message taken by this turn, with its journal ids (settled at commit)
+        self.steered: list[tuple[Message, list[int]]] = []
 
     def replace_history(self, history: list[Message], summary_message: Message | None) -> None:
         """Swap in a compacted history (the running token sum is recomputed once)."""
@@ -85,7 +87,9 @@ class ConversationContext(RequestBuilder):
         return self.fixed_tokens + self._history_tokens + sum(m.tokens for m in turn_messages) + nudge_tokens
 
     def take_steering(self) -> list[tuple[Message, list[int]]]:
-        return self._steering() if self._steering else []
+        taken = self._steering() if self._steering else []
+        self.steered.extend(taken)
+        return taken
 
     async def shrink(self, turn_messages: list[Message]) -> None:
         if self._shrink is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from bumblebot.messages import Message
@@ -30,6 +31,7 @@ class ConversationActor:
         self.engine = engine
         self.conversation = conversation
         self._queue: list[JournalEntry] = []
+        self._jobs: list[Callable[[], Awaitable[None]]] = []
         self._wake = asyncio.Event()
         self._history: list[Message] | None = None
         self._stopping = False
@@ -47,6 +49,11 @@ class ConversationActor:
 
     def enqueue(self, entry: JournalEntry) -> None:
         self._queue.append(entry)
+        self._wake.set()
+
+    def schedule(self, job: Callable[[], Awaitable[None]]) -> None:
+        """Run ``job`` in this actor between turns (e.g. ``/compact``), never during one."""
+        self._jobs.append(job)
         self._wake.set()
 
     def stop(self) -> None:
@@ -89,12 +96,21 @@ class ConversationActor:
         while True:
             if self._stopping:
                 return
+            if self._jobs:
+                job = self._jobs.pop(0)
+                try:
+                    await job()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("job in %s failed", self.key)
+                continue
             if not self._queue:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), idle)
                 except TimeoutError:
-                    if not self._queue:
+                    if not self._queue and not self._jobs:
                         self.engine.unload(self)
                         return
                 continue

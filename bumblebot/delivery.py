@@ -44,6 +44,7 @@ class Delivery:
         self.attempts = attempts
         self.base_delay_s = base_delay_s
         self._lock = asyncio.Lock()
+        self._in_flight: set[int] = set()
 
     async def send(self, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str) -> DeliveryReport:
         """Record ``text`` in the outbox and deliver it now (with retries)."""
@@ -52,6 +53,13 @@ class Delivery:
         return await self._deliver(entry, self.attempts)
 
     async def _deliver(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
+        self._in_flight.add(entry.id)
+        try:
+            return await self._attempts(entry, attempts)
+        finally:
+            self._in_flight.discard(entry.id)
+
+    async def _attempts(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
         adapter = self.adapters.get(entry.chat.platform)
         if adapter is None:
             await self.store.outbox_progress(
@@ -65,6 +73,8 @@ class Delivery:
             try:
                 for chunk in chunks[len(sent):]:
                     sent.append(await adapter.send_chunk(entry.chat, chunk))
+                    if len(chunks) > 1:  # a crash mid-message must not resend earlier chunks
+                        await self.store.outbox_chunks_sent(entry.id, sent)
             except DeliveryFailed as exc:
                 error = str(exc)
                 if not exc.retryable:
@@ -88,7 +98,7 @@ class Delivery:
         delivered = 0
         async with self._lock:
             for entry in await self.store.outbox_pending():
-                if entry.chat.platform not in self.adapters:
+                if entry.chat.platform not in self.adapters or entry.id in self._in_flight:
                     continue
                 report = await self._deliver(entry, 1)
                 delivered += int(report.delivered)

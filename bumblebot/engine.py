@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 JUDGE_MAX_TOKENS = 64
 OUTBOX_SWEEP_S = 30.0
-COMMANDS = ("start", "reset", "status", "compact", "help")
 
 
 class Engine:
@@ -96,8 +95,13 @@ class Engine:
         """Make ``adapter`` the delivery route for its platform."""
         self.adapters[adapter.platform] = adapter
 
-    async def start(self) -> None:
+    async def start(self, platforms: set[Platform] | None = None) -> None:
         """Recover from the last run and begin accepting messages.
+
+        Args:
+            platforms: the platforms this process serves; only their pending journal entries
+                are recovered (``bumblebot chat`` must not answer Telegram messages). ``None``:
+                every platform.
 
         Raises:
             RuntimeError: the engine was already started.
@@ -109,7 +113,8 @@ class Engine:
             log.warning("%d turn(s) were interrupted by the last shutdown; answering them again", len(interrupted))
         self._accepting = True
         for entry in await self.store.pending_inbound():
-            await self._dispatch(entry)
+            if platforms is None or entry.inbound.chat.platform in platforms:
+                await self._dispatch(entry)
         self._spawn(self._sweep_outbox(), "bumblebot:outbox")
 
     def mark_ready(self) -> None:
@@ -199,15 +204,19 @@ class Engine:
             kv: durable values written in the same transaction (Telegram's next offset).
 
         Returns:
-            ``True`` if accepted; ``False`` for a duplicate (already journaled) or when the
-            engine is stopping (the adapter must then not acknowledge it).
+            ``True`` if accepted; ``False`` for a duplicate (already journaled) or before the
+            engine started. While stopping, a message is journaled but not started: it is
+            answered after the next start (platforms such as Discord never redeliver it).
         """
-        if not self._accepting:
+        if not self._accepting and not self._stopped:
             return False
         journal_id = await self.store.journal(inbound, kv=kv)
         if journal_id is None:
             log.info("duplicate message %s in %s ignored", inbound.message_id, inbound.chat.key)
             return False
+        if self._stopped:
+            log.info("message %s in %s arrived while stopping; kept for the next start", inbound.message_id, inbound.chat.key)
+            return True
         await self._dispatch(JournalEntry(journal_id, inbound, "pending"))
         self.accepted += 1
         await self._notify()
@@ -270,12 +279,15 @@ class Engine:
 
     # -- commands -----------------------------------------------------------------------------
 
-    async def command(self, inbound: Inbound, name: str) -> str | None:
+    async def command(self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None) -> str | None:
         """Answer a command (``/start``, ``/reset``, ``/status``, ``/compact``, ``/help``).
+
+        The command message is journaled first (with ``kv``, e.g. Telegram's next offset), so a
+        redelivered command is not run twice.
 
         Returns the text to show, or ``None`` when this message was already handled (duplicate).
         """
-        if not await self.record_handled(inbound):
+        if not await self.record_handled(inbound, kv=kv):
             return None
         name = name.lower()
         if name == "start":
@@ -295,7 +307,14 @@ class Engine:
         if name == "compact":
             if self.compactor is None:
                 return "Compaction is not available."
-            return await self.compactor.force(actor)
+            compactor, chat, conversation_id = self.compactor, inbound.chat, actor.conversation.id
+
+            async def job() -> None:
+                report = await compactor.force(actor)
+                await self.delivery.send(conversation_id, None, chat, report)
+
+            actor.schedule(job)  # in the actor, between turns; intake is not held up meanwhile
+            return "Compacting this conversation; I'll report when it's done."
         return f"Unknown command /{name}. Try /help."
 
     async def status_text(self, actor: ConversationActor) -> str:

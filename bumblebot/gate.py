@@ -7,11 +7,12 @@ delivered by ``say`` plus the final reply). Only *work* tools count for groundin
 1. cheap heuristics: nothing visible at all; a plain-text ending that is only progress chatter
    ("on it", "let me check") with no successful work tool (an explicit ``end_turn`` always goes
    to the judge below, as the spec asks);
-2. if work tools ran, or the user demanded tool grounding: the **grounding judge** (reflex
-   model, ``DONE:``/``CONTINUE:``) checks the visible reply reflects the tool results;
-3. otherwise (no work tool completed successfully): the **action-adequacy judge** decides, from
-   intent and in any language, whether tangible work was asked for and only promised. This runs
-   on ``end_turn`` too.
+2. if work tools ran (even if they all failed: the reply must then report the failure), or the
+   user demanded tool grounding: the **grounding judge** (reflex model, ``DONE:``/``CONTINUE:``)
+   checks the visible reply reflects the tool results;
+3. otherwise (no work tool ran): the **action-adequacy judge** decides, from intent and in any
+   language, whether tangible work was asked for and only promised. This runs on ``end_turn``
+   too.
 
 Judges see no tools. A judge that errors or answers anything but ``DONE``/``CONTINUE`` lets
 the turn end (fail-open), and the loop caps gate continues, so every turn ends.

@@ -109,7 +109,6 @@ class LoopResult:
     gate: list[dict[str, Any]]
     delivered: list[str]
     thoughts: list[str]
-    journal_ids: list[int]
 
 
 class TurnState:
@@ -117,12 +116,14 @@ class TurnState:
 
     def __init__(self, deliver: Callable[[str], Awaitable[DeliveryReport]]) -> None:
         self._deliver = deliver
+        self._order = asyncio.Lock()  # FIFO: several say() calls of one step keep call order
         self.delivered: list[str] = []
         self.thoughts: list[str] = []
         self.end_requested = False
 
     async def say(self, text: str) -> DeliveryReport:
-        report = await self._deliver(text)
+        async with self._order:
+            report = await self._deliver(text)
         if report.delivered or report.queued:
             self.delivered.append(text)
         return report
@@ -170,18 +171,29 @@ class AgentLoop:
         requests: RequestBuilder,
         limits: LoopLimits,
         deliver: Callable[[str], Awaitable[DeliveryReport]],
+        transcript: list[Message] | None = None,
+        conversation: str = "",
     ) -> LoopResult:
+        """Run the turn that ``user_message`` starts.
+
+        Args:
+            transcript: the list the turn's messages are appended to as they happen (it must
+                start with ``user_message``); if the loop raises, it holds everything up to the
+                failure as a valid sequence, so the caller can still store what happened.
+
+        Raises:
+            ModelError: the endpoint failed (after the one retry on a context-length refusal).
+        """
         state = TurnState(deliver)
         ctx = ToolContext(
             workspace=self.tool_context.workspace,
             data_dir=self.tool_context.data_dir,
             turn=state,
-            conversation=self.tool_context.conversation,
+            conversation=conversation,
             extras=self.tool_context.extras,
         )
-        turn: list[Message] = [user_message]
+        turn: list[Message] = transcript if transcript is not None else [user_message]
         user_texts = [user_message.content]
-        journal_ids: list[int] = []
         steps: list[StepTrace] = []
         gate_log: list[dict[str, Any]] = []
         previews: deque[Preview] = deque(maxlen=PREVIEW_COUNT)
@@ -195,10 +207,9 @@ class AgentLoop:
         schemas = self.toolbox.schemas()
 
         while len(steps) < limits.max_steps:
-            for steer, ids in requests.take_steering():
+            for steer, _ in requests.take_steering():
                 turn.append(steer)
                 user_texts.append(steer.content)
-                journal_ids.extend(ids)
                 nudge = None
             request, estimate = await requests.build(turn, nudge)
             try:
@@ -277,10 +288,11 @@ class AgentLoop:
             text = completion.content.strip()
             if text:
                 if state.delivered and repeats_said(text, state.delivered):
+                    # not shown, so not stored as if the user had seen it
                     trace.tool_calls.append({"name": "(final reply)", "suppressed": True})
                 else:
                     await state.say(text)
-                turn.append(Message(role="assistant", content=text))
+                    turn.append(Message(role="assistant", content=text))
             decision = await self.gate.check(
                 GateInput(
                     user_text="\n".join(user_texts),
@@ -314,7 +326,6 @@ class AgentLoop:
             gate=gate_log,
             delivered=list(state.delivered),
             thoughts=list(state.thoughts),
-            journal_ids=journal_ids,
         )
 
     async def _complete(self, request: list[dict[str, Any]], schemas: list[dict[str, Any]], limits: LoopLimits) -> Completion:

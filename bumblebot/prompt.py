@@ -34,8 +34,8 @@ reasoning and is never shown to anyone.
 work tools in this same turn, then tell the user what the tools actually returned. Never promise \
 work for later and never claim a result you did not get from a tool.
 - When you have answered, call `end_turn`. You may call several tools in one step.
-- Each user message begins with a [Turn context] block written by the system (time, platform, \
-who is speaking). It is not from the user; never quote it back."""
+- The latest user message begins with a [Turn context] block written by the system (time, \
+platform, who is speaking). It is not from the user; never quote it back."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,9 @@ Tables:
   ``status`` is ``pending`` until the turn that answered it commits, then ``done``.
 * ``turns``: one row per turn with its trace (JSON).
 * ``outbox``: every message the engine asked to deliver, with status and the platform ids.
-* ``kv``: small durable values (Telegram update offset, endpoint capabilities).
+* ``kv``: small durable values: ``telegram.offset`` (next update id), ``llm.tool_choice:<base
+  url>`` (an endpoint that needs ``"auto"``), ``telegram.refused:<user>`` /
+  ``discord.refused:<user>`` (the one refusal was sent).
 
 All writes go through :meth:`Store.transaction`, which serialises writers on the single
 connection, so one turn's rows land in one transaction and never interleave with another's.
@@ -466,6 +468,13 @@ class Store:
                 "UPDATE outbox SET status=?, platform_message_ids=?, attempts=attempts+1, last_error=?,"
                 " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
                 (status, json.dumps(message_ids), error, status, time.time(), outbox_id),
+            )
+
+    async def outbox_chunks_sent(self, outbox_id: int, message_ids: list[str]) -> None:
+        """Record the chunks of a message delivered so far (a retry resumes after them)."""
+        async with self.transaction() as db:
+            await db.execute(
+                "UPDATE outbox SET platform_message_ids=? WHERE id=?", (json.dumps(message_ids), outbox_id)
             )
 
     async def outbox_pending(self) -> list[OutboxEntry]:

@@ -24,7 +24,8 @@ from bumblebot.events import ChatKind
 from bumblebot.loop import LoopLimits, max_steps
 from bumblebot.messages import Message, estimate_tools
 from bumblebot.prompt import TurnInfo
-from bumblebot.router import Route, route
+from bumblebot.sequence import is_valid, repair
+from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, route
 from bumblebot.store import JournalEntry
 from bumblebot.toolkit import DeliveryReport
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CLASSIFIER_MAX_TOKENS = 8
-CLASSIFIER_TEMPERATURE = 0.2
 
 
 def merge_text(entries: list[JournalEntry]) -> str:
@@ -135,10 +134,14 @@ class TurnRunner:
         try:
             async with typing:
                 result = await engine.loop.run(
-                    user_message=user_message, requests=context, limits=limits, deliver=deliver
+                    user_message=user_message,
+                    requests=context,
+                    limits=limits,
+                    deliver=deliver,
+                    transcript=messages,
+                    conversation=chat.key,
                 )
             messages = result.messages
-            journal_ids += result.journal_ids
             stop_reason = result.stop_reason
             delivered = result.delivered
             trace.update(
@@ -171,6 +174,9 @@ class TurnRunner:
             stop_reason = "crash"
             trace["error_id"] = error_id
             await deliver(f"Something went wrong on my side (error id {error_id}). Your message is saved.")
+        if status == "failed" and not is_valid(messages):
+            messages = repair(messages)  # a crash inside a tool batch; keep the rest
+        journal_ids += [j for _, ids in context.steered for j in ids]
         trace["stop_reason"] = stop_reason
         trace["wall_s"] = round(time.monotonic() - started, 3)
         await engine.store.commit_turn(

@@ -198,10 +198,11 @@ async def test_status_and_compact_commands(tmp_path, llm, tg):
         tg.push_text("/status", chat_id=CHAT)
         await tg.wait_for("sendMessage")
         tg.push_text("/compact", chat_id=CHAT)
-        await tg.wait_for("sendMessage", n=2)
+        await tg.wait_for("sendMessage", n=3)  # an acknowledgement, then the report
         tg.push_text("/status", chat_id=CHAT)
-        await tg.wait_for("sendMessage", n=3)
-    before, compacted, after = tg.sent(CHAT)
+        await tg.wait_for("sendMessage", n=4)
+    before, ack, compacted, after = tg.sent(CHAT)
+    assert ack.startswith("Compacting")
     assert "of 8000 tokens" in before and "Summary: none" in before and "compactions so far: 0" in before
     assert compacted.startswith("Compacted:")
     assert "Summary: yes" in after and "compactions so far: 1" in after

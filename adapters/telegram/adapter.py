@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 OFFSET_KEY = "telegram.offset"
 REFUSED_KEY = "telegram.refused:{user_id}"
 REFUSAL_TEXT = "Sorry, this bot is private."
-GROUP_TEXT = "I only talk in private chats for now. Message me directly."
 COMMANDS = [
     BotCommand("start", "About this bot"),
     BotCommand("reset", "Start a fresh conversation"),
@@ -237,9 +236,7 @@ class TelegramAdapter(Adapter):
         inbound = self._inbound(update, message.text)
         if inbound is None or not await self._gatekeep(inbound):
             return
-        kv = self._take_kv()
-        if not await self.engine.submit(inbound, kv=kv) and not self.engine.accepting:
-            self._pending_kv = {}  # not journaled: the offset must stay before this update
+        await self.engine.submit(inbound, kv=self._take_kv())
 
     async def _on_command(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message
@@ -249,8 +246,7 @@ class TelegramAdapter(Adapter):
         if inbound is None or not await self._gatekeep(inbound):
             return
         name = message.text.split()[0].lstrip("/").split("@")[0]
-        answer = await self.engine.command(inbound, name)
-        self._take_kv()
+        answer = await self.engine.command(inbound, name, kv=self._take_kv())
         if answer:
             conversation = await self.engine.store.conversation(inbound.chat)
             await self.engine.delivery.send(conversation.id, None, inbound.chat, answer)
