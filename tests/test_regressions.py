@@ -1,0 +1,175 @@
+"""Regression tests for bugs found in review, each with the input that failed."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+from conftest import running, write_config
+from fakes.openai_server import error, is_loop, text, tool_calls
+from support import Gate, contents, judges_say_done, loop_requests, say
+
+from bumblebot.adapter import Adapter
+from bumblebot.delivery import Delivery
+from bumblebot.errors import DeliveryFailed
+from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.store import Store
+
+
+class FlakyConsole(Adapter):
+    """A console-like platform whose sends fail on demand (a real Adapter, no mock library)."""
+
+    platform = Platform.CONSOLE
+
+    def __init__(self, fail_on_call: set[int], crash_on_call: set[int] = frozenset()) -> None:
+        self.fail_on_call = fail_on_call
+        self.crash_on_call = crash_on_call
+        self.calls = 0
+        self.sent: list[str] = []
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def chunks(self, text: str) -> list[str]:
+        return text.split("|")
+
+    async def send_chunk(self, chat: ChatRef, text: str) -> str:
+        self.calls += 1
+        if self.calls in self.crash_on_call:
+            raise asyncio.CancelledError  # the process is going down mid-message
+        if self.calls in self.fail_on_call:
+            raise DeliveryFailed("network down", retryable=True)
+        self.sent.append(text)
+        return str(self.calls)
+
+    async def send_typing(self, chat: ChatRef) -> None: ...
+
+
+async def test_retry_resumes_after_the_last_delivered_chunk(tmp_path):
+    chat = ChatRef(Platform.CONSOLE, "c")
+    async with Store(tmp_path / "db.sqlite") as store:
+        conversation = await store.conversation(chat)
+        adapter = FlakyConsole(fail_on_call=set(), crash_on_call={3})
+        delivery = Delivery(store, {Platform.CONSOLE: adapter}, attempts=1)
+        try:
+            await delivery.send(conversation.id, None, chat, "one|two|three")
+        except asyncio.CancelledError:
+            pass
+        assert adapter.sent == ["one", "two"]
+        [pending] = await store.outbox_pending()
+        assert pending.platform_message_ids == ["1", "2"]
+        assert await delivery.retry_pending() == 1
+        assert adapter.sent == ["one", "two", "three"]  # no chunk twice
+        assert await store.outbox_pending() == []
+
+
+async def test_sweeper_does_not_resend_a_message_being_delivered(tmp_path):
+    chat = ChatRef(Platform.CONSOLE, "c")
+    release = asyncio.Event()
+
+    class Slow(FlakyConsole):
+        async def send_chunk(self, chat: ChatRef, text: str) -> str:
+            await release.wait()
+            return await super().send_chunk(chat, text)
+
+    async with Store(tmp_path / "db.sqlite") as store:
+        conversation = await store.conversation(chat)
+        adapter = Slow(fail_on_call=set())
+        delivery = Delivery(store, {Platform.CONSOLE: adapter})
+        sending = asyncio.create_task(delivery.send(conversation.id, None, chat, "hello"))
+        while not await store.outbox_pending():
+            await asyncio.sleep(0)  # let the send record its outbox row
+        sweep = asyncio.create_task(delivery.retry_pending())
+        release.set()
+        await asyncio.gather(sending, sweep)
+        assert adapter.sent == ["hello"]
+
+
+async def test_mid_turn_message_is_kept_when_the_model_then_fails(tmp_path, llm, tg):
+    judges_say_done(llm)
+    slow = Gate(tool_calls(("think", {"thought": "working"})))
+    llm.push(slow, when=is_loop)
+    llm.push(error(400, "bad request from the endpoint"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("start something", chat_id=3)
+        await asyncio.wait_for(slow.entered.wait(), 5)
+        tg.push_text("also this detail", chat_id=3)
+        await d.engine.wait_until(lambda: d.engine.accepted == 2)
+        slow.release.set()
+        await d.engine.wait_for_turns(1)
+        pending = await d.store.pending_inbound()
+    assert pending == []
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    stored = [r[0] for r in db.execute("SELECT content FROM messages WHERE role='user' ORDER BY id")]
+    assert stored == ["start something", "also this detail"]
+    roles = [r[0] for r in db.execute("SELECT role FROM messages ORDER BY id")]
+    assert roles == ["user", "assistant", "tool", "user"]  # the partial turn, valid
+    assert "can't reach my language model" in tg.sent(3)[0]
+
+
+async def test_say_calls_of_one_step_arrive_in_call_order(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(*[("say", {"text": f"part {i}"}) for i in range(5)], ("end_turn", {})), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("count to five", chat_id=4)
+        await tg.wait_for("sendMessage", n=5)
+    assert tg.sent(4) == [f"part {i}" for i in range(5)]
+
+
+async def test_suppressed_final_reply_is_not_stored(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "the answer is 4"})), when=is_loop)
+    llm.push(text("The answer is 4."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("2+2?", chat_id=5)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assistant_texts = [r[0] for r in db.execute("SELECT content FROM messages WHERE role='assistant'")]
+    assert "The answer is 4." not in assistant_texts
+
+
+async def test_command_moves_the_stored_telegram_offset(tmp_path, llm, tg):
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        update = tg.push_text("/help", chat_id=6)
+        await tg.wait_for("sendMessage")
+        offset = await d.store.get_kv("telegram.offset")
+    assert offset == str(update["update_id"] + 1)
+
+
+async def test_chat_mode_does_not_answer_pending_telegram_messages(tmp_path, llm, tg):
+    """A Telegram message left pending must wait for `bumblebot run`, not be answered by `chat`."""
+    from bumblebot.cli import Daemon
+    from bumblebot.config import Secrets, load_settings
+    from bumblebot.entity import load_entity
+
+    config = write_config(tmp_path, llm, tg)
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        await store.journal(Inbound(ChatRef(Platform.TELEGRAM, "7"), "1", "7", "Al", "hello?", ChatKind.PRIVATE))
+    daemon = Daemon(load_settings(config), Secrets(OPENAI_API_KEY="sk-x"), load_entity("default"))
+    await daemon.start(adapters=[FlakyConsole(fail_on_call=set())])
+    try:
+        assert daemon.engine is not None and daemon.engine.loaded_conversations == 0
+    finally:
+        await daemon.stop()
+    assert llm.requests == []
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        assert len(await store.pending_inbound()) == 1
+
+
+async def test_message_arriving_while_stopping_is_kept_for_the_next_start(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("answered after restart"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    late = Inbound(ChatRef(Platform.TELEGRAM, "8"), "77", "8", "Late", "am I lost?", ChatKind.PRIVATE)
+    async with running(config) as d:
+        assert d.engine is not None
+        d.engine._accepting = False  # what stop() does first
+        d.engine._stopped = True
+        assert await d.engine.submit(late)  # e.g. a Discord message during shutdown
+        assert llm.requests == []
+    async with running(config) as d:
+        await tg.wait_for("sendMessage")
+    assert tg.sent(8) == ["answered after restart"]
+    assert "am I lost?" in contents(loop_requests(llm)[0])
