@@ -69,7 +69,7 @@ def resolve_entity_path(ref: str, search: list[Path]) -> Path:
     """
     candidate = Path(ref).expanduser()
     if candidate.suffix in (".yaml", ".yml") or "/" in ref:
-        for base in [Path.cwd(), *[d.parent for d in search]]:
+        for base in [*[d.parent for d in search], Path.cwd()]:
             p = candidate if candidate.is_absolute() else base / candidate
             if p.is_file():
                 return p

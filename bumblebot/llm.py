@@ -38,6 +38,9 @@ _CONTEXT_RE = re.compile(
     re.IGNORECASE,
 )
 LENGTH_FINISHES = frozenset({"length", "max_tokens", "max_length"})
+_TOOLS_RE = re.compile(r"tool|function.?call", re.IGNORECASE)
+#: Consecutive unexplained refusals of ``tool_choice="required"`` before ``"auto"`` is remembered.
+FORCING_STRIKES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,7 @@ class LLM:
             max_retries=settings.max_retries,
         )
         self.capabilities = capabilities or CapabilityMemory()
+        self._forcing_strikes = 0
 
     @property
     def model(self) -> str:
@@ -202,7 +206,7 @@ class LLM:
             if self._is_context_error(exc):
                 raise self._translate(exc) from exc
             log.warning(
-                "endpoint %s rejected tool_choice=required (HTTP %s); retrying with 'auto'",
+                "endpoint %s refused a request with tool_choice=required (HTTP %s); retrying with 'auto'",
                 self.base_url, exc.status_code,
             )
             params["tool_choice"] = choice = "auto"
@@ -210,11 +214,26 @@ class LLM:
                 response = await self._create(params)
             except openai.APIError as exc2:
                 raise self._translate(exc2) from exc2
-            await self.capabilities.set(self._tool_choice_key(), "auto")
-            log.warning("endpoint %s works with tool_choice='auto'; using it from now on", self.base_url)
+            await self._note_forcing_refused(exc)
         except openai.APIError as exc:
             raise self._translate(exc) from exc
+        else:
+            if choice == "required":
+                self._forcing_strikes = 0
         return self._normalise(response, choice)
+
+    async def _note_forcing_refused(self, exc: openai.APIStatusError) -> None:
+        """Remember ``"auto"`` for this endpoint once the refusal is clearly about forcing.
+
+        An error that names tools/tool_choice counts at once; an unexplained 400/422/500 that
+        ``"auto"`` then survives counts only when it happens on consecutive requests
+        (:data:`FORCING_STRIKES`), so one upstream hiccup never turns tool forcing off for good.
+        """
+        about_tools = bool(_TOOLS_RE.search(str(exc.message)))
+        self._forcing_strikes += 1
+        if about_tools or self._forcing_strikes >= FORCING_STRIKES:
+            await self.capabilities.set(self._tool_choice_key(), "auto")
+            log.warning("endpoint %s does not support tool_choice=required; using 'auto' from now on", self.base_url)
 
     async def text(
         self, messages: list[dict[str, Any]], *, model: str | None = None, max_tokens: int, temperature: float

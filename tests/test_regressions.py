@@ -173,3 +173,18 @@ async def test_message_arriving_while_stopping_is_kept_for_the_next_start(tmp_pa
         await tg.wait_for("sendMessage")
     assert tg.sent(8) == ["answered after restart"]
     assert "am I lost?" in contents(loop_requests(llm)[0])
+
+
+async def test_one_upstream_hiccup_does_not_turn_tool_forcing_off(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(error(500, "upstream hiccup"), when=lambda r: is_loop(r) and r.get("tool_choice") == "required")
+    llm.push(say("recovered"), when=is_loop)
+    llm.push(say("still forced"), when=lambda r: is_loop(r) and r.get("tool_choice") == "required")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=9)
+        await tg.wait_for("sendMessage")
+        tg.push_text("again", chat_id=9)
+        await tg.wait_for("sendMessage", n=2)
+        remembered = await d.store.get_kv(f"llm.tool_choice:{llm.base_url}")
+    assert tg.sent(9) == ["recovered", "still forced"]
+    assert remembered is None

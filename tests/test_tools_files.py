@@ -312,3 +312,34 @@ async def test_search_does_not_follow_symlinked_directories_out(
     os.symlink(nested / "deep.txt", ctx.workspace / "sub" / "deep_link.txt")
     result = await call(files, ctx, "search_files", pattern="needle")
     assert result.content == "0 matches for 'needle' in ."
+
+
+async def test_catastrophic_regex_is_stopped_without_freezing_the_event_loop(tmp_path, monkeypatch):
+    """Regression: a backtracking regex (``(a+)+$`` with ``re``; ``(a|aa)+$`` still backtracks
+    exponentially with the ``regex`` module) used to hold the GIL and freeze the daemon."""
+    import asyncio
+    import json
+
+    import tools.files as files
+    from tools import build_registry
+
+    from bumblebot.toolkit import ToolContext
+
+    monkeypatch.setattr(files, "SEARCH_BUDGET_S", 1.0)
+    workspace = tmp_path / "ws"
+    registry = build_registry(workspace=workspace)
+    (workspace / "evil.txt").write_text("a" * 40 + "b\n")
+    ctx = ToolContext(workspace=workspace, data_dir=tmp_path)
+    ticks = 0
+
+    async def heartbeat() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.05)
+
+    beat = asyncio.create_task(heartbeat())
+    result = await registry.execute("search_files", json.dumps({"pattern": "(a|aa)+$", "regex": True}), ctx)
+    beat.cancel()
+    assert not result.ok and "simplify the pattern" in result.content
+    assert ticks >= 5  # the event loop kept running during the search

@@ -26,9 +26,11 @@ import asyncio
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import regex
 from pydantic import BaseModel, Field
 
 from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
@@ -61,6 +63,8 @@ MAX_SEARCH_MATCHES = 200
 MAX_SEARCH_FILE_BYTES = 1024 * 1024
 #: ``search_files`` stops after looking at this many files.
 MAX_SEARCH_FILES = 20_000
+#: Wall-clock budget of one search_files call, seconds (a pathological regex stops here).
+SEARCH_BUDGET_S = 10.0
 #: Directories ``search_files`` does not enter.
 SEARCH_SKIP_DIRS = frozenset({".git", "__pycache__", "node_modules", ".venv"})
 #: A NUL byte in this many leading bytes marks a file as binary.
@@ -345,21 +349,28 @@ def _search_sync(workspace: Path, args: SearchFilesArgs) -> ToolResult | str:
     root = workspace.resolve()
     target = resolve_in_workspace(root, args.path)
     shown = _display(root, target)
-    flags = re.IGNORECASE if args.ignore_case else 0
-    source = args.pattern if args.regex else re.escape(args.pattern)
+    flags = regex.IGNORECASE if args.ignore_case else 0
+    source = args.pattern if args.regex else regex.escape(args.pattern)
     try:
-        matcher = re.compile(source, flags)
-    except re.error as exc:
+        matcher = regex.compile(source, flags)
+    except regex.error as exc:
         return ToolResult.error(f"invalid regular expression: {exc}")
     if not target.exists():
         return ToolResult.error(f"no such file or directory: {shown}")
     matches: list[str] = []
     scanned = 0
-    for file in _walk_files(root, target):
-        scanned += 1
-        if scanned > MAX_SEARCH_FILES or len(matches) >= MAX_SEARCH_MATCHES:
-            break
-        _search_file(root, file, matcher, matches)
+    deadline = time.monotonic() + SEARCH_BUDGET_S
+    try:
+        for file in _walk_files(root, target):
+            scanned += 1
+            if scanned > MAX_SEARCH_FILES or len(matches) >= MAX_SEARCH_MATCHES:
+                break
+            _search_file(root, file, matcher, matches, deadline)
+    except TimeoutError:
+        return ToolResult.error(
+            f"the search took longer than {SEARCH_BUDGET_S:g} s and was stopped "
+            "(a regular expression with nested repetition can backtrack for ever); simplify the pattern"
+        )
     header = f"{len(matches)} matches for {args.pattern!r} in {shown}"
     if len(matches) >= MAX_SEARCH_MATCHES:
         header += f" (stopped at {MAX_SEARCH_MATCHES})"
@@ -387,7 +398,16 @@ def _walk_files(root: Path, target: Path) -> Iterator[Path]:
             yield file
 
 
-def _search_file(root: Path, file: Path, matcher: re.Pattern[str], out: list[str]) -> None:
+def _search_file(
+    root: Path, file: Path, matcher: regex.Pattern[str], out: list[str], deadline: float
+) -> None:
+    """Append ``file``'s matching lines to ``out``.
+
+    Raises:
+        TimeoutError: ``deadline`` (monotonic seconds) passed; the ``regex`` module enforces it
+            inside a single match too, and releases the GIL while matching, so a pathological
+            pattern can neither hang the search nor stall the event loop.
+    """
     try:
         if not file.is_file() or file.stat().st_size > MAX_SEARCH_FILE_BYTES:
             return
@@ -398,7 +418,10 @@ def _search_file(root: Path, file: Path, matcher: re.Pattern[str], out: list[str
         return
     shown = _display(root, file)
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        if matcher.search(line):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        if matcher.search(line, timeout=remaining, concurrent=True):
             text = line.strip()
             if len(text) > _MAX_MATCH_LINE:
                 text = text[:_MAX_MATCH_LINE] + "..."
