@@ -63,8 +63,11 @@ class Compactor:
     ) -> Callable[[ConversationContext, list[Message]], Awaitable[None]]:
         """The hook :class:`ConversationContext` awaits before each request of a turn."""
 
+        session = actor.conversation.session  # the turn's session, even if /reset comes meanwhile
+
         async def hook(context: ConversationContext, turn_messages: list[Message]) -> None:
-            await self.maybe_compact(actor, context, turn_messages)
+            if actor.conversation.session == session:
+                await self.maybe_compact(actor, context, turn_messages)
 
         return hook
 
@@ -73,7 +76,11 @@ class Compactor:
     ) -> Callable[[ConversationContext, list[Message]], Awaitable[None]]:
         """The hook for a context-length refusal: force a compaction, then prune if needed."""
 
+        session = actor.conversation.session
+
         async def shrink(context: ConversationContext, turn_messages: list[Message]) -> None:
+            if actor.conversation.session != session:
+                return  # /reset meanwhile: the old session is left as it is
             await self.maybe_compact(actor, context, turn_messages, force=True)
             await self._prune_only(actor, context, turn_messages, always=True)
 

@@ -76,8 +76,9 @@ class ConversationActor:
         summary = await self.engine.summary_message(self.conversation)
         return list(self._history), summary
 
-    def append_history(self, messages: list[Message]) -> None:
-        if self._history is not None:
+    def append_history(self, messages: list[Message], session: int) -> None:
+        """Add a committed turn to the cache, unless ``/reset`` started a new session meanwhile."""
+        if self._history is not None and session == self.conversation.session:
             self._history.extend(messages)
 
     def replace_history(self, messages: list[Message]) -> None:

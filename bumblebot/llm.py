@@ -31,7 +31,8 @@ from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout
 
 log = logging.getLogger(__name__)
 
-_THINK_RE = re.compile(r"<(think|thinking|reasoning)>.*?(</\1>|$)", re.DOTALL | re.IGNORECASE)
+_THINK_CLOSED = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.DOTALL | re.IGNORECASE)
+_THINK_LEADING_OPEN = re.compile(r"^\s*<(think|thinking|reasoning)>.*\Z", re.DOTALL | re.IGNORECASE)
 _CONTEXT_RE = re.compile(
     r"context.{0,20}(length|window|too long)|maximum context|too many tokens|prompt is too long"
     r"|exceeds? (the )?(model'?s? )?(max|context)",
@@ -81,8 +82,11 @@ class Completion:
 
 
 def strip_reasoning(text: str) -> str:
-    """Remove ``<think>``-style reasoning blocks (closed or left open) and surrounding blanks."""
-    return _THINK_RE.sub("", text or "").strip()
+    """Remove ``<think>``-style reasoning: closed blocks anywhere, and an unclosed block only
+    when the text starts with it (a model cut off mid-thought). A tag merely mentioned in the
+    middle of a reply ("write a <thinking> tag") is left alone."""
+    text = _THINK_CLOSED.sub("", text or "")
+    return _THINK_LEADING_OPEN.sub("", text).strip()
 
 
 class CapabilityMemory:

@@ -31,7 +31,7 @@ from typing import Any
 from bumblebot.compaction import cap_tool_result
 from bumblebot.errors import ContextTooLong
 from bumblebot.gate import CompletionGate, GateInput, Preview
-from bumblebot.llm import LLM, Completion, ToolCall
+from bumblebot.llm import LLM, Completion, ToolCall, strip_reasoning
 from bumblebot.messages import Message
 from bumblebot.toolkit import DeliveryReport, ToolContext, Toolbox, ToolKind, ToolResult
 
@@ -122,6 +122,9 @@ class TurnState:
         self.end_requested = False
 
     async def say(self, text: str) -> DeliveryReport:
+        text = strip_reasoning(text)  # reasoning never reaches the user, on any path
+        if not text:
+            return DeliveryReport(delivered=False, error="nothing to say after removing reasoning")
         async with self._order:
             report = await self._deliver(text)
         if report.delivered or report.queued:

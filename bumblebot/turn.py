@@ -187,7 +187,7 @@ class TurnRunner:
             trace=trace,
             status=status,
         )
-        actor.append_history(messages)
+        actor.append_history(messages, conversation.session)
         await engine.turn_committed()
         return TurnReport(turn_id=turn_id, stop_reason=stop_reason, delivered=delivered, trace=trace)
 

@@ -89,3 +89,12 @@ async def test_gate_routes_to_the_right_judge():
     empty = await gate.check(GateInput(user_text="hi", visible=[], work_calls=0, work_ok=0))
     assert grounded.judge == "grounding" and adequacy.judge == "adequacy"
     assert not empty.done and empty.judge is None and len(asked) == 2
+
+
+def test_strip_reasoning_keeps_a_tag_mentioned_mid_reply():
+    from bumblebot.llm import strip_reasoning
+
+    assert strip_reasoning("<think>plan</think>Hello") == "Hello"
+    assert strip_reasoning("<think>cut off mid-thought") == ""
+    mentioned = "In HTML you can write a <thinking> tag? No. Here is the full answer."
+    assert strip_reasoning(mentioned) == mentioned

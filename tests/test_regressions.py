@@ -188,3 +188,32 @@ async def test_one_upstream_hiccup_does_not_turn_tool_forcing_off(tmp_path, llm,
         remembered = await d.store.get_kv(f"llm.tool_choice:{llm.base_url}")
     assert tg.sent(9) == ["recovered", "still forced"]
     assert remembered is None
+
+
+async def test_reasoning_inside_say_arguments_is_never_delivered(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("<think>the user is annoying, humor them</think>Sure, happy to help!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("help?", chat_id=10)
+        await tg.wait_for("sendMessage")
+    assert tg.sent(10) == ["Sure, happy to help!"]
+
+
+async def test_reset_during_a_turn_keeps_that_turn_out_of_the_fresh_conversation(tmp_path, llm, tg):
+    judges_say_done(llm)
+    slow = Gate(say("answer to the old topic"))
+    llm.push(slow, when=is_loop)
+    llm.push(say("fresh"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("old topic case-rst", chat_id=12)
+        await asyncio.wait_for(slow.entered.wait(), 5)
+        tg.push_text("/reset", chat_id=12)
+        await tg.wait_for("sendMessage")  # the reset confirmation
+        tg.push_text("/status", chat_id=12)  # loads the new session's (empty) history
+        await tg.wait_for("sendMessage", n=2)
+        slow.release.set()
+        await d.engine.wait_for_turns(1)
+        tg.push_text("new topic", chat_id=12)
+        await tg.wait_for("sendMessage", n=4)
+    fresh = [r for r in loop_requests(llm) if "new topic" in contents(r)][0]
+    assert "case-rst" not in contents(fresh)
