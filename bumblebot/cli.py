@@ -52,9 +52,12 @@ def build_toolbox(settings: Settings) -> Any:
 @contextlib.contextmanager
 def instance_lock(data_dir: Path) -> Any:
     """Refuse a second daemon on the same data directory (field-bugs.md item 5)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / "bumblebot.lock"
-    handle = open(path, "a+")  # noqa: SIM115
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # noqa: SIM115
+    except OSError as exc:
+        raise ConfigError("config", "data_dir", f"a writable directory ({exc.strerror}: {data_dir})") from exc
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -163,7 +166,9 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
     path = find_config(args.config)
     settings = load_settings(path)
     secrets = load_secrets()
-    entity = load_entity(settings.entity, config_dir=getattr(settings, "config_dir", None))
+    entity = load_entity(
+        settings.entity, config_dir=getattr(settings, "config_dir", None), source=str(path) if path else "defaults"
+    )
     setup_logging(settings.log_level, secrets.values())
     return settings, secrets, entity
 
@@ -306,8 +311,14 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(run_check(settings, secrets, entity))
         if args.command == "trace":
             return asyncio.run(run_trace(settings, args.chat, args.n))
+    except ConfigError as exc:  # found after loading, e.g. an unusable data_dir
+        print(f"bumblebot: config error: {exc}", file=sys.stderr)
+        return 2
     except (StoreError, BumblebotError) as exc:
         print(f"bumblebot: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. data_dir unusable for chat/trace
+        print(f"bumblebot: {exc.strerror or exc}: {getattr(exc, 'filename', '') or ''}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

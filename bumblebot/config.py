@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from bumblebot.errors import ConfigError
 
@@ -135,7 +135,9 @@ class HistoryCompression(_Section):
 class CognitionSettings(_Section):
     """The turn pipeline (spec: Routing, Agent loop, Context compaction)."""
 
-    max_context_tokens: int = Field(32768, ge=1024, description="the model's context window, tokens")
+    max_context_tokens: int = Field(
+        32768, ge=4096, le=10_000_000, description="the model's context window, tokens"
+    )
     reflex_max_tokens: int = Field(512, ge=16, description="completion budget of reflex turns, tokens")
     deliberate_max_tokens: int = Field(2048, ge=64, description="completion budget of deliberate turns")
     tool_continuation_rounds: int = Field(
@@ -189,6 +191,11 @@ class Settings(BaseSettings):
     entity: str = Field("default", description="a name in entities/ or a path to a YAML file")
     data_dir: Path = Field(Path("./data"), description="SQLite database, knowledge.md, workspace")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
     llm: LLMSettings = Field(default_factory=LLMSettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     discord: DiscordSettings = Field(default_factory=DiscordSettings)
@@ -259,6 +266,37 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     return default if default.is_file() else None
 
 
+ENV_PREFIX = "BUMBLEBOT_"
+_ENV_NOT_KEYS = {"BUMBLEBOT_CONFIG"}
+
+
+def _env_names(model: type[BaseModel], prefix: str) -> set[str]:
+    names = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        full = f"{prefix}{name.upper()}"
+        names.add(full)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            names |= _env_names(ann, full + "__")
+    return names
+
+
+def _check_env_names() -> None:
+    """An unknown ``BUMBLEBOT_*`` variable is an error, like an unknown YAML key."""
+    known = _env_names(Settings, ENV_PREFIX) | _ENV_NOT_KEYS
+    for name in sorted(os.environ):
+        if name.upper().startswith(ENV_PREFIX) and name.upper() not in known:
+            hint = " (sections and keys are separated by two underscores)" if "__" not in name else ""
+            raise ConfigError(f"environment variable {name}", "", f"no such setting{hint}")
+
+
+def _env_field(message: str) -> str:
+    import re
+
+    m = re.search(r'field "([^"]+)"', message)
+    return m.group(1) if m else "(an override)"
+
+
 def _describe(error: dict[str, Any]) -> tuple[str, str]:
     loc = [str(p) for p in error.get("loc", ())]
     key = ".".join(loc)
@@ -289,11 +327,14 @@ def load_settings(path: Path | None = None) -> Settings:
     """
     source = str(path) if path else "environment"
     data: dict[str, Any] = {}
+    _check_env_names()
     if path is not None:
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(source, "", f"cannot read file ({exc.strerror})") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(source, "", f"a UTF-8 text file (byte {exc.start} is not UTF-8)") from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"line {mark.line + 1}" if mark is not None else "?"
@@ -305,11 +346,16 @@ def load_settings(path: Path | None = None) -> Settings:
         data = loaded
     try:
         settings = Settings(**data)
+    except SettingsError as exc:
+        # an override that is not valid JSON for a list/dict field, e.g. "[1,2"
+        raise ConfigError("environment", _env_field(str(exc)), "a valid JSON value (e.g. [1, 2])") from None
     except ValidationError as exc:
         errors = exc.errors()
         key, expected = _describe(errors[0])
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(source, key, expected + more) from None
+        env_name = ENV_PREFIX + "__".join(str(p) for p in errors[0].get("loc", ())).upper()
+        where = f"environment variable {env_name}" if env_name in os.environ else source
+        raise ConfigError(where, key, expected + more) from None
     base = path.parent.resolve() if path else Path.cwd()
     resolved = settings.data_dir if settings.data_dir.is_absolute() else base / settings.data_dir
     settings.data_dir = resolved.resolve()

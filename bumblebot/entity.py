@@ -61,7 +61,7 @@ class Entity(BaseModel):
         return self.greeting or f"Hi, I'm {self.name}. Send me a message and I'll answer."
 
 
-def resolve_entity_path(ref: str, search: list[Path]) -> Path:
+def resolve_entity_path(ref: str, search: list[Path], source: str = "config") -> Path:
     """The file for ``ref``: a path to a YAML file, or a name looked up in each ``search`` dir.
 
     Raises:
@@ -73,17 +73,17 @@ def resolve_entity_path(ref: str, search: list[Path]) -> Path:
             p = candidate if candidate.is_absolute() else base / candidate
             if p.is_file():
                 return p
-        raise ConfigError("config", "entity", f"an entity file; {ref!r} does not exist")
+        raise ConfigError(source, "entity", f"an entity file; {ref!r} does not exist")
     for directory in search:
         for suffix in (".yaml", ".yml"):
             p = directory / f"{ref}{suffix}"
             if p.is_file():
                 return p
     where = ", ".join(str(d) for d in search)
-    raise ConfigError("config", "entity", f"the name of a file in entities/ ({ref!r} not found in {where})")
+    raise ConfigError(source, "entity", f"the name of a file in entities/ ({ref!r} not found in {where})")
 
 
-def load_entity(ref: str, *, config_dir: Path | None = None) -> Entity:
+def load_entity(ref: str, *, config_dir: Path | None = None, source: str = "config") -> Entity:
     """Load and validate an entity by name or path.
 
     Args:
@@ -94,11 +94,17 @@ def load_entity(ref: str, *, config_dir: Path | None = None) -> Entity:
         ConfigError: missing file, invalid YAML, unknown key or wrong type.
     """
     search = [d for d in ((config_dir or Path.cwd()) / "entities", Path.cwd() / "entities", BUNDLED_ENTITIES)]
-    path = resolve_entity_path(ref, list(dict.fromkeys(search)))
+    path = resolve_entity_path(ref, list(dict.fromkeys(search)), source)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), "", f"invalid YAML ({exc})") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(str(path), where, f"invalid YAML ({getattr(exc, 'problem', None) or 'syntax error'})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "", f"a UTF-8 text file (byte {exc.start} is not UTF-8)") from exc
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read file ({exc.strerror})") from exc
     if not isinstance(data, dict):
         raise ConfigError(str(path), "(top level)", "expected a mapping of keys to values")
     try:

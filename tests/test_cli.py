@@ -168,3 +168,10 @@ async def test_chat_console_talks_and_persists(tmp_path, llm):
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
     assert db.execute("SELECT platform FROM conversations").fetchall() == [("console",)]
     assert db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] >= 3
+
+
+def test_unusable_data_dir_is_a_config_error(tmp_path):
+    (tmp_path / "bumblebot.yaml").write_text("data_dir: /proc/definitely/not/here\n")
+    result = run_cli("run", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "data_dir" in result.stderr and "Traceback" not in result.stderr

@@ -92,3 +92,43 @@ def test_entity_errors_name_the_entity_file(tmp_path):
 def test_bundled_default_entity_loads(tmp_path):
     entity = load_entity("default")
     assert entity.name and entity.voice and entity.greeting
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"BUMBLEBOT_TELEGRAM__ALLOWED_USER_IDS": "[1,2"}, "a valid JSON value"),
+        ({"BUMBLEBOT_LLM__MODLE": "x"}, "environment variable BUMBLEBOT_LLM__MODLE: no such setting"),
+        ({"BUMBLEBOT_LLM_MODEL": "x"}, "two underscores"),
+        ({"BUMBLEBOT_COGNITION__MAX_CONTEXT_TOKENS": "abc"}, "environment variable BUMBLEBOT_COGNITION__MAX_CONTEXT_TOKENS"),
+    ],
+)
+def test_bad_environment_overrides_are_named_as_such(monkeypatch, env, expected):
+    """Regressions: an env typo was silently ignored or blamed on the YAML file; bad JSON crashed."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None)
+    assert expected in str(caught.value)
+
+
+def test_log_level_is_case_insensitive(monkeypatch):
+    monkeypatch.setenv("BUMBLEBOT_LOG_LEVEL", "debug")
+    assert load_settings(None).log_level == "DEBUG"
+
+
+def test_non_utf8_files_are_config_errors(tmp_path):
+    bad = tmp_path / "bumblebot.yaml"
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="UTF-8"):
+        load_settings(bad)
+    (tmp_path / "entities").mkdir()
+    (tmp_path / "entities" / "odd.yaml").write_bytes(b"name: \xff\n")
+    with pytest.raises(ConfigError, match="UTF-8"):
+        load_entity("odd", config_dir=tmp_path)
+
+
+def test_entity_errors_name_the_config_file_that_asked_for_it(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_entity("ghost", config_dir=tmp_path, source=str(tmp_path / "bumblebot.yaml"))
+    assert str(caught.value).startswith(str(tmp_path / "bumblebot.yaml") + ": entity:")
