@@ -121,7 +121,10 @@ class Daemon:
         )
         from bumblebot.compactor import Compactor
 
-        engine = Engine(self.settings, self.store, self.llm, build_toolbox(self.settings), self.entity)
+        engine = Engine(
+            self.settings, self.store, self.llm, build_toolbox(self.settings), self.entity,
+            secrets=self.secrets.values(),
+        )
         engine.compactor = Compactor(engine)
         self.engine = engine
         return engine

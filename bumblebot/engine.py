@@ -30,6 +30,7 @@ from bumblebot.events import ChatRef, Inbound, Platform
 from bumblebot.gate import CompletionGate
 from bumblebot.knowledge import KnowledgeFile
 from bumblebot.llm import LLM
+from bumblebot.logs import redact
 from bumblebot.loop import AgentLoop
 from bumblebot.messages import Message, estimate_text_tokens, estimate_tools
 from bumblebot.prompt import PromptBuilder
@@ -53,10 +54,21 @@ class Engine:
         llm: the chat-completions client.
         toolbox: the tool registry (built by the CLI from ``tools/``).
         entity: the persona.
+        secrets: values that must never be stored (tokens, keys); traces are redacted with them.
     """
 
-    def __init__(self, settings: Settings, store: Store, llm: LLM, toolbox: Toolbox, entity: Entity) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        llm: LLM,
+        toolbox: Toolbox,
+        entity: Entity,
+        *,
+        secrets: list[str] | None = None,
+    ) -> None:
         self.settings = settings
+        self._secrets = list(secrets or [])
         self.store = store
         self.llm = llm
         self.toolbox = toolbox
@@ -271,6 +283,10 @@ class Engine:
         from bumblebot.compaction import summary_message
 
         return summary_message(state.summary)
+
+    def redact(self, text: str) -> str:
+        """``text`` without any secret or token-shaped string (for traces stored in SQLite)."""
+        return redact(text, self._secrets)
 
     # -- judges -------------------------------------------------------------------------------
 

@@ -64,6 +64,10 @@ def canonical_arguments(arguments: str) -> str:
         return arguments.strip()
 
 
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
 def repeats_said(text: str, said: list[str]) -> bool:
     """``text`` only repeats what ``say`` already delivered (or is a pro-forma "done")."""
     norm = " ".join(text.lower().split())
@@ -125,6 +129,8 @@ class TurnState:
         text = strip_reasoning(text)  # reasoning never reaches the user, on any path
         if not text:
             return DeliveryReport(delivered=False, error="nothing to say after removing reasoning")
+        if _norm(text) in {_norm(t) for t in self.delivered}:
+            return DeliveryReport(delivered=True, duplicate=True)
         async with self._order:
             report = await self._deliver(text)
         if report.delivered or report.queued:
@@ -290,7 +296,9 @@ class AgentLoop:
             # A completion without tool calls: the endpoint did not force tools.
             text = completion.content.strip()
             if text:
-                if state.delivered and repeats_said(text, state.delivered):
+                # spec, "Intermediate delivery": after say-only talk with no work tools the final
+                # reply is suppressed; one that only repeats what was said is never sent again
+                if state.delivered and (work_calls == 0 or repeats_said(text, state.delivered)):
                     # not shown, so not stored as if the user had seen it
                     trace.tool_calls.append({"name": "(final reply)", "suppressed": True})
                 else:

@@ -51,12 +51,15 @@ class DeliveryReport:
     """Outcome of one ``say``: ``delivered`` once the platform accepted every chunk.
 
     ``queued`` is ``True`` when delivery failed for now but the message stays in the outbox
-    and will be retried (so the model must not repeat it).
+    and will be retried (so the model must not repeat it). ``duplicate`` is ``True`` when the
+    same text was already said in this turn and was not sent again (spec: a message reaches the
+    user exactly once).
     """
 
     delivered: bool
     queued: bool = False
     error: str | None = None
+    duplicate: bool = False
 
 
 class TurnControl(Protocol):

@@ -11,6 +11,7 @@ already delivered are listed in the new turn's context so they are not repeated.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -179,6 +180,8 @@ class TurnRunner:
         journal_ids += [j for _, ids in context.steered for j in ids]
         trace["stop_reason"] = stop_reason
         trace["wall_s"] = round(time.monotonic() - started, 3)
+        # endpoint errors can echo a key back ("Incorrect API key provided: sk-…")
+        trace = json.loads(engine.redact(json.dumps(trace, ensure_ascii=False, default=str)))
         await engine.store.commit_turn(
             turn_id=turn_id,
             conversation=conversation,

@@ -217,3 +217,42 @@ async def test_reset_during_a_turn_keeps_that_turn_out_of_the_fresh_conversation
         await tg.wait_for("sendMessage", n=4)
     fresh = [r for r in loop_requests(llm) if "new topic" in contents(r)][0]
     assert "case-rst" not in contents(fresh)
+
+
+async def test_a_key_echoed_by_the_endpoint_is_not_stored_in_the_trace(tmp_path, llm, tg):
+    llm.push(error(401, "Incorrect API key provided: sk-test-key-not-real-000000"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=13)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    blob = (tmp_path / "data" / "bumblebot.db").read_bytes()
+    wal = tmp_path / "data" / "bumblebot.db-wal"
+    blob += wal.read_bytes() if wal.exists() else b""
+    assert "[REDACTED]" in trace["error"]
+    assert b"sk-test-key-not-real" not in blob
+
+
+async def test_final_reply_after_say_only_talk_is_suppressed(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "The answer is 42."})), when=is_loop)
+    llm.push(text("Anything else I can help you with today?"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("the answer?", chat_id=14)
+        await tg.wait_for("sendMessage")
+        await llm.wait_for_requests(3)
+    assert tg.sent(14) == ["The answer is 42."]
+
+
+async def test_the_same_say_in_two_steps_reaches_the_user_once(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Hello there!"})), when=is_loop)
+    llm.push(say("hello  there!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=15)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(15) == ["Hello there!"]
+    # the second say's result tells the model why nothing was sent
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert any("not sent again" in r[0] for r in db.execute("SELECT content FROM messages WHERE role='tool'"))

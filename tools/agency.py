@@ -50,6 +50,8 @@ async def say(
         return ToolResult.error("nothing to say: text is empty")
     report = await turn.say(text)
     payload: dict[str, object] = {"delivered": report.delivered, "queued": report.queued}
+    if report.duplicate:
+        payload["note"] = "you already said exactly this in this turn; it was not sent again"
     if report.error:
         payload["error"] = report.error
     return ToolResult(json.dumps(payload, ensure_ascii=False), ok=report.delivered or report.queued)
