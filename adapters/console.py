@@ -13,6 +13,7 @@ import contextlib
 import getpass
 import itertools
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
@@ -55,6 +56,17 @@ class ConsoleAdapter(Adapter):
         if self._reader is not None:
             raise RuntimeError("console already started")
         self._print(f"Talking to {self.engine.prompts.entity.name}. /help for commands, /quit or Ctrl-D to leave.")
+        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def pump() -> None:  # a daemon thread: a blocked input() never keeps the process alive
+            while True:
+                line = self._readline()
+                loop.call_soon_threadsafe(self._lines.put_nowait, line)
+                if line is None:
+                    return
+
+        threading.Thread(target=pump, name="bumblebot-console-input", daemon=True).start()
         self._reader = asyncio.create_task(self._read(), name="bumblebot:console:read")
 
     async def stop(self) -> None:
@@ -75,7 +87,7 @@ class ConsoleAdapter(Adapter):
     async def _read(self) -> None:
         try:
             while True:
-                line = await asyncio.to_thread(self._readline)
+                line = await self._lines.get()
                 if line is None or line.strip() in ("/quit", "/exit"):
                     break
                 if not line.strip():
@@ -89,7 +101,7 @@ class ConsoleAdapter(Adapter):
                     chat_kind=ChatKind.PRIVATE,
                 )
                 if line.startswith("/"):
-                    answer = await self.engine.command(inbound, line[1:].split()[0])
+                    answer = await self.engine.command(inbound, (line[1:].split() or [""])[0])
                     if answer:
                         self._print(answer)
                 else:

@@ -16,6 +16,12 @@ from bumblebot.errors import ModelError
 from bumblebot.llm import LLM
 
 
+PING_TOOL = {
+    "type": "function",
+    "function": {"name": "ping", "description": "Answer a ping.", "parameters": {"type": "object", "properties": {}}},
+}
+
+
 def _line(ok: bool, what: str, detail: str = "") -> None:
     print(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}")
 
@@ -29,6 +35,14 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         _line(False, what, detail)
 
     _line(True, "config", f"entity {entity.name!r} from {entity.source_path}; data in {settings.data_dir}")
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        probe = settings.data_dir / ".bumblebot-check"
+        probe.write_text("ok")
+        probe.unlink()
+        _line(True, "data_dir", f"{settings.data_dir} is writable")
+    except OSError as exc:
+        fail("data_dir", f"{settings.data_dir} is not writable ({exc.strerror}); change data_dir")
     base_url = effective_base_url(settings, secrets)
     llm = LLM(
         settings.llm,
@@ -39,6 +53,17 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         for model in dict.fromkeys([llm.model, llm.reflex_model]):
             await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
             _line(True, f"model {model}", f"answered at {base_url}")
+        probe = await llm.complete(
+            [{"role": "user", "content": "Call the ping tool now."}],
+            max_tokens=64,
+            tools=[PING_TOOL],
+        )
+        if probe.tool_calls:
+            how = "forced (tool_choice=required)" if probe.tool_choice == "required" else "with tool_choice=auto"
+            _line(True, "tool calls", f"{llm.model} called a tool, {how}")
+        else:
+            fail("tool calls", f"{llm.model} answered without calling a tool; use a model/server with tool "
+                 "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
     except ModelError as exc:
         hint = "check llm.base_url / OPENAI_BASE_URL, OPENAI_API_KEY and llm.model"
         fail("model endpoint", f"{exc} ({hint})")

@@ -246,6 +246,9 @@ async def run_check(settings: Settings, secrets: Secrets, entity: Entity) -> int
 
 
 async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
+    if not settings.db_path.exists():
+        print(f"bumblebot: no database at {settings.db_path} yet (nothing has run here)", file=sys.stderr)
+        return 1
     async with Store(settings.db_path) as store:
         conversation_id = None
         if chat:
@@ -272,7 +275,8 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
                 )
                 print(
                     f"  step {step['step']}: finish={step['finish_reason']} prompt_tokens={step['prompt_tokens']}"
-                    f" estimate={step['estimate']} tools=[{calls}]"
+                    f" (estimate {step['estimate']}) completion_tokens={step.get('completion_tokens')}"
+                    f" tools=[{calls}]"
                 )
             for g in t.get("gate", []):
                 print(f"  gate@{g['step']}: {'DONE' if g['done'] else 'CONTINUE'} ({g.get('judge') or 'heuristic'}): {g['reason']}")
@@ -281,6 +285,13 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
             if t.get("error"):
                 print(f"  error: {t['error']}")
     return 0
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return number
 
 
 def parser() -> argparse.ArgumentParser:
@@ -293,7 +304,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="validate the config and try the endpoint and the tokens")
     t = sub.add_parser("trace", help="print recent turns and why they ended")
     t.add_argument("--chat", help="conversation key, e.g. telegram:12345")
-    t.add_argument("-n", type=int, default=10, help="how many turns (default 10)")
+    t.add_argument("-n", type=_positive, default=10, help="how many turns (default 10)")
     return p
 
 

@@ -51,5 +51,5 @@ def setup_logging(level: str, secrets: list[str], *, stream: TextIO | None = Non
     handler._bumblebot = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)
-    for noisy in ("httpx", "httpcore", "telegram", "discord", "openai", "aiosqlite", "hpack"):
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "telegram", "discord", "openai", "aiosqlite", "hpack"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))

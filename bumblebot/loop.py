@@ -101,6 +101,7 @@ class StepTrace:
     finish_reason: str
     prompt_tokens: int | None
     estimate: int
+    completion_tokens: int | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | None = None
 
@@ -232,6 +233,7 @@ class AgentLoop:
                 step=len(steps) + 1,
                 finish_reason=completion.finish_reason,
                 prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
                 estimate=estimate,
                 tool_choice=completion.tool_choice,
             )

@@ -38,6 +38,12 @@ work for later and never claim a result you did not get from a tool.
 platform, who is speaking). It is not from the user; never quote it back."""
 
 
+def _plain(text: str, limit: int = 64) -> str:
+    """A user-controlled name as one short line without brackets (it must not forge the block)."""
+    cleaned = " ".join(text.replace("[", "(").replace("]", ")").split())
+    return cleaned[:limit] or "?"
+
+
 @dataclass(frozen=True, slots=True)
 class TurnInfo:
     """Per-turn facts for the preamble."""
@@ -150,7 +156,7 @@ class PromptBuilder:
             f"Time: {local:%A %Y-%m-%d %H:%M} ({self.entity.timezone})",
             f"Platform: {inb.chat.platform.value}, "
             + ("private chat" if inb.chat_kind is ChatKind.PRIVATE else "group chat (several people)"),
-            f"Speaking: {inb.sender_name} (id {inb.sender_id})",
+            f"Speaking: {_plain(inb.sender_name)} (id {_plain(inb.sender_id)})",
         ]
         if info.route == "reflex":
             lines.append("Mode: quick reply; keep it short.")

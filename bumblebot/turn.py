@@ -43,7 +43,8 @@ def merge_text(entries: list[JournalEntry]) -> str:
     parts = []
     for e in entries:
         inb = e.inbound
-        parts.append(f"[{inb.sender_name}]: {inb.text}" if inb.chat_kind is ChatKind.GROUP else inb.text)
+        name = " ".join(inb.sender_name.replace("[", "(").replace("]", ")").split())[:64]
+        parts.append(f"[{name}]: {inb.text}" if inb.chat_kind is ChatKind.GROUP else inb.text)
     return "\n\n".join(parts)
 
 

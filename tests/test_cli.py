@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from conftest import TOKEN, write_config
-from fakes.openai_server import is_loop
+from fakes.openai_server import is_loop, tool_calls
 from support import Gate, judges_say_done, say
 
 
@@ -128,6 +128,7 @@ def test_run_without_any_token_explains_what_to_set(tmp_path):
 
 async def test_check_reports_endpoint_and_token(tmp_path, llm, tg):
     judges_say_done(llm)
+    llm.push(tool_calls(("ping", {})), when=is_loop)
     config = write_config(tmp_path, llm, tg)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bumblebot", "--config", str(config), "check",
@@ -136,6 +137,7 @@ async def test_check_reports_endpoint_and_token(tmp_path, llm, tg):
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, out.decode() + err.decode()
     assert b"bot @fake_bot" in out and b"all checks passed" in out
+    assert b"called a tool, forced" in out and b"is writable" in out
     assert TOKEN.encode() not in out + err
 
 
@@ -175,3 +177,18 @@ def test_unusable_data_dir_is_a_config_error(tmp_path):
     result = run_cli("run", cwd=tmp_path)
     assert result.returncode == 2
     assert "data_dir" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_console_survives_a_lone_slash(tmp_path, llm):
+    judges_say_done(llm)
+    llm.push(say("still here"), when=is_loop)
+    config = write_config(tmp_path, llm, None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "chat",
+        env=env_for(tmp_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(b"/\nhello\n"), 60)
+    assert proc.returncode == 0, err.decode()
+    assert b"Unknown command" in out and b"still here" in out
+    assert b"Traceback" not in err
