@@ -80,7 +80,7 @@ class Delivery:
                 if not exc.retryable:
                     log.warning("delivery to %s refused: %s", entry.chat.key, error)
                     await self.store.outbox_progress(entry.id, status="failed", message_ids=sent, error=error)
-                    return DeliveryReport(delivered=False, error=error)
+                    return DeliveryReport(delivered=False, error=error, chat_unreachable=exc.chat_unreachable)
                 if attempt + 1 < attempts:
                     delay = exc.retry_after if exc.retry_after is not None else self.base_delay_s * 2**attempt
                     if delay > MAX_INLINE_WAIT_S:

@@ -63,11 +63,16 @@ class DeliveryFailed(AdapterError):
         retryable: ``True`` for transient failures (network, 5xx, rate limit past its wait);
             ``False`` when the platform refused the message for good (forbidden, bad request).
         retry_after: seconds the platform asked to wait (rate limit), if it said.
+        chat_unreachable: no message can reach this chat now (the user blocked the bot, the
+            chat or channel is gone, no permission to write there).
     """
 
-    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, retry_after: float | None = None, chat_unreachable: bool = False
+    ) -> None:
         self.retryable = retryable
         self.retry_after = retry_after
+        self.chat_unreachable = chat_unreachable
         super().__init__(message)
 
 

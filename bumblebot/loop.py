@@ -125,6 +125,8 @@ class TurnState:
         self.delivered: list[str] = []
         self.thoughts: list[str] = []
         self.end_requested = False
+        #: the platform refused a message for good (blocked bot, deleted chat): talking on is futile
+        self.undeliverable: str | None = None
 
     async def say(self, text: str) -> DeliveryReport:
         text = strip_reasoning(text)  # reasoning never reaches the user, on any path
@@ -132,8 +134,12 @@ class TurnState:
             return DeliveryReport(delivered=False, error="nothing to say after removing reasoning")
         if _norm(text) in {_norm(t) for t in self.delivered}:
             return DeliveryReport(delivered=True, duplicate=True)
+        if self.undeliverable:
+            return DeliveryReport(delivered=False, error=self.undeliverable)
         async with self._order:
             report = await self._deliver(text)
+        if report.chat_unreachable:
+            self.undeliverable = report.error or "the platform refused the message"
         if report.delivered or report.queued:
             self.delivered.append(text)
         return report
@@ -217,6 +223,9 @@ class AgentLoop:
         schemas = self.toolbox.schemas()
 
         while len(steps) < limits.max_steps:
+            if state.undeliverable:
+                stop_reason = "undeliverable"  # e.g. the user blocked the bot: stop spending tokens
+                break
             for steer, _ in requests.take_steering():
                 turn.append(steer)
                 user_texts.append(steer.content)
@@ -329,6 +338,8 @@ class AgentLoop:
 
         if stop_reason == "step_cap":
             await state.say(STEP_CAP_MESSAGE)
+        elif stop_reason == "undeliverable":
+            pass
         elif not state.delivered:
             stop_reason += "+fallback"
             await state.say(NO_REPLY_MESSAGE)

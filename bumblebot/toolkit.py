@@ -53,13 +53,15 @@ class DeliveryReport:
     ``queued`` is ``True`` when delivery failed for now but the message stays in the outbox
     and will be retried (so the model must not repeat it). ``duplicate`` is ``True`` when the
     same text was already said in this turn and was not sent again (spec: a message reaches the
-    user exactly once).
+    user exactly once). ``chat_unreachable`` is ``True`` when the platform said no message can
+    reach this chat (blocked, deleted, no permission).
     """
 
     delivered: bool
     queued: bool = False
     error: str | None = None
     duplicate: bool = False
+    chat_unreachable: bool = False
 
 
 class TurnControl(Protocol):

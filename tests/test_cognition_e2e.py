@@ -269,7 +269,7 @@ async def test_post_tool_nudge_names_failures_and_only_delivered_messages(tmp_pa
     async with running(config(tmp_path, llm, tg)):
         tg.push_text("go", chat_id=1)
         await tg.wait_for("sendMessage")
-        tg.fail_next("sendMessage", 400, bad_request_body("chat not found"))
+        tg.fail_next("sendMessage", 400, bad_request_body("can't parse entities: unsupported start tag"))
         await tg.wait_for("sendMessage", n=3)
     requests = loop_requests(llm)
     nudge1 = requests[1]["messages"][-1]["content"]

@@ -256,3 +256,16 @@ async def test_the_same_say_in_two_steps_reaches_the_user_once(tmp_path, llm, tg
     # the second say's result tells the model why nothing was sent
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
     assert any("not sent again" in r[0] for r in db.execute("SELECT content FROM messages WHERE role='tool'"))
+
+
+async def test_a_blocked_bot_stops_the_turn_instead_of_retrying_say(tmp_path, llm, tg):
+    judges_say_done(llm)
+    for _ in range(4):
+        llm.push(tool_calls(("say", {"text": "are you there?"})), when=is_loop)
+    tg.fail_next("sendMessage", 403, {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked by the user"})
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=16)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    assert len([c for c in tg.calls if c.method == "sendMessage"]) == 1
+    assert len(loop_requests(llm)) == 1 and trace["stop_reason"] == "undeliverable"

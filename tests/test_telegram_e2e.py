@@ -236,3 +236,20 @@ async def test_typing_indicator_is_refreshed_until_the_turn_ends(tmp_path, llm, 
         actor = await d.engine.actor(ChatRef(Platform.TELEGRAM, "41"))
     assert not actor.busy
     assert not [t for t in asyncio.all_tasks() if t.get_name().endswith(":typing")]  # refresher gone
+
+
+async def test_a_photo_gets_a_clear_answer_not_silence(tmp_path, llm, tg):
+    update = {
+        "update_id": 900,
+        "message": {
+            "message_id": 5, "date": 1700000000, "chat": {"id": 51, "type": "private"},
+            "from": {"id": 51, "is_bot": False, "first_name": "Pic"},
+            "photo": [{"file_id": "f1", "file_unique_id": "u1", "width": 90, "height": 90}],
+        },
+    }
+    tg.push_update(update)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await tg.wait_for("sendMessage")
+        offset = await d.store.get_kv("telegram.offset")
+    assert tg.sent(51) == ["I can only read text messages for now; could you write it out?"]
+    assert llm.requests == [] and offset == "901"

@@ -504,7 +504,9 @@ class DiscordAdapter(Adapter):
             retryable = exc.status == 429 or exc.status >= 500
             verb = "failed" if retryable else "refused the message"
             reason = f"Discord {verb}: {exc.status} {exc.text}"
-            raise DeliveryFailed(reason, retryable=retryable) from exc
+            # 403 (no permission, DMs closed: 50007) and 404 (channel gone): nothing will get through
+            unreachable = exc.status in (403, 404)
+            raise DeliveryFailed(reason, retryable=retryable, chat_unreachable=unreachable) from exc
         except (aiohttp.ClientError, OSError, TimeoutError, RuntimeError) as exc:
             raise DeliveryFailed(f"Discord unreachable: {exc!r}", retryable=True) from exc
         return str(message.id)

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 OFFSET_KEY = "telegram.offset"
 REFUSED_KEY = "telegram.refused:{user_id}"
 REFUSAL_TEXT = "Sorry, this bot is private."
+UNSUPPORTED_TEXT = "I can only read text messages for now; could you write it out?"
 COMMANDS = [
     BotCommand("start", "About this bot"),
     BotCommand("reset", "Start a fresh conversation"),
@@ -89,6 +90,7 @@ class TelegramAdapter(Adapter):
         self.app.add_handler(CommandHandler([c.command for c in COMMANDS], self._on_command))
         self.app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, self._on_text))
         self.app.add_handler(MessageHandler(filters.COMMAND, self._on_unknown_command))
+        self.app.add_handler(MessageHandler(filters.ALL, self._on_unsupported))
         self.app.add_error_handler(self._on_error)
         self._handler_error: BaseException | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -254,6 +256,15 @@ class TelegramAdapter(Adapter):
     async def _on_unknown_command(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         await self._on_command(update, context)
 
+    async def _on_unsupported(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Photos, stickers, voice…: say so once per message instead of staying silent."""
+        inbound = self._inbound(update, "(a message that is not text)")
+        if inbound is None or not await self._gatekeep(inbound):
+            return
+        if await self.engine.record_handled(inbound, kv=self._take_kv()):
+            conversation = await self.engine.store.conversation(inbound.chat)
+            await self.engine.delivery.send(conversation.id, None, inbound.chat, UNSUPPORTED_TEXT)
+
     # -- delivery ----------------------------------------------------------------------------
 
     def chunks(self, text: str) -> list[str]:
@@ -270,11 +281,16 @@ class TelegramAdapter(Adapter):
             raise DeliveryFailed("Telegram rate limit", retryable=True, retry_after=_seconds(exc.retry_after)) from exc
         except (TimedOut, NetworkError) as exc:
             if isinstance(exc, BadRequest):
-                raise DeliveryFailed(f"Telegram refused the message: {exc.message}", retryable=False) from exc
+                gone = "chat not found" in exc.message.lower()
+                raise DeliveryFailed(
+                    f"Telegram refused the message: {exc.message}", retryable=False, chat_unreachable=gone
+                ) from exc
             raise DeliveryFailed(f"Telegram unreachable: {exc.message}", retryable=True) from exc
         except ChatMigrated as exc:
-            raise DeliveryFailed(f"chat moved to {exc.new_chat_id}", retryable=False) from exc
-        except (Forbidden, TelegramError) as exc:
+            raise DeliveryFailed(f"chat moved to {exc.new_chat_id}", retryable=False, chat_unreachable=True) from exc
+        except Forbidden as exc:  # blocked by the user, kicked, deactivated
+            raise DeliveryFailed(f"Telegram refused the message: {exc.message}", retryable=False, chat_unreachable=True) from exc
+        except TelegramError as exc:
             raise DeliveryFailed(f"Telegram refused the message: {exc.message}", retryable=False) from exc
         return str(message.message_id)
 
