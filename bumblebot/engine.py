@@ -268,11 +268,14 @@ class Engine:
         return len(self._actors)
 
     async def already_told(self, entries: list[JournalEntry]) -> tuple[str, ...]:
-        """What interrupted earlier turns of these entries already delivered."""
+        """What interrupted earlier turns of these entries already delivered.
+
+        Only recovered entries carry a ``turn_id`` (set when a turn began and never committed);
+        a fresh message costs no query.
+        """
         turn_ids = sorted({e.turn_id for e in entries if e.turn_id is not None})
         if not turn_ids:
-            fresh = [await self.store.journal_entry(e.id) for e in entries]
-            turn_ids = sorted({e.turn_id for e in fresh if e is not None and e.turn_id is not None})
+            return ()
         sent = await self.store.outbox_sent_for_turns(turn_ids)
         return tuple(o.text for o in sent)
 

@@ -154,17 +154,22 @@ async def test_check_fails_clearly_on_a_bad_token(tmp_path, llm, tg):
     assert b"[FAIL] telegram" in out and b"WRONG-token" not in out + err
 
 
-async def test_chat_console_talks_and_persists(tmp_path, llm):
-    judges_say_done(llm)
-    llm.push(say("hello from the console"), when=is_loop)
-    config = write_config(tmp_path, llm, None)
+async def chat(config: Path, tmp_path: Path, typed: bytes) -> tuple[bytes, bytes]:
+    """``bumblebot chat`` with ``typed`` as its input; returns (stdout, stderr) after exit 0."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bumblebot", "--config", str(config), "chat",
         env=env_for(tmp_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(b"hi there\n/status\n"), 60)
+    out, err = await asyncio.wait_for(proc.communicate(typed), 60)
     assert proc.returncode == 0, err.decode()
+    return out, err
+
+
+async def test_chat_console_talks_and_persists(tmp_path, llm):
+    judges_say_done(llm)
+    llm.push(say("hello from the console"), when=is_loop)
+    out, _ = await chat(write_config(tmp_path, llm, None), tmp_path, b"hi there\n/status\n")
     assert b"hello from the console" in out
     assert b"Context: ~" in out
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
@@ -182,13 +187,37 @@ def test_unusable_data_dir_is_a_config_error(tmp_path):
 async def test_console_survives_a_lone_slash(tmp_path, llm):
     judges_say_done(llm)
     llm.push(say("still here"), when=is_loop)
-    config = write_config(tmp_path, llm, None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bumblebot", "--config", str(config), "chat",
-        env=env_for(tmp_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(b"/\nhello\n"), 60)
-    assert proc.returncode == 0, err.decode()
+    out, err = await chat(write_config(tmp_path, llm, None), tmp_path, b"/\nhello\n")
     assert b"Unknown command" in out and b"still here" in out
     assert b"Traceback" not in err
+
+
+async def test_restart_after_a_crash_tells_the_model_what_was_already_said(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "part one is done"})), when=is_loop)
+    hang = Gate(say("never"))
+    llm.push(hang, when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text("do the two parts", chat_id=23)
+        await asyncio.wait_for(hang.entered.wait(), 20)
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(proc.wait(), 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    hang.release.set()
+    llm.push(say("and part two"), when=is_loop)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        await tg.wait_for("sendMessage", n=2, timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert tg.sent(23) == ["part one is done", "and part two"]
+    rerun = [r for r in llm.requests if "tools" in r][-1]
+    preamble = rerun["messages"][-1]["content"]
+    assert 'Already delivered to the user: "part one is done"' in preamble
