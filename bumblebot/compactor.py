@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from bumblebot.compaction import compact, find_boundaries, prune_tool_results, summary_message
 from bumblebot.context import ConversationContext
-from bumblebot.messages import Message
+from bumblebot.messages import Message, estimate_tools
 
 if TYPE_CHECKING:
     from bumblebot.conversation import ConversationActor
@@ -82,7 +82,7 @@ class Compactor:
             if actor.conversation.session != session:
                 return  # /reset meanwhile: the old session is left as it is
             await self.maybe_compact(actor, context, turn_messages, force=True)
-            await self._prune_only(actor, context, turn_messages, always=True)
+            await self._prune_only(actor, context, turn_messages, always=True, everything=True)
 
         return shrink
 
@@ -161,16 +161,26 @@ class Compactor:
         turn_messages: list[Message],
         *,
         always: bool = False,
+        everything: bool = False,
     ) -> dict[str, Any] | None:
-        """While summaries are backing off: clear old tool outputs so the request still fits."""
+        """Clear old tool outputs (no LLM call) so the request still fits.
+
+        Used while summaries are backing off (outside the protected tail), and, with
+        ``everything``, when the endpoint refused the prompt as too long or ``/compact`` could
+        not get under the threshold: then the protected tail's tool outputs go too, because a
+        tail that alone overflows would otherwise lock the conversation (field-bugs.md item 12).
+        """
         if not always and context.estimate(turn_messages) <= self.engine.settings.cognition.max_context_tokens:
             return None
-        _, tail_start = find_boundaries(
-            context.history,
-            protect_first_n=self.cfg.compaction_protect_first_n,
-            protect_last_n=self.cfg.compaction_protect_last_n,
-            tail_token_budget=0,
-        )
+        if everything:
+            tail_start = len(context.history)
+        else:
+            _, tail_start = find_boundaries(
+                context.history,
+                protect_first_n=self.cfg.compaction_protect_first_n,
+                protect_last_n=self.cfg.compaction_protect_last_n,
+                tail_token_budget=0,
+            )
         pruned, indexes = prune_tool_results(context.history, tail_start)
         if not indexes:
             return None
@@ -192,13 +202,20 @@ class Compactor:
             summary_message=summary,
             protect_first_n=self.cfg.compaction_protect_first_n,
             preamble="",
-            tool_tokens=0,
+            tool_tokens=estimate_tools(engine.toolbox.schemas()),
         )
         before = context.estimate([])
         entry = await self.maybe_compact(actor, context, [], force=True)
+        if context.estimate([]) > self._threshold():
+            pruned = await self._prune_only(actor, context, [], always=True, everything=True)
+            if pruned:
+                entry = {**(entry or {}), "pruned": (entry or {}).get("pruned", 0) + pruned["pruned"]}
         after = context.estimate([])
         if entry is None or (not entry.get("covered") and not entry.get("pruned")):
             if entry and entry.get("summary_failed"):
                 return "Compaction failed (the summary could not be made); nothing was dropped. I'll retry later."
             return f"Nothing to compact yet (~{before} tokens in context)."
-        return f"Compacted: ~{before} → ~{after} tokens; {entry.get('covered', 0)} messages summarised."
+        return (
+            f"Compacted: ~{before} → ~{after} tokens; {entry.get('covered', 0)} messages summarised, "
+            f"{entry.get('pruned', 0)} old tool outputs cleared."
+        )

@@ -91,6 +91,9 @@ class ConversationContext(RequestBuilder):
         self.steered.extend(taken)
         return taken
 
+    def call_ids(self) -> set[str]:
+        return {cid for m in self.history if m.tool_calls for cid in m.tool_call_ids}
+
     async def shrink(self, turn_messages: list[Message]) -> None:
         if self._shrink is not None:
             await self._shrink(self, turn_messages)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -68,12 +70,20 @@ def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
 
+_FILLER = re.compile(
+    r"^(is there )?anything else( i can (help|do)[^?]*)?\??$|^let me know if[^.!?]*[.!?]?$"
+    r"|^(i )?hope (this|that) helps[.!]?$|^(feel free to ask|happy to help)[^.!?]*[.!?]?$",
+    re.IGNORECASE,
+)
+
+
 def repeats_said(text: str, said: list[str]) -> bool:
-    """``text`` only repeats what ``say`` already delivered (or is a pro-forma "done")."""
+    """``text`` only repeats what ``say`` already delivered, or is a pro-forma "done" or closing
+    filler ("Anything else I can help with?") after something was said."""
     norm = " ".join(text.lower().split())
     if not norm:
         return True
-    if said and norm.strip(" .!") in _PRO_FORMA | {p.strip(" .!") for p in _PRO_FORMA}:
+    if said and (norm.strip(" .!") in {p.strip(" .!") for p in _PRO_FORMA} or _FILLER.match(norm)):
         return True
     joined = " ".join(" ".join(s.lower().split()) for s in said)
     if not joined:
@@ -132,16 +142,16 @@ class TurnState:
         text = strip_reasoning(text)  # reasoning never reaches the user, on any path
         if not text:
             return DeliveryReport(delivered=False, error="nothing to say after removing reasoning")
-        if _norm(text) in {_norm(t) for t in self.delivered}:
-            return DeliveryReport(delivered=True, duplicate=True)
         if self.undeliverable:
             return DeliveryReport(delivered=False, error=self.undeliverable)
-        async with self._order:
+        async with self._order:  # checked under the lock: two equal says of one step count too
+            if _norm(text) in {_norm(t) for t in self.delivered}:
+                return DeliveryReport(delivered=True, duplicate=True)
             report = await self._deliver(text)
+            if report.delivered or report.queued:
+                self.delivered.append(text)
         if report.chat_unreachable:
             self.undeliverable = report.error or "the platform refused the message"
-        if report.delivered or report.queued:
-            self.delivered.append(text)
         return report
 
     def end_turn(self) -> None:
@@ -169,6 +179,10 @@ class RequestBuilder:
 
     async def shrink(self, turn_messages: list[Message]) -> None:
         """The endpoint said the prompt is too long: compact (or prune) before one retry."""
+
+    def call_ids(self) -> set[str]:
+        """Tool call ids already used in the conversation (new ones must differ)."""
+        return set()
 
 
 class AgentLoop:
@@ -221,6 +235,7 @@ class AgentLoop:
         nudge: str | None = None
         stop_reason = "step_cap"
         schemas = self.toolbox.schemas()
+        used_ids = requests.call_ids()
 
         while len(steps) < limits.max_steps:
             if state.undeliverable:
@@ -251,7 +266,7 @@ class AgentLoop:
             nudge = None
 
             if completion.tool_calls:
-                calls = completion.tool_calls
+                calls = [_unique_id(c, used_ids) for c in completion.tool_calls]
                 turn.append(
                     Message(role="assistant", content=completion.content, tool_calls=[c.to_api() for c in calls])
                 )
@@ -265,6 +280,7 @@ class AgentLoop:
                     repeat_key = key
                     plan.append((call, repeat_count < REPEAT_LIMIT))
                 results = await asyncio.gather(*(self._execute(c, run, ctx, limits) for c, run in plan))
+                results = _cap_step(results, limits.max_tool_result_chars)
                 failed: list[str] = []
                 for (call, _), (result, seconds) in zip(plan, results, strict=True):
                     kind = self.toolbox.kind(call.name)
@@ -307,9 +323,9 @@ class AgentLoop:
             # A completion without tool calls: the endpoint did not force tools.
             text = completion.content.strip()
             if text:
-                # spec, "Intermediate delivery": after say-only talk with no work tools the final
-                # reply is suppressed; one that only repeats what was said is never sent again
-                if state.delivered and (work_calls == 0 or repeats_said(text, state.delivered)):
+                # spec, "Intermediate delivery": a final reply that only echoes what say() already
+                # delivered (or is closing filler) is suppressed; new content is never dropped
+                if state.delivered and repeats_said(text, state.delivered):
                     # not shown, so not stored as if the user had seen it
                     trace.tool_calls.append({"name": "(final reply)", "suppressed": True})
                 else:
@@ -402,6 +418,37 @@ def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
         parts.append(f"Already told the user (do not repeat): {told}.")
     parts.append("Next: call more tools, say() to talk to the user, or end_turn() when done.")
     return " ".join(parts)
+
+
+def _cap_step(results: list[tuple[ToolResult, float]], budget: int) -> list[tuple[ToolResult, float]]:
+    """Keep one step's results within ``budget`` characters together (each is already capped
+    alone): parallel calls must not overflow the window between them (field-bugs.md item 12)."""
+    total = sum(len(r.content) for r, _ in results)
+    if total <= budget:
+        return results
+    share = max(500, budget // len(results))
+    return [
+        (ToolResult(cap_tool_result(r.content, share), ok=r.ok) if len(r.content) > share else r, t)
+        for r, t in results
+    ]
+
+
+_ALNUM9 = re.compile(r"^[A-Za-z0-9]{9}$")
+
+
+def _unique_id(call: ToolCall, used: set[str]) -> ToolCall:
+    """``call`` with an id not used before in this conversation.
+
+    Some servers (llama.cpp among them) reuse one id for every call; a repeated id would make
+    the history an invalid sequence. A replacement keeps the original's shape when it is the
+    9-character alphanumeric form some APIs (Mistral) insist on.
+    """
+    new_id = call.id
+    while new_id in used:
+        token = uuid.uuid4().hex
+        new_id = token[:9] if _ALNUM9.match(call.id) else f"call_{token[:24]}"
+    used.add(new_id)
+    return call if new_id == call.id else ToolCall(id=new_id, name=call.name, arguments=call.arguments)
 
 
 def _clip(text: str, n: int) -> str:

@@ -244,6 +244,30 @@ async def test_final_reply_after_say_only_talk_is_suppressed(tmp_path, llm, tg):
     assert tg.sent(14) == ["The answer is 42."]
 
 
+async def test_the_same_say_twice_in_one_step_reaches_the_user_once(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Hello!", "Hello!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=20)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(20) == ["Hello!"]
+
+
+async def test_a_new_answer_after_a_say_is_delivered_on_endpoints_without_forcing(tmp_path, tg):
+    """Regression: with tool_choice=auto the real answer came as plain text after a say and was dropped."""
+    from fakes.openai_server import FakeOpenAI
+
+    async with FakeOpenAI(reject_tool_choice_required=400) as llm:
+        judges_say_done(llm)
+        llm.push(tool_calls(("say", {"text": "Good question! Let me think."})), when=is_loop)
+        llm.push(text("The capital of Australia is Canberra."), when=is_loop)
+        async with running(write_config(tmp_path, llm, tg)):
+            tg.push_text("capital of Australia?", chat_id=21)
+            await tg.wait_for("sendMessage", n=2)
+    assert tg.sent(21) == ["Good question! Let me think.", "The capital of Australia is Canberra."]
+
+
 async def test_the_same_say_in_two_steps_reaches_the_user_once(tmp_path, llm, tg):
     judges_say_done(llm)
     llm.push(tool_calls(("say", {"text": "Hello there!"})), when=is_loop)
@@ -269,3 +293,78 @@ async def test_a_blocked_bot_stops_the_turn_instead_of_retrying_say(tmp_path, ll
         trace = (await d.store.recent_turns())[0]["trace"]
     assert len([c for c in tg.calls if c.method == "sendMessage"]) == 1
     assert len(loop_requests(llm)) == 1 and trace["stop_reason"] == "undeliverable"
+
+
+async def test_a_server_that_reuses_tool_call_ids_still_works(tmp_path, llm, tg):
+    """llama.cpp-style: every tool call carries the same id, within and across turns."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("read_file", {"path": "a.txt"}, "SAMEID123")), when=is_loop)
+    llm.push(tool_calls(("read_file", {"path": "b.txt"}, "SAMEID123")), when=is_loop)
+    llm.push(tool_calls(("say", {"text": "a says A, b says B"}, "SAMEID123"), ("end_turn", {}, "SAMEID123")), when=is_loop)
+    llm.push(tool_calls(("say", {"text": "again"}, "SAMEID123"), ("end_turn", {}, "SAMEID123")), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        (d.settings.workspace / "a.txt").write_text("A")
+        (d.settings.workspace / "b.txt").write_text("B")
+        tg.push_text("compare a.txt and b.txt", chat_id=17)
+        await tg.wait_for("sendMessage")
+        tg.push_text("once more", chat_id=17)
+        await tg.wait_for("sendMessage", n=2)
+    third = loop_requests(llm)[2]
+    results = [m["content"] for m in third["messages"] if m["role"] == "tool"]
+    assert any("A" in r for r in results) and any("B" in r for r in results)  # both results seen
+    ids = [c["id"] for r in [loop_requests(llm)[3]] for m in r["messages"] for c in m.get("tool_calls") or ()]
+    assert len(ids) == len(set(ids))
+    assert tg.sent(17) == ["a says A, b says B", "again"]
+    assert not llm.violations
+
+
+async def test_parallel_big_tool_results_cannot_lock_the_conversation(tmp_path, llm, tg):
+    """Four 10 kB files read in one step used to overflow every later request."""
+    judges_say_done(llm)
+    llm.push(tool_calls(*[("read_file", {"path": f"f{i}.txt"}) for i in range(4)]), when=is_loop)
+    llm.push(say("read them"), when=is_loop)
+    llm.push(say("still talking"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 8192})
+    async with running(config) as d:
+        for i in range(4):
+            (d.settings.workspace / f"f{i}.txt").write_text(str(i) * 10_000)
+        tg.push_text("read all four files", chat_id=18)
+        await tg.wait_for("sendMessage")
+        tg.push_text("and now?", chat_id=18)
+        await tg.wait_for("sendMessage", n=2)
+    step_results = [m["content"] for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"]
+    assert sum(len(r) for r in step_results) <= int(0.25 * 8192 * 4)
+    assert tg.sent(18) == ["read them", "still talking"]
+
+
+async def test_a_tail_that_alone_overflows_is_pruned_after_a_refusal(tmp_path, llm, tg):
+    """Big tool results inside the protected tail: the refusal path must clear them too."""
+    import json as _json
+
+    from conftest import write_config as _wc  # noqa: F401
+
+    judges_say_done(llm)
+    limit_chars = 30_000
+
+    def endpoint(request):
+        if len(_json.dumps(request["messages"])) > limit_chars:
+            return error(400, "This model's maximum context length is 8192 tokens")
+        return say("fits again")
+
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        conversation = await store.conversation(ChatRef(Platform.TELEGRAM, "19"))
+        calls = [{"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}} for i in range(3)]
+        from bumblebot.messages import Message
+
+        history = [Message(role="user", content="read the logs"), Message(role="assistant", content="", tool_calls=calls)]
+        history += [Message(role="tool", content="L" * 9000, tool_call_id=f"c{i}", name="read_file") for i in range(3)]
+        history += [Message(role="assistant", content="done")]
+        turn = await store.begin_turn(conversation.id, [])
+        await store.commit_turn(turn_id=turn, conversation=conversation, messages=history, journal_ids=[], trace={})
+    for _ in range(3):
+        llm.push(endpoint, when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 8192})
+    async with running(config):
+        tg.push_text("hello again", chat_id=19)
+        await tg.wait_for("sendMessage")
+    assert tg.sent(19) == ["fits again"]
