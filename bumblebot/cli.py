@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bumblebot import __version__
-from bumblebot.config import Secrets, Settings, effective_base_url, find_config, load_secrets, load_settings
+from bumblebot.config import (
+    Secrets,
+    Settings,
+    apply_dotenv,
+    effective_base_url,
+    find_config,
+    load_secrets,
+    load_settings,
+)
 from bumblebot.engine import Engine
 from bumblebot.entity import Entity, load_entity
 from bumblebot.errors import AdapterError, BumblebotError, ConfigError, StoreError
@@ -166,6 +174,7 @@ class Daemon:
 
 
 def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
+    apply_dotenv()
     path = find_config(args.config)
     settings = load_settings(path)
     secrets = load_secrets()

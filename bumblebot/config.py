@@ -248,6 +248,27 @@ class Secrets(BaseSettings):
         return out
 
 
+def apply_dotenv(path: Path = Path(".env")) -> list[str]:
+    """Make ``BUMBLEBOT_*`` lines of ``.env`` count like environment variables.
+
+    Real environment variables win. Secrets (``TELEGRAM_BOT_TOKEN``…) are read from ``.env`` by
+    :class:`Secrets` itself and are not copied into the process environment.
+
+    Returns:
+        the names taken from the file.
+    """
+    if not path.is_file():
+        return []
+    from dotenv import dotenv_values
+
+    taken = []
+    for name, value in dotenv_values(path).items():
+        if name.upper().startswith(ENV_PREFIX) and value is not None and name not in os.environ:
+            os.environ[name] = value
+            taken.append(name)
+    return taken
+
+
 def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     """The config file to use: ``explicit``, else ``$BUMBLEBOT_CONFIG``, else ``./bumblebot.yaml``.
 
@@ -343,6 +364,11 @@ def load_settings(path: Path | None = None) -> Settings:
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(source, "(top level)", "expected a mapping of keys to values")
+        bad_keys = [k for k in loaded if not isinstance(k, str)]
+        if bad_keys:
+            raise ConfigError(
+                source, repr(bad_keys[0]), "keys must be text (YAML reads on/off/yes/no as booleans: quote them)"
+            )
         data = loaded
     try:
         settings = Settings(**data)
@@ -357,10 +383,11 @@ def load_settings(path: Path | None = None) -> Settings:
         where = f"environment variable {env_name}" if env_name in os.environ else source
         raise ConfigError(where, key, expected + more) from None
     base = path.parent.resolve() if path else Path.cwd()
-    resolved = settings.data_dir if settings.data_dir.is_absolute() else base / settings.data_dir
-    settings.data_dir = resolved.resolve()
-    if settings.tools.workspace is not None and not settings.tools.workspace.is_absolute():
-        settings.tools.workspace = (base / settings.tools.workspace).resolve()
+    data_dir = settings.data_dir.expanduser()
+    settings.data_dir = (data_dir if data_dir.is_absolute() else base / data_dir).resolve()
+    if settings.tools.workspace is not None:
+        workspace = settings.tools.workspace.expanduser()
+        settings.tools.workspace = (workspace if workspace.is_absolute() else base / workspace).resolve()
     settings.__dict__["config_dir"] = base
     return settings
 

@@ -97,8 +97,11 @@ class Delivery:
         """One attempt at every pending outbox message. Returns how many were delivered."""
         delivered = 0
         async with self._lock:
-            for entry in await self.store.outbox_pending():
-                if entry.chat.platform not in self.adapters or entry.id in self._in_flight:
+            for listed in await self.store.outbox_pending():
+                if listed.chat.platform not in self.adapters or listed.id in self._in_flight:
+                    continue
+                entry = await self.store.outbox_entry(listed.id)  # the list may be stale by now
+                if entry is None or entry.status != "pending" or entry.id in self._in_flight:
                     continue
                 report = await self._deliver(entry, 1)
                 delivered += int(report.delivered)

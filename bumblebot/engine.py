@@ -30,7 +30,7 @@ from bumblebot.events import ChatRef, Inbound, Platform
 from bumblebot.gate import CompletionGate
 from bumblebot.knowledge import KnowledgeFile
 from bumblebot.llm import LLM
-from bumblebot.logs import redact
+from bumblebot.logs import redact_values
 from bumblebot.loop import AgentLoop
 from bumblebot.messages import Message, estimate_text_tokens, estimate_tools
 from bumblebot.prompt import PromptBuilder
@@ -222,6 +222,7 @@ class Engine:
         """
         if not self._accepting and not self._stopped:
             return False
+        inbound = inbound.storable()
         journal_id = await self.store.journal(inbound, kv=kv)
         if journal_id is None:
             log.info("duplicate message %s in %s ignored", inbound.message_id, inbound.chat.key)
@@ -287,9 +288,10 @@ class Engine:
 
         return summary_message(state.summary)
 
-    def redact(self, text: str) -> str:
-        """``text`` without any secret or token-shaped string (for traces stored in SQLite)."""
-        return redact(text, self._secrets)
+    def redact(self, value: Any) -> Any:
+        """``value`` (text or a JSON-like structure) without any secret or token-shaped string,
+        for traces stored in SQLite."""
+        return redact_values(value, self._secrets)
 
     # -- judges -------------------------------------------------------------------------------
 

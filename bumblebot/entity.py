@@ -73,6 +73,8 @@ def resolve_entity_path(ref: str, search: list[Path], source: str = "config") ->
             p = candidate if candidate.is_absolute() else base / candidate
             if p.is_file():
                 return p
+            if p.is_dir():
+                raise ConfigError(source, "entity", f"an entity YAML file; {str(p)!r} is a directory")
         raise ConfigError(source, "entity", f"an entity file; {ref!r} does not exist")
     for directory in search:
         for suffix in (".yaml", ".yml"):
@@ -107,6 +109,9 @@ def load_entity(ref: str, *, config_dir: Path | None = None, source: str = "conf
         raise ConfigError(str(path), "", f"cannot read file ({exc.strerror})") from exc
     if not isinstance(data, dict):
         raise ConfigError(str(path), "(top level)", "expected a mapping of keys to values")
+    odd = [k for k in data if not isinstance(k, str) or k == "source_path"]
+    if odd:
+        raise ConfigError(str(path), repr(odd[0]), "unknown key (keys are text: name, persona, voice, ...)")
     try:
         return Entity(**data, source_path=str(path))
     except ValidationError as exc:

@@ -7,8 +7,12 @@ built here and nowhere else.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Platform(StrEnum):
@@ -64,3 +68,12 @@ class Inbound:
     source: str = "chat"
     update_id: int | None = None
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def storable(self) -> Inbound:
+        """This message with lone UTF-16 surrogates (which SQLite and JSON encoders refuse,
+        e.g. from a broken client or a terminal's bad byte) replaced by U+FFFD."""
+        if not (_SURROGATE.search(self.text) or _SURROGATE.search(self.sender_name)):
+            return self
+        return dataclasses.replace(
+            self, text=_SURROGATE.sub("\ufffd", self.text), sender_name=_SURROGATE.sub("\ufffd", self.sender_name)
+        )

@@ -132,13 +132,14 @@ class KnowledgeFile:
             OSError: the file or its directory cannot be read or created.
         """
         try:
-            return self.path.read_text(encoding="utf-8")
+            # errors="replace": an operator's edit in another encoding must not stop every turn
+            return self.path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             with _lock_for(self.path):
                 if not self.path.exists():
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     self._write_atomic(SEED)
-            return self.path.read_text(encoding="utf-8")
+            return self.path.read_text(encoding="utf-8", errors="replace")
 
     def sections(self) -> list[Section]:
         """All H2 sections, in file order."""

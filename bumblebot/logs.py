@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 _PATTERNS = [
     re.compile(r"(?<!\d)\d{6,12}:[A-Za-z0-9_-]{30,}"),  # Telegram bot token
@@ -20,13 +20,30 @@ _PATTERNS = [
 ]
 
 
+#: Secrets shorter than this are not searched for (a key like "1" or "none" for a local
+#: server would otherwise blank out ordinary text); token-shaped strings are caught anyway.
+MIN_SECRET_CHARS = 8
+
+
 def redact(text: str, secrets: list[str]) -> str:
     """``text`` with each secret and each token-shaped string replaced by ``[REDACTED]``."""
     for secret in secrets:
-        text = text.replace(secret, "[REDACTED]")
+        if len(secret) >= MIN_SECRET_CHARS:
+            text = text.replace(secret, "[REDACTED]")
     for pattern in _PATTERNS:
         text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + "[REDACTED]", text)
     return text
+
+
+def redact_values(value: Any, secrets: list[str]) -> Any:
+    """A copy of a JSON-like structure with every string redacted (keys and structure kept)."""
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, dict):
+        return {k: redact_values(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_values(v, secrets) for v in value]
+    return value
 
 
 class RedactingFormatter(logging.Formatter):
@@ -34,7 +51,7 @@ class RedactingFormatter(logging.Formatter):
 
     def __init__(self, fmt: str, secrets: list[str]) -> None:
         super().__init__(fmt)
-        self.secrets = [s for s in secrets if len(s) >= 6]
+        self.secrets = list(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record), self.secrets)

@@ -352,13 +352,15 @@ class AgentLoop:
             if length_stalls >= LENGTH_STALL_LIMIT:
                 nudge = (nudge or "") + " " + LENGTH_ADVICE
 
+        note = None
         if stop_reason == "step_cap":
-            await state.say(STEP_CAP_MESSAGE)
-        elif stop_reason == "undeliverable":
-            pass
-        elif not state.delivered:
+            note = STEP_CAP_MESSAGE
+        elif stop_reason != "undeliverable" and not state.delivered:
             stop_reason += "+fallback"
-            await state.say(NO_REPLY_MESSAGE)
+            note = NO_REPLY_MESSAGE
+        if note is not None:
+            await state.say(note)
+            turn.append(Message(role="assistant", content=note))  # next turn knows what was said
         return LoopResult(
             messages=turn,
             stop_reason=stop_reason,

@@ -318,6 +318,7 @@ class Store:
             the journal id, or ``None`` when this (platform, chat, message id) was seen before.
         """
         c = inbound.chat
+        inbound = inbound.storable()
         async with self.transaction() as db:
             cur = await db.execute(
                 "INSERT OR IGNORE INTO journal (platform, chat_id, thread_id, message_id, update_id,"
@@ -476,6 +477,10 @@ class Store:
             await db.execute(
                 "UPDATE outbox SET platform_message_ids=? WHERE id=?", (json.dumps(message_ids), outbox_id)
             )
+
+    async def outbox_entry(self, outbox_id: int) -> OutboxEntry | None:
+        row = await self._one("SELECT * FROM outbox WHERE id=?", (outbox_id,))
+        return None if row is None else self._outbox_entry(row)
 
     async def outbox_pending(self) -> list[OutboxEntry]:
         rows = await self._all("SELECT * FROM outbox WHERE status='pending' ORDER BY id")

@@ -69,71 +69,32 @@ class TurnRunner:
 
     async def run(self, actor: ConversationActor, entries: list[JournalEntry]) -> TurnReport:
         engine = self.engine
-        cfg = engine.settings.cognition
         started = time.monotonic()
         conversation = actor.conversation
         chat = conversation.chat
-        last = entries[-1].inbound
-        text = merge_text(entries)
         journal_ids = [e.id for e in entries]
-
-        always = engine.prompts.entity.always_deliberate
-        decision = await route(
-            text,
-            classify=self._classify if cfg.classifier else None,
-            source=last.source,
-            always_deliberate=always,
-        )
-        reflex = decision.route is Route.REFLEX
-        limits = LoopLimits(
-            max_steps=max_steps(cfg.tool_continuation_rounds),
-            max_tokens=cfg.reflex_max_tokens if reflex else cfg.deliberate_max_tokens,
-            model=engine.llm.reflex_model if reflex else engine.llm.model,
-            thinking=not reflex,
-            tool_timeout_s=cfg.tool_timeout_s,
-            max_tool_result_chars=int(cfg.max_tool_result_share * cfg.max_context_tokens * 4),
-        )
-
         already_told = await engine.already_told(entries)
         turn_id = await engine.store.begin_turn(conversation.id, journal_ids)
-        history, summary = await actor.load_context()
-        preamble = engine.prompts.preamble(
-            TurnInfo(inbound=last, route=decision.route.value, now=datetime.now(UTC), already_told=already_told)
-        )
-        schemas = engine.toolbox.schemas()
-        context = ConversationContext(
-            system_prompt=engine.prompts.system_prompt(),
-            history=history,
-            summary_message=summary,
-            protect_first_n=cfg.history_compression.compaction_protect_first_n,
-            preamble=preamble,
-            tool_tokens=estimate_tools(schemas),
-            steering=actor.take_steering if cfg.mid_turn_messages == "steer" else None,
-            before_request=engine.compactor.before_request(actor) if engine.compactor else None,
-            shrink=engine.compactor.shrinker(actor) if engine.compactor else None,
-        )
-        user_message = Message(role="user", content=text)
+        user_message = Message(role="user", content=merge_text(entries))
+        messages: list[Message] = [user_message]  # the loop appends to it as the turn goes
+        trace: dict[str, Any] = {"journal_ids": journal_ids}
+        context: ConversationContext | None = None
 
         async def deliver(out: str) -> DeliveryReport:
             return await engine.delivery.send(conversation.id, turn_id, chat, out)
 
-        trace: dict[str, Any] = {
-            "route": decision.route.value,
-            "route_reason": decision.reason,
-            "classifier_label": decision.label,
-            "classifier_error": decision.classifier_error,
-            "model": limits.model,
-            "max_tokens": limits.max_tokens,
-            "journal_ids": journal_ids,
-            "compactions": context.compactions,
-        }
-        adapter = engine.adapters.get(chat.platform)
-        typing = adapter.typing(chat, engine.settings.engine.typing_interval_s) if adapter else _null_scope()
-        messages: list[Message] = [user_message]
-        status = "done"
-        stop_reason = "error"
-        delivered: list[str] = []
+        async def tell(note: str) -> None:
+            """A note from the daemon itself: delivered, and kept in history (the model should
+            know, next turn, what the user was told)."""
+            await deliver(note)
+            if not messages or messages[-1].role != "assistant" or messages[-1].tool_calls:
+                messages.append(Message(role="assistant", content=note))
+
+        status, stop_reason, delivered = "done", "error", []
         try:
+            context, limits = await self._prepare(actor, entries, already_told, trace)
+            adapter = engine.adapters.get(chat.platform)
+            typing = adapter.typing(chat, engine.settings.engine.typing_interval_s) if adapter else _null_scope()
             async with typing:
                 result = await engine.loop.run(
                     user_message=user_message,
@@ -143,9 +104,7 @@ class TurnRunner:
                     transcript=messages,
                     conversation=chat.key,
                 )
-            messages = result.messages
-            stop_reason = result.stop_reason
-            delivered = result.delivered
+            stop_reason, delivered = result.stop_reason, result.delivered
             trace.update(
                 steps=[vars_of(s) for s in result.steps],
                 gate=result.gate,
@@ -157,32 +116,31 @@ class TurnRunner:
         except asyncio.CancelledError:
             raise  # shutdown past the grace period: the journal keeps the messages pending
         except ModelError as exc:
-            status = "failed"
-            stop_reason = "model_error"
+            status, stop_reason = "failed", "model_error"
             trace["error"] = str(exc)
             log.warning("turn %s in %s failed: %s", turn_id, chat.key, exc)
-            note = (
+            await tell(
                 "That conversation got too long for my model even after compacting it. "
                 "Send /reset to start fresh, or /compact to try again."
                 if isinstance(exc, ContextTooLong)
                 else "I can't reach my language model right now, so I couldn't answer. "
                 "Your message is saved; send me anything and I'll answer it once the model is back."
             )
-            await deliver(note)
         except Exception:
             error_id = uuid.uuid4().hex[:8]
             log.exception("turn %s in %s crashed (error id %s)", turn_id, chat.key, error_id)
-            status = "failed"
-            stop_reason = "crash"
+            status, stop_reason = "failed", "crash"
             trace["error_id"] = error_id
-            await deliver(f"Something went wrong on my side (error id {error_id}). Your message is saved.")
+            await tell(f"Something went wrong on my side (error id {error_id}). Your message is saved.")
         if status == "failed" and not is_valid(messages):
             messages = repair(messages)  # a crash inside a tool batch; keep the rest
-        journal_ids += [j for _, ids in context.steered for j in ids]
+        if context is not None:
+            journal_ids += [j for _, ids in context.steered for j in ids]
+            trace["compactions"] = context.compactions
         trace["stop_reason"] = stop_reason
         trace["wall_s"] = round(time.monotonic() - started, 3)
         # endpoint errors can echo a key back ("Incorrect API key provided: sk-…")
-        trace = json.loads(engine.redact(json.dumps(trace, ensure_ascii=False, default=str)))
+        trace = engine.redact(json.loads(json.dumps(trace, default=str)))
         await engine.store.commit_turn(
             turn_id=turn_id,
             conversation=conversation,
@@ -194,6 +152,57 @@ class TurnRunner:
         actor.append_history(messages, conversation.session)
         await engine.turn_committed()
         return TurnReport(turn_id=turn_id, stop_reason=stop_reason, delivered=delivered, trace=trace)
+
+    async def _prepare(
+        self,
+        actor: ConversationActor,
+        entries: list[JournalEntry],
+        already_told: tuple[str, ...],
+        trace: dict[str, Any],
+    ) -> tuple[ConversationContext, LoopLimits]:
+        """Route the turn and assemble its context (spec: Routing, System prompt separation)."""
+        engine = self.engine
+        cfg = engine.settings.cognition
+        last = entries[-1].inbound
+        decision = await route(
+            merge_text(entries),
+            classify=self._classify if cfg.classifier else None,
+            source=last.source,
+            always_deliberate=engine.prompts.entity.always_deliberate,
+        )
+        reflex = decision.route is Route.REFLEX
+        limits = LoopLimits(
+            max_steps=max_steps(cfg.tool_continuation_rounds),
+            max_tokens=cfg.reflex_max_tokens if reflex else cfg.deliberate_max_tokens,
+            model=engine.llm.reflex_model if reflex else engine.llm.model,
+            thinking=not reflex,
+            tool_timeout_s=cfg.tool_timeout_s,
+            max_tool_result_chars=int(cfg.max_tool_result_share * cfg.max_context_tokens * 4),
+        )
+        trace.update(
+            route=decision.route.value,
+            route_reason=decision.reason,
+            classifier_label=decision.label,
+            classifier_error=decision.classifier_error,
+            model=limits.model,
+            max_tokens=limits.max_tokens,
+        )
+        history, summary = await actor.load_context()
+        preamble = engine.prompts.preamble(
+            TurnInfo(inbound=last, route=decision.route.value, now=datetime.now(UTC), already_told=already_told)
+        )
+        context = ConversationContext(
+            system_prompt=engine.prompts.system_prompt(),
+            history=history,
+            summary_message=summary,
+            protect_first_n=cfg.history_compression.compaction_protect_first_n,
+            preamble=preamble,
+            tool_tokens=estimate_tools(engine.toolbox.schemas()),
+            steering=actor.take_steering if cfg.mid_turn_messages == "steer" else None,
+            before_request=engine.compactor.before_request(actor) if engine.compactor else None,
+            shrink=engine.compactor.shrinker(actor) if engine.compactor else None,
+        )
+        return context, limits
 
 
 def vars_of(obj: Any) -> dict[str, Any]:

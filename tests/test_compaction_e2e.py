@@ -186,7 +186,8 @@ async def test_second_refusal_tells_the_user_plainly(tmp_path, llm, tg):
         await d.engine.wait_for_turns(1)
         rows = await d.store._all("SELECT role, content FROM messages")
     assert "too long" in tg.sent(CHAT)[0] and "/reset" in tg.sent(CHAT)[0]
-    assert [tuple(r) for r in rows] == [("user", "hello")]  # the message is kept
+    assert [tuple(r)[0] for r in rows] == ["user", "assistant"]  # the message is kept,
+    assert rows[0][1] == "hello" and "too long" in rows[1][1]  # and so is what the user was told
 
 
 async def test_status_and_compact_commands(tmp_path, llm, tg):

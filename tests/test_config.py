@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bumblebot.config import Secrets, effective_base_url, find_config, load_settings
@@ -132,3 +134,34 @@ def test_entity_errors_name_the_config_file_that_asked_for_it(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_entity("ghost", config_dir=tmp_path, source=str(tmp_path / "bumblebot.yaml"))
     assert str(caught.value).startswith(str(tmp_path / "bumblebot.yaml") + ": entity:")
+
+
+def test_bumblebot_lines_of_dotenv_count_like_env_vars(tmp_path, monkeypatch):
+    from bumblebot.config import apply_dotenv
+
+    (tmp_path / ".env").write_text("BUMBLEBOT_LLM__MODEL=from-dotenv\nBUMBLEBOT_LOG_LEVEL=warning\nTELEGRAM_BOT_TOKEN=1:x\n")
+    monkeypatch.setenv("BUMBLEBOT_LOG_LEVEL", "ERROR")  # the real environment wins
+    taken = apply_dotenv(tmp_path / ".env")
+    try:
+        settings = load_settings(None)
+        assert settings.llm.model == "from-dotenv" and settings.log_level == "ERROR"
+        assert taken == ["BUMBLEBOT_LLM__MODEL"] and "TELEGRAM_BOT_TOKEN" not in os.environ
+    finally:
+        for name in taken:
+            monkeypatch.delenv(name, raising=False)
+
+
+def test_home_is_expanded_in_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text("data_dir: ~/bbdata\ntools:\n  workspace: ~/ws\n")
+    settings = load_settings(path)
+    assert settings.data_dir == (tmp_path / "home" / "bbdata").resolve()
+    assert settings.workspace == (tmp_path / "home" / "ws").resolve()
+
+
+def test_non_text_yaml_keys_are_config_errors(tmp_path):
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text("on: 1\n")
+    with pytest.raises(ConfigError, match="keys must be text"):
+        load_settings(path)

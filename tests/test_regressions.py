@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 
-from conftest import running, write_config
+from conftest import TOKEN, running, write_config
 from fakes.openai_server import error, is_loop, text, tool_calls
 from support import Gate, contents, judges_say_done, loop_requests, say
 
@@ -104,7 +104,7 @@ async def test_mid_turn_message_is_kept_when_the_model_then_fails(tmp_path, llm,
     stored = [r[0] for r in db.execute("SELECT content FROM messages WHERE role='user' ORDER BY id")]
     assert stored == ["start something", "also this detail"]
     roles = [r[0] for r in db.execute("SELECT role FROM messages ORDER BY id")]
-    assert roles == ["user", "assistant", "tool", "user"]  # the partial turn, valid
+    assert roles == ["user", "assistant", "tool", "user", "assistant"]  # partial turn + the note
     assert "can't reach my language model" in tg.sent(3)[0]
 
 
@@ -368,3 +368,74 @@ async def test_a_tail_that_alone_overflows_is_pruned_after_a_refusal(tmp_path, l
         tg.push_text("hello again", chat_id=19)
         await tg.wait_for("sendMessage")
     assert tg.sent(19) == ["fits again"]
+
+
+async def test_a_short_api_key_does_not_break_saving_turns(tmp_path, llm, tg):
+    """Regression: OPENAI_API_KEY=1 (fine for a local server) corrupted every trace's JSON."""
+    from bumblebot.cli import Daemon
+    from bumblebot.config import Secrets, load_settings
+    from bumblebot.entity import load_entity
+
+    judges_say_done(llm)
+    llm.push(say("first answer"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    daemon = Daemon(load_settings(config), Secrets(TELEGRAM_BOT_TOKEN=TOKEN, OPENAI_API_KEY="1"), load_entity("default"))
+    await daemon.start()
+    try:
+        tg.push_text("hi 1 null true", chat_id=22)
+        await tg.wait_for("sendMessage")
+        await daemon.engine.wait_for_turns(1)
+        pending = await daemon.store.pending_inbound()
+        trace = (await daemon.store.recent_turns())[0]["trace"]
+    finally:
+        await daemon.stop()
+    assert pending == [] and trace["stop_reason"] == "end_turn"
+
+
+async def test_unreadable_knowledge_bytes_do_not_silence_the_bot(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("still answering"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "knowledge.md").write_bytes(b"# Knowledge\n\n## Caf\xe9\nLatin-1 edit\n")
+    async with running(config) as d:
+        tg.push_text("hi", chat_id=24)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        pending = await d.store.pending_inbound()
+    assert tg.sent(24) == ["still answering"] and pending == []
+
+
+async def test_a_lone_surrogate_in_a_message_neither_blocks_intake_nor_is_lost(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("got the odd one"), when=lambda r: is_loop(r) and "bad" in contents(r))
+    llm.push(say("hello other"), when=lambda r: is_loop(r) and "normal" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("bad \ud83d text", chat_id=25)
+        tg.push_text("normal message", chat_id=26)
+        await tg.wait_for("sendMessage", n=2)
+    assert tg.sent(25) == ["got the odd one"] and tg.sent(26) == ["hello other"]
+
+
+async def test_the_sweeper_rechecks_a_row_before_sending_it(tmp_path):
+    """Regression: a stale list of pending rows let the sweeper resend a row sent meanwhile."""
+    chat = ChatRef(Platform.CONSOLE, "c")
+    async with Store(tmp_path / "db.sqlite") as store:
+        conversation = await store.conversation(chat)
+        adapter = FlakyConsole(fail_on_call={1})
+        delivery = Delivery(store, {Platform.CONSOLE: adapter}, attempts=1)
+        first = await delivery.send(conversation.id, None, chat, "X")  # fails: left pending
+        assert first.queued
+        [row] = await store.outbox_pending()
+        await store.outbox_progress(row.id, status="sent", message_ids=["9"])  # sent elsewhere meanwhile
+        original = store.outbox_pending
+
+        async def stale() -> list:
+            return [row]  # the sweeper's snapshot from before the send
+
+        store.outbox_pending = stale  # type: ignore[method-assign]
+        try:
+            assert await delivery.retry_pending() == 0
+        finally:
+            store.outbox_pending = original  # type: ignore[method-assign]
+        assert adapter.sent == []

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OFFSET_KEY = "telegram.offset"
+#: Attempts at recording one update before it is skipped (logged) so others can flow.
+MAX_UPDATE_ATTEMPTS = 5
 REFUSED_KEY = "telegram.refused:{user_id}"
 REFUSAL_TEXT = "Sorry, this bot is private."
 UNSUPPORTED_TEXT = "I can only read text messages for now; could you write it out?"
@@ -93,6 +95,7 @@ class TelegramAdapter(Adapter):
         self.app.add_handler(MessageHandler(filters.ALL, self._on_unsupported))
         self.app.add_error_handler(self._on_error)
         self._handler_error: BaseException | None = None
+        self._update_failures: dict[int, int] = {}
         self._poller: asyncio.Task[None] | None = None
         self._pending_kv: dict[str, str] = {}
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -172,11 +175,20 @@ class TelegramAdapter(Adapter):
                 if not self.engine.accepting:
                     return  # stopping: never move the offset past an update we did not journal
                 if self._handler_error is not None:
-                    # e.g. the database is unavailable: keep the update unacknowledged, retry later
-                    log.error("Telegram: update %s not recorded (%s); retrying", update.update_id, self._handler_error)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 60.0)
-                    break
+                    # e.g. the database is unavailable: keep the update unacknowledged, retry later;
+                    # an update that fails every time must not block everyone else for ever
+                    tries = self._update_failures.get(update.update_id, 0) + 1
+                    self._update_failures = {update.update_id: tries}
+                    if tries < MAX_UPDATE_ATTEMPTS:
+                        delay = min(2.0**tries, 60.0)
+                        log.error(
+                            "Telegram: update %s not recorded (%s); retry %d in %.0f s",
+                            update.update_id, self._handler_error, tries, delay,
+                        )
+                        await asyncio.sleep(delay)
+                        break
+                    log.error("Telegram: giving up on update %s after %d attempts", update.update_id, tries)
+                    await self.engine.store.set_kv(OFFSET_KEY, str(next_offset))
                 if self._pending_kv:  # no handler journaled it (an update we do not answer)
                     await self.engine.store.set_kv(OFFSET_KEY, str(next_offset))
                     self._pending_kv = {}
