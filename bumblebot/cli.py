@@ -280,11 +280,14 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
             )
             for step in t.get("steps", []):
                 calls = ", ".join(
-                    f"{c['name']}{'' if c.get('ok', True) else '!'}({c.get('seconds', 0)}s)" for c in step["tool_calls"]
+                    f"{c['name']} [suppressed]" if c.get("suppressed")
+                    else f"{c['name']}{'' if c.get('ok', True) else '!'}({c.get('seconds', 0)}s)"
+                    for c in step["tool_calls"]
                 )
                 print(
                     f"  step {step['step']}: finish={step['finish_reason']} prompt_tokens={step['prompt_tokens']}"
                     f" (estimate {step['estimate']}) completion_tokens={step.get('completion_tokens')}"
+                    f" tool_choice={step.get('tool_choice')}"
                     f" tools=[{calls}]"
                 )
             for g in t.get("gate", []):

@@ -276,6 +276,7 @@ async def compact(
     max_passes: int,
     flush: bool,
     force: bool = False,
+    min_gain_tokens: int = 0,
 ) -> CompactionOutcome:
     """Compact ``history`` if its prompt estimate is over the threshold (or ``force``).
 
@@ -293,6 +294,10 @@ async def compact(
         knowledge: where flushed facts go; ``None`` disables the flush.
         fixed_tokens: tokens of the rest of the request (system prompt, tool schemas, turn
             preamble).
+        min_gain_tokens: unless ``force``, do nothing while the middle is smaller than this
+            and the request still fits ``max_context_tokens``: with a small window the fixed
+            prompt and the protected tail can keep the estimate near the threshold, and
+            summarising two messages per turn would cost two LLM calls every turn.
 
     Returns:
         The outcome; ``with_summary(outcome.messages, outcome.summary, ...)`` is valid
@@ -323,6 +328,13 @@ async def compact(
                 tail_token_budget=max(0, target - fixed_tokens - head_tokens - reserve),
             )
             middle = msgs[start:end]
+            if (
+                not force
+                and out.passes == 0
+                and estimate_messages(middle) < min_gain_tokens
+                and total() <= max_context_tokens
+            ):
+                break  # too little to gain for two LLM calls; wait until the middle is worth it
             msgs, pruned = prune_tool_results(msgs, end)
             if not middle and not pruned:
                 break

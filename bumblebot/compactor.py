@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: A compaction must free at least max_context_tokens / this (10%) to be worth its LLM calls.
+MIN_GAIN_DIVISOR = 10
 BACKOFF_BASE_S = 60.0
 BACKOFF_MAX_S = 3600.0
 
@@ -124,6 +126,7 @@ class Compactor:
             max_passes=self.cfg.compaction_max_passes,
             flush=self.cfg.compaction_flush_to_knowledge,
             force=force,
+            min_gain_tokens=settings.max_context_tokens // MIN_GAIN_DIVISOR,
         )
         failed = outcome.summary_failed and not outcome.covered_ids
         await store.save_compaction(

@@ -120,7 +120,9 @@ class Engine:
         """
         if self._accepting or self._stopped:
             raise RuntimeError("engine already started" if self._accepting else "engine was stopped")
-        interrupted = await self.store.interrupted_turns()
+        interrupted = await self.store.interrupted_turns(
+            None if platforms is None else {p.value for p in platforms}
+        )
         if interrupted:
             log.warning("%d turn(s) were interrupted by the last shutdown; answering them again", len(interrupted))
         self._accepting = True

@@ -380,9 +380,18 @@ class Store:
         assert turn_id is not None
         return turn_id
 
-    async def interrupted_turns(self) -> list[int]:
-        """Turns left ``running`` by a crash; marks them ``interrupted`` and returns their ids."""
-        rows = await self._all("SELECT id FROM turns WHERE status = 'running'")
+    async def interrupted_turns(self, platforms: set[str] | None = None) -> list[int]:
+        """Turns left ``running`` by a crash; marks them ``interrupted`` and returns their ids.
+
+        Args:
+            platforms: only turns of conversations on these platforms (``None``: all), so that
+                ``bumblebot chat`` never touches the turns of a daemon serving Telegram.
+        """
+        rows = await self._all(
+            "SELECT t.id, c.platform FROM turns t JOIN conversations c ON c.id = t.conversation_id"
+            " WHERE t.status = 'running'"
+        )
+        rows = [r for r in rows if platforms is None or r["platform"] in platforms]
         ids = [int(r[0]) for r in rows]
         if ids:
             async with self.transaction() as db:

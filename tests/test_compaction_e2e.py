@@ -229,3 +229,28 @@ async def test_old_long_tool_results_are_pruned_in_the_prompt_but_kept_in_the_da
     tool_contents = [m["content"] for m in main if m["role"] == "tool"]
     assert tool_contents and all(c == PLACEHOLDER or c.startswith("file ") for c in tool_contents)
     assert not llm.violations
+
+
+async def test_a_small_window_does_not_compact_on_every_turn(tmp_path, llm, tg):
+    """Regression: at 4096 tokens the fixed prompt plus the protected tail kept the estimate at
+    the threshold, so every turn paid a flush and a summary call for two new messages."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 8, filler=300)
+
+    def aux(request):
+        if is_flush(request):
+            return text("[]")
+        if is_summary(request):
+            return text(SUMMARY)
+        return text("DONE: ok")
+
+    llm.default = lambda r: aux(r) if is_aux(r) else say("ok")
+    config = write_config(
+        tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 4096}
+    )
+    async with running(config) as d:
+        for i in range(8):
+            tg.push_text(f"message number {i} " + "z" * 300, chat_id=CHAT)
+            await d.engine.wait_for_turns(i + 1)
+    summaries = [r for r in llm.requests if is_summary(r)]
+    assert 1 <= len(summaries) <= 3, len(summaries)
