@@ -3,8 +3,10 @@
 Endpoints differ, and Bumblebot must work with all of them (OpenAI, Ollama, llama.cpp
 server, vLLM, OpenRouter):
 
-* ``tool_choice="required"`` is rejected by some local servers (HTTP 400/422/500). The first
-  such rejection switches that endpoint+model to ``"auto"``; the choice is remembered in the
+* ``tool_choice="required"`` is rejected by some local servers (HTTP 400/422/500). Such a
+  request is retried at once with ``"auto"``. When the refusal clearly concerns forcing (its
+  message names tools or tool_choice), or an unexplained one repeats on consecutive requests,
+  the endpoint (by base URL) is switched to ``"auto"``; the choice is remembered in the
   store's ``kv`` table so it survives restarts.
 * Assistant messages are always sent with ``content: ""``, never ``null``.
 * Reasoning text (``<think>…</think>`` in content, ``reasoning_content`` fields) is stripped
