@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -67,7 +67,6 @@ class Inbound:
     chat_kind: ChatKind = ChatKind.PRIVATE
     source: str = "chat"
     update_id: int | None = None
-    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def storable(self) -> Inbound:
         """This message with lone UTF-16 surrogates (which SQLite and JSON encoders refuse,

@@ -303,12 +303,6 @@ class Store:
             for r in rows
         ]
 
-    async def count_messages(self, conversation_id: int, session: int) -> int:
-        row = await self._one(
-            "SELECT COUNT(*) FROM messages WHERE conversation_id=? AND session=?", (conversation_id, session)
-        )
-        return int(row[0]) if row else 0
-
     # -- journal ------------------------------------------------------------------------------
 
     async def journal(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> int | None:
@@ -493,10 +487,6 @@ class Store:
 
     async def outbox_pending(self) -> list[OutboxEntry]:
         rows = await self._all("SELECT * FROM outbox WHERE status='pending' ORDER BY id")
-        return [self._outbox_entry(r) for r in rows]
-
-    async def outbox_for_turn(self, turn_id: int) -> list[OutboxEntry]:
-        rows = await self._all("SELECT * FROM outbox WHERE turn_id=? ORDER BY id", (turn_id,))
         return [self._outbox_entry(r) for r in rows]
 
     async def outbox_sent_for_turns(self, turn_ids: list[int]) -> list[OutboxEntry]:

@@ -30,14 +30,11 @@ async def start_daemon(config: Path, tmp_path: Path) -> asyncio.subprocess.Proce
         )
 
 
-async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm, tg):
-    judges_say_done(llm)
-    hang = Gate(say("never delivered"))  # the first process dies inside this model call
-    llm.push(hang, when=is_loop)
-    config = write_config(tmp_path, llm, tg)
+async def kill_inside_model_call(config: Path, tmp_path: Path, tg, hang: Gate, text: str, chat_id: int) -> None:
+    """Start ``bumblebot run``, send ``text``, SIGKILL the daemon while ``hang`` holds its model call."""
     proc = await start_daemon(config, tmp_path)
     try:
-        tg.push_text("are you there?", chat_id=21)
+        tg.push_text(text, chat_id=chat_id)
         await asyncio.wait_for(hang.entered.wait(), 20)
         proc.send_signal(signal.SIGKILL)
         await asyncio.wait_for(proc.wait(), 10)
@@ -45,6 +42,14 @@ async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm,
         if proc.returncode is None:
             proc.kill()
     hang.release.set()
+
+
+async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm, tg):
+    judges_say_done(llm)
+    hang = Gate(say("never delivered"))  # the first process dies inside this model call
+    llm.push(hang, when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    await kill_inside_model_call(config, tmp_path, tg, hang, "are you there?", 21)
     assert tg.sent(21) == []
     llm.push(say("yes, here"), when=is_loop)
     proc = await start_daemon(config, tmp_path)
@@ -198,16 +203,7 @@ async def test_restart_after_a_crash_tells_the_model_what_was_already_said(tmp_p
     hang = Gate(say("never"))
     llm.push(hang, when=is_loop)
     config = write_config(tmp_path, llm, tg)
-    proc = await start_daemon(config, tmp_path)
-    try:
-        tg.push_text("do the two parts", chat_id=23)
-        await asyncio.wait_for(hang.entered.wait(), 20)
-        proc.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(proc.wait(), 10)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-    hang.release.set()
+    await kill_inside_model_call(config, tmp_path, tg, hang, "do the two parts", 23)
     llm.push(say("and part two"), when=is_loop)
     proc = await start_daemon(config, tmp_path)
     try:
