@@ -152,7 +152,8 @@ class Compactor:
         }
         context.replace_history(outcome.messages, summary_message(outcome.summary) if outcome.summary else None)
         actor.replace_history(outcome.messages)
-        context.compactions.append(entry)
+        if outcome.passes or outcome.error:  # a skipped compaction (too little to gain) is not news
+            context.compactions.append(entry)
         if failed and context.estimate(turn_messages) > settings.max_context_tokens:
             await self._prune_only(actor, context, turn_messages)
         return entry

@@ -33,6 +33,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+def _off_is_text(value: Any) -> Any:
+    """YAML 1.1 reads a bare ``off`` as ``False``; for keys whose value may be "off", take it back."""
+    return "off" if value is False else value
+
+
 class ThinkingSettings(_Section):
     """How this endpoint is asked to think (deliberate) or not (reflex). Reasoning text is never shown."""
 
@@ -51,6 +56,11 @@ class ThinkingSettings(_Section):
     extra_body_off: dict[str, Any] = Field(
         default_factory=dict, description="extra request fields for reflex turns, judges and summaries"
     )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_off(cls, value: Any) -> Any:
+        return _off_is_text(value)
 
 
 class LLMSettings(_Section):
@@ -103,6 +113,11 @@ class DiscordSettings(_Section):
         default_factory=list, description="guild channel allowlist (empty = any channel)"
     )
     allow_bots: bool = Field(False, description="answer other bots (never itself)")
+
+    @field_validator("respond_in_guilds", mode="before")
+    @classmethod
+    def _respond_off(cls, value: Any) -> Any:
+        return _off_is_text(value)
 
 
 class HistoryCompression(_Section):
@@ -311,6 +326,18 @@ def _check_env_names() -> None:
             raise ConfigError(f"environment variable {name}", "", f"no such setting{hint}")
 
 
+def _non_text_key(node: Any, prefix: str = "") -> str | None:
+    """The dotted path of the first mapping key that is not text, anywhere in ``node``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not isinstance(key, str):
+                return f"{prefix}{key!r}"
+            found = _non_text_key(value, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
+
+
 def _env_field(message: str) -> str:
     import re
 
@@ -364,10 +391,10 @@ def load_settings(path: Path | None = None) -> Settings:
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(source, "(top level)", "expected a mapping of keys to values")
-        bad_keys = [k for k in loaded if not isinstance(k, str)]
-        if bad_keys:
+        bad_key = _non_text_key(loaded)
+        if bad_key is not None:
             raise ConfigError(
-                source, repr(bad_keys[0]), "keys must be text (YAML reads on/off/yes/no as booleans: quote them)"
+                source, bad_key, "keys must be text (YAML reads on/off/yes/no as booleans: quote them)"
             )
         data = loaded
     try:

@@ -37,7 +37,10 @@ _THINK_CLOSED = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.DOTALL | 
 _THINK_LEADING_OPEN = re.compile(r"^\s*<(think|thinking|reasoning)>.*\Z", re.DOTALL | re.IGNORECASE)
 _CONTEXT_RE = re.compile(
     r"context.{0,20}(length|window|too long)|maximum context|too many tokens|prompt is too long"
-    r"|exceeds? (the )?(model'?s? )?(max|context)",
+    r"|exceeds? (the )?(model'?s? )?(max|context)"
+    r"|exceeds? the available context|exceed_context_size|context size"  # llama.cpp server
+    r"|tokens? \+ `?max_new_tokens`? must be <="  # text-generation-inference
+    r"|input (is )?too long|too long for (the )?(model|context)",
     re.IGNORECASE,
 )
 LENGTH_FINISHES = frozenset({"length", "max_tokens", "max_length"})

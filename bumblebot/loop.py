@@ -44,6 +44,8 @@ PREVIEW_COUNT = 8
 REPEAT_LIMIT = 3
 LENGTH_STALL_LIMIT = 3
 UNGUARDED = frozenset({"end_turn"})
+#: Tools not run under the tool timeout: ``say`` is bounded by the delivery policy itself.
+UNTIMED = frozenset({"say"})
 
 STEP_CAP_MESSAGE = (
     "I had to stop here: this took more steps than I'm allowed in one turn. "
@@ -393,11 +395,17 @@ class AgentLoop:
                 ),
                 0.0,
             )
-        timeout = self.toolbox.timeout_s(call.name) or limits.tool_timeout_s
-        try:
-            result = await asyncio.wait_for(self.toolbox.execute(call.name, call.arguments, ctx), timeout)
-        except TimeoutError:
-            result = ToolResult.error(f"{call.name} timed out after {timeout:g} s")
+        if call.name in UNTIMED:
+            # delivery bounds itself (a few attempts, each wait capped); cancelling it midway
+            # would leave the message pending for the sweeper while the model, told it failed,
+            # says it again: the user would get it twice
+            result = await self.toolbox.execute(call.name, call.arguments, ctx)
+        else:
+            timeout = self.toolbox.timeout_s(call.name) or limits.tool_timeout_s
+            try:
+                result = await asyncio.wait_for(self.toolbox.execute(call.name, call.arguments, ctx), timeout)
+            except TimeoutError:
+                result = ToolResult.error(f"{call.name} timed out after {timeout:g} s")
         if len(result.content) > limits.max_tool_result_chars:
             # one huge result must not brick the session (field-bugs.md item 12)
             result = ToolResult(cap_tool_result(result.content, limits.max_tool_result_chars), ok=result.ok)

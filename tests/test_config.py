@@ -165,3 +165,13 @@ def test_non_text_yaml_keys_are_config_errors(tmp_path):
     path.write_text("on: 1\n")
     with pytest.raises(ConfigError, match="keys must be text"):
         load_settings(path)
+
+
+def test_bare_off_in_yaml_means_off_and_nested_non_text_keys_are_named(tmp_path):
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text("discord:\n  respond_in_guilds: off\nllm:\n  thinking:\n    mode: off\n")
+    settings = load_settings(path)
+    assert settings.discord.respond_in_guilds == "off" and settings.llm.thinking.mode == "off"
+    path.write_text("telegram:\n  on: true\n")
+    with pytest.raises(ConfigError, match=r"telegram\.True: keys must be text"):
+        load_settings(path)

@@ -98,3 +98,18 @@ def test_strip_reasoning_keeps_a_tag_mentioned_mid_reply():
     assert strip_reasoning("<think>cut off mid-thought") == ""
     mentioned = "In HTML you can write a <thinking> tag? No. Here is the full answer."
     assert strip_reasoning(mentioned) == mentioned
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "This model's maximum context length is 8192 tokens",
+        "request (9000 tokens) exceeds the available context size (8192 tokens)",  # llama.cpp
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096",  # TGI
+    ],
+)
+def test_context_length_errors_of_common_servers_are_recognised(message):
+    from bumblebot.llm import _CONTEXT_RE
+
+    assert _CONTEXT_RE.search(message)
+    assert not _CONTEXT_RE.search("tool_choice 'required' is not supported")

@@ -439,3 +439,24 @@ async def test_the_sweeper_rechecks_a_row_before_sending_it(tmp_path):
         finally:
             store.outbox_pending = original  # type: ignore[method-assign]
         assert adapter.sent == []
+
+
+async def test_a_rate_limited_say_outlasting_the_tool_timeout_is_not_cut_off(tmp_path, llm, tg):
+    """Regression: the tool timeout cancelled a say waiting out a 429; the row stayed pending
+    for the sweeper while the model, told it failed, said it again (delivered twice)."""
+    from fakes.telegram_server import retry_after_body
+
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Part two."})), when=is_loop)
+    llm.push(say("Part two."), when=is_loop)  # what a model does when told the say failed
+    tg.fail_next("sendMessage", 429, retry_after_body(2))
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "tool_timeout_s": 1})
+    async with running(config) as d:
+        tg.push_text("go", chat_id=27)
+        await d.engine.wait_for_turns(1, timeout=20)
+        pending = await d.store.outbox_pending()
+    result = [m["content"] for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"][0]
+    assert '"delivered": true' in result
+    assert pending == []
+    assert [t for t in tg.sent(27)] == ["Part two.", "Part two."]  # the 429'd attempt + one delivery
+    assert len([c for c in tg.calls if c.method == "sendMessage"]) == 2
