@@ -88,8 +88,14 @@ class Compactor:
 
         return shrink
 
+    def _window(self) -> int:
+        """The context window in *estimated* tokens: ``max_context_tokens`` shrunk by how much
+        the endpoint's reported prompt tokens exceed our estimate (``Engine.token_scale``), so
+        text that tokenises densely (other scripts, code, JSON) still compacts in time."""
+        return int(self.engine.settings.cognition.max_context_tokens / self.engine.token_scale)
+
     def _threshold(self) -> int:
-        return int(self.engine.settings.cognition.max_context_tokens * self.cfg.compaction_threshold_ratio)
+        return int(self._window() * self.cfg.compaction_threshold_ratio)
 
     async def maybe_compact(
         self,
@@ -118,7 +124,7 @@ class Compactor:
             complete=self._complete,
             knowledge=self.engine.knowledge if self.cfg.compaction_flush_to_knowledge else None,
             fixed_tokens=fixed,
-            max_context_tokens=settings.max_context_tokens,
+            max_context_tokens=self._window(),
             threshold_ratio=self.cfg.compaction_threshold_ratio,
             target_ratio=self.cfg.compaction_target_ratio,
             protect_first_n=self.cfg.compaction_protect_first_n,
@@ -126,7 +132,7 @@ class Compactor:
             max_passes=self.cfg.compaction_max_passes,
             flush=self.cfg.compaction_flush_to_knowledge,
             force=force,
-            min_gain_tokens=settings.max_context_tokens // MIN_GAIN_DIVISOR,
+            min_gain_tokens=self._window() // MIN_GAIN_DIVISOR,
         )
         failed = outcome.summary_failed and not outcome.covered_ids
         await store.save_compaction(
@@ -154,7 +160,7 @@ class Compactor:
         actor.replace_history(outcome.messages)
         if outcome.passes or outcome.error:  # a skipped compaction (too little to gain) is not news
             context.compactions.append(entry)
-        if failed and context.estimate(turn_messages) > settings.max_context_tokens:
+        if failed and context.estimate(turn_messages) > self._window():
             await self._prune_only(actor, context, turn_messages)
         return entry
 
@@ -174,7 +180,7 @@ class Compactor:
         not get under the threshold: then the protected tail's tool outputs go too, because a
         tail that alone overflows would otherwise lock the conversation (field-bugs.md item 12).
         """
-        if not always and context.estimate(turn_messages) <= self.engine.settings.cognition.max_context_tokens:
+        if not always and context.estimate(turn_messages) <= self._window():
             return None
         if everything:
             tail_start = len(context.history)

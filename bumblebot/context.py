@@ -57,6 +57,7 @@ class ConversationContext(RequestBuilder):
         steering: Callable[[], list[tuple[Message, list[int]]]] | None = None,
         before_request: Callable[[ConversationContext, list[Message]], Awaitable[None]] | None = None,
         shrink: Callable[[ConversationContext, list[Message]], Awaitable[None]] | None = None,
+        on_usage: Callable[[int | None, int], None] | None = None,
     ) -> None:
         self.system_prompt = system_prompt
         self.preamble = preamble
@@ -65,6 +66,7 @@ class ConversationContext(RequestBuilder):
         self._steering = steering
         self._before_request = before_request
         self._shrink = shrink
+        self._on_usage = on_usage
         self.history: list[Message] = []
         self.summary_message: Message | None = None
         self._history_tokens = 0
@@ -90,6 +92,10 @@ class ConversationContext(RequestBuilder):
         taken = self._steering() if self._steering else []
         self.steered.extend(taken)
         return taken
+
+    def observe_usage(self, prompt_tokens: int | None, estimate: int) -> None:
+        if self._on_usage is not None:
+            self._on_usage(prompt_tokens, estimate)
 
     def call_ids(self) -> set[str]:
         return {cid for m in self.history if m.tool_calls for cid in m.tool_call_ids}

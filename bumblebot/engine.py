@@ -99,6 +99,8 @@ class Engine:
         self._stopped = False
         self.turns_finished = 0
         self.accepted = 0
+        #: reported prompt tokens / our estimate, smoothed, never below 1 (see observe_usage)
+        self.token_scale = 1.0
         self._changed = asyncio.Condition()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -160,6 +162,18 @@ class Engine:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    def observe_usage(self, prompt_tokens: int | None, estimate: int) -> None:
+        """Learn how far the spec's ``len // 4`` estimate undercounts this endpoint's tokens.
+
+        The estimate over-counts English (compaction fires early, as the spec intends) but
+        undercounts dense text (CJK, code, JSON); a scale above 1 makes compaction fire in
+        time there. Smoothed over requests, clamped to [1, 4].
+        """
+        if not prompt_tokens or estimate <= 0:
+            return
+        ratio = prompt_tokens / estimate
+        self.token_scale = min(4.0, max(1.0, 0.7 * self.token_scale + 0.3 * ratio))
 
     async def _notify(self) -> None:
         async with self._changed:

@@ -186,6 +186,9 @@ class RequestBuilder:
         """Tool call ids already used in the conversation (new ones must differ)."""
         return set()
 
+    def observe_usage(self, prompt_tokens: int | None, estimate: int) -> None:
+        """The endpoint reported ``prompt_tokens`` for a request we estimated at ``estimate``."""
+
 
 class AgentLoop:
     """Runs one turn. Collaborators come in through the constructor."""
@@ -264,6 +267,7 @@ class AgentLoop:
                 tool_choice=completion.tool_choice,
             )
             steps.append(trace)
+            requests.observe_usage(completion.prompt_tokens, estimate)
             length_stalls = length_stalls + 1 if completion.hit_length else 0
             nudge = None
 

@@ -201,6 +201,7 @@ class TurnRunner:
             steering=actor.take_steering if cfg.mid_turn_messages == "steer" else None,
             before_request=engine.compactor.before_request(actor) if engine.compactor else None,
             shrink=engine.compactor.shrinker(actor) if engine.compactor else None,
+            on_usage=engine.observe_usage,
         )
         return context, limits
 

@@ -254,3 +254,43 @@ async def test_a_small_window_does_not_compact_on_every_turn(tmp_path, llm, tg):
             await d.engine.wait_for_turns(i + 1)
     summaries = [r for r in llm.requests if is_summary(r)]
     assert 1 <= len(summaries) <= 3, len(summaries)
+
+
+async def test_compaction_learns_from_reported_prompt_tokens(tmp_path, llm, tg):
+    """Dense text (CJK, code) has more tokens than len // 4: the endpoint's usage corrects it."""
+    import json as _json
+
+    from fakes.openai_server import Reply
+
+    judges_say_done(llm)
+    await seed_history(tmp_path, 10)  # under the threshold by our estimate
+
+    def dense(text_to_say):
+        def reply(request):
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"d{len(llm.requests)}", "type": "function",
+                 "function": {"name": "say", "arguments": _json.dumps({"text": text_to_say})}},
+                {"id": f"e{len(llm.requests)}", "type": "function", "function": {"name": "end_turn", "arguments": "{}"}},
+            ]}
+            tokens = len(_json.dumps(request)) // 4 * 4  # the endpoint counts 4x our estimate
+            return Reply(body={
+                "id": "x", "object": "chat.completion", "created": 0, "model": request["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": tokens, "completion_tokens": 5, "total_tokens": tokens + 5},
+            })
+        return reply
+
+    llm.push(dense("one"), when=is_loop)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(dense("two"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("first", chat_id=CHAT)
+        await d.engine.wait_for_turns(1)
+        assert not [r for r in llm.requests if is_summary(r)]  # nothing to learn from yet
+        tg.push_text("second", chat_id=CHAT)
+        await d.engine.wait_for_turns(2)
+        scale = d.engine.token_scale
+    assert scale > 1.5
+    assert [r for r in llm.requests if is_summary(r)]  # compacted in time on the second turn
+    assert tg.sent(CHAT) == ["one", "two"]
