@@ -253,7 +253,7 @@ async def test_a_small_window_does_not_compact_on_every_turn(tmp_path, llm, tg):
             tg.push_text(f"message number {i} " + "z" * 300, chat_id=CHAT)
             await d.engine.wait_for_turns(i + 1)
     summaries = [r for r in llm.requests if is_summary(r)]
-    assert 1 <= len(summaries) <= 3, len(summaries)
+    assert len(summaries) in (1, 2, 3), len(summaries)  # not one per turn
 
 
 async def test_compaction_learns_from_reported_prompt_tokens(tmp_path, llm, tg):
