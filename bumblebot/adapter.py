@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from typing import ClassVar
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar
 
 from bumblebot.events import ChatRef, Platform
 
@@ -45,11 +45,15 @@ class Adapter(ABC):
         """Stop intake and disconnect. Safe to call twice."""
 
     @abstractmethod
-    def chunks(self, text: str) -> list[str]:
-        """Split ``text`` into messages within the platform's limit; never an empty chunk."""
+    def chunks(self, text: str) -> Sequence[Any]:
+        """Split ``text`` into messages within the platform's limit; never an empty chunk.
+
+        A chunk is whatever :meth:`send_chunk` takes (a string, or text plus formatting).
+        Splitting must be deterministic: a retry resumes after the chunks already sent.
+        """
 
     @abstractmethod
-    async def send_chunk(self, chat: ChatRef, text: str) -> str:
+    async def send_chunk(self, chat: ChatRef, chunk: Any) -> str:
         """Send one chunk; return the platform's message id.
 
         Raises:

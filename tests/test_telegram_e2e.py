@@ -253,3 +253,29 @@ async def test_a_photo_gets_a_clear_answer_not_silence(tmp_path, llm, tg):
         offset = await d.store.get_kv("telegram.offset")
     assert tg.sent(51) == ["I can only read text messages for now; could you write it out?"]
     assert llm.requests == [] and offset == "901"
+
+
+async def test_markdown_replies_arrive_formatted_with_entities_not_raw(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("**Done**: wrote `hello.py`\n\n```python\nprint('hi')\n```"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("write hello.py", chat_id=61)
+        [call] = await tg.wait_for("sendMessage")
+    assert "**" not in call.params["text"] and "```" not in call.params["text"]
+    assert call.params["text"].startswith("Done: wrote hello.py")
+    kinds = {e["type"] for e in call.params["entities"]}
+    assert {"bold", "code", "pre"} <= kinds
+    assert "parse_mode" not in call.params
+
+
+async def test_refused_formatting_falls_back_to_plain_text_once(tmp_path, llm, tg):
+    from fakes.telegram_server import bad_request_body
+
+    judges_say_done(llm)
+    llm.push(say("**important** news"), when=is_loop)
+    tg.fail_next("sendMessage", 400, bad_request_body("can't parse entities: entity beyond end of text"))
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("news?", chat_id=62)
+        calls = await tg.wait_for("sendMessage", n=2)
+    assert [c.params["text"] for c in calls] == ["important news", "important news"]
+    assert "entities" in calls[0].params and "entities" not in calls[1].params

@@ -9,7 +9,8 @@ next ``getUpdates`` moves the offset past it. A restart resumes from the stored 
 update Telegram delivers again is dropped by the journal's uniqueness on (chat, message id).
 
 Rules followed: a message is at most 4096 characters (counted in UTF-16 code units, the
-conservative bound); empty messages are never sent; ``RetryAfter`` is honoured by the delivery
+conservative bound); the model's Markdown is sent as plain text plus formatting entities
+(:func:`render_chunks`), never with a ``parse_mode``; empty messages are never sent; ``RetryAfter`` is honoured by the delivery
 layer; a 409 ``Conflict`` (another instance polling the same token) is fatal.
 """
 
@@ -18,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from telegram import BotCommand, Update
+import telegramify_markdown
+from telegram import BotCommand, MessageEntity, Update
 from telegram.constants import ChatAction, ChatType
 from telegram.error import (
     BadRequest,
@@ -60,6 +63,49 @@ COMMANDS = [
     BotCommand("compact", "Compact the conversation now"),
     BotCommand("help", "What I can do"),
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class TelegramChunk:
+    """One message as Telegram takes it: plain text plus formatting entities (UTF-16 offsets)."""
+
+    text: str
+    entities: tuple[MessageEntity, ...] = ()
+
+
+def render_chunks(markdown: str, limit: int = TELEGRAM_LIMIT) -> list[TelegramChunk]:
+    """The model's Markdown as Telegram messages of at most ``limit`` UTF-16 units.
+
+    ``telegramify-markdown`` turns Markdown into plain text plus ``MessageEntity`` objects, so
+    no ``parse_mode`` is needed and no reply can fail with "can't parse entities"
+    (field-bugs.md items 14 and 16); its splitter cuts at newlines and clips entities that span
+    a cut. Whitespace at the end of a chunk is dropped (Telegram trims it anyway). If the
+    conversion fails, the text is sent as it is, split by :func:`bumblebot.splitting.split_text`.
+    """
+    try:
+        plain, entities = telegramify_markdown.convert(markdown)
+        parts = telegramify_markdown.split_entities(plain, entities, limit)
+    except Exception:  # a converter bug must never cost the user the message
+        log.exception("Telegram: Markdown conversion failed; sending plain text")
+        return [TelegramChunk(c) for c in split_text(markdown, limit, measure=utf16_len)]
+    out = []
+    for text, ents in parts:
+        text = text.rstrip()
+        if not text:
+            continue
+        size = utf16_len(text)
+        kept = []
+        for e in ents:
+            if e.offset >= size or e.user is not None:
+                continue
+            kept.append(
+                MessageEntity(
+                    type=e.type, offset=e.offset, length=min(e.length, size - e.offset),
+                    url=e.url, language=e.language, custom_emoji_id=e.custom_emoji_id,
+                )
+            )
+        out.append(TelegramChunk(text, tuple(kept)))
+    return out
 
 
 def _seconds(value: int | float | timedelta) -> float:
@@ -279,16 +325,24 @@ class TelegramAdapter(Adapter):
 
     # -- delivery ----------------------------------------------------------------------------
 
-    def chunks(self, text: str) -> list[str]:
-        return split_text(text, TELEGRAM_LIMIT, measure=utf16_len)
+    def chunks(self, text: str) -> list[TelegramChunk]:
+        return render_chunks(text)
 
-    async def send_chunk(self, chat: ChatRef, text: str) -> str:
+    async def send_chunk(self, chat: ChatRef, chunk: TelegramChunk) -> str:
+        thread = int(chat.thread_id) if chat.thread_id else None
         try:
-            message = await self.app.bot.send_message(
-                chat_id=int(chat.chat_id),
-                text=text,
-                message_thread_id=int(chat.thread_id) if chat.thread_id else None,
-            )
+            try:
+                message = await self.app.bot.send_message(
+                    chat_id=int(chat.chat_id), text=chunk.text, entities=chunk.entities or None,
+                    message_thread_id=thread,
+                )
+            except BadRequest as exc:
+                if not chunk.entities or "entit" not in exc.message.lower():
+                    raise
+                # formatting refused: the words matter more than the bold
+                message = await self.app.bot.send_message(
+                    chat_id=int(chat.chat_id), text=chunk.text, message_thread_id=thread
+                )
         except RetryAfter as exc:
             raise DeliveryFailed("Telegram rate limit", retryable=True, retry_after=_seconds(exc.retry_after)) from exc
         except (TimedOut, NetworkError) as exc:
