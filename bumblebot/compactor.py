@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from bumblebot.compaction import compact, find_boundaries, prune_tool_results, summary_message
 from bumblebot.context import ConversationContext
-from bumblebot.messages import Message, estimate_tools
+from bumblebot.messages import Message
 
 if TYPE_CHECKING:
     from bumblebot.conversation import ConversationActor
@@ -117,7 +117,6 @@ class Compactor:
         fixed = context.fixed_tokens + sum(m.tokens for m in turn_messages)
         if not force and state.next_retry_at > time.time():
             return await self._prune_only(actor, context, turn_messages)
-        settings = self.engine.settings.cognition
         outcome = await compact(
             context.history,
             previous_summary=state.summary,
@@ -204,16 +203,7 @@ class Compactor:
 
     async def force(self, actor: ConversationActor) -> str:
         """``/compact``: compact the conversation now; returns a short report for the user."""
-        engine = self.engine
-        history, summary = await actor.load_context()
-        context = ConversationContext(
-            system_prompt=engine.prompts.system_prompt(),
-            history=history,
-            summary_message=summary,
-            protect_first_n=self.cfg.compaction_protect_first_n,
-            preamble="",
-            tool_tokens=estimate_tools(engine.toolbox.schemas()),
-        )
+        context = await self.engine.context_between_turns(actor)
         before = context.estimate([])
         entry = await self.maybe_compact(actor, context, [], force=True)
         if context.estimate([]) > self._threshold():

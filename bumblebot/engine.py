@@ -32,7 +32,8 @@ from bumblebot.knowledge import KnowledgeFile
 from bumblebot.llm import LLM
 from bumblebot.logs import redact_values
 from bumblebot.loop import AgentLoop
-from bumblebot.messages import Message, estimate_text_tokens, estimate_tools
+from bumblebot.context import ConversationContext
+from bumblebot.messages import Message, estimate_tools
 from bumblebot.prompt import PromptBuilder
 from bumblebot.store import Conversation, JournalEntry, Store
 from bumblebot.entity import Entity
@@ -354,15 +355,24 @@ class Engine:
             return "Compacting this conversation; I'll report when it's done."
         return f"Unknown command /{name}. Try /help."
 
-    async def status_text(self, actor: ConversationActor) -> str:
+    async def context_between_turns(self, actor: ConversationActor) -> ConversationContext:
+        """The conversation as the next request would carry it, without a turn's own messages
+        (for ``/status`` and ``/compact``, so both report the same numbers)."""
         history, summary = await actor.load_context()
-        conv = actor.conversation
-        estimate = (
-            estimate_text_tokens(self.prompts.system_prompt())
-            + estimate_tools(self.toolbox.schemas())
-            + sum(m.tokens for m in history)
-            + (summary.tokens if summary else 0)
+        return ConversationContext(
+            system_prompt=self.prompts.system_prompt(),
+            history=history,
+            summary_message=summary,
+            protect_first_n=self.settings.cognition.history_compression.compaction_protect_first_n,
+            preamble="",
+            tool_tokens=estimate_tools(self.toolbox.schemas()),
         )
+
+    async def status_text(self, actor: ConversationActor) -> str:
+        context = await self.context_between_turns(actor)
+        history = context.history
+        conv = actor.conversation
+        estimate = context.estimate([])
         limit = self.settings.cognition.max_context_tokens
         state = await self.store.compaction_state(conv.id, conv.session)
         return (

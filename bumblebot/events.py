@@ -68,6 +68,13 @@ class Inbound:
     source: str = "chat"
     update_id: int | None = None
 
+    @property
+    def speaker(self) -> str:
+        """The sender's name as one short line without brackets, safe to put in the model's
+        input (a user-chosen name must not forge a ``[Turn context]`` or ``[Name]:`` line)."""
+        cleaned = " ".join(self.sender_name.replace("[", "(").replace("]", ")").split())
+        return cleaned[:64] or "?"
+
     def storable(self) -> Inbound:
         """This message with lone UTF-16 surrogates (which SQLite and JSON encoders refuse,
         e.g. from a broken client or a terminal's bad byte) replaced by U+FFFD."""

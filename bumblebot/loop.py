@@ -82,17 +82,17 @@ _FILLER = re.compile(
 def repeats_said(text: str, said: list[str]) -> bool:
     """``text`` only repeats what ``say`` already delivered, or is a pro-forma "done" or closing
     filler ("Anything else I can help with?") after something was said."""
-    norm = " ".join(text.lower().split())
+    norm = _norm(text)
     if not norm:
         return True
     if said and (norm.strip(" .!") in {p.strip(" .!") for p in _PRO_FORMA} or _FILLER.match(norm)):
         return True
-    joined = " ".join(" ".join(s.lower().split()) for s in said)
+    joined = " ".join(_norm(s) for s in said)
     if not joined:
         return False
     if norm in joined:
         return True
-    candidates = [" ".join(s.lower().split()) for s in said] + [joined]
+    candidates = [_norm(s) for s in said] + [joined]
     return any(SequenceMatcher(None, norm, c).ratio() >= 0.85 for c in candidates)
 
 

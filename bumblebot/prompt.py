@@ -14,10 +14,11 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from bumblebot.entity import Entity, load_entity
 from bumblebot.events import ChatKind, Inbound
-from bumblebot.knowledge import KnowledgeFile
+from bumblebot.knowledge import KnowledgeFile, parse_sections
 
 #: knowledge.md up to this size goes whole into the system prompt; beyond it, only locked
 #: sections and the list of titles do, and relevant sections go into the turn context.
@@ -36,12 +37,6 @@ work for later and never claim a result you did not get from a tool.
 - When you have answered, call `end_turn`. You may call several tools in one step.
 - The latest user message begins with a [Turn context] block written by the system (time, \
 platform, who is speaking). It is not from the user; never quote it back."""
-
-
-def _plain(text: str, limit: int = 64) -> str:
-    """A user-controlled name as one short line without brackets (it must not forge the block)."""
-    cleaned = " ".join(text.replace("[", "(").replace("]", ")").split())
-    return cleaned[:limit] or "?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +66,9 @@ class PromptBuilder:
         self._key: str | None = None
         self._prompt = ""
         self._entity_stamp = self._stamp(Path(entity.source_path)) if entity.source_path else None
+        self._knowledge_stamp: tuple[int, int] | None = None
+        self._knowledge_text = ""
+        self._sections: list[Any] = []
         self.builds = 0
 
     @staticmethod
@@ -92,10 +90,19 @@ class PromptBuilder:
             except Exception:  # a broken edit keeps the last good entity
                 pass
 
+    def _knowledge(self) -> tuple[str, list[Any]]:
+        """knowledge.md's text and sections, re-read only when the file's stat changes."""
+        stamp = self._stamp(self.knowledge.path)
+        if stamp is None or stamp != self._knowledge_stamp:
+            self._knowledge_text = self.knowledge.read()  # creates the file if missing
+            self._sections = parse_sections(self._knowledge_text)
+            self._knowledge_stamp = self._stamp(self.knowledge.path)
+        return self._knowledge_text, self._sections
+
     def system_prompt(self) -> str:
         """The system prompt; recompiled only when the entity, knowledge or tools changed."""
         self._refresh_entity()
-        knowledge_text = self.knowledge.read()
+        knowledge_text, _ = self._knowledge()
         key = hashlib.sha256(
             "\x00".join(
                 [self.entity.model_dump_json(), knowledge_text, "\n".join(self.tool_lines)]
@@ -119,7 +126,7 @@ class PromptBuilder:
         if body and len(body) <= KNOWLEDGE_INLINE_CHARS:
             parts.append("# What you know (knowledge.md)\n" + body)
         elif body:
-            sections = self.knowledge.sections()
+            _, sections = self._knowledge()
             locked = [f"## {s.title}\n{s.body.strip()}" for s in sections if s.locked]
             titles = ", ".join(s.title for s in sections if not s.locked)
             text = "\n\n".join(locked)
@@ -132,13 +139,14 @@ class PromptBuilder:
 
     def relevant_knowledge(self, text: str) -> list[str]:
         """Up to 3 unlocked sections sharing the most words with ``text``, when knowledge.md is large."""
-        if len(self.knowledge.read().strip()) <= KNOWLEDGE_INLINE_CHARS:
+        knowledge_text, sections = self._knowledge()
+        if len(knowledge_text.strip()) <= KNOWLEDGE_INLINE_CHARS:
             return []
         words = {w.lower() for w in _WORD.findall(text)}
         if not words:
             return []
         scored = []
-        for s in self.knowledge.sections():
+        for s in sections:
             if s.locked:
                 continue
             overlap = len(words & {w.lower() for w in _WORD.findall(s.title + " " + s.body)})
@@ -156,7 +164,7 @@ class PromptBuilder:
             f"Time: {local:%A %Y-%m-%d %H:%M} ({self.entity.timezone})",
             f"Platform: {inb.chat.platform.value}, "
             + ("private chat" if inb.chat_kind is ChatKind.PRIVATE else "group chat (several people)"),
-            f"Speaking: {_plain(inb.sender_name)} (id {_plain(inb.sender_id)})",
+            f"Speaking: {inb.speaker} (id {inb.sender_id[:32]})",
         ]
         if info.route == "reflex":
             lines.append("Mode: quick reply; keep it short.")

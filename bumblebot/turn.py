@@ -11,11 +11,11 @@ already delivered are listed in the new turn's context so they are not repeated.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -43,17 +43,8 @@ def merge_text(entries: list[JournalEntry]) -> str:
     parts = []
     for e in entries:
         inb = e.inbound
-        name = " ".join(inb.sender_name.replace("[", "(").replace("]", ")").split())[:64]
-        parts.append(f"[{name}]: {inb.text}" if inb.chat_kind is ChatKind.GROUP else inb.text)
+        parts.append(f"[{inb.speaker}]: {inb.text}" if inb.chat_kind is ChatKind.GROUP else inb.text)
     return "\n\n".join(parts)
-
-
-@dataclass(slots=True)
-class TurnReport:
-    turn_id: int
-    stop_reason: str
-    delivered: list[str] = field(default_factory=list)
-    trace: dict[str, Any] = field(default_factory=dict)
 
 
 class TurnRunner:
@@ -67,7 +58,7 @@ class TurnRunner:
             messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE
         )
 
-    async def run(self, actor: ConversationActor, entries: list[JournalEntry]) -> TurnReport:
+    async def run(self, actor: ConversationActor, entries: list[JournalEntry]) -> None:
         engine = self.engine
         started = time.monotonic()
         conversation = actor.conversation
@@ -90,11 +81,13 @@ class TurnRunner:
             if not messages or messages[-1].role != "assistant" or messages[-1].tool_calls:
                 messages.append(Message(role="assistant", content=note))
 
-        status, stop_reason, delivered = "done", "error", []
+        status, stop_reason = "done", "error"
         try:
             context, limits = await self._prepare(actor, entries, already_told, trace)
             adapter = engine.adapters.get(chat.platform)
-            typing = adapter.typing(chat, engine.settings.engine.typing_interval_s) if adapter else _null_scope()
+            typing = (
+                adapter.typing(chat, engine.settings.engine.typing_interval_s) if adapter else contextlib.nullcontext()
+            )
             async with typing:
                 result = await engine.loop.run(
                     user_message=user_message,
@@ -104,7 +97,7 @@ class TurnRunner:
                     transcript=messages,
                     conversation=chat.key,
                 )
-            stop_reason, delivered = result.stop_reason, result.delivered
+            stop_reason = result.stop_reason
             trace.update(
                 steps=[vars_of(s) for s in result.steps],
                 gate=result.gate,
@@ -151,7 +144,6 @@ class TurnRunner:
         )
         actor.append_history(messages, conversation.session)
         await engine.turn_committed()
-        return TurnReport(turn_id=turn_id, stop_reason=stop_reason, delivered=delivered, trace=trace)
 
     async def _prepare(
         self,
@@ -208,12 +200,4 @@ class TurnRunner:
 
 def vars_of(obj: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in obj.__slots__}
-
-
-class _null_scope:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
 

@@ -6,7 +6,6 @@ Each test asserts the requests the engine sends and what reaches the platform.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 
 from conftest import running, write_config

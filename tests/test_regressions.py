@@ -341,8 +341,6 @@ async def test_a_tail_that_alone_overflows_is_pruned_after_a_refusal(tmp_path, l
     """Big tool results inside the protected tail: the refusal path must clear them too."""
     import json as _json
 
-    from conftest import write_config as _wc  # noqa: F401
-
     judges_say_done(llm)
     limit_chars = 30_000
 

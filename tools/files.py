@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
