@@ -152,22 +152,22 @@ class Daemon:
             await adapter.start()
         engine.mark_ready()
 
+    async def _each_adapter(self, method: str) -> None:
+        """Call ``method`` on every adapter; one failing never keeps the others running."""
+        for adapter in self.adapters:
+            try:
+                await getattr(adapter, method)()
+            except Exception:
+                log.exception("%s of %s failed", method, adapter.platform.value)
+
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
-        for adapter in self.adapters:
-            try:
-                await adapter.stop_intake()
-            except Exception:
-                log.exception("stopping intake of %s failed", adapter.platform.value)
+        await self._each_adapter("stop_intake")
         if self.engine is not None:
             await self.engine.stop()  # in-flight turns finish and deliver
-        for adapter in self.adapters:
-            try:
-                await adapter.stop()
-            except Exception:
-                log.exception("stopping %s failed", adapter.platform.value)
+        await self._each_adapter("stop")
         if self.llm is not None:
             await self.llm.aclose()
         await self.store.close()
