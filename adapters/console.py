@@ -15,13 +15,10 @@ import itertools
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-from bumblebot.adapter import Adapter
+from bumblebot.adapter import Adapter, Intake
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
-
-if TYPE_CHECKING:
-    from bumblebot.engine import Engine
 
 with contextlib.suppress(ImportError):
     import readline  # noqa: F401  (enables line editing for input())
@@ -31,15 +28,15 @@ class ConsoleAdapter(Adapter):
     """Reads lines from stdin and prints replies to stdout.
 
     Args:
-        engine: the running engine.
+        intake: the engine, as adapters see it.
         user: the name shown to the entity as the speaker.
         stdin, stdout: streams (tests pass pipes).
     """
 
     platform = Platform.CONSOLE
 
-    def __init__(self, engine: Engine, *, user: str | None = None, stdin: TextIO | None = None, stdout: TextIO | None = None) -> None:
-        self.engine = engine
+    def __init__(self, intake: Intake, *, user: str | None = None, stdin: TextIO | None = None, stdout: TextIO | None = None) -> None:
+        self.intake = intake
         self.user = user or getpass.getuser()
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
@@ -55,7 +52,7 @@ class ConsoleAdapter(Adapter):
     async def start(self) -> None:
         if self._reader is not None:
             raise RuntimeError("console already started")
-        self._print(f"Talking to {self.engine.prompts.entity.name}. /help for commands, /quit or Ctrl-D to leave.")
+        self._print(f"Talking to {self.intake.entity_name}. /help for commands, /quit or Ctrl-D to leave.")
         self._lines: asyncio.Queue[str | None] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -101,11 +98,11 @@ class ConsoleAdapter(Adapter):
                     chat_kind=ChatKind.PRIVATE,
                 )
                 if line.startswith("/"):
-                    answer = await self.engine.command(inbound, (line[1:].split() or [""])[0])
+                    answer = await self.intake.command(inbound, (line[1:].split() or [""])[0])
                     if answer:
                         self._print(answer)
                 else:
-                    await self.engine.submit(inbound)
+                    await self.intake.submit(inbound)
         finally:
             if not self.closed.done():
                 self.closed.set_result(None)
@@ -113,8 +110,8 @@ class ConsoleAdapter(Adapter):
     def chunks(self, text: str) -> list[str]:
         return [text] if text.strip() else []
 
-    async def send_chunk(self, chat: ChatRef, text: str) -> str:
-        self._print(f"{self.engine.prompts.entity.name}: {text}")
+    async def send_chunk(self, chat: ChatRef, text: str, *, key: str) -> str:
+        self._print(f"{self.intake.entity_name}: {text}")
         return str(next(self._ids))
 
     async def send_typing(self, chat: ChatRef) -> None:

@@ -26,7 +26,7 @@ import openai  # noqa: E402
 from fakes.openai_server import FakeOpenAI, Reply, is_aux, text, tool_calls  # noqa: E402
 
 from bumblebot.adapter import Adapter  # noqa: E402
-from bumblebot.cli import Daemon  # noqa: E402
+from bumblebot.daemon import Daemon  # noqa: E402
 from bumblebot.config import Secrets, load_settings  # noqa: E402
 from bumblebot.entity import load_entity  # noqa: E402
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform  # noqa: E402
@@ -50,7 +50,7 @@ class NullAdapter(Adapter):
     def chunks(self, text: str) -> list[str]:
         return [text]
 
-    async def send_chunk(self, chat: ChatRef, text: str) -> str:
+    async def send_chunk(self, chat: ChatRef, text: str, *, key: str) -> str:
         return "1"
 
     async def send_typing(self, chat: ChatRef) -> None: ...

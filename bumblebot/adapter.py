@@ -1,10 +1,11 @@
-"""The seam between the engine and a chat platform.
+"""The seam between the engine and a chat platform, in both directions.
 
 An adapter owns one platform SDK (``import telegram`` only under ``adapters/telegram/``,
 ``import discord`` only under ``adapters/discord/``). It turns platform events into
-:class:`~bumblebot.events.Inbound` messages for ``Engine.submit`` and delivers what the engine
-asks through :meth:`Adapter.send_chunk`. Retry policy lives in ``bumblebot/delivery.py``;
-adapters only classify failures by raising :class:`~bumblebot.errors.DeliveryFailed`.
+:class:`~bumblebot.events.Inbound` messages and hands them to the engine through the narrow
+:class:`Intake` interface, and it delivers what the engine says through
+:meth:`Adapter.send_chunk`. Retry policy lives in ``bumblebot/delivery.py``; adapters only
+classify failures by raising :class:`~bumblebot.errors.DeliveryFailed`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,51 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-from bumblebot.events import ChatRef, Platform
+from bumblebot.events import ChatRef, Inbound, Platform
 
 log = logging.getLogger(__name__)
+
+
+class Intake(Protocol):
+    """What an adapter may ask of the engine (``bumblebot.engine.Engine`` implements it).
+
+    Every method that takes an :class:`Inbound` journals it first, so a message the platform
+    delivers twice (a Telegram update after a restart, a Discord RESUME replay) is handled once.
+    ``kv`` values (Telegram's next update offset) are written in the same transaction.
+    """
+
+    @property
+    def accepting(self) -> bool:
+        """``False`` once the engine stops: an adapter must not acknowledge more updates."""
+
+    @property
+    def entity_name(self) -> str:
+        """The entity's name, for greetings and the console prompt."""
+
+    async def submit(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
+        """A message for the entity: a turn answers it. ``False`` for a duplicate."""
+
+    async def command(self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None) -> str | None:
+        """Run ``/name``; returns the answer to show, ``None`` for a duplicate."""
+
+    async def answer(self, inbound: Inbound, text: str | None, *, kv: dict[str, str] | None = None) -> bool:
+        """Handle a message without a turn: reply ``text`` (``None``: no reply). ``False`` for a
+        duplicate."""
+
+    async def refuse_once(self, inbound: Inbound, text: str, *, kv: dict[str, str] | None = None) -> None:
+        """A sender outside the allowlist: ``text`` is sent at most once per sender and platform;
+        later messages are only journaled."""
+
+    async def reply(self, chat: ChatRef, text: str) -> None:
+        """Send ``text`` to ``chat`` through the outbox (a command's answer)."""
+
+    async def cursor(self, key: str) -> str | None:
+        """A durable value of the adapter's own (Telegram: the next update offset)."""
+
+    async def set_cursor(self, key: str, value: str) -> None:
+        """Store a value for :meth:`cursor`."""
 
 
 class Adapter(ABC):
@@ -53,8 +94,11 @@ class Adapter(ABC):
         """
 
     @abstractmethod
-    async def send_chunk(self, chat: ChatRef, chunk: Any) -> str:
+    async def send_chunk(self, chat: ChatRef, chunk: Any, *, key: str) -> str:
         """Send one chunk; return the platform's message id.
+
+        ``key`` is unique per chunk and the same on every retry of it (``<outbox id>.<index>``):
+        a platform with idempotent sends (Discord's nonce) uses it to drop a repeat.
 
         Raises:
             DeliveryFailed: with ``retryable`` and ``retry_after`` set by the platform's answer.

@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import signal
 import sys
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TextIO
 
 from bumblebot import __version__
@@ -25,57 +23,17 @@ from bumblebot.config import (
     Secrets,
     Settings,
     apply_dotenv,
-    effective_base_url,
     find_config,
     load_secrets,
     load_settings,
 )
-from bumblebot.engine import Engine
+from bumblebot.daemon import Daemon, instance_lock
 from bumblebot.entity import Entity, load_entity
 from bumblebot.errors import AdapterError, BumblebotError, ConfigError, StoreError
-from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.logs import setup_logging
 from bumblebot.store import Store
 
 log = logging.getLogger("bumblebot")
-
-
-def build_toolbox(settings: Settings) -> Any:
-    from tools import build_registry
-
-    t = settings.tools
-    return build_registry(
-        workspace=settings.workspace,
-        shell_enabled=t.shell.enabled,
-        shell_timeout_s=t.shell.timeout_s,
-        shell_max_output_chars=t.shell.max_output_chars,
-        web_enabled=t.web.enabled,
-        web_timeout_s=t.web.timeout_s,
-        web_max_bytes=t.web.max_bytes,
-        web_allow_private=t.web.allow_private,
-        max_result_chars=t.max_result_chars,
-    )
-
-
-@contextlib.contextmanager
-def instance_lock(data_dir: Path) -> Any:
-    """Refuse a second daemon on the same data directory (field-bugs.md item 5)."""
-    path = data_dir / "bumblebot.lock"
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+")  # noqa: SIM115
-    except OSError as exc:
-        raise ConfigError("config", "data_dir", f"a writable directory ({exc.strerror}: {data_dir})") from exc
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise BumblebotError(f"another Bumblebot is already running on {data_dir} (lock {path})") from None
-    try:
-        yield
-    finally:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
 
 
 def enabled_platforms(settings: Settings, secrets: Secrets) -> list[str]:
@@ -86,91 +44,6 @@ def enabled_platforms(settings: Settings, secrets: Secrets) -> list[str]:
     if settings.discord.enabled and secrets.discord_bot_token:
         out.append("discord")
     return out
-
-
-class Daemon:
-    """Everything ``bumblebot run`` (or ``chat``) runs, in start order; stops in reverse.
-
-    Start: open the store, build the LLM client, tools and engine, recover the journal, start
-    each adapter, then let turns run. Stop (idempotent): adapters stop intake, the engine
-    drains in-flight turns (they can still deliver), adapters disconnect, the LLM client
-    closes, the store closes last.
-    """
-
-    def __init__(self, settings: Settings, secrets: Secrets, entity: Entity) -> None:
-        self.settings, self.secrets, self.entity = settings, secrets, entity
-        self.store = Store(settings.db_path)
-        self.engine: Engine | None = None
-        self.llm: LLM | None = None
-        self.adapters: list[Any] = []
-        self._stopped = False
-
-    def platform_adapters(self, engine: Engine) -> list[Any]:
-        settings, secrets = self.settings, self.secrets
-        adapters: list[Any] = []
-        if settings.telegram.enabled and secrets.telegram_bot_token:
-            from adapters.telegram import TelegramAdapter
-
-            adapters.append(TelegramAdapter(engine, settings.telegram, secrets.telegram_bot_token.get_secret_value()))
-        if settings.discord.enabled and secrets.discord_bot_token:
-            from adapters.discord import DiscordAdapter
-
-            adapters.append(DiscordAdapter(engine, settings.discord, secrets.discord_bot_token.get_secret_value()))
-        return adapters
-
-    async def open(self) -> Engine:
-        """Open the store and build the engine (no adapter yet)."""
-        await self.store.open()
-        self.llm = LLM(
-            self.settings.llm,
-            base_url=effective_base_url(self.settings, self.secrets),
-            api_key=self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None,
-            capabilities=CapabilityMemory(self.store.get_kv, self.store.set_kv),
-        )
-        from bumblebot.compactor import Compactor
-
-        engine = Engine(
-            self.settings, self.store, self.llm, build_toolbox(self.settings), self.entity,
-            secrets=self.secrets.values(),
-        )
-        engine.compactor = Compactor(engine)
-        self.engine = engine
-        return engine
-
-    async def start(self, adapters: list[Any] | None = None) -> None:
-        """Open, recover, connect ``adapters`` (default: every enabled platform), run turns.
-
-        Raises:
-            AdapterError: a platform refused the token or is unreachable.
-            StoreError: the database cannot be opened.
-        """
-        engine = await self.open()
-        self.adapters = self.platform_adapters(engine) if adapters is None else adapters
-        await engine.start({a.platform for a in self.adapters})
-        for adapter in self.adapters:
-            engine.register(adapter)
-            await adapter.start()
-        engine.mark_ready()
-
-    async def _each_adapter(self, method: str) -> None:
-        """Call ``method`` on every adapter; one failing never keeps the others running."""
-        for adapter in self.adapters:
-            try:
-                await getattr(adapter, method)()
-            except Exception:
-                log.exception("%s of %s failed", method, adapter.platform.value)
-
-    async def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        await self._each_adapter("stop_intake")
-        if self.engine is not None:
-            await self.engine.stop()  # in-flight turns finish and deliver
-        await self._each_adapter("stop")
-        if self.llm is not None:
-            await self.llm.aclose()
-        await self.store.close()
 
 
 def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
@@ -236,12 +109,12 @@ async def run_chat(settings: Settings, secrets: Secrets, entity: Entity, stdin: 
         engine = await daemon.open()
         console = ConsoleAdapter(engine, stdin=stdin)
         daemon.adapters = [console]
-        engine.register(console)
+        daemon.delivery.register(console)
         await engine.start({console.platform})
         engine.mark_ready()
         await console.start()
         await _wait_for_stop([console.closed])
-        await engine.drain()
+        await engine.wait_until(lambda: engine.idle, timeout=None)
     finally:
         await daemon.stop()
     return 0
@@ -332,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             with instance_lock(settings.data_dir):
                 return asyncio.run(run_daemon(settings, secrets, entity))
         if args.command == "chat":
-            return asyncio.run(run_chat(settings, secrets, entity))
+            with instance_lock(settings.data_dir):
+                return asyncio.run(run_chat(settings, secrets, entity))
         if args.command == "check":
             return asyncio.run(run_check(settings, secrets, entity))
         if args.command == "trace":

@@ -194,6 +194,12 @@ class EngineSettings(_Section):
     max_concurrent_turns: int = Field(8, ge=1, description="turns running at once across conversations")
     shutdown_grace_s: float = Field(30.0, ge=0, description="time in-flight turns get on stop, seconds")
     typing_interval_s: float = Field(4.5, gt=0, description="typing indicator refresh, seconds")
+    outage_limit_s: float = Field(
+        3600.0,
+        gt=0,
+        description="how long a message waits for an unreachable model (retried with backoff up to "
+        "60 s) before the user is told it failed, seconds",
+    )
 
 
 class Settings(BaseSettings):

@@ -1,132 +1,291 @@
-"""One actor per conversation: turns in a conversation run strictly one at a time.
+"""One home for each conversation's state: its sessions and the turn in progress.
 
-Messages that arrive while a turn runs wait in the actor's queue; in ``steer`` mode the running
-turn takes them at its next step boundary, otherwise the next turn takes them all at once
-(several waiting messages merge into one turn). An actor idle for ``engine.idle_unload_s``
-unloads itself (its history cache goes with it) so memory stays bounded; the next message loads
-the conversation again from SQLite.
+A :class:`Conversation` is loaded by the engine when its actor starts and lives as long as the
+actor. It, its :class:`Session` objects and its :class:`Turn` are the **only writers** of a
+conversation's history, compaction state and turn records; every change is written to the
+store first and then applied in memory, so what is in memory is always what is on disk.
+
+* :class:`Session` (``/reset`` starts the next one): the active history, the compaction
+  summary and counters, and the running token estimate of both.
+* :class:`Turn`: the turn in progress, written as it happens (spec, "Agent loop"; issue 8):
+  the user message when it starts, each assistant message *before* its tools run, each tool
+  result as soon as it completes, each message taken mid-turn, and each message for the user
+  in the outbox together with the assistant message that shows it. After a crash the turn is
+  resumed from exactly these rows (:meth:`Conversation.resume_turn`): on-disk history always
+  equals what the model did and what the user saw.
+
+A turn keeps the :class:`Session` it started in, so ``/reset`` during a turn gives the
+conversation a new session at once while the running turn finishes in the old one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
+from bumblebot.compaction import CompactionOutcome, summary_message
+from bumblebot.events import ChatKind, ChatRef
 from bumblebot.messages import Message
-from bumblebot.store import Conversation, JournalEntry
-from bumblebot.turn import merge_text
-
-if TYPE_CHECKING:
-    from bumblebot.engine import Engine
+from bumblebot.store import CompactionState, ConversationRecord, JournalEntry, OutboxEntry, RunningTurn, Store
 
 log = logging.getLogger(__name__)
 
 
-class ConversationActor:
-    """Serialises the turns of one conversation. Created and owned by the engine."""
+def merge_text(entries: list[JournalEntry]) -> str:
+    """The user text of a turn: one message as is; in groups each part names its speaker."""
+    parts = []
+    for e in entries:
+        inb = e.inbound
+        parts.append(f"[{inb.speaker}]: {inb.text}" if inb.chat_kind is ChatKind.GROUP else inb.text)
+    return "\n\n".join(parts)
 
-    def __init__(self, engine: Engine, conversation: Conversation) -> None:
-        self.engine = engine
+
+class Session:
+    """One session of a conversation: active history, summary, compaction counters.
+
+    Args:
+        store: where every change is written first.
+        conversation_id: the conversation's row id.
+        number: the session number (``conversations.session`` when it was current).
+        history: the active history (messages not covered by the summary), oldest first.
+        compaction: the summary and counters from the ``compaction`` table.
+    """
+
+    def __init__(
+        self, store: Store, conversation_id: int, number: int, history: list[Message], compaction: CompactionState
+    ) -> None:
+        self._store = store
+        self.conversation_id = conversation_id
+        self.number = number
+        self.history: list[Message] = []
+        self.compaction = compaction
+        self.summary_message: Message | None = None
+        self.tokens = 0
+        self._replace(history, compaction)
+
+    @classmethod
+    async def load(cls, store: Store, conversation_id: int, number: int, *, exclude_turn: int | None = None) -> Session:
+        """Read a session from the store (without the messages of ``exclude_turn``)."""
+        history = await store.history(conversation_id, number, exclude_turn=exclude_turn)
+        return cls(store, conversation_id, number, history, await store.compaction_state(conversation_id, number))
+
+    @property
+    def summary(self) -> str | None:
+        return self.compaction.summary
+
+    def _replace(self, history: list[Message], compaction: CompactionState) -> None:
+        self.history = history
+        self.compaction = compaction
+        self.summary_message = summary_message(compaction.summary) if compaction.summary else None
+        self.tokens = sum(m.tokens for m in history) + (self.summary_message.tokens if self.summary_message else 0)
+
+    def adopt(self, messages: list[Message]) -> None:
+        """A finished turn's messages (already stored by :meth:`Turn.finish`) join the history."""
+        self.history.extend(messages)
+        self.tokens += sum(m.tokens for m in messages)
+
+    async def apply_compaction(self, outcome: CompactionOutcome, *, failed: bool, next_retry_at: float) -> None:
+        """Persist one compaction (summary, covered and pruned rows, counters), then adopt its
+        history. A failed summary only counts the failure and arms the backoff."""
+        state = await self._store.save_compaction(
+            self.conversation_id,
+            self.number,
+            summary=outcome.summary,
+            covered_ids=outcome.covered_ids,
+            pruned_ids=outcome.pruned_ids,
+            passes=outcome.passes,
+            failed=failed,
+            next_retry_at=next_retry_at,
+        )
+        self._replace(outcome.messages, state)
+
+    async def prune(self, history: list[Message], pruned_ids: list[int]) -> None:
+        """Persist that ``pruned_ids`` show as the placeholder, then adopt ``history``."""
+        await self._store.mark_pruned(pruned_ids)
+        self._replace(history, self.compaction)
+
+
+class Turn:
+    """The turn in progress, recorded step by step (module docstring).
+
+    Args:
+        store: where every change is written first.
+        conversation: the conversation's row.
+        session: the session the turn runs in (kept even if ``/reset`` comes meanwhile).
+        turn_id: the ``turns`` row.
+        entries: the journal entries it answers (messages taken mid-turn are added).
+        transcript: the turn's messages so far; the first is the user message.
+        state: resumable state, saved with each checkpoint (route, resumes, outage facts).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        conversation: ConversationRecord,
+        session: Session,
+        turn_id: int,
+        entries: list[JournalEntry],
+        transcript: list[Message],
+        state: dict[str, Any],
+    ) -> None:
+        self._store = store
         self.conversation = conversation
-        self._queue: list[JournalEntry] = []
-        self._jobs: list[Callable[[], Awaitable[None]]] = []
-        self._wake = asyncio.Event()
-        self._history: list[Message] | None = None
-        self._stopping = False
-        self.busy = False
-        self.turns = 0
-        self.task: asyncio.Task[None] | None = None
+        self.session = session
+        self.id = turn_id
+        self.entries = entries
+        self.transcript = transcript
+        self.state = state
+
+    @property
+    def chat(self) -> ChatRef:
+        return self.conversation.chat
+
+    @property
+    def journal_ids(self) -> list[int]:
+        return [e.id for e in self.entries]
+
+    @property
+    def user_message(self) -> Message:
+        return self.transcript[0]
+
+    async def record(self, message: Message, *, trace: dict[str, Any] | None = None) -> None:
+        """Checkpoint one message: an assistant message before its tools run, or one tool result
+        as it completes (kept in call order in memory). ``trace`` is saved with it."""
+        await self._store.record(
+            self.conversation.id, self.session.number, self.id, [message], state=self.state, trace=trace
+        )
+        if message.role == "tool":
+            self._insert_result(message)
+        else:
+            self.transcript.append(message)
+
+    def _insert_result(self, message: Message) -> None:
+        start = len(self.transcript)
+        while start > 0 and self.transcript[start - 1].role == "tool":
+            start -= 1
+        owner = self.transcript[start - 1] if start > 0 else None
+        order = {cid: i for i, cid in enumerate(owner.tool_call_ids)} if owner is not None else {}
+        rank = order.get(message.tool_call_id or "", len(order))
+        at = len(self.transcript)
+        while at > start and order.get(self.transcript[at - 1].tool_call_id or "", len(order)) > rank:
+            at -= 1
+        self.transcript.insert(at, message)
+
+    async def steer(self, entries: list[JournalEntry]) -> Message:
+        """Take messages that arrived mid-turn into this turn (one user message), durably:
+        after a crash they are answered by the resumed turn, not by a new one."""
+        message = Message(role="user", content=merge_text(entries))
+        await self._store.record(
+            self.conversation.id, self.session.number, self.id, [message], journal_ids=[e.id for e in entries]
+        )
+        self.entries.extend(entries)
+        self.transcript.append(message)
+        return message
+
+    async def speak(self, text: str, *, tool_call_id: str | None = None, shown: Message | None = None) -> OutboxEntry:
+        """Queue ``text`` for the user in the outbox. ``shown`` is the assistant message that
+        shows it in the history (a plain-text reply, a daemon note), written in the same
+        transaction; a ``say`` call is its own record (its assistant message is already stored).
+        """
+        entry = await self._store.speak(
+            self.conversation.id, self.session.number, self.id, self.chat, text,
+            tool_call_id=tool_call_id, message=shown,
+        )
+        if shown is not None:
+            self.transcript.append(shown)
+        return entry
+
+    async def save_state(self) -> None:
+        await self._store.record(self.conversation.id, self.session.number, self.id, [], state=self.state)
+
+    async def outbox(self) -> list[OutboxEntry]:
+        """Every message this turn queued, oldest first (to resume a turn)."""
+        return await self._store.outbox_for_turn(self.id)
+
+    async def finish(self, *, status: str, trace: dict[str, Any], journal_status: str = "done") -> None:
+        """Close the turn (status, trace, journal entries) in one transaction; its messages join
+        its session's history."""
+        await self._store.finish_turn(
+            self.id, status=status, trace=trace, journal_ids=self.journal_ids, journal_status=journal_status,
+            state=self.state,
+        )
+        self.session.adopt(self.transcript)
+
+
+class Conversation:
+    """A conversation: where it lives, its current :class:`Session`, the turn in progress.
+
+    Build it with :meth:`load`.
+    """
+
+    def __init__(self, store: Store, record: ConversationRecord, session: Session) -> None:
+        self._store = store
+        self.record = record
+        self.session = session
+        self.turn: Turn | None = None
+        #: journal entries waiting for a turn, oldest first (a running turn may take them)
+        self.inbox: list[JournalEntry] = []
+
+    @classmethod
+    async def load(cls, store: Store, chat: ChatRef, *, resuming: RunningTurn | None = None) -> Conversation:
+        """The conversation of ``chat`` with its current session loaded. When ``resuming`` is
+        a turn of it, that turn's own messages stay out of the history (they are its transcript)."""
+        record = await store.conversation(chat)
+        exclude = resuming.id if resuming is not None else None
+        session = await Session.load(store, record.id, record.session, exclude_turn=exclude)
+        return cls(store, record, session)
+
+    @property
+    def id(self) -> int:
+        return self.record.id
+
+    @property
+    def chat(self) -> ChatRef:
+        return self.record.chat
 
     @property
     def key(self) -> str:
-        return self.conversation.chat.key
+        return self.record.chat.key
 
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
+    async def reset(self) -> int:
+        """``/reset``: a new, empty session from now on (a running turn finishes in its own).
+        Returns the new session number."""
+        number = await self._store.reset(self.id)
+        self.record = ConversationRecord(self.id, self.chat, number)
+        self.session = Session(self._store, self.id, number, [], CompactionState(None, 0, 0, 0, 0.0))
+        return number
 
-    def enqueue(self, entry: JournalEntry) -> None:
-        self._queue.append(entry)
-        self._wake.set()
+    async def begin_turn(self, entries: list[JournalEntry], state: dict[str, Any]) -> Turn:
+        """Start a turn answering ``entries`` in the current session (checkpoint 0: the turn
+        row and the user message)."""
+        user = Message(role="user", content=merge_text(entries))
+        session = self.session
+        turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state)
+        self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)
+        return self.turn
 
-    def schedule(self, job: Callable[[], Awaitable[None]]) -> None:
-        """Run ``job`` in this actor between turns (e.g. ``/compact``), never during one."""
-        self._jobs.append(job)
-        self._wake.set()
+    async def resume_turn(self, running: RunningTurn) -> Turn:
+        """The turn ``running`` as it was recorded when the last process stopped."""
+        if running.session == self.session.number:
+            session = self.session
+        else:  # /reset came after the turn began: it finishes in its own session
+            session = await Session.load(self._store, self.id, running.session, exclude_turn=running.id)
+        transcript = await self._store.turn_messages(running.id)
+        self.turn = Turn(self._store, self.record, session, running.id, list(running.entries), transcript, running.state)
+        return self.turn
 
-    def stop(self) -> None:
-        """Finish the running turn, then exit; queued entries stay pending in the journal."""
-        self._stopping = True
-        self._wake.set()
+    async def reload(self) -> None:
+        """Read the conversation again from the store (after a failed write); a half-recorded
+        turn stays out of the history and is resumed at the next start."""
+        exclude = self.turn.id if self.turn is not None else None
+        self.record = await self._store.conversation(self.chat)
+        self.session = await Session.load(self._store, self.id, self.record.session, exclude_turn=exclude)
+        self.turn = None
 
-    def take_steering(self) -> list[tuple[Message, list[int]]]:
-        """Messages that arrived during the turn, as one user message (steer mode)."""
-        if not self._queue or self._stopping:
-            return []
-        batch, self._queue = self._queue, []
-        return [(Message(role="user", content=merge_text(batch)), [e.id for e in batch])]
+    def take_inbox(self) -> list[JournalEntry]:
+        """Everything waiting, in arrival order (for the next turn, or the running one)."""
+        batch, self.inbox = self.inbox, []
+        return batch
 
-    async def load_context(self) -> tuple[list[Message], Message | None]:
-        """The active history (cached while the actor lives) and the summary message."""
-        store = self.engine.store
-        if self._history is None:
-            self._history = await store.history(self.conversation.id, self.conversation.session)
-        summary = await self.engine.summary_message(self.conversation)
-        return list(self._history), summary
-
-    def append_history(self, messages: list[Message], session: int) -> None:
-        """Add a committed turn to the cache, unless ``/reset`` started a new session meanwhile."""
-        if self._history is not None and session == self.conversation.session:
-            self._history.extend(messages)
-
-    def replace_history(self, messages: list[Message]) -> None:
-        self._history = list(messages)
-
-    def invalidate(self, conversation: Conversation | None = None) -> None:
-        """Drop the cached history (after /reset or an external change)."""
-        if conversation is not None:
-            self.conversation = conversation
-        self._history = None
-
-    async def run(self) -> None:
-        """The actor's task: wait for messages, run turns, unload when idle."""
-        idle = self.engine.settings.engine.idle_unload_s
-        await self.engine.ready.wait()
-        while True:
-            if self._stopping:
-                return
-            if self._jobs:
-                job = self._jobs.pop(0)
-                try:
-                    await job()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("job in %s failed", self.key)
-                continue
-            if not self._queue:
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), idle)
-                except TimeoutError:
-                    if not self._queue and not self._jobs:
-                        self.engine.unload(self)
-                        return
-                continue
-            batch, self._queue = self._queue, []
-            async with self.engine.turn_slots:
-                self.busy = True
-                try:
-                    await self.engine.runner.run(self, batch)
-                    self.turns += 1
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    # commit failed (database trouble): the journal keeps the entries pending,
-                    # so they are answered after a restart; drop the cache to stay consistent.
-                    log.exception("turn in %s could not be recorded", self.key)
-                    self._history = None
-                finally:
-                    self.busy = False
+    def turn_done(self) -> None:
+        self.turn = None

@@ -1,18 +1,23 @@
-"""Delivery through the outbox: every message the engine says is recorded before it is sent.
+"""Delivery through the outbox: every message reaches the platform from an ``outbox`` row.
 
-A message is written to the ``outbox`` table, split by the adapter, and sent chunk by chunk;
-the platform ids of sent chunks are recorded, so a retry resumes after the last sent chunk and
-never repeats one. Transient failures are retried here (the only retry loop for sends) with
-exponential backoff or the platform's ``retry_after``; a message that still fails stays
-``pending`` and the sweeper retries it later (and at start-up). A permanent refusal marks it
-``failed``.
+The row is written before the first send (by the turn, together with the assistant message
+that shows it, or by :meth:`Delivery.send` for messages outside a turn). The text is split by
+the adapter and sent chunk by chunk; the platform ids of sent chunks are recorded, so a retry
+resumes after the last sent chunk and never repeats one. Each chunk carries an idempotency key
+(``<database id>-<outbox id>.<chunk>``, the database id being random per data directory):
+platforms that honour one (Discord's ``nonce`` with
+``enforce_nonce``) drop a repeat sent after a crash. Transient failures are retried here (the
+only retry loop for sends) with exponential backoff or the platform's ``retry_after``; a
+message that still fails stays ``pending`` and the sweeper retries it later (and at start-up).
+A permanent refusal marks it ``failed``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator
 
 from bumblebot.adapter import Adapter
 from bumblebot.errors import DeliveryFailed
@@ -27,52 +32,66 @@ MAX_INLINE_WAIT_S = 30.0
 
 
 class Delivery:
-    """Sends outbox messages through the adapters.
+    """Sends outbox messages through the registered adapters.
 
     Args:
         store: the database.
-        adapters: the running adapters by platform (the engine's live mapping).
         attempts: send attempts per message before leaving it pending.
         base_delay_s: first backoff delay, doubled per attempt, seconds.
     """
 
-    def __init__(
-        self, store: Store, adapters: Mapping[Platform, Adapter], *, attempts: int = 3, base_delay_s: float = 0.5
-    ) -> None:
+    def __init__(self, store: Store, *, attempts: int = 3, base_delay_s: float = 0.5) -> None:
         self.store = store
-        self.adapters = adapters
         self.attempts = attempts
         self.base_delay_s = base_delay_s
+        self._adapters: dict[Platform, Adapter] = {}
         self._lock = asyncio.Lock()
         self._in_flight: set[int] = set()
+        self._prefix: str | None = None
 
-    async def send(self, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str) -> DeliveryReport:
-        """Record ``text`` in the outbox and deliver it now (with retries)."""
-        outbox_id = await self.store.outbox_add(conversation_id, turn_id, chat, text)
-        entry = OutboxEntry(outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None)
-        return await self._deliver(entry, self.attempts)
+    def register(self, adapter: Adapter) -> None:
+        """Make ``adapter`` the route for its platform's messages."""
+        self._adapters[adapter.platform] = adapter
 
-    async def _deliver(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
+    @contextlib.asynccontextmanager
+    async def typing(self, chat: ChatRef, interval_s: float) -> AsyncIterator[None]:
+        """A typing indicator in ``chat`` for the duration of the block (none if its platform
+        is not connected)."""
+        adapter = self._adapters.get(chat.platform)
+        if adapter is None:
+            yield
+            return
+        async with adapter.typing(chat, interval_s):
+            yield
+
+    async def send(self, conversation_id: int, chat: ChatRef, text: str) -> DeliveryReport:
+        """Record ``text`` (outside any turn: a command's answer, a refusal) and deliver it."""
+        return await self.deliver(await self.store.outbox_add(conversation_id, None, chat, text))
+
+    async def deliver(self, entry: OutboxEntry, attempts: int | None = None) -> DeliveryReport:
+        """Send an outbox row now, with retries; the row records every outcome."""
         self._in_flight.add(entry.id)
         try:
-            return await self._attempts(entry, attempts)
+            return await self._attempts(entry, attempts or self.attempts)
         finally:
             self._in_flight.discard(entry.id)
 
     async def _attempts(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
-        adapter = self.adapters.get(entry.chat.platform)
+        adapter = self._adapters.get(entry.chat.platform)
         if adapter is None:
             await self.store.outbox_progress(
                 entry.id, status="pending", message_ids=entry.platform_message_ids, error="adapter not running"
             )
             return DeliveryReport(delivered=False, queued=True, error="platform not connected")
+        if self._prefix is None:
+            self._prefix = await self.store.instance_id()
         chunks = adapter.chunks(entry.text)
         sent = list(entry.platform_message_ids)
         error = ""
         for attempt in range(attempts):
             try:
-                for chunk in chunks[len(sent):]:
-                    sent.append(await adapter.send_chunk(entry.chat, chunk))
+                for index in range(len(sent), len(chunks)):
+                    sent.append(await adapter.send_chunk(entry.chat, chunks[index], key=f"{self._prefix}-{entry.id}.{index}"))
                     if len(chunks) > 1:  # a crash mid-message must not resend earlier chunks
                         await self.store.outbox_chunks_sent(entry.id, sent)
             except DeliveryFailed as exc:
@@ -98,11 +117,11 @@ class Delivery:
         delivered = 0
         async with self._lock:
             for listed in await self.store.outbox_pending():
-                if listed.chat.platform not in self.adapters or listed.id in self._in_flight:
+                if listed.chat.platform not in self._adapters or listed.id in self._in_flight:
                     continue
                 entry = await self.store.outbox_entry(listed.id)  # the list may be stale by now
                 if entry is None or entry.status != "pending" or entry.id in self._in_flight:
                     continue
-                report = await self._deliver(entry, 1)
+                report = await self.deliver(entry, 1)
                 delivered += int(report.delivered)
         return delivered

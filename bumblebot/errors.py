@@ -5,11 +5,13 @@
     BumblebotError
     ├── ConfigError            bad config file or value (exit code 2); carries file, key, expected
     ├── ModelError             the LLM endpoint failed after retries
-    │   ├── ModelTimeout
+    │   ├── ModelUnavailable   unreachable, timed out, overloaded (429, 5xx): worth waiting for
+    │   │   └── ModelTimeout
     │   └── ContextTooLong     the endpoint said the prompt is over its context window
     ├── AdapterError           a platform call failed
     │   └── DeliveryFailed     a message could not be delivered; ``retryable`` says if it may work later
-    └── StoreError             the database could not be opened or migrated
+    ├── StoreError             the database could not be opened or migrated
+    └── DataDirInUse           another process holds the data directory's lock
 
 Foreign errors (``openai``, ``telegram``, ``discord``) are translated into these in exactly one
 place per dependency (``bumblebot/llm.py`` and each adapter) and chained with ``from``.
@@ -44,7 +46,12 @@ class ModelError(BumblebotError):
         super().__init__(message)
 
 
-class ModelTimeout(ModelError):
+class ModelUnavailable(ModelError):
+    """The endpoint cannot answer for now: connection refused or reset, a timeout, a rate
+    limit (429), or a server error (5xx). A turn waits for it (issue 8, "Outages")."""
+
+
+class ModelTimeout(ModelUnavailable):
     """The endpoint did not answer within ``llm.timeout_s``."""
 
 
@@ -78,3 +85,20 @@ class DeliveryFailed(AdapterError):
 
 class StoreError(BumblebotError):
     """The SQLite database could not be opened, locked or migrated."""
+
+
+class DataDirInUse(BumblebotError):
+    """Another Bumblebot process holds the data directory (one process per data directory).
+
+    Args:
+        data_dir: the directory.
+        pid: the holder's process id, when it recorded one.
+    """
+
+    def __init__(self, data_dir: object, pid: int | None) -> None:
+        self.data_dir, self.pid = data_dir, pid
+        by = f" by another Bumblebot (pid {pid})" if pid else " by another Bumblebot"
+        super().__init__(
+            f"data directory {data_dir} is in use{by}; stop that process first, or give this one "
+            "another data_dir"
+        )

@@ -29,7 +29,7 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from bumblebot.config import LLMSettings
-from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout
+from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ _CONTEXT_RE = re.compile(
     r"|input (is )?too long|too long for (the )?(model|context)",
     re.IGNORECASE,
 )
+#: HTTP statuses that mean "not now" rather than "never": timeout, conflict, rate limit.
+TRANSIENT_STATUSES = frozenset({408, 409, 429})
 LENGTH_FINISHES = frozenset({"length", "max_tokens", "max_length"})
 _TOOLS_RE = re.compile(r"tool|function.?call", re.IGNORECASE)
 #: Consecutive unexplained refusals of ``tool_choice="required"`` before ``"auto"`` is remembered.
@@ -190,6 +192,7 @@ class LLM:
 
         Raises:
             ModelTimeout: no answer within ``llm.timeout_s`` (after the client's retries).
+            ModelUnavailable: unreachable, rate-limited or a server error (after the retries).
             ContextTooLong: the endpoint says the prompt is over its context window.
             ModelError: any other failure, with the HTTP status when there was one.
         """
@@ -269,9 +272,11 @@ class LLM:
         if isinstance(exc, openai.APIStatusError):
             if exc.status_code in (400, 413) and self._is_context_error(exc):
                 return ContextTooLong(f"the prompt is too long for the model: {exc.message}", status=exc.status_code)
+            if exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500:
+                return ModelUnavailable(f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code)
             return ModelError(f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code)
         if isinstance(exc, openai.APIConnectionError):
-            return ModelError(f"cannot reach the model endpoint: {exc.message}")
+            return ModelUnavailable(f"cannot reach the model endpoint at {self.base_url}: {exc.message}")
         return ModelError(f"model endpoint error: {exc}")
 
     @staticmethod

@@ -1,11 +1,25 @@
 """The bounded agent loop of one turn (spec, "Agent loop").
 
 Each step sends one chat completion with every tool and tool forcing. Tool calls of a step run
-concurrently (``asyncio.gather``), each under a timeout, and their results are appended in call
-order with matching ids. Speaking is the ``say`` tool; ending is ``end_turn``, which goes
-through the completion gate. Text the model writes alongside tool calls is private reasoning and
-is never delivered. A plain-text answer (an endpoint that does not enforce ``tool_choice``) is
-delivered as an implicit ``say`` unless it only repeats what was already said.
+concurrently (``asyncio.gather``), each under a timeout. Speaking is the ``say`` tool; ending
+is ``end_turn``, which goes through the completion gate. Text the model writes alongside tool
+calls is private reasoning and is never delivered. A plain-text answer (an endpoint that does
+not enforce ``tool_choice``) is delivered as an implicit ``say`` unless it only repeats what
+was already said.
+
+**Checkpoints** (issue 8). Every step is recorded as it happens, through the :class:`TurnPort`:
+the assistant message *before* its tools run, each tool result as soon as it completes, and
+every message for the user in the outbox. What the loop knows of a turn (:class:`LoopState`:
+what was said, which work tools ran, the repeat guard) is a function of that record, so a turn
+resumed after a crash rebuilds it with :meth:`LoopState.replay` and goes on:
+
+* a call whose result was recorded is never run again;
+* a ``say`` that was cut off is answered from the outbox (delivered, queued, or never sent);
+* any other call that was cut off gets a result saying it was interrupted and may or may not
+  have taken effect; it is not silently run again;
+* a step that had ended the turn (``end_turn``, or a plain-text reply) goes to the gate again,
+  unless one of its ``say`` calls did not get out: then, as in a live step, the model is told
+  and goes on.
 
 Limits: tool continuation rounds are clamped to [0, 16]; steps are capped at
 ``max(6, min(25, 6 + rounds))``; the same call (tool and arguments) may not run a third time in a
@@ -25,16 +39,17 @@ import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from typing import Any
+from typing import Any, Protocol
 
 from bumblebot.compaction import cap_tool_result
 from bumblebot.errors import ContextTooLong
-from bumblebot.gate import CompletionGate, GateInput, Preview
+from bumblebot.gate import CompletionGate, GateDecision, GateInput, Preview
 from bumblebot.llm import LLM, Completion, ToolCall, strip_reasoning
 from bumblebot.messages import Message
+from bumblebot.store import OutboxEntry
 from bumblebot.toolkit import DeliveryReport, ToolContext, Toolbox, ToolKind, ToolResult
 
 log = logging.getLogger(__name__)
@@ -46,7 +61,16 @@ LENGTH_STALL_LIMIT = 3
 UNGUARDED = frozenset({"end_turn"})
 #: Tools not run under the tool timeout: ``say`` is bounded by the delivery policy itself.
 UNTIMED = frozenset({"say"})
+#: Side-effect free agency tools: a call cut off by a crash is simply completed on resume.
+_COMPLETED_ON_RESUME = {"end_turn": "ending turn", "think": "noted", "wait": "waited 0 s (interrupted)"}
+#: Minimum characters each result of a step keeps when the step's results share one budget.
+MIN_RESULT_SHARE = 500
 
+INTERRUPTED = (
+    "Interrupted: the daemon restarted while this call was running. It may or may not have "
+    "taken effect; check before you repeat it."
+)
+NEVER_SENT = "interrupted before it was sent; it was not delivered"
 STEP_CAP_MESSAGE = (
     "I had to stop here: this took more steps than I'm allowed in one turn. "
     "Tell me to continue and I'll pick it up from where I stopped."
@@ -96,6 +120,15 @@ def repeats_said(text: str, said: list[str]) -> bool:
     return any(SequenceMatcher(None, norm, c).ratio() >= 0.85 for c in candidates)
 
 
+def _say_text(arguments: str) -> str:
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return ""
+    text = value.get("text") if isinstance(value, dict) else None
+    return strip_reasoning(text) if isinstance(text, str) else ""
+
+
 @dataclass(slots=True)
 class LoopLimits:
     max_steps: int
@@ -119,42 +152,177 @@ class StepTrace:
 
 
 @dataclass(slots=True)
+class LoopTrace:
+    """What a run of the loop did, for ``bumblebot trace`` (steps of earlier runs included)."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    gate: list[dict[str, Any]] = field(default_factory=list)
+    thoughts: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class LoopResult:
     messages: list[Message]
     stop_reason: str
-    steps: list[StepTrace]
-    gate: list[dict[str, Any]]
     delivered: list[str]
-    thoughts: list[str]
+
+
+class TurnPort(Protocol):
+    """What the loop needs of the turn it runs (``bumblebot.turn`` implements it).
+
+    ``transcript`` is the turn's messages so far, the user message first; the loop never
+    appends to it itself: it goes through :meth:`record` and :meth:`reply`, which write first.
+    """
+
+    transcript: list[Message]
+
+    async def take_steering(self) -> list[Message]:
+        """Messages that arrived during the turn (steer mode), already recorded in it."""
+
+    async def record(self, message: Message) -> None:
+        """Checkpoint an assistant message (before its tools run) or one tool result."""
+
+    async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
+        """Deliver the text of a ``say`` call (the call itself is already recorded)."""
+
+    async def reply(self, message: Message) -> DeliveryReport:
+        """Deliver an assistant message of its own (a plain-text reply, a daemon note),
+        recorded together with its outbox row."""
+
+    async def outbox(self) -> list[OutboxEntry]:
+        """The messages this turn queued so far (to resume it)."""
+
+
+class LoopState:
+    """What the loop knows of a turn; rebuilt from the transcript by :meth:`replay` (resume)
+    and updated by the same methods while the loop runs, so the two can never disagree."""
+
+    def __init__(self, kind: Callable[[str], ToolKind | None]) -> None:
+        self._kind = kind
+        self.user_texts: list[str] = []
+        self.delivered: list[str] = []
+        self.steps = 0
+        self.work_calls = 0
+        self.work_ok = 0
+        self.previews: deque[Preview] = deque(maxlen=PREVIEW_COUNT)
+        self._repeat_key: tuple[str, str] | None = None
+        self._repeat_count = 0
+        self._calls: dict[str, ToolCall] = {}
+
+    @classmethod
+    def replay(cls, transcript: list[Message], kind: Callable[[str], ToolKind | None]) -> LoopState:
+        state = cls(kind)
+        for m in transcript:
+            if m.role == "user":
+                state.on_user(m)
+            elif m.role == "assistant":
+                state.on_assistant(m)
+                if m.tool_calls:
+                    state.plan([_call(c) for c in m.tool_calls])
+            elif m.role == "tool":
+                call = state._calls.get(m.tool_call_id or "")
+                if call is not None:
+                    state.on_result(call, ToolResult(m.content, ok=m.ok is not False))
+        return state
+
+    def on_user(self, message: Message) -> None:
+        self.user_texts.append(message.content)
+
+    def on_assistant(self, message: Message) -> None:
+        if message.note:
+            return
+        self.steps += 1
+        if not message.tool_calls and message.content.strip():
+            self._said(message.content)
+
+    def _said(self, text: str) -> None:
+        if _norm(text) not in {_norm(t) for t in self.delivered}:
+            self.delivered.append(text)
+
+    def already_said(self, text: str) -> bool:
+        return _norm(text) in {_norm(t) for t in self.delivered}
+
+    def plan(self, calls: list[ToolCall]) -> list[tuple[ToolCall, bool]]:
+        """Each call with whether it may run: the same call (tool and arguments) may not run a
+        third time in a row (the repeat guard)."""
+        plan = []
+        for call in calls:
+            self._calls[call.id] = call
+            if call.name in UNGUARDED:
+                plan.append((call, True))
+                continue
+            key = (call.name, canonical_arguments(call.arguments))
+            self._repeat_count = self._repeat_count + 1 if key == self._repeat_key else 1
+            self._repeat_key = key
+            plan.append((call, self._repeat_count < REPEAT_LIMIT))
+        return plan
+
+    def on_result(self, call: ToolCall, result: ToolResult) -> None:
+        if call.name == "say" and result.ok:
+            text = _say_text(call.arguments)
+            if text:
+                self._said(text)
+        if self._kind(call.name) is ToolKind.WORK:
+            self.work_calls += 1
+            self.work_ok += int(result.ok)
+            self.previews.append(Preview(call.name, result.ok, result.content[:PREVIEW_CHARS]))
+
+    def gate_input(self, ended_by: str, hit_length: bool, continues: int) -> GateInput:
+        return GateInput(
+            user_text="\n".join(self.user_texts),
+            visible=list(self.delivered),
+            work_calls=self.work_calls,
+            work_ok=self.work_ok,
+            previews=list(self.previews),
+            ended_by=ended_by,
+            last_hit_length=hit_length,
+            continues_so_far=continues,
+        )
+
+
+def _call(api: dict[str, Any]) -> ToolCall:
+    fn = api.get("function") or {}
+    return ToolCall(id=api.get("id") or "", name=fn.get("name") or "", arguments=fn.get("arguments") or "{}")
 
 
 class TurnState:
-    """Per-turn state; implements :class:`bumblebot.toolkit.TurnControl` for the agency tools."""
+    """The running turn as agency tools see it (:class:`bumblebot.toolkit.TurnControl`)."""
 
-    def __init__(self, deliver: Callable[[str], Awaitable[DeliveryReport]]) -> None:
-        self._deliver = deliver
+    def __init__(self, port: TurnPort, state: LoopState, thoughts: list[str]) -> None:
+        self._port = port
+        self._state = state
         self._order = asyncio.Lock()  # FIFO: several say() calls of one step keep call order
-        self.delivered: list[str] = []
-        self.thoughts: list[str] = []
+        self.thoughts = thoughts
         self.end_requested = False
         #: the platform refused a message for good (blocked bot, deleted chat): talking on is futile
         self.undeliverable: str | None = None
 
-    async def say(self, text: str) -> DeliveryReport:
+    async def say(self, text: str, *, call_id: str | None = None) -> DeliveryReport:
         text = strip_reasoning(text)  # reasoning never reaches the user, on any path
         if not text:
             return DeliveryReport(delivered=False, error="nothing to say after removing reasoning")
         if self.undeliverable:
             return DeliveryReport(delivered=False, error=self.undeliverable)
         async with self._order:  # checked under the lock: two equal says of one step count too
-            if _norm(text) in {_norm(t) for t in self.delivered}:
+            if self._state.already_said(text):
                 return DeliveryReport(delivered=True, duplicate=True)
-            report = await self._deliver(text)
-            if report.delivered or report.queued:
-                self.delivered.append(text)
+            report = await self._port.say(text, tool_call_id=call_id)
+            if report.ok:
+                self._state._said(text)
+        self._note_unreachable(report)
+        return report
+
+    async def reply(self, text: str, *, note: bool = False) -> DeliveryReport:
+        """A message of its own: a plain-text reply (counts as said) or a daemon note."""
+        message = Message(role="assistant", content=text, note=note)
+        report = await self._port.reply(message)
+        self._state.on_assistant(message)
+        self._note_unreachable(report)
+        return report
+
+    def _note_unreachable(self, report: DeliveryReport) -> None:
         if report.chat_unreachable:
             self.undeliverable = report.error or "the platform refused the message"
-        return report
 
     def end_turn(self) -> None:
         self.end_requested = True
@@ -166,28 +334,41 @@ class TurnState:
 class RequestBuilder:
     """What the loop needs from the conversation: requests built from the turn's messages.
 
-    ``build(turn_messages, nudge)`` returns the full message list for the next completion
-    (system prompt, history, summary, this turn's messages with the preamble, the nudge) and
-    its token estimate; compaction runs inside it when the estimate crosses the threshold.
-    ``take_steering()`` returns user messages that arrived during the turn (steer mode) with
-    their journal ids.
+    ``build(nudge)`` returns the full message list for the next completion (system prompt,
+    history, summary, this turn's messages with the preamble, the nudge) and its token
+    estimate; compaction runs inside it when the estimate crosses the threshold.
     """
 
-    async def build(self, turn_messages: list[Message], nudge: str | None) -> tuple[list[dict[str, Any]], int]:
+    async def build(self, nudge: str | None) -> tuple[list[dict[str, Any]], int]:
         raise NotImplementedError
 
-    def take_steering(self) -> list[tuple[Message, list[int]]]:
-        return []
-
-    async def shrink(self, turn_messages: list[Message]) -> None:
+    async def shrink(self) -> None:
         """The endpoint said the prompt is too long: compact (or prune) before one retry."""
 
     def call_ids(self) -> set[str]:
         """Tool call ids already used in the conversation (new ones must differ)."""
         return set()
 
-    def observe_usage(self, prompt_tokens: int | None, estimate: int) -> None:
+    async def observe_usage(self, prompt_tokens: int | None, estimate: int) -> None:
         """The endpoint reported ``prompt_tokens`` for a request we estimated at ``estimate``."""
+
+
+class _StepBudget:
+    """One step's results share ``max_tool_result_chars`` (each is already capped alone):
+    parallel calls must not overflow the window between them (field-bugs.md item 12). Results
+    are fitted as they complete, so each can be recorded at once."""
+
+    def __init__(self, budget: int, calls: int) -> None:
+        self._left = budget
+        self._waiting = calls
+
+    def fit(self, result: ToolResult) -> ToolResult:
+        self._waiting -= 1
+        allowed = max(MIN_RESULT_SHARE, self._left - MIN_RESULT_SHARE * self._waiting)
+        if len(result.content) > allowed:
+            result = ToolResult(cap_tool_result(result.content, allowed), ok=result.ok)
+        self._left = max(0, self._left - len(result.content))
+        return result
 
 
 class AgentLoop:
@@ -200,163 +381,100 @@ class AgentLoop:
         self.tool_context = tool_context
 
     async def run(
-        self,
-        *,
-        user_message: Message,
-        requests: RequestBuilder,
-        limits: LoopLimits,
-        deliver: Callable[[str], Awaitable[DeliveryReport]],
-        transcript: list[Message] | None = None,
-        conversation: str = "",
+        self, port: TurnPort, requests: RequestBuilder, limits: LoopLimits, trace: LoopTrace, *, conversation: str = ""
     ) -> LoopResult:
-        """Run the turn that ``user_message`` starts.
+        """Run (or resume) the turn whose record ``port.transcript`` is.
 
         Args:
-            transcript: the list the turn's messages are appended to as they happen (it must
-                start with ``user_message``); if the loop raises, it holds everything up to the
-                failure as a valid sequence, so the caller can still store what happened.
+            trace: filled in as the loop goes (the caller saves it with the turn).
+            conversation: a readable conversation key, for tools' logs.
 
         Raises:
-            ModelError: the endpoint failed (after the one retry on a context-length refusal).
+            ModelError: the endpoint failed (after the one retry on a context-length refusal);
+                every step before it is recorded, so the turn can be resumed later.
         """
-        state = TurnState(deliver)
+        state = LoopState.replay(port.transcript, self.toolbox.kind)
+        turn = TurnState(port, state, trace.thoughts)
         ctx = ToolContext(
-            workspace=self.tool_context.workspace,
-            data_dir=self.tool_context.data_dir,
-            turn=state,
-            conversation=conversation,
-            extras=self.tool_context.extras,
+            workspace=self.tool_context.workspace, data_dir=self.tool_context.data_dir, turn=turn,
+            conversation=conversation, extras=self.tool_context.extras,
         )
-        turn: list[Message] = transcript if transcript is not None else [user_message]
-        user_texts = [user_message.content]
-        steps: list[StepTrace] = []
-        gate_log: list[dict[str, Any]] = []
-        previews: deque[Preview] = deque(maxlen=PREVIEW_COUNT)
-        work_calls = work_ok = 0
-        repeat_key: tuple[str, str] | None = None
-        repeat_count = 0
-        length_stalls = 0
-        gate_continues = 0
-        nudge: str | None = None
+        length_stalls = gate_continues = 0
         stop_reason = "step_cap"
         schemas = self.toolbox.schemas()
         used_ids = requests.call_ids()
+        ended_by, nudge = await self._close_interrupted(port, state)
+        hit_length = False
 
-        while len(steps) < limits.max_steps:
-            if state.undeliverable:
+        while True:
+            if ended_by is not None:  # the model ended its turn: may it?
+                decision = await self.gate.check(state.gate_input(ended_by, hit_length, gate_continues))
+                trace.gate.append(_gate_entry(len(trace.steps), decision))
+                if decision.done:
+                    stop_reason = "end_turn" if ended_by == "end_turn" else "final_reply"
+                    break
+                gate_continues += 1
+                nudge = decision.nudge
+                if ended_by == "text" and length_stalls >= LENGTH_STALL_LIMIT:
+                    nudge = (nudge or "") + " " + LENGTH_ADVICE
+                ended_by = None
+            if state.steps >= limits.max_steps:
+                break
+            if turn.undeliverable:
                 stop_reason = "undeliverable"  # e.g. the user blocked the bot: stop spending tokens
                 break
-            for steer, _ in requests.take_steering():
-                turn.append(steer)
-                user_texts.append(steer.content)
+            for steer in await port.take_steering():
+                state.on_user(steer)
                 nudge = None
-            request, estimate = await requests.build(turn, nudge)
+            request, estimate = await requests.build(nudge)
             try:
                 completion: Completion = await self._complete(request, schemas, limits)
             except ContextTooLong:
                 # spec/issue: compact (or prune) and retry once; a second refusal ends the turn
-                await requests.shrink(turn)
-                request, estimate = await requests.build(turn, nudge)
+                await requests.shrink()
+                request, estimate = await requests.build(nudge)
                 completion = await self._complete(request, schemas, limits)
-            trace = StepTrace(
-                step=len(steps) + 1,
+            step = StepTrace(
+                step=len(trace.steps) + 1,
                 finish_reason=completion.finish_reason,
                 prompt_tokens=completion.prompt_tokens,
                 completion_tokens=completion.completion_tokens,
                 estimate=estimate,
                 tool_choice=completion.tool_choice,
             )
-            steps.append(trace)
-            requests.observe_usage(completion.prompt_tokens, estimate)
-            length_stalls = length_stalls + 1 if completion.hit_length else 0
+            trace.steps.append(_fields(step))
+            await requests.observe_usage(completion.prompt_tokens, estimate)
+            hit_length = completion.hit_length
+            length_stalls = length_stalls + 1 if hit_length else 0
             nudge = None
 
             if completion.tool_calls:
                 calls = [_unique_id(c, used_ids) for c in completion.tool_calls]
-                turn.append(
-                    Message(role="assistant", content=completion.content, tool_calls=[c.to_api() for c in calls])
-                )
-                plan: list[tuple[ToolCall, bool]] = []
-                for call in calls:
-                    key = (call.name, canonical_arguments(call.arguments))
-                    if call.name in UNGUARDED:
-                        plan.append((call, True))
+                message = Message(role="assistant", content=completion.content, tool_calls=[c.to_api() for c in calls])
+                await port.record(message)  # before any side effect: a crash from here on is resumable
+                state.on_assistant(message)
+                failed = await self._run_calls(port, state, state.plan(calls), ctx, limits, step)
+                if turn.end_requested:
+                    turn.end_requested = False
+                    if "say" not in failed:  # a message that did not get out must not end the turn
+                        ended_by = "end_turn"
                         continue
-                    repeat_count = repeat_count + 1 if key == repeat_key else 1
-                    repeat_key = key
-                    plan.append((call, repeat_count < REPEAT_LIMIT))
-                results = await asyncio.gather(*(self._execute(c, run, ctx, limits) for c, run in plan))
-                results = _cap_step(results, limits.max_tool_result_chars)
-                failed: list[str] = []
-                for (call, _), (result, seconds) in zip(plan, results, strict=True):
-                    kind = self.toolbox.kind(call.name)
-                    turn.append(Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name))
-                    trace.tool_calls.append(
-                        {"name": call.name, "ok": result.ok, "seconds": round(seconds, 3), "kind": str(kind)}
-                    )
-                    if not result.ok:
-                        failed.append(call.name)
-                    if kind is ToolKind.WORK:
-                        work_calls += 1
-                        work_ok += int(result.ok)
-                        previews.append(Preview(call.name, result.ok, result.content[:PREVIEW_CHARS]))
-                if state.end_requested:
-                    state.end_requested = False
-                    decision = await self.gate.check(
-                        GateInput(
-                            user_text="\n".join(user_texts),
-                            visible=state.delivered,
-                            work_calls=work_calls,
-                            work_ok=work_ok,
-                            previews=list(previews),
-                            ended_by="end_turn",
-                            last_hit_length=completion.hit_length,
-                            continues_so_far=gate_continues,
-                        )
-                    )
-                    gate_log.append(_gate_entry(trace.step, decision))
-                    if decision.done:
-                        stop_reason = "end_turn"
-                        break
-                    gate_continues += 1
-                    nudge = decision.nudge
-                    continue
                 nudge = post_tool_nudge(failed, state.delivered)
                 if length_stalls >= LENGTH_STALL_LIMIT:
                     nudge += " " + LENGTH_ADVICE
                 continue
 
-            # A completion without tool calls: the endpoint did not force tools.
+            # A completion without tool calls: the endpoint did not force tools. Spec,
+            # "Intermediate delivery": a final reply that only echoes what say() already
+            # delivered (or is closing filler) is suppressed; new content is never dropped.
             text = completion.content.strip()
-            if text:
-                # spec, "Intermediate delivery": a final reply that only echoes what say() already
-                # delivered (or is closing filler) is suppressed; new content is never dropped
-                if state.delivered and repeats_said(text, state.delivered):
-                    # not shown, so not stored as if the user had seen it
-                    trace.tool_calls.append({"name": "(final reply)", "suppressed": True})
-                else:
-                    await state.say(text)
-                    turn.append(Message(role="assistant", content=text))
-            decision = await self.gate.check(
-                GateInput(
-                    user_text="\n".join(user_texts),
-                    visible=state.delivered,
-                    work_calls=work_calls,
-                    work_ok=work_ok,
-                    previews=list(previews),
-                    ended_by="text",
-                    last_hit_length=completion.hit_length,
-                    continues_so_far=gate_continues,
-                )
-            )
-            gate_log.append(_gate_entry(trace.step, decision))
-            if decision.done:
-                stop_reason = "final_reply"
-                break
-            gate_continues += 1
-            nudge = decision.nudge
-            if length_stalls >= LENGTH_STALL_LIMIT:
-                nudge = (nudge or "") + " " + LENGTH_ADVICE
+            if text and not turn.undeliverable and not (state.delivered and repeats_said(text, state.delivered)):
+                await turn.reply(text)  # recorded with its outbox row; counts the step
+            else:
+                state.steps += 1
+                if text:
+                    step.tool_calls.append({"name": "(final reply)", "suppressed": True})
+            ended_by = "text"
 
         note = None
         if stop_reason == "step_cap":
@@ -365,16 +483,81 @@ class AgentLoop:
             stop_reason += "+fallback"
             note = NO_REPLY_MESSAGE
         if note is not None:
-            await state.say(note)
-            turn.append(Message(role="assistant", content=note))  # next turn knows what was said
-        return LoopResult(
-            messages=turn,
-            stop_reason=stop_reason,
-            steps=steps,
-            gate=gate_log,
-            delivered=list(state.delivered),
-            thoughts=list(state.thoughts),
-        )
+            await turn.reply(note, note=True)  # recorded: the next turn knows what the user saw
+        return LoopResult(messages=port.transcript, stop_reason=stop_reason, delivered=list(state.delivered))
+
+    async def _run_calls(
+        self,
+        port: TurnPort,
+        state: LoopState,
+        plan: list[tuple[ToolCall, bool]],
+        ctx: ToolContext,
+        limits: LoopLimits,
+        step: StepTrace,
+    ) -> list[str]:
+        """Run a step's calls concurrently, recording each result as it completes; returns the
+        names of the calls that failed."""
+        budget = _StepBudget(limits.max_tool_result_chars, len(plan))
+
+        async def one(call: ToolCall, allowed: bool) -> tuple[ToolResult, float]:
+            call_ctx = ToolContext(
+                workspace=ctx.workspace, data_dir=ctx.data_dir, turn=ctx.turn,
+                conversation=ctx.conversation, call_id=call.id, extras=ctx.extras,
+            )
+            result, seconds = await self._execute(call, allowed, call_ctx, limits)
+            result = budget.fit(result)
+            await port.record(
+                Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=result.ok)
+            )
+            return result, seconds
+
+        results = await asyncio.gather(*(one(c, allowed) for c, allowed in plan))
+        failed: list[str] = []
+        for (call, _), (result, seconds) in zip(plan, results, strict=True):
+            step.tool_calls.append(
+                {"name": call.name, "ok": result.ok, "seconds": round(seconds, 3), "kind": str(self.toolbox.kind(call.name))}
+            )
+            state.on_result(call, result)
+            if not result.ok:
+                failed.append(call.name)
+        return failed
+
+    async def _close_interrupted(self, port: TurnPort, state: LoopState) -> tuple[str | None, str | None]:
+        """Resume: give the calls a crash cut off a result, and say what the last recorded
+        step asks for next: ``("end_turn" | "text", None)`` when it had ended the turn (the
+        gate decides again), ``(None, nudge)`` after a tool round, ``(None, None)`` otherwise."""
+        open_calls = [_call(c) for c in _open_calls(port.transcript)]
+        if open_calls:
+            sent = {e.tool_call_id: e for e in await port.outbox() if e.tool_call_id}
+            for call in open_calls:
+                if call.name == "say":
+                    result = _delivery_of(sent.get(call.id)).as_result()
+                elif call.name in _COMPLETED_ON_RESUME:
+                    result = ToolResult(_COMPLETED_ON_RESUME[call.name])
+                else:
+                    result = ToolResult.error(INTERRUPTED)
+                await port.record(
+                    Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=result.ok)
+                )
+                state.on_result(call, result)
+            log.info("resumed a turn: %d interrupted call(s) closed", len(open_calls))
+        last = port.transcript[-1]
+        if last.role == "assistant" and not last.tool_calls and not last.note:
+            return "text", None
+        if last.role != "tool":
+            return None, None
+        block = _last_block(port.transcript)
+        failed = [m.name or "" for m in block[1:] if m.ok is False]
+        if any(_call(c).name == "end_turn" for c in block[0].tool_calls or ()) and "say" not in failed:
+            return "end_turn", None
+        return None, post_tool_nudge(failed, state.delivered)
+
+    async def abandon(self, port: TurnPort, reason: str) -> None:
+        """A bug stopped the turn mid-step: give its cut-off calls a failed result, so the
+        history stays a valid sequence."""
+        for call in (_call(c) for c in _open_calls(port.transcript)):
+            result = ToolResult.error(f"not completed: {reason}")
+            await port.record(Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=False))
 
     async def _complete(self, request: list[dict[str, Any]], schemas: list[dict[str, Any]], limits: LoopLimits) -> Completion:
         return await self.llm.complete(
@@ -434,17 +617,32 @@ def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
     return " ".join(parts)
 
 
-def _cap_step(results: list[tuple[ToolResult, float]], budget: int) -> list[tuple[ToolResult, float]]:
-    """Keep one step's results within ``budget`` characters together (each is already capped
-    alone): parallel calls must not overflow the window between them (field-bugs.md item 12)."""
-    total = sum(len(r.content) for r, _ in results)
-    if total <= budget:
-        return results
-    share = max(500, budget // len(results))
-    return [
-        (ToolResult(cap_tool_result(r.content, share), ok=r.ok) if len(r.content) > share else r, t)
-        for r, t in results
-    ]
+def _delivery_of(entry: OutboxEntry | None) -> DeliveryReport:
+    """What became of a ``say`` whose call a crash cut off, from its outbox row."""
+    if entry is None:
+        return DeliveryReport(delivered=False, error=NEVER_SENT)
+    if entry.status == "sent":
+        return DeliveryReport(delivered=True)
+    if entry.status == "pending":
+        return DeliveryReport(delivered=False, queued=True)
+    return DeliveryReport(delivered=False, error=entry.last_error or "the platform refused the message")
+
+
+def _last_block(transcript: list[Message]) -> list[Message]:
+    """The last assistant message with tool calls and the results after it."""
+    start = len(transcript)
+    while start > 0 and transcript[start - 1].role == "tool":
+        start -= 1
+    return transcript[start - 1 :] if start > 0 else []
+
+
+def _open_calls(transcript: list[Message]) -> list[dict[str, Any]]:
+    """Calls of the last step that have no result (a crash cut them off)."""
+    block = _last_block(transcript)
+    if not block or block[0].role != "assistant" or not block[0].tool_calls:
+        return []
+    answered = {m.tool_call_id for m in block[1:]}
+    return [c for c in block[0].tool_calls if c.get("id") not in answered]
 
 
 _ALNUM9 = re.compile(r"^[A-Za-z0-9]{9}$")
@@ -470,5 +668,9 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _gate_entry(step: int, decision: Any) -> dict[str, Any]:
+def _fields(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+def _gate_entry(step: int, decision: GateDecision) -> dict[str, Any]:
     return {"step": step, "done": decision.done, "reason": decision.reason, "judge": decision.judge}

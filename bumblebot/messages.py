@@ -44,6 +44,10 @@ class Message:
         id: SQLite row id, ``None`` until stored.
         pruned: ``True`` when compaction replaced a tool result with the placeholder
             (the original stays in the database for audit).
+        ok: for tool messages, whether the call succeeded (``None`` for other roles).
+        note: ``True`` for an assistant message the daemon itself sent (an outage notice, a
+            step-cap note): the user saw it, but the model did not say it, so it never counts
+            as the entity's answer.
     """
 
     role: Role
@@ -53,6 +57,8 @@ class Message:
     name: str | None = None
     id: int | None = None
     pruned: bool = False
+    ok: bool | None = None
+    note: bool = False
     _tokens: int | None = field(default=None, repr=False)
 
     @property
@@ -81,6 +87,8 @@ class Message:
             name=self.name,
             id=self.id,
             pruned=self.pruned if pruned is None else pruned,
+            ok=self.ok,
+            note=self.note,
         )
 
     def to_api(self) -> dict[str, Any]:

@@ -46,7 +46,6 @@ class TurnInfo:
     inbound: Inbound
     route: str
     now: datetime
-    already_told: tuple[str, ...] = ()
     note: str = ""
 
 
@@ -168,11 +167,6 @@ class PromptBuilder:
         ]
         if info.route == "reflex":
             lines.append("Mode: quick reply; keep it short.")
-        if info.already_told:
-            lines.append(
-                "You were restarted in the middle of this turn. Already delivered to the user: "
-                + " | ".join(f'"{t[:200]}"' for t in info.already_told)
-            )
         if info.note:
             lines.append(info.note)
         relevant = self.relevant_knowledge(inb.text)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -41,6 +42,7 @@ from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.messages import Message
 
 PRUNED_PLACEHOLDER = "[Old tool output cleared to save context space]"
+INSTANCE_KEY = "store.instance"
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: initial schema
@@ -125,11 +127,49 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX outbox_pending ON outbox (status, id);
     CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # 2: step checkpoints (issue 8). Tool results keep their ok flag, daemon notes are marked,
+    # outbox rows name the say call that made them, turns keep their session and resumable
+    # state, and a journal entry can end as failed.
+    """
+    ALTER TABLE messages ADD COLUMN ok INTEGER;
+    ALTER TABLE messages ADD COLUMN note INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX messages_by_turn ON messages (turn_id);
+    ALTER TABLE outbox ADD COLUMN tool_call_id TEXT;
+    CREATE INDEX outbox_by_turn ON outbox (turn_id);
+    ALTER TABLE turns ADD COLUMN session INTEGER;
+    ALTER TABLE turns ADD COLUMN state TEXT;
+    CREATE TABLE journal_v2 (
+        id INTEGER PRIMARY KEY,
+        platform TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        thread_id TEXT NOT NULL DEFAULT '',
+        message_id TEXT NOT NULL,
+        update_id INTEGER,
+        sender_id TEXT NOT NULL,
+        sender_name TEXT NOT NULL,
+        chat_kind TEXT NOT NULL,
+        source TEXT NOT NULL DEFAULT 'chat',
+        text TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending'
+            CHECK (status IN ('pending', 'done', 'ignored', 'failed')),
+        turn_id INTEGER,
+        received_at REAL NOT NULL,
+        done_at REAL,
+        UNIQUE (platform, chat_id, message_id)
+    );
+    INSERT INTO journal_v2 SELECT * FROM journal;
+    DROP TABLE journal;
+    ALTER TABLE journal_v2 RENAME TO journal;
+    CREATE INDEX journal_pending ON journal (status, id);
+    CREATE INDEX journal_by_turn ON journal (turn_id);
+    """,
 )
 
 
 @dataclass(frozen=True, slots=True)
-class Conversation:
+class ConversationRecord:
+    """A conversation's row: its id, where it lives, and its current session number."""
+
     id: int
     chat: ChatRef
     session: int
@@ -154,6 +194,7 @@ class OutboxEntry:
     platform_message_ids: list[str]
     attempts: int
     last_error: str | None
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +204,27 @@ class CompactionState:
     passes: int
     failures: int
     next_retry_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunningTurn:
+    """A turn left ``running`` by a crash or a stop past the grace period: resumable.
+
+    Args:
+        id: the turn id.
+        conversation: the conversation it belongs to (``session`` is the current one).
+        session: the session the turn started in.
+        state: the turn's resumable state (JSON object written by the engine).
+        trace: the trace saved with its last checkpoint.
+        entries: the journal entries it answers, oldest first (steered ones included).
+    """
+
+    id: int
+    conversation: ConversationRecord
+    session: int
+    state: dict[str, Any]
+    trace: dict[str, Any]
+    entries: list[JournalEntry]
 
 
 class Store:
@@ -254,9 +316,21 @@ class Store:
         async with self.transaction() as db:
             await db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
 
+    async def instance_id(self) -> str:
+        """A random id of this database, made on first use (idempotency keys of sends)."""
+        value = await self.get_kv(INSTANCE_KEY)
+        if value is None:
+            async with self.transaction() as db:
+                await db.execute(
+                    "INSERT OR IGNORE INTO kv (key, value) VALUES (?, ?)", (INSTANCE_KEY, secrets.token_hex(4))
+                )
+            value = await self.get_kv(INSTANCE_KEY)
+        assert value is not None
+        return value
+
     # -- conversations ------------------------------------------------------------------------
 
-    async def conversation(self, chat: ChatRef) -> Conversation:
+    async def conversation(self, chat: ChatRef) -> ConversationRecord:
         """Get or create the conversation of ``chat``."""
         sql = "SELECT id, session FROM conversations WHERE platform=? AND chat_id=? AND thread_id=?"
         params = (chat.platform.value, chat.chat_id, chat.thread_id)
@@ -270,7 +344,7 @@ class Store:
                 )
             row = await self._one(sql, params)
         assert row is not None
-        return Conversation(id=int(row["id"]), chat=chat, session=int(row["session"]))
+        return ConversationRecord(id=int(row["id"]), chat=chat, session=int(row["session"]))
 
     async def reset(self, conversation_id: int) -> int:
         """Start a fresh session; old rows stay but are no longer loaded. Returns the new session."""
@@ -283,45 +357,63 @@ class Store:
 
     # -- history ------------------------------------------------------------------------------
 
-    async def history(self, conversation_id: int, session: int) -> list[Message]:
-        """The active history: messages not covered by a summary, pruned ones as the placeholder."""
+    async def history(self, conversation_id: int, session: int, *, exclude_turn: int | None = None) -> list[Message]:
+        """The active history of a session: messages not covered by a summary (pruned tool
+        results as the placeholder), oldest first, without the messages of ``exclude_turn``
+        (a turn being resumed, whose messages are its transcript)."""
         rows = await self._all(
-            "SELECT id, role, content, tool_calls, tool_call_id, name, pruned FROM messages"
-            " WHERE conversation_id=? AND session=? AND covered_by IS NULL ORDER BY id",
-            (conversation_id, session),
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id=? AND session=?"
+            " AND covered_by IS NULL AND (turn_id IS NULL OR turn_id != ?) ORDER BY id",
+            (conversation_id, session, -1 if exclude_turn is None else exclude_turn),
         )
-        return [
-            Message(
-                role=r["role"],
-                content=PRUNED_PLACEHOLDER if r["pruned"] else r["content"],
-                tool_calls=json.loads(r["tool_calls"]) if r["tool_calls"] else None,
-                tool_call_id=r["tool_call_id"],
-                name=r["name"],
-                id=int(r["id"]),
-                pruned=bool(r["pruned"]),
+        return _in_call_order([_message(r) for r in rows])
+
+    async def turn_messages(self, turn_id: int) -> list[Message]:
+        """Every message a turn has recorded so far, oldest first (tool results in call order)."""
+        rows = await self._all(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE turn_id=? ORDER BY id", (turn_id,))
+        return _in_call_order([_message(r) for r in rows])
+
+    async def import_history(self, conversation: ConversationRecord, messages: list[Message]) -> int:
+        """Write ``messages`` into the current session as one finished turn (seeding, imports).
+
+        Returns the turn id.
+        """
+        now = time.time()
+        async with self.transaction() as db:
+            cur = await db.execute(
+                "INSERT INTO turns (conversation_id, session, status, started_at, ended_at, trace)"
+                " VALUES (?, ?, 'done', ?, ?, '{}')",
+                (conversation.id, conversation.session, now, now),
             )
-            for r in rows
-        ]
+            turn_id = cur.lastrowid
+            assert turn_id is not None
+            await _insert_messages(db, conversation.id, conversation.session, turn_id, messages)
+        return turn_id
 
     # -- journal ------------------------------------------------------------------------------
 
-    async def journal(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> int | None:
+    async def journal(self, inbound: Inbound, *, kv: dict[str, str] | None = None, status: str = "pending") -> int | None:
         """Record an accepted inbound message (and optional kv values) in one transaction.
+
+        Args:
+            status: ``pending`` (a turn will answer it) or ``ignored`` (handled without a turn:
+                a command, a refusal).
 
         Returns:
             the journal id, or ``None`` when this (platform, chat, message id) was seen before.
         """
         c = inbound.chat
         inbound = inbound.storable()
+        now = time.time()
         async with self.transaction() as db:
             cur = await db.execute(
                 "INSERT OR IGNORE INTO journal (platform, chat_id, thread_id, message_id, update_id,"
-                " sender_id, sender_name, chat_kind, source, text, received_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " sender_id, sender_name, chat_kind, source, text, status, received_at, done_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     c.platform.value, c.chat_id, c.thread_id, inbound.message_id, inbound.update_id,
                     inbound.sender_id, inbound.sender_name, inbound.chat_kind.value, inbound.source,
-                    inbound.text, time.time(),
+                    inbound.text, status, now, None if status == "pending" else now,
                 ),
             )
             new_id = cur.lastrowid if cur.rowcount == 1 else None
@@ -330,7 +422,7 @@ class Store:
         return new_id
 
     async def pending_inbound(self) -> list[JournalEntry]:
-        """Journaled messages whose turn has not committed, oldest first."""
+        """Journaled messages whose turn has not finished, oldest first."""
         rows = await self._all("SELECT * FROM journal WHERE status = 'pending' ORDER BY id")
         return [self._journal_entry(r) for r in rows]
 
@@ -352,87 +444,152 @@ class Store:
         )
         return JournalEntry(id=int(r["id"]), inbound=inbound, status=r["status"], turn_id=r["turn_id"])
 
-    async def settle_journal(self, journal_ids: list[int], status: str = "done") -> None:
-        """Mark journal entries finished without a turn (commands, refusals)."""
-        async with self.transaction() as db:
-            await db.executemany(
-                "UPDATE journal SET status=?, done_at=? WHERE id=?",
-                [(status, time.time(), j) for j in journal_ids],
-            )
+    # -- turns: step checkpoints ---------------------------------------------------------------
+    #
+    # A turn is written as it happens: ``begin_turn`` (the turn row and the user message),
+    # ``record`` (each assistant message before its tools run, each tool result when it
+    # completes, each message taken mid-turn), ``speak`` (an outbox row, with the assistant
+    # message it shows when there is one, in one transaction), ``finish_turn`` (status, trace,
+    # journal settlement). Only ``bumblebot/conversation.py`` calls these.
 
-    # -- turns --------------------------------------------------------------------------------
-
-    async def begin_turn(self, conversation_id: int, journal_ids: list[int]) -> int:
-        """Open a turn for these journal entries (they stay ``pending`` until it commits)."""
+    async def begin_turn(
+        self,
+        conversation_id: int,
+        session: int,
+        journal_ids: list[int],
+        user_message: Message,
+        state: dict[str, Any],
+    ) -> int:
+        """Open a turn: its row (``running``), its user message, and the journal entries' turn id
+        (they stay ``pending`` until it finishes), in one transaction. Returns the turn id."""
         async with self.transaction() as db:
             cur = await db.execute(
-                "INSERT INTO turns (conversation_id, status, started_at) VALUES (?, 'running', ?)",
-                (conversation_id, time.time()),
+                "INSERT INTO turns (conversation_id, session, status, started_at, state)"
+                " VALUES (?, ?, 'running', ?, ?)",
+                (conversation_id, session, time.time(), _json(state)),
             )
             turn_id = cur.lastrowid
+            assert turn_id is not None
+            await _insert_messages(db, conversation_id, session, turn_id, [user_message])
             await db.executemany("UPDATE journal SET turn_id=? WHERE id=?", [(turn_id, j) for j in journal_ids])
-        assert turn_id is not None
         return turn_id
 
-    async def interrupted_turns(self, platforms: set[str] | None = None) -> list[int]:
-        """Turns left ``running`` by a crash; marks them ``interrupted`` and returns their ids.
+    async def record(
+        self,
+        conversation_id: int,
+        session: int,
+        turn_id: int,
+        messages: list[Message],
+        *,
+        journal_ids: list[int] = (),  # type: ignore[assignment]
+        state: dict[str, Any] | None = None,
+        trace: dict[str, Any] | None = None,
+    ) -> None:
+        """Checkpoint: append ``messages`` to a running turn (setting their ``id``), attach
+        ``journal_ids`` to it (messages taken mid-turn), and save its state and trace."""
+        async with self.transaction() as db:
+            await _insert_messages(db, conversation_id, session, turn_id, messages)
+            if journal_ids:
+                await db.executemany("UPDATE journal SET turn_id=? WHERE id=?", [(turn_id, j) for j in journal_ids])
+            if state is not None:
+                await db.execute("UPDATE turns SET state=? WHERE id=?", (_json(state), turn_id))
+            if trace is not None:
+                await db.execute("UPDATE turns SET trace=? WHERE id=?", (_json(trace), turn_id))
+
+    async def speak(
+        self,
+        conversation_id: int,
+        session: int,
+        turn_id: int,
+        chat: ChatRef,
+        text: str,
+        *,
+        tool_call_id: str | None = None,
+        message: Message | None = None,
+    ) -> OutboxEntry:
+        """Queue ``text`` for delivery in the outbox and, when it shows as an assistant message
+        of its own (a plain-text reply, a daemon note), record ``message`` in the same
+        transaction: what the user will see and what the entity remembers are one fact."""
+        async with self.transaction() as db:
+            outbox_id = await _insert_outbox(db, conversation_id, turn_id, chat, text, tool_call_id)
+            if message is not None:
+                await _insert_messages(db, conversation_id, session, turn_id, [message])
+        return OutboxEntry(outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id)
+
+    async def finish_turn(
+        self,
+        turn_id: int,
+        *,
+        status: str,
+        trace: dict[str, Any],
+        journal_ids: list[int],
+        journal_status: str = "done",
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        """Close a turn: its status (``done`` or ``failed``) and trace, and its journal entries
+        (``done`` or ``failed``), in one transaction."""
+        now = time.time()
+        async with self.transaction() as db:
+            await db.executemany(
+                "UPDATE journal SET status=?, turn_id=?, done_at=? WHERE id=?",
+                [(journal_status, turn_id, now, j) for j in journal_ids],
+            )
+            await db.execute(
+                "UPDATE turns SET status=?, ended_at=?, trace=?, state=COALESCE(?, state) WHERE id=?",
+                (status, now, _json(trace), None if state is None else _json(state), turn_id),
+            )
+
+    async def running_turns(self, platforms: set[str] | None = None) -> list[RunningTurn]:
+        """Turns left ``running`` (a crash, or a stop past the grace period), oldest first.
+
+        Turns that cannot be resumed (written by a version without step checkpoints: no state
+        or no user message) are marked ``interrupted`` here, and their journal entries count
+        as fresh.
 
         Args:
-            platforms: only turns of conversations on these platforms (``None``: all), so that
+            platforms: only conversations on these platforms (``None``: all), so that
                 ``bumblebot chat`` never touches the turns of a daemon serving Telegram.
         """
         rows = await self._all(
-            "SELECT t.id, c.platform FROM turns t JOIN conversations c ON c.id = t.conversation_id"
-            " WHERE t.status = 'running'"
+            "SELECT t.id, t.session, t.state, t.trace, c.id AS cid, c.platform, c.chat_id, c.thread_id,"
+            " c.session AS current, (SELECT COUNT(*) FROM messages m WHERE m.turn_id = t.id) AS n"
+            " FROM turns t JOIN conversations c ON c.id = t.conversation_id"
+            " WHERE t.status = 'running' ORDER BY t.id"
         )
-        rows = [r for r in rows if platforms is None or r["platform"] in platforms]
-        ids = [int(r[0]) for r in rows]
-        if ids:
+        out: list[RunningTurn] = []
+        stale: list[int] = []
+        for r in rows:
+            if platforms is not None and r["platform"] not in platforms:
+                continue
+            if not r["state"] or not r["n"] or r["session"] is None:
+                stale.append(int(r["id"]))
+                continue
+            chat = ChatRef(Platform(r["platform"]), r["chat_id"], r["thread_id"])
+            entries = [
+                self._journal_entry(j)
+                for j in await self._all(
+                    "SELECT * FROM journal WHERE turn_id=? AND status='pending' ORDER BY id", (r["id"],)
+                )
+            ]
+            out.append(
+                RunningTurn(
+                    id=int(r["id"]),
+                    conversation=ConversationRecord(int(r["cid"]), chat, int(r["current"])),
+                    session=int(r["session"]),
+                    state=json.loads(r["state"]),
+                    trace=json.loads(r["trace"]) if r["trace"] else {},
+                    entries=entries,
+                )
+            )
+        if stale:
             async with self.transaction() as db:
                 await db.executemany(
-                    "UPDATE turns SET status='interrupted', ended_at=? WHERE id=?",
-                    [(time.time(), i) for i in ids],
+                    "UPDATE turns SET status='interrupted', ended_at=? WHERE id=?", [(time.time(), i) for i in stale]
                 )
-        return ids
-
-    async def commit_turn(
-        self,
-        *,
-        turn_id: int,
-        conversation: Conversation,
-        messages: list[Message],
-        journal_ids: list[int],
-        trace: dict[str, Any],
-        status: str = "done",
-    ) -> None:
-        """Write a turn's messages, settle its journal entries and store its trace, atomically.
-
-        Assigns ``Message.id`` to each stored message. An assistant message with tool calls and
-        its tool results are always written together, because the whole turn is one transaction.
-        """
-        now = time.time()
-        async with self.transaction() as db:
-            for m in messages:
-                cur = await db.execute(
-                    "INSERT INTO messages (conversation_id, session, turn_id, role, content, tool_calls,"
-                    " tool_call_id, name, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        conversation.id, conversation.session, turn_id, m.role, m.content,
-                        json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.name, now,
-                    ),
-                )
-                m.id = cur.lastrowid
-            await db.executemany(
-                "UPDATE journal SET status='done', turn_id=?, done_at=? WHERE id=?",
-                [(turn_id, now, j) for j in journal_ids],
-            )
-            await db.execute(
-                "UPDATE turns SET status=?, ended_at=?, trace=? WHERE id=?",
-                (status, now, json.dumps(trace, ensure_ascii=False, default=str), turn_id),
-            )
+        return out
 
     async def recent_turns(self, conversation_id: int | None = None, limit: int = 10) -> list[dict[str, Any]]:
-        """The last ``limit`` finished turns (newest first) with their traces."""
+        """The last ``limit`` turns (newest first) with their traces."""
         where = "WHERE t.conversation_id = ?" if conversation_id is not None else ""
         params: tuple[Any, ...] = (conversation_id, limit) if conversation_id is not None else (limit,)
         rows = await self._all(
@@ -453,15 +610,11 @@ class Store:
 
     # -- outbox -------------------------------------------------------------------------------
 
-    async def outbox_add(self, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str) -> int:
+    async def outbox_add(self, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str) -> OutboxEntry:
+        """Queue an out-of-turn message (a command's answer, a refusal) for delivery."""
         async with self.transaction() as db:
-            cur = await db.execute(
-                "INSERT INTO outbox (conversation_id, turn_id, platform, chat_id, thread_id, text, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, text, time.time()),
-            )
-        assert cur.lastrowid is not None
-        return cur.lastrowid
+            outbox_id = await _insert_outbox(db, conversation_id, turn_id, chat, text, None)
+        return OutboxEntry(outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None)
 
     async def outbox_progress(
         self, outbox_id: int, *, status: str, message_ids: list[str], error: str | None = None
@@ -489,14 +642,9 @@ class Store:
         rows = await self._all("SELECT * FROM outbox WHERE status='pending' ORDER BY id")
         return [self._outbox_entry(r) for r in rows]
 
-    async def outbox_sent_for_turns(self, turn_ids: list[int]) -> list[OutboxEntry]:
-        """Messages already delivered by these turns (used after a crash mid-turn)."""
-        if not turn_ids:
-            return []
-        marks = ",".join("?" * len(turn_ids))
-        rows = await self._all(
-            f"SELECT * FROM outbox WHERE turn_id IN ({marks}) AND status='sent' ORDER BY id", tuple(turn_ids)
-        )
+    async def outbox_for_turn(self, turn_id: int) -> list[OutboxEntry]:
+        """Every message a turn queued, oldest first (used to resume it after a crash)."""
+        rows = await self._all("SELECT * FROM outbox WHERE turn_id=? ORDER BY id", (turn_id,))
         return [self._outbox_entry(r) for r in rows]
 
     @staticmethod
@@ -511,6 +659,7 @@ class Store:
             platform_message_ids=json.loads(r["platform_message_ids"]),
             attempts=int(r["attempts"]),
             last_error=r["last_error"],
+            tool_call_id=r["tool_call_id"],
         )
 
     # -- compaction ---------------------------------------------------------------------------
@@ -534,7 +683,8 @@ class Store:
 
     async def save_compaction(
         self,
-        conversation: Conversation,
+        conversation_id: int,
+        session: int,
         *,
         summary: str | None,
         covered_ids: list[int],
@@ -542,35 +692,119 @@ class Store:
         passes: int,
         failed: bool,
         next_retry_at: float = 0.0,
-    ) -> None:
-        """Persist one compaction: the summary, the messages it covers and those pruned."""
+    ) -> CompactionState:
+        """Persist one compaction: the summary, the messages it covers and those pruned.
+
+        Returns the session's compaction state afterwards.
+        """
         now = time.time()
         async with self.transaction() as db:
             await db.execute(
                 "INSERT OR IGNORE INTO compaction (conversation_id, session, updated_at) VALUES (?, ?, ?)",
-                (conversation.id, conversation.session, now),
+                (conversation_id, session, now),
             )
             if failed:
                 await db.execute(
                     "UPDATE compaction SET failures=failures+1, next_retry_at=?, updated_at=?"
                     " WHERE conversation_id=? AND session=?",
-                    (next_retry_at, now, conversation.id, conversation.session),
+                    (next_retry_at, now, conversation_id, session),
                 )
             else:
                 await db.execute(
                     "UPDATE compaction SET summary=?, compactions=compactions+?, passes=passes+?,"
                     " failures=0, next_retry_at=0, updated_at=? WHERE conversation_id=? AND session=?",
-                    (summary, 1 if covered_ids else 0, passes, now, conversation.id, conversation.session),
+                    (summary, 1 if covered_ids else 0, passes, now, conversation_id, session),
                 )
             async with db.execute(
-                "SELECT compactions FROM compaction WHERE conversation_id=? AND session=?",
-                (conversation.id, conversation.session),
+                "SELECT * FROM compaction WHERE conversation_id=? AND session=?", (conversation_id, session)
             ) as cur:
                 row = await cur.fetchone()
-            number = int(row[0]) if row else 0
+            assert row is not None
+            number = int(row["compactions"])
             if covered_ids:
                 await db.executemany(
                     "UPDATE messages SET covered_by=? WHERE id=?", [(number, i) for i in covered_ids]
                 )
             if pruned_ids:
                 await db.executemany("UPDATE messages SET pruned=1 WHERE id=?", [(i,) for i in pruned_ids])
+        return CompactionState(
+            row["summary"], number, int(row["passes"]), int(row["failures"]), float(row["next_retry_at"])
+        )
+
+
+_MESSAGE_COLUMNS = "id, role, content, tool_calls, tool_call_id, name, pruned, ok, note"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _message(r: aiosqlite.Row) -> Message:
+    return Message(
+        role=r["role"],
+        content=PRUNED_PLACEHOLDER if r["pruned"] else r["content"],
+        tool_calls=json.loads(r["tool_calls"]) if r["tool_calls"] else None,
+        tool_call_id=r["tool_call_id"],
+        name=r["name"],
+        id=int(r["id"]),
+        pruned=bool(r["pruned"]),
+        ok=None if r["ok"] is None else bool(r["ok"]),
+        note=bool(r["note"]),
+    )
+
+
+def _in_call_order(messages: list[Message]) -> list[Message]:
+    """Each block of tool results sorted into the order of the calls that precede it.
+
+    Results are written as each call completes, so parallel calls land in completion order;
+    some chat templates pair results with calls by position.
+    """
+    out: list[Message] = []
+    order: dict[str, int] = {}
+    block: list[Message] = []
+
+    def flush() -> None:
+        block.sort(key=lambda m: order.get(m.tool_call_id or "", len(order)))
+        out.extend(block)
+        block.clear()
+
+    for m in messages:
+        if m.role == "tool":
+            block.append(m)
+            continue
+        flush()
+        out.append(m)
+        if m.role == "assistant" and m.tool_calls:
+            order = {cid: i for i, cid in enumerate(m.tool_call_ids)}
+    flush()
+    return out
+
+
+async def _insert_messages(
+    db: aiosqlite.Connection, conversation_id: int, session: int, turn_id: int, messages: list[Message]
+) -> None:
+    now = time.time()
+    for m in messages:
+        cur = await db.execute(
+            "INSERT INTO messages (conversation_id, session, turn_id, role, content, tool_calls,"
+            " tool_call_id, name, ok, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                conversation_id, session, turn_id, m.role, m.content,
+                json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.name,
+                None if m.ok is None else int(m.ok), int(m.note), now,
+            ),
+        )
+        m.id = cur.lastrowid
+
+
+async def _insert_outbox(
+    db: aiosqlite.Connection, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str,
+    tool_call_id: str | None,
+) -> int:
+    cur = await db.execute(
+        "INSERT INTO outbox (conversation_id, turn_id, platform, chat_id, thread_id, text, tool_call_id,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, text, tool_call_id, time.time()),
+    )
+    assert cur.lastrowid is not None
+    return cur.lastrowid

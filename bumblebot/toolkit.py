@@ -63,12 +63,30 @@ class DeliveryReport:
     duplicate: bool = False
     chat_unreachable: bool = False
 
+    @property
+    def ok(self) -> bool:
+        """The message reached the user or will (it stays in the outbox until it does)."""
+        return self.delivered or self.queued
+
+    def as_result(self) -> ToolResult:
+        """The ``say`` tool's result: ``{"delivered": bool, "queued": bool, "note"?, "error"?}``,
+        ``ok`` when delivered or queued."""
+        import json
+
+        payload: dict[str, object] = {"delivered": self.delivered, "queued": self.queued}
+        if self.duplicate:
+            payload["note"] = "you already said exactly this in this turn; it was not sent again"
+        if self.error:
+            payload["error"] = self.error
+        return ToolResult(json.dumps(payload, ensure_ascii=False), ok=self.ok)
+
 
 class TurnControl(Protocol):
     """What agency tools may do to the running turn. Implemented by the agent loop."""
 
-    async def say(self, text: str) -> DeliveryReport:
-        """Deliver ``text`` to the conversation now, through the outbox."""
+    async def say(self, text: str, *, call_id: str | None = None) -> DeliveryReport:
+        """Deliver ``text`` to the conversation now, through the outbox; ``call_id`` is the
+        ``say`` call it answers (so a resumed turn knows whether it was delivered)."""
 
     def end_turn(self) -> None:
         """Ask the loop to end the turn after this step (the completion gate may refuse)."""
@@ -86,6 +104,7 @@ class ToolContext:
         data_dir: the daemon's data directory (``knowledge.md`` lives here).
         turn: the running turn, for agency tools; ``None`` outside a turn.
         conversation: a human-readable key of the conversation, for logs.
+        call_id: the id of the tool call being run (``None`` outside a turn).
         extras: free slot for tool-specific services (e.g. an ``httpx.AsyncClient``).
     """
 
@@ -93,6 +112,7 @@ class ToolContext:
     data_dir: Path
     turn: TurnControl | None = None
     conversation: str = ""
+    call_id: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 

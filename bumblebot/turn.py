@@ -1,203 +1,389 @@
-"""One turn, stage by stage: route, prompt, agent loop, commit.
+"""One turn, stage by stage: route, prompt, agent loop, finish; and its resumption.
 
-``TurnRunner.run`` is called by a conversation's actor with the journal entries that make this
-turn (several waiting messages merge into one turn). The user message, every assistant and tool
-message of the loop, the journal settlement and the trace are written in one transaction at
-the end. If the process dies mid-turn, nothing of the turn is in the history, the journal
-entries stay ``pending`` and are processed again on start; messages the interrupted turn had
-already delivered are listed in the new turn's context so they are not repeated.
+:class:`TurnRunner` is called by a conversation's actor with the journal entries that make a
+turn (several waiting messages merge into one), or with a turn the last process left running.
+Each step is recorded as it happens (:mod:`bumblebot.conversation`), so a turn that a crash or a
+stop cut off is resumed from its last checkpoint by :meth:`TurnRunner.resume`; it is never
+answered a second time from scratch.
+
+Outcomes (what the actor does next):
+
+* :class:`Finished`: the turn is closed (``done`` or ``failed``) with its journal entries.
+* :class:`Suspended`: the model endpoint is unreachable (issue 8, "Outages"). The turn stays
+  ``running`` with its entries ``pending``; the user got one notice that the answer is
+  delayed; the actor calls :meth:`TurnRunner.retry` after ``retry_in`` seconds (backoff
+  doubling from 1 s, capped at 60 s). After ``engine.outage_limit_s`` the turn fails with one
+  honest message and its entries are marked ``failed``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
+import random
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bumblebot.context import ConversationContext
-from bumblebot.errors import ContextTooLong, ModelError
-from bumblebot.events import ChatKind
-from bumblebot.loop import LoopLimits, max_steps
+from bumblebot.budget import ContextBudget
+from bumblebot.compactor import Compactor
+from bumblebot.config import CognitionSettings, EngineSettings
+from bumblebot.context import Requests
+from bumblebot.conversation import Conversation, Turn, merge_text
+from bumblebot.delivery import Delivery
+from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
+from bumblebot.llm import LLM
+from bumblebot.loop import AgentLoop, LoopLimits, LoopTrace, TurnPort, max_steps
 from bumblebot.messages import Message, estimate_tools
-from bumblebot.prompt import TurnInfo
-from bumblebot.sequence import is_valid, repair
+from bumblebot.prompt import PromptBuilder, TurnInfo
 from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, route
-from bumblebot.store import JournalEntry
-from bumblebot.toolkit import DeliveryReport
-
-if TYPE_CHECKING:
-    from bumblebot.conversation import ConversationActor
-    from bumblebot.engine import Engine
+from bumblebot.store import JournalEntry, OutboxEntry, RunningTurn
+from bumblebot.toolkit import DeliveryReport, Toolbox
 
 log = logging.getLogger(__name__)
 
+#: A turn resumed this many times without finishing is given up (a poison turn must not crash
+#: the daemon for ever).
+MAX_RESUMES = 3
+OUTAGE_RETRY_FIRST_S = 1.0
+OUTAGE_RETRY_MAX_S = 60.0
+
+OUTAGE_NOTICE = (
+    "My language model isn't reachable right now. I'll answer as soon as it's back; "
+    "no need to send your message again."
+)
+OUTAGE_GAVE_UP = (
+    "I couldn't reach my language model for {minutes} minutes, so I couldn't answer your message. "
+    "Please send it again later."
+)
+RESUME_GAVE_UP = (
+    "I was interrupted several times while working on this and stopped, to be safe. "
+    "Send it again if you still need it."
+)
+TOO_LONG = (
+    "That conversation got too long for my model even after compacting it. "
+    "Send /reset to start fresh, or /compact to try again."
+)
+MODEL_REFUSED = "My language model refused the request ({error}), so I couldn't answer this message."
+CRASHED = "Something went wrong on my side (error id {error_id}), so I couldn't answer this message."
 
 
-def merge_text(entries: list[JournalEntry]) -> str:
-    """The user text of a turn: one message as is; in groups each line names its speaker."""
-    parts = []
-    for e in entries:
-        inb = e.inbound
-        parts.append(f"[{inb.speaker}]: {inb.text}" if inb.chat_kind is ChatKind.GROUP else inb.text)
-    return "\n\n".join(parts)
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The turn is closed."""
+
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class Suspended:
+    """The endpoint is down: retry the same turn after ``retry_in`` seconds."""
+
+    turn: Turn
+    retry_in: float
+    trace: dict[str, Any]
+
+
+Outcome = Finished | Suspended
+
+
+def outage_delay_s(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (1, 2, …): 1, 2, 4 … capped at 60, with 20% jitter so
+    conversations do not all retry at the same instant."""
+    base = min(OUTAGE_RETRY_MAX_S, OUTAGE_RETRY_FIRST_S * 2 ** (attempt - 1))
+    return base * random.uniform(0.8, 1.0)
+
+
+class TurnIO(TurnPort):
+    """The loop's view of one turn: it records through the :class:`Turn`, delivers through
+    :class:`Delivery`, and takes messages that arrive mid-turn from the conversation's inbox."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        turn: Turn,
+        delivery: Delivery,
+        *,
+        steer: bool,
+        trace: Callable[[], dict[str, Any]],
+    ) -> None:
+        self._conversation = conversation
+        self._turn = turn
+        self._delivery = delivery
+        self._steer = steer
+        self._trace = trace
+        self.transcript = turn.transcript
+
+    async def take_steering(self) -> list[Message]:
+        # after /reset the running turn belongs to the old session: new messages wait for the next
+        if not self._steer or self._turn.session is not self._conversation.session or not self._conversation.inbox:
+            return []
+        return [await self._turn.steer(self._conversation.take_inbox())]
+
+    async def record(self, message: Message) -> None:
+        await self._turn.record(message, trace=self._trace() if message.role == "assistant" else None)
+
+    async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
+        return await self._delivery.deliver(await self._turn.speak(text, tool_call_id=tool_call_id))
+
+    async def reply(self, message: Message) -> DeliveryReport:
+        return await self._delivery.deliver(await self._turn.speak(message.content, shown=message))
+
+    async def outbox(self) -> list[OutboxEntry]:
+        return await self._turn.outbox()
 
 
 class TurnRunner:
-    """Runs turns for the engine (one instance per engine, stateless between turns)."""
+    """Runs turns; one per engine, stateless between turns. Collaborators come in here.
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    Args:
+        cognition: the ``cognition`` settings.
+        engine: the ``engine`` settings (typing refresh, outage limit).
+        prompts: the system prompt and ``[Turn context]``.
+        llm: the endpoint (the router's classifier; model names).
+        loop: the agent loop.
+        compactor: compaction before requests; ``None`` disables it.
+        delivery: the outbox and the typing indicator.
+        budget: the context window.
+        toolbox: the tools offered (their schemas are part of every request's fixed size).
+        redact: removes secrets from a trace before it is stored.
+    """
+
+    def __init__(
+        self,
+        *,
+        cognition: CognitionSettings,
+        engine: EngineSettings,
+        prompts: PromptBuilder,
+        llm: LLM,
+        loop: AgentLoop,
+        compactor: Compactor | None,
+        delivery: Delivery,
+        budget: ContextBudget,
+        toolbox: Toolbox,
+        redact: Callable[[Any], Any],
+    ) -> None:
+        self.cfg = cognition
+        self.engine_cfg = engine
+        self.prompts = prompts
+        self.llm = llm
+        self.loop = loop
+        self.compactor = compactor
+        self.delivery = delivery
+        self.budget = budget
+        self.toolbox = toolbox
+        self.redact = redact
+
+    @property
+    def tool_tokens(self) -> int:
+        """Estimated tokens of the tool schemas offered now (the list can change)."""
+        return estimate_tools(self.toolbox.schemas())
 
     async def _classify(self, messages: list[dict[str, Any]]) -> str:
-        return await self.engine.llm.text(
-            messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE
-        )
+        return await self.llm.text(messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE)
 
-    async def run(self, actor: ConversationActor, entries: list[JournalEntry]) -> None:
-        engine = self.engine
-        started = time.monotonic()
-        conversation = actor.conversation
-        chat = conversation.chat
-        journal_ids = [e.id for e in entries]
-        already_told = await engine.already_told(entries)
-        turn_id = await engine.store.begin_turn(conversation.id, journal_ids)
-        user_message = Message(role="user", content=merge_text(entries))
-        messages: list[Message] = [user_message]  # the loop appends to it as the turn goes
-        trace: dict[str, Any] = {"journal_ids": journal_ids}
-        context: ConversationContext | None = None
-
-        async def deliver(out: str) -> DeliveryReport:
-            return await engine.delivery.send(conversation.id, turn_id, chat, out)
-
-        async def tell(note: str) -> None:
-            """A note from the daemon itself: delivered, and kept in history (the model should
-            know, next turn, what the user was told)."""
-            await deliver(note)
-            if not messages or messages[-1].role != "assistant" or messages[-1].tool_calls:
-                messages.append(Message(role="assistant", content=note))
-
-        status, stop_reason = "done", "error"
-        try:
-            context, limits = await self._prepare(actor, entries, already_told, trace)
-            adapter = engine.adapters.get(chat.platform)
-            typing = (
-                adapter.typing(chat, engine.settings.engine.typing_interval_s) if adapter else contextlib.nullcontext()
-            )
-            async with typing:
-                result = await engine.loop.run(
-                    user_message=user_message,
-                    requests=context,
-                    limits=limits,
-                    deliver=deliver,
-                    transcript=messages,
-                    conversation=chat.key,
-                )
-            stop_reason = result.stop_reason
-            trace.update(
-                steps=[vars_of(s) for s in result.steps],
-                gate=result.gate,
-                thoughts=result.thoughts,
-                delivered=len(result.delivered),
-                prompt_tokens=[s.prompt_tokens for s in result.steps],
-                estimates=[s.estimate for s in result.steps],
-            )
-        except asyncio.CancelledError:
-            raise  # shutdown past the grace period: the journal keeps the messages pending
-        except ModelError as exc:
-            status, stop_reason = "failed", "model_error"
-            trace["error"] = str(exc)
-            log.warning("turn %s in %s failed: %s", turn_id, chat.key, exc)
-            await tell(
-                "That conversation got too long for my model even after compacting it. "
-                "Send /reset to start fresh, or /compact to try again."
-                if isinstance(exc, ContextTooLong)
-                else "I can't reach my language model right now, so I couldn't answer. "
-                "Your message is saved; send me anything and I'll answer it once the model is back."
-            )
-        except Exception:
-            error_id = uuid.uuid4().hex[:8]
-            log.exception("turn %s in %s crashed (error id %s)", turn_id, chat.key, error_id)
-            status, stop_reason = "failed", "crash"
-            trace["error_id"] = error_id
-            await tell(f"Something went wrong on my side (error id {error_id}). Your message is saved.")
-        if status == "failed" and not is_valid(messages):
-            messages = repair(messages)  # a crash inside a tool batch; keep the rest
-        if context is not None:
-            journal_ids += [j for _, ids in context.steered for j in ids]
-            trace["compactions"] = context.compactions
-        trace["stop_reason"] = stop_reason
-        trace["wall_s"] = round(time.monotonic() - started, 3)
-        # endpoint errors can echo a key back ("Incorrect API key provided: sk-…")
-        trace = engine.redact(json.loads(json.dumps(trace, default=str)))
-        await engine.store.commit_turn(
-            turn_id=turn_id,
-            conversation=conversation,
-            messages=messages,
-            journal_ids=journal_ids,
-            trace=trace,
-            status=status,
-        )
-        actor.append_history(messages, conversation.session)
-        await engine.turn_committed()
-
-    async def _prepare(
-        self,
-        actor: ConversationActor,
-        entries: list[JournalEntry],
-        already_told: tuple[str, ...],
-        trace: dict[str, Any],
-    ) -> tuple[ConversationContext, LoopLimits]:
-        """Route the turn and assemble its context (spec: Routing, System prompt separation)."""
-        engine = self.engine
-        cfg = engine.settings.cognition
-        last = entries[-1].inbound
+    async def run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
+        """A new turn answering ``entries``: route it, record its start, run it."""
         decision = await route(
             merge_text(entries),
-            classify=self._classify if cfg.classifier else None,
-            source=last.source,
-            always_deliberate=engine.prompts.entity.always_deliberate,
+            classify=self._classify if self.cfg.classifier else None,
+            source=entries[-1].inbound.source,
+            always_deliberate=self.prompts.entity.always_deliberate,
         )
-        reflex = decision.route is Route.REFLEX
-        limits = LoopLimits(
+        state = {
+            "route": decision.route.value,
+            "route_reason": decision.reason,
+            "classifier_label": decision.label,
+            "classifier_error": decision.classifier_error,
+            "resumes": 0,
+            "started": time.time(),
+        }
+        turn = await conversation.begin_turn(entries, state)
+        return await self._drive(conversation, turn, {})
+
+    async def resume(self, conversation: Conversation, running: RunningTurn) -> Outcome:
+        """Continue a turn the last process left running, from its last checkpoint."""
+        turn = await conversation.resume_turn(running)
+        if not turn.entries:  # nothing left to answer (settled meanwhile)
+            return await self._close(conversation, turn, running.trace, "failed", "nothing_to_resume", None)
+        turn.state["resumes"] = int(turn.state.get("resumes", 0)) + 1
+        await turn.save_state()  # counted before anything can crash again (a poison turn ends)
+        log.warning("resuming turn %s in %s (resume %d)", turn.id, conversation.key, turn.state["resumes"])
+        if turn.state["resumes"] > MAX_RESUMES:
+            return await self._close(conversation, turn, running.trace, "failed", "resume_cap", RESUME_GAVE_UP)
+        return await self._drive(conversation, turn, running.trace)
+
+    async def retry(self, conversation: Conversation, suspended: Suspended) -> Outcome:
+        """Try a suspended turn again (the endpoint may be back)."""
+        return await self._drive(conversation, suspended.turn, suspended.trace)
+
+    def between_turns(self, conversation: Conversation) -> Requests:
+        """The conversation as the next request would carry it, without a turn's own messages
+        (``/status`` and ``/compact`` report the same numbers)."""
+        return Requests(
+            system_prompt=self.prompts.system_prompt(),
+            preamble="",
+            tool_tokens=self.tool_tokens,
+            session=conversation.session,
+            transcript=[],
+            protect_first_n=self.cfg.history_compression.compaction_protect_first_n,
+            compactor=None,
+            budget=self.budget,
+        )
+
+    def status(self, conversation: Conversation) -> str:
+        """``/status``: context usage and compaction, in two lines."""
+        requests = self.between_turns(conversation)
+        session = conversation.session
+        estimate = requests.estimate()
+        limit = self.cfg.max_context_tokens
+        return (
+            f"Context: ~{estimate} of {limit} tokens ({100 * estimate / limit:.0f}%), "
+            f"{len(session.history)} messages in context.\n"
+            f"Summary: {'yes' if session.summary else 'none'}; compactions so far: {session.compaction.compactions}."
+        )
+
+    async def compact_now(self, conversation: Conversation) -> str:
+        """``/compact``: compact the conversation now; returns the report for the user."""
+        if self.compactor is None:
+            return "Compaction is not available."
+        return await self.compactor.force(conversation.session, self.between_turns(conversation).fixed_tokens)
+
+    def _limits(self, reflex: bool) -> LoopLimits:
+        cfg = self.cfg
+        return LoopLimits(
             max_steps=max_steps(cfg.tool_continuation_rounds),
             max_tokens=cfg.reflex_max_tokens if reflex else cfg.deliberate_max_tokens,
-            model=engine.llm.reflex_model if reflex else engine.llm.model,
+            model=self.llm.reflex_model if reflex else self.llm.model,
             thinking=not reflex,
             tool_timeout_s=cfg.tool_timeout_s,
             max_tool_result_chars=int(cfg.max_tool_result_share * cfg.max_context_tokens * 4),
         )
-        trace.update(
-            route=decision.route.value,
-            route_reason=decision.reason,
-            classifier_label=decision.label,
-            classifier_error=decision.classifier_error,
-            model=limits.model,
-            max_tokens=limits.max_tokens,
-        )
-        history, summary = await actor.load_context()
-        preamble = engine.prompts.preamble(
-            TurnInfo(inbound=last, route=decision.route.value, now=datetime.now(UTC), already_told=already_told)
-        )
-        context = ConversationContext(
-            system_prompt=engine.prompts.system_prompt(),
-            history=history,
-            summary_message=summary,
-            protect_first_n=cfg.history_compression.compaction_protect_first_n,
-            preamble=preamble,
-            tool_tokens=estimate_tools(engine.toolbox.schemas()),
-            steering=actor.take_steering if cfg.mid_turn_messages == "steer" else None,
-            before_request=engine.compactor.before_request(actor) if engine.compactor else None,
-            shrink=engine.compactor.shrinker(actor) if engine.compactor else None,
-            on_usage=engine.observe_usage,
-        )
-        return context, limits
 
+    async def _drive(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
+        """Run the loop on ``turn`` until it finishes or the endpoint fails."""
+        started = time.monotonic()
+        state = turn.state
+        reflex = state.get("route") == Route.REFLEX.value
+        limits = self._limits(reflex)
+        info = TurnInfo(inbound=turn.entries[-1].inbound, route=state.get("route", ""), now=datetime.now(UTC))
+        requests = Requests(
+            system_prompt=self.prompts.system_prompt(),
+            preamble=self.prompts.preamble(info),
+            tool_tokens=self.tool_tokens,
+            session=turn.session,
+            transcript=turn.transcript,
+            protect_first_n=self.cfg.history_compression.compaction_protect_first_n,
+            compactor=self.compactor,
+            budget=self.budget,
+        )
+        trace = LoopTrace(steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])))
+        compactions = list(earlier.get("compactions", []))
 
-def vars_of(obj: Any) -> dict[str, Any]:
-    return {name: getattr(obj, name) for name in obj.__slots__}
+        def snapshot(**extra: Any) -> dict[str, Any]:
+            out = {
+                key: state.get(key) for key in ("route", "route_reason", "classifier_label", "classifier_error")
+            }
+            out.update(
+                model=limits.model,
+                max_tokens=limits.max_tokens,
+                journal_ids=turn.journal_ids,
+                resumes=state.get("resumes", 0),
+                steps=trace.steps,
+                gate=trace.gate,
+                thoughts=trace.thoughts,
+                compactions=compactions + requests.compactions,
+                prompt_tokens=[s["prompt_tokens"] for s in trace.steps],
+                estimates=[s["estimate"] for s in trace.steps],
+                **extra,
+            )
+            # endpoint errors can echo a key back ("Incorrect API key provided: sk-…")
+            return self.redact(json.loads(json.dumps(out, default=str)))
 
+        io = TurnIO(conversation, turn, self.delivery, steer=self.cfg.mid_turn_messages == "steer", trace=snapshot)
+        try:
+            async with self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s):
+                result = await self.loop.run(io, requests, limits, trace, conversation=conversation.key)
+        except asyncio.CancelledError:
+            raise  # a stop past the grace period: the turn stays running and is resumed at start
+        except ModelUnavailable as exc:
+            return await self._outage(conversation, turn, io, exc, snapshot(error=str(exc)))
+        except ModelError as exc:
+            log.warning("turn %s in %s failed: %s", turn.id, conversation.key, exc)
+            note = TOO_LONG if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
+            await io.reply(Message(role="assistant", content=note, note=True))
+            return await self._finish(conversation, turn, snapshot(error=str(exc)), "failed", "model_error", started)
+        except Exception:
+            error_id = uuid.uuid4().hex[:8]
+            log.exception("turn %s in %s crashed (error id %s)", turn.id, conversation.key, error_id)
+            await self.loop.abandon(io, f"internal error (id {error_id})")
+            await io.reply(Message(role="assistant", content=CRASHED.format(error_id=error_id), note=True))
+            return await self._finish(conversation, turn, snapshot(error_id=error_id), "failed", "crash", started)
+        if "outage_since" in state:
+            state["outage_s"] = round(time.time() - state.pop("outage_since"), 1)
+            state.pop("outage_attempts", None)
+        return await self._finish(
+            conversation, turn, snapshot(delivered=len(result.delivered), outage_s=state.get("outage_s")),
+            "done", result.stop_reason, started,
+        )
+
+    async def _outage(
+        self,
+        conversation: Conversation,
+        turn: Turn,
+        io: TurnIO,
+        exc: ModelUnavailable,
+        trace: dict[str, Any],
+    ) -> Outcome:
+        """The endpoint is down: tell the user once, keep the turn, retry later or give up."""
+        state = turn.state
+        now = time.time()
+        since = state.setdefault("outage_since", now)
+        attempt = state["outage_attempts"] = int(state.get("outage_attempts", 0)) + 1
+        if now - since >= self.engine_cfg.outage_limit_s:
+            log.error("turn %s in %s: model unreachable for %.0f s; giving up", turn.id, conversation.key, now - since)
+            note = OUTAGE_GAVE_UP.format(minutes=max(1, round((now - since) / 60)))
+            await io.reply(Message(role="assistant", content=note, note=True))
+            return await self._close(conversation, turn, trace, "failed", "model_unreachable", note=None)
+        if not state.get("outage_notice"):
+            state["outage_notice"] = True
+            await io.reply(Message(role="assistant", content=OUTAGE_NOTICE, note=True))
+        await turn.save_state()
+        delay = outage_delay_s(attempt)
+        log.warning(
+            "turn %s in %s: %s; retry %d in %.1f s", turn.id, conversation.key, exc, attempt, delay,
+        )
+        return Suspended(turn, delay, trace)
+
+    async def _close(
+        self,
+        conversation: Conversation,
+        turn: Turn,
+        trace: dict[str, Any],
+        status: str,
+        stop_reason: str,
+        note: str | None,
+    ) -> Outcome:
+        """End a turn without running the loop (given up), after one honest note."""
+        if note is not None:
+            await self.delivery.deliver(await turn.speak(note, shown=Message(role="assistant", content=note, note=True)))
+        return await self._finish(conversation, turn, dict(trace), status, stop_reason, time.monotonic())
+
+    async def _finish(
+        self,
+        conversation: Conversation,
+        turn: Turn,
+        trace: dict[str, Any],
+        status: str,
+        stop_reason: str,
+        started: float,
+    ) -> Outcome:
+        trace["stop_reason"] = stop_reason
+        trace["wall_s"] = round(time.monotonic() - started, 3)
+        await turn.finish(status=status, trace=trace, journal_status="done" if status == "done" else "failed")
+        conversation.turn_done()
+        return Finished(status)

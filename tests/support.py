@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import sys
+from pathlib import Path
 from typing import Any
 
+from conftest import TOKEN
 from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, text, tool_calls
 
 
@@ -87,3 +92,52 @@ def is_grounding_judge(request: dict[str, Any]) -> bool:
 def is_loop_with(needle: str) -> Any:
     """A predicate: a loop request whose messages contain ``needle``."""
     return lambda request: "tools" in request and needle in contents(request)
+
+
+# -- ``bumblebot run`` as a subprocess ------------------------------------------------------------
+
+
+def env_for(tmp_path: Path) -> dict[str, str]:
+    """The environment of a daemon subprocess: test secrets, no ``BUMBLEBOT_`` overrides."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BUMBLEBOT_")}
+    env.update(TELEGRAM_BOT_TOKEN=TOKEN, OPENAI_API_KEY="sk-test-key-not-real-000000", PYTHONUNBUFFERED="1")
+    return env
+
+
+async def start_daemon(config: Path, tmp_path: Path) -> asyncio.subprocess.Process:
+    """``bumblebot run`` in the background; its stderr goes to ``tmp_path/daemon.log``."""
+    with open(tmp_path / "daemon.log", "ab") as log:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bumblebot", "--config", str(config), "run",
+            env=env_for(tmp_path), stdout=asyncio.subprocess.DEVNULL, stderr=log,
+        )
+
+
+async def stop_daemon(proc: asyncio.subprocess.Process) -> int:
+    """SIGTERM; the exit code (the process is killed if it does not exit in 20 s)."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(proc.wait(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def kill_daemon(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL and reap."""
+    proc.send_signal(signal.SIGKILL)
+    await asyncio.wait_for(proc.wait(), 10)
+
+
+async def kill_inside_model_call(config: Path, tmp_path: Path, tg: Any, hang: Gate, text: str, chat_id: int) -> None:
+    """Start ``bumblebot run``, send ``text``, SIGKILL the daemon while ``hang`` holds its model call."""
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text(text, chat_id=chat_id)
+        await asyncio.wait_for(hang.entered.wait(), 20)
+        await kill_daemon(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    hang.release.set()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sqlite3
 import subprocess
@@ -12,36 +11,7 @@ from pathlib import Path
 
 from conftest import TOKEN, write_config
 from fakes.openai_server import is_loop, tool_calls
-from support import Gate, judges_say_done, say
-
-
-def env_for(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUMBLEBOT_")}
-    env.update(TELEGRAM_BOT_TOKEN=TOKEN, OPENAI_API_KEY="sk-test-key-not-real-000000", PYTHONUNBUFFERED="1")
-    return env
-
-
-async def start_daemon(config: Path, tmp_path: Path) -> asyncio.subprocess.Process:
-    """``bumblebot run`` in the background; its stderr goes to ``tmp_path/daemon.log``."""
-    with open(tmp_path / "daemon.log", "ab") as log:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bumblebot", "--config", str(config), "run",
-            env=env_for(tmp_path), stdout=asyncio.subprocess.DEVNULL, stderr=log,
-        )
-
-
-async def kill_inside_model_call(config: Path, tmp_path: Path, tg, hang: Gate, text: str, chat_id: int) -> None:
-    """Start ``bumblebot run``, send ``text``, SIGKILL the daemon while ``hang`` holds its model call."""
-    proc = await start_daemon(config, tmp_path)
-    try:
-        tg.push_text(text, chat_id=chat_id)
-        await asyncio.wait_for(hang.entered.wait(), 20)
-        proc.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(proc.wait(), 10)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-    hang.release.set()
+from support import Gate, contents, env_for, judges_say_done, kill_inside_model_call, say, start_daemon, tool_result
 
 
 async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm, tg):
@@ -65,9 +35,10 @@ async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm,
     assert tg.sent(21) == ["yes, here"]
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
     assert db.execute("SELECT status FROM journal").fetchall() == [("done",)]
-    assert db.execute("SELECT status FROM turns ORDER BY id").fetchall() == [("interrupted",), ("done",)]
+    # the cut-off turn was resumed from its checkpoint, not answered again by a second turn
+    assert db.execute("SELECT status, json_extract(trace, '$.resumes') FROM turns").fetchall() == [("done", 1)]
     log = (tmp_path / "daemon.log").read_text()
-    assert "interrupted" in log and TOKEN not in log and "sk-test-key" not in log
+    assert "resuming" in log and TOKEN not in log and "sk-test-key" not in log
 
 
 async def test_sigterm_lets_the_running_turn_finish_and_exits_zero(tmp_path, llm, tg):
@@ -197,7 +168,7 @@ async def test_console_survives_a_lone_slash(tmp_path, llm):
     assert b"Traceback" not in err
 
 
-async def test_restart_after_a_crash_tells_the_model_what_was_already_said(tmp_path, llm, tg):
+async def test_restart_after_a_crash_resumes_with_what_was_already_said(tmp_path, llm, tg):
     judges_say_done(llm)
     llm.push(tool_calls(("say", {"text": "part one is done"})), when=is_loop)
     hang = Gate(say("never"))
@@ -214,6 +185,8 @@ async def test_restart_after_a_crash_tells_the_model_what_was_already_said(tmp_p
         if proc.returncode is None:
             proc.kill()
     assert tg.sent(23) == ["part one is done", "and part two"]
-    rerun = [r for r in llm.requests if "tools" in r][-1]
-    preamble = rerun["messages"][-1]["content"]
-    assert 'Already delivered to the user: "part one is done"' in preamble
+    resumed = [r for r in llm.requests if "tools" in r][-1]
+    # the model sees its own checkpointed step: the say call and that it was delivered
+    assert tool_result(resumed, "say") == [{"delivered": True, "queued": False}]
+    assert "part one is done" in contents(resumed)
+    assert [m["role"] for m in resumed["messages"][1:]] == ["user", "assistant", "tool", "user"]

@@ -164,7 +164,7 @@ async def test_parallel_tool_calls_overlap_and_results_keep_call_order(tmp_path,
     llm.push(say("both met"), when=is_loop)
     async with running(config(tmp_path, llm, tg)) as d:
 
-        @d.engine.toolbox.tool(kind=ToolKind.WORK, timeout_s=5)
+        @d.toolbox.tool(kind=ToolKind.WORK, timeout_s=5)
         async def rendezvous(ctx: ToolContext, tag: str) -> str:
             """Wait until a second call arrives (proves the calls run at the same time)."""
             await barrier.wait()
@@ -186,7 +186,7 @@ async def test_same_call_a_third_time_in_a_row_is_not_executed(tmp_path, llm, tg
     llm.push(say("stopping"), when=is_loop)
     async with running(config(tmp_path, llm, tg)) as d:
 
-        @d.engine.toolbox.tool(kind=ToolKind.WORK)
+        @d.toolbox.tool(kind=ToolKind.WORK)
         async def counter(ctx: ToolContext, key: str) -> str:
             """Count a call."""
             runs.append(key)
@@ -287,7 +287,7 @@ async def test_message_during_a_turn_steers_at_the_next_step(tmp_path, llm, tg):
         await asyncio.wait_for(slow.entered.wait(), 5)
         tg.push_text("actually make it blue", chat_id=1)
         await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= tg.next_update_id)
-        await d.engine.wait_until(lambda: d.engine.accepted == 2)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted == 2)
         slow.release.set()
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)

@@ -10,6 +10,7 @@ from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
 from support import contents, judges_say_done, loop_requests, say
 
 from bumblebot.compaction import PLACEHOLDER, SUMMARY_HEADER, SUMMARY_HEADINGS
+from bumblebot.conversation import Conversation
 from bumblebot.events import ChatRef, Platform
 from bumblebot.messages import Message
 from bumblebot.store import Store
@@ -49,8 +50,7 @@ async def seed_history(tmp_path, pairs: int, *, filler: int = 400, tool_every: i
                 messages.append(Message(role="assistant", content="", tool_calls=[call]))
                 messages.append(Message(role="tool", content=f"file {i} " + "t" * 600, tool_call_id=f"seed_{i}", name="read_file"))
             messages.append(Message(role="assistant", content=f"old answer {i} " + "a" * filler))
-        turn = await store.begin_turn(conversation.id, [])
-        await store.commit_turn(turn_id=turn, conversation=conversation, messages=messages, journal_ids=[], trace={})
+        await store.import_history(conversation, messages)
 
 
 async def test_crossing_the_threshold_flushes_and_summarises_before_the_completion(tmp_path, llm, tg):
@@ -80,8 +80,6 @@ async def test_crossing_the_threshold_flushes_and_summarises_before_the_completi
 
 
 async def test_restart_after_compaction_sends_a_byte_identical_prompt(tmp_path, llm, tg):
-    from bumblebot.context import ConversationContext
-
     judges_say_done(llm)
     await seed_history(tmp_path, 24, tool_every=5)
     llm.push(text("[]"), when=is_flush)
@@ -93,12 +91,9 @@ async def test_restart_after_compaction_sends_a_byte_identical_prompt(tmp_path, 
 
     async def next_prompt(d) -> list[dict]:
         """What the next turn would send before its own user message, as API dicts."""
-        history, summary = await (await d.engine.actor(chat)).load_context()
-        context = ConversationContext(
-            system_prompt=d.engine.prompts.system_prompt(), history=history, summary_message=summary,
-            protect_first_n=2, preamble="", tool_tokens=0,
-        )
-        api, _ = await context.build([Message(role="user", content="probe")], None)
+        requests = d.runner.between_turns(await Conversation.load(d.store, chat))  # from disk
+        requests.transcript.append(Message(role="user", content="probe"))
+        api, _ = await requests.build(None)
         return api[:-1]
 
     async with running(config) as d:
@@ -290,7 +285,7 @@ async def test_compaction_learns_from_reported_prompt_tokens(tmp_path, llm, tg):
         assert not [r for r in llm.requests if is_summary(r)]  # nothing to learn from yet
         tg.push_text("second", chat_id=CHAT)
         await d.engine.wait_for_turns(2)
-        scale = d.engine.token_scale
+        scale = d.budget.scale
     assert scale > 1.5
     assert [r for r in llm.requests if is_summary(r)]  # compacted in time on the second turn
     assert tg.sent(CHAT) == ["one", "two"]

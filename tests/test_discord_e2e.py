@@ -337,7 +337,7 @@ async def test_send_failing_with_503_stays_pending_and_is_sent_after_restart(tmp
     async with bot(dc, path) as d:
         # the outbox sweeper retries pending rows at start; a second pass waits for it (one
         # lock) and finds nothing left to send, so the row is settled when this returns
-        await d.engine.delivery.retry_pending()
+        await d.delivery.retry_pending()
         rows = await d.store._all("SELECT status FROM outbox")
     assert [r[0] for r in rows] == ["sent"]
     assert dc.messages_sent() == ["stored for later"]

@@ -26,7 +26,7 @@ class RecordingTurn:
         self.thoughts: list[str] = []
         self.ended = 0
 
-    async def say(self, text: str) -> DeliveryReport:
+    async def say(self, text: str, *, call_id: str | None = None) -> DeliveryReport:
         self.said.append(text)
         return self.report
 

@@ -34,7 +34,7 @@ class FlakyConsole(Adapter):
     def chunks(self, text: str) -> list[str]:
         return text.split("|")
 
-    async def send_chunk(self, chat: ChatRef, text: str) -> str:
+    async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
         self.calls += 1
         if self.calls in self.crash_on_call:
             raise asyncio.CancelledError  # the process is going down mid-message
@@ -46,14 +46,20 @@ class FlakyConsole(Adapter):
     async def send_typing(self, chat: ChatRef) -> None: ...
 
 
+def delivery_for(store: Store, adapter: FlakyConsole, attempts: int = 3) -> Delivery:
+    delivery = Delivery(store, attempts=attempts)
+    delivery.register(adapter)
+    return delivery
+
+
 async def test_retry_resumes_after_the_last_delivered_chunk(tmp_path):
     chat = ChatRef(Platform.CONSOLE, "c")
     async with Store(tmp_path / "db.sqlite") as store:
         conversation = await store.conversation(chat)
         adapter = FlakyConsole(fail_on_call=set(), crash_on_call={3})
-        delivery = Delivery(store, {Platform.CONSOLE: adapter}, attempts=1)
+        delivery = delivery_for(store, adapter, attempts=1)
         try:
-            await delivery.send(conversation.id, None, chat, "one|two|three")
+            await delivery.send(conversation.id, chat, "one|two|three")
         except asyncio.CancelledError:
             pass
         assert adapter.sent == ["one", "two"]
@@ -69,15 +75,15 @@ async def test_sweeper_does_not_resend_a_message_being_delivered(tmp_path):
     release = asyncio.Event()
 
     class Slow(FlakyConsole):
-        async def send_chunk(self, chat: ChatRef, text: str) -> str:
+        async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
             await release.wait()
             return await super().send_chunk(chat, text)
 
     async with Store(tmp_path / "db.sqlite") as store:
         conversation = await store.conversation(chat)
         adapter = Slow(fail_on_call=set())
-        delivery = Delivery(store, {Platform.CONSOLE: adapter})
-        sending = asyncio.create_task(delivery.send(conversation.id, None, chat, "hello"))
+        delivery = delivery_for(store, adapter)
+        sending = asyncio.create_task(delivery.send(conversation.id, chat, "hello"))
         while not await store.outbox_pending():
             await asyncio.sleep(0)  # let the send record its outbox row
         sweep = asyncio.create_task(delivery.retry_pending())
@@ -90,12 +96,13 @@ async def test_mid_turn_message_is_kept_when_the_model_then_fails(tmp_path, llm,
     judges_say_done(llm)
     slow = Gate(tool_calls(("think", {"thought": "working"})))
     llm.push(slow, when=is_loop)
-    llm.push(error(400, "bad request from the endpoint"), when=is_loop)
+    for _ in range(2):  # refused with tool_choice=required, then again with auto
+        llm.push(error(400, "bad request from the endpoint"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("start something", chat_id=3)
         await asyncio.wait_for(slow.entered.wait(), 5)
         tg.push_text("also this detail", chat_id=3)
-        await d.engine.wait_until(lambda: d.engine.accepted == 2)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted == 2)
         slow.release.set()
         await d.engine.wait_for_turns(1)
         pending = await d.store.pending_inbound()
@@ -105,7 +112,8 @@ async def test_mid_turn_message_is_kept_when_the_model_then_fails(tmp_path, llm,
     assert stored == ["start something", "also this detail"]
     roles = [r[0] for r in db.execute("SELECT role FROM messages ORDER BY id")]
     assert roles == ["user", "assistant", "tool", "user", "assistant"]  # partial turn + the note
-    assert "can't reach my language model" in tg.sent(3)[0]
+    assert "refused the request (400)" in tg.sent(3)[0]
+    assert db.execute("SELECT DISTINCT status FROM journal").fetchall() == [("failed",)]
 
 
 async def test_say_calls_of_one_step_arrive_in_call_order(tmp_path, llm, tg):
@@ -357,8 +365,7 @@ async def test_a_tail_that_alone_overflows_is_pruned_after_a_refusal(tmp_path, l
         history = [Message(role="user", content="read the logs"), Message(role="assistant", content="", tool_calls=calls)]
         history += [Message(role="tool", content="L" * 9000, tool_call_id=f"c{i}", name="read_file") for i in range(3)]
         history += [Message(role="assistant", content="done")]
-        turn = await store.begin_turn(conversation.id, [])
-        await store.commit_turn(turn_id=turn, conversation=conversation, messages=history, journal_ids=[], trace={})
+        await store.import_history(conversation, history)
     for _ in range(3):
         llm.push(endpoint, when=is_loop)
     config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 8192})
@@ -421,8 +428,8 @@ async def test_the_sweeper_rechecks_a_row_before_sending_it(tmp_path):
     async with Store(tmp_path / "db.sqlite") as store:
         conversation = await store.conversation(chat)
         adapter = FlakyConsole(fail_on_call={1})
-        delivery = Delivery(store, {Platform.CONSOLE: adapter}, attempts=1)
-        first = await delivery.send(conversation.id, None, chat, "X")  # fails: left pending
+        delivery = delivery_for(store, adapter, attempts=1)
+        first = await delivery.send(conversation.id, chat, "X")  # fails: left pending
         assert first.queued
         [row] = await store.outbox_pending()
         await store.outbox_progress(row.id, status="sent", message_ids=["9"])  # sent elsewhere meanwhile

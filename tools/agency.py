@@ -9,7 +9,6 @@ forcing"), ``say`` is the only way the entity talks to the conversation.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from typing import Annotated
 
@@ -48,13 +47,8 @@ async def say(
         return ToolResult.error(_NO_TURN)
     if not text.strip():
         return ToolResult.error("nothing to say: text is empty")
-    report = await turn.say(text)
-    payload: dict[str, object] = {"delivered": report.delivered, "queued": report.queued}
-    if report.duplicate:
-        payload["note"] = "you already said exactly this in this turn; it was not sent again"
-    if report.error:
-        payload["error"] = report.error
-    return ToolResult(json.dumps(payload, ensure_ascii=False), ok=report.delivered or report.queued)
+    report = await turn.say(text, call_id=ctx.call_id)
+    return report.as_result()
 
 
 @tool(kind=ToolKind.AGENCY)

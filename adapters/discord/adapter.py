@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import discord
@@ -51,14 +51,11 @@ from discord import app_commands
 
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.discord.policy import BotTurnBudget, MessageFacts, Verdict, decide, parse_command
-from bumblebot.adapter import Adapter
+from bumblebot.adapter import Adapter, Intake
 from bumblebot.config import DiscordSettings
 from bumblebot.errors import AdapterError, DeliveryFailed
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.splitting import DISCORD_LIMIT, split_markdown, utf16_len
-
-if TYPE_CHECKING:
-    from bumblebot.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +70,6 @@ GUILD_READY_TIMEOUT_S = 0.2
 MAX_RATELIMIT_WAIT_S = 30.0
 #: Seconds a look-up of a replied-to message may take before it counts as "not the bot's".
 REFERENCE_FETCH_TIMEOUT_S = 5.0
-REFUSED_KEY = "discord.refused:{user_id}"
 REFUSAL_TEXT = "Sorry, this bot is private."
 NOT_HERE_TEXT = "I don't answer in this channel."
 NO_PINGS = discord.AllowedMentions.none()
@@ -183,7 +179,7 @@ class DiscordAdapter(Adapter):
     """Connects the engine to one Discord bot.
 
     Args:
-        engine: the running engine (``submit``/``command``/``delivery``/``store``).
+        intake: the engine, as adapters see it.
         settings: the ``discord`` config section.
         token: the bot token (``DISCORD_BOT_TOKEN``); never logged.
 
@@ -195,8 +191,8 @@ class DiscordAdapter(Adapter):
 
     platform = Platform.DISCORD
 
-    def __init__(self, engine: Engine, settings: DiscordSettings, token: str) -> None:
-        self.engine = engine
+    def __init__(self, intake: Intake, settings: DiscordSettings, token: str) -> None:
+        self.intake = intake
         self.settings = settings
         self._token = token
         self.client = _Client(self)
@@ -325,7 +321,7 @@ class DiscordAdapter(Adapter):
             return
         if not inbound.text:
             return
-        await self.engine.submit(inbound)
+        await self.intake.submit(inbound)
 
     async def _facts(self, message: discord.Message, bot_id: int) -> MessageFacts:
         channel = message.channel
@@ -414,22 +410,12 @@ class DiscordAdapter(Adapter):
 
     async def _refuse(self, inbound: Inbound) -> None:
         """One refusal per user outside the allowlist (DMs only); later messages are dropped."""
-        if not await self.engine.record_handled(inbound):
-            return
-        log.info("Discord: refused user %s (not in discord.allowed_user_ids)", inbound.sender_id)
-        key = REFUSED_KEY.format(user_id=inbound.sender_id)
-        if await self.engine.store.get_kv(key) is None:
-            await self.engine.store.set_kv(key, "1")
-            await self._reply(inbound.chat, REFUSAL_TEXT)
+        await self.intake.refuse_once(inbound, REFUSAL_TEXT)
 
     async def _answer_command(self, inbound: Inbound, name: str) -> None:
-        answer = await self.engine.command(inbound, name)
+        answer = await self.intake.command(inbound, name)
         if answer:
-            await self._reply(inbound.chat, answer)
-
-    async def _reply(self, chat: ChatRef, text: str) -> None:
-        conversation = await self.engine.store.conversation(chat)
-        await self.engine.delivery.send(conversation.id, None, chat, text)
+            await self.intake.reply(inbound.chat, answer)
 
     async def _on_slash_command(self, interaction: discord.Interaction, name: str) -> None:
         """Answer a slash command: the same gate and the same engine command as text."""
@@ -472,7 +458,7 @@ class DiscordAdapter(Adapter):
             log.debug("Discord: cannot acknowledge /%s: %s", name, exc)
             return
         try:
-            answer = await self.engine.command(inbound, name) or "Already done."
+            answer = await self.intake.command(inbound, name) or "Already done."
         except Exception:
             log.exception("Discord: /%s failed", name)
             answer = "Sorry, that did not work. Try again later."
@@ -488,14 +474,16 @@ class DiscordAdapter(Adapter):
     def chunks(self, text: str) -> list[str]:
         return split_markdown(text, DISCORD_LIMIT, measure=utf16_len)
 
-    async def send_chunk(self, chat: ChatRef, text: str) -> str:
+    async def send_chunk(self, chat: ChatRef, text: str, *, key: str) -> str:
+        """Send one message; ``key`` becomes its nonce, and Discord (``enforce_nonce``) returns
+        the first message instead of posting a second one when a retry repeats it."""
         if not text.strip():
             raise DeliveryFailed("refusing to send an empty Discord message", retryable=False)
         if self.client.is_closed():
             raise DeliveryFailed("the Discord client is not connected", retryable=True)
         channel = self.client.get_partial_messageable(int(chat.thread_id or chat.chat_id))
         try:
-            message = await channel.send(text, allowed_mentions=NO_PINGS)
+            message = await channel.send(text, allowed_mentions=NO_PINGS, nonce=_nonce(key))
         except discord.RateLimited as exc:
             raise DeliveryFailed(
                 "Discord rate limit", retryable=True, retry_after=exc.retry_after
@@ -514,3 +502,8 @@ class DiscordAdapter(Adapter):
     async def send_typing(self, chat: ChatRef) -> None:
         channel = self.client.get_partial_messageable(int(chat.thread_id or chat.chat_id))
         await channel.typing()
+
+
+def _nonce(key: str) -> str:
+    """A Discord nonce (at most 25 characters) for an outbox chunk key."""
+    return key[-25:]

@@ -21,8 +21,6 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
-
 import telegramify_markdown
 from telegram import BotCommand, MessageEntity, Update
 from telegram.constants import ChatAction, ChatType
@@ -39,21 +37,17 @@ from telegram.error import (
 )
 from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
-from bumblebot.adapter import Adapter
+from bumblebot.adapter import Adapter, Intake
 from bumblebot.config import TelegramSettings
 from bumblebot.errors import AdapterError, DeliveryFailed
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.splitting import TELEGRAM_LIMIT, split_text, utf16_len
-
-if TYPE_CHECKING:
-    from bumblebot.engine import Engine
 
 log = logging.getLogger(__name__)
 
 OFFSET_KEY = "telegram.offset"
 #: Attempts at recording one update before it is skipped (logged) so others can flow.
 MAX_UPDATE_ATTEMPTS = 5
-REFUSED_KEY = "telegram.refused:{user_id}"
 REFUSAL_TEXT = "Sorry, this bot is private."
 UNSUPPORTED_TEXT = "I can only read text messages for now; could you write it out?"
 COMMANDS = [
@@ -116,15 +110,15 @@ class TelegramAdapter(Adapter):
     """Connects the engine to one Telegram bot.
 
     Args:
-        engine: the running engine (``submit``/``command``).
+        intake: the engine, as adapters see it.
         settings: the ``telegram`` config section.
         token: the bot token (``TELEGRAM_BOT_TOKEN``); never logged.
     """
 
     platform = Platform.TELEGRAM
 
-    def __init__(self, engine: Engine, settings: TelegramSettings, token: str) -> None:
-        self.engine = engine
+    def __init__(self, intake: Intake, settings: TelegramSettings, token: str) -> None:
+        self.intake = intake
         self.settings = settings
         self.app: Application = (  # type: ignore[type-arg]
             ApplicationBuilder()
@@ -186,7 +180,7 @@ class TelegramAdapter(Adapter):
     # -- intake ------------------------------------------------------------------------------
 
     async def _poll(self) -> None:
-        stored = await self.engine.store.get_kv(OFFSET_KEY)
+        stored = await self.intake.cursor(OFFSET_KEY)
         offset = int(stored) if stored else 0
         backoff = 1.0
         while True:
@@ -218,7 +212,7 @@ class TelegramAdapter(Adapter):
                 self._pending_kv = {OFFSET_KEY: str(next_offset)}
                 self._handler_error = None
                 await self.app.process_update(update)
-                if not self.engine.accepting:
+                if not self.intake.accepting:
                     return  # stopping: never move the offset past an update we did not journal
                 if self._handler_error is not None:
                     # e.g. the database is unavailable: keep the update unacknowledged, retry later;
@@ -234,9 +228,9 @@ class TelegramAdapter(Adapter):
                         await asyncio.sleep(delay)
                         break
                     log.error("Telegram: giving up on update %s after %d attempts", update.update_id, tries)
-                    await self.engine.store.set_kv(OFFSET_KEY, str(next_offset))
+                    await self.intake.set_cursor(OFFSET_KEY, str(next_offset))
                 if self._pending_kv:  # no handler journaled it (an update we do not answer)
-                    await self.engine.store.set_kv(OFFSET_KEY, str(next_offset))
+                    await self.intake.set_cursor(OFFSET_KEY, str(next_offset))
                     self._pending_kv = {}
                 offset = next_offset
 
@@ -274,19 +268,12 @@ class TelegramAdapter(Adapter):
     async def _gatekeep(self, inbound: Inbound) -> bool:
         """``True`` if the message may proceed; otherwise it is journaled as handled here."""
         if inbound.chat_kind is not ChatKind.PRIVATE:
-            if await self.engine.record_handled(inbound, kv=self._take_kv()):
+            if await self.intake.answer(inbound, None, kv=self._take_kv()):
                 log.info("Telegram: ignoring group chat %s (private chats only)", inbound.chat.chat_id)
             return False
         if self._allowed(inbound):
             return True
-        if await self.engine.record_handled(inbound, kv=self._take_kv()):
-            key = REFUSED_KEY.format(user_id=inbound.sender_id)
-            if await self.engine.store.get_kv(key) is None:
-                await self.engine.store.set_kv(key, "1")
-                await self.engine.delivery.send(
-                    (await self.engine.store.conversation(inbound.chat)).id, None, inbound.chat, REFUSAL_TEXT
-                )
-            log.info("Telegram: refused user %s (not in the allowlist)", inbound.sender_id)
+        await self.intake.refuse_once(inbound, REFUSAL_TEXT, kv=self._take_kv())
         return False
 
     async def _on_text(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
@@ -296,7 +283,7 @@ class TelegramAdapter(Adapter):
         inbound = self._inbound(update, message.text)
         if inbound is None or not await self._gatekeep(inbound):
             return
-        await self.engine.submit(inbound, kv=self._take_kv())
+        await self.intake.submit(inbound, kv=self._take_kv())
 
     async def _on_command(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message
@@ -306,10 +293,9 @@ class TelegramAdapter(Adapter):
         if inbound is None or not await self._gatekeep(inbound):
             return
         name = message.text.split()[0].lstrip("/").split("@")[0]
-        answer = await self.engine.command(inbound, name, kv=self._take_kv())
+        answer = await self.intake.command(inbound, name, kv=self._take_kv())
         if answer:
-            conversation = await self.engine.store.conversation(inbound.chat)
-            await self.engine.delivery.send(conversation.id, None, inbound.chat, answer)
+            await self.intake.reply(inbound.chat, answer)
 
     async def _on_unknown_command(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         await self._on_command(update, context)
@@ -319,16 +305,15 @@ class TelegramAdapter(Adapter):
         inbound = self._inbound(update, "(a message that is not text)")
         if inbound is None or not await self._gatekeep(inbound):
             return
-        if await self.engine.record_handled(inbound, kv=self._take_kv()):
-            conversation = await self.engine.store.conversation(inbound.chat)
-            await self.engine.delivery.send(conversation.id, None, inbound.chat, UNSUPPORTED_TEXT)
+        await self.intake.answer(inbound, UNSUPPORTED_TEXT, kv=self._take_kv())
 
     # -- delivery ----------------------------------------------------------------------------
 
     def chunks(self, text: str) -> list[TelegramChunk]:
         return render_chunks(text)
 
-    async def send_chunk(self, chat: ChatRef, chunk: TelegramChunk) -> str:
+    async def send_chunk(self, chat: ChatRef, chunk: TelegramChunk, *, key: str) -> str:
+        """Send one message (Telegram has no idempotency key: ``key`` is not used)."""
         thread = int(chat.thread_id) if chat.thread_id else None
         try:
             try:

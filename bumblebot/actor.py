@@ -1,0 +1,186 @@
+"""One actor per conversation: turns in a conversation run strictly one at a time.
+
+Messages that arrive while a turn runs wait in the conversation's inbox; in ``steer`` mode the
+running turn takes them at its next step boundary, otherwise the next turn takes them all at
+once (several waiting messages merge into one turn). A turn the last process left running is
+resumed before anything else. A turn suspended by a model outage is retried after its backoff,
+holding no turn slot meanwhile; new messages wait for it (in ``steer`` mode it takes them when
+it goes on). An actor idle for ``engine.idle_unload_s`` ends (its conversation's memory goes
+with it); the next message loads the conversation again from SQLite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from bumblebot.conversation import Conversation
+from bumblebot.store import JournalEntry, RunningTurn
+from bumblebot.turn import Finished, Outcome, Suspended, TurnRunner
+
+log = logging.getLogger(__name__)
+
+
+class Progress:
+    """Counters of the engine's work, and a way to wait for them (tests, ``bumblebot chat``)."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.turns_finished = 0
+        self._changed = asyncio.Condition()
+
+    async def notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float | None = 10.0) -> None:
+        """Wait until ``predicate()`` holds; re-checked whenever a message is accepted, a turn
+        or job finishes or a conversation unloads (``timeout=None``: no limit).
+
+        Raises:
+            TimeoutError: it did not hold within ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
+
+
+class ConversationActor:
+    """Serialises the turns of one conversation. Created and owned by the engine.
+
+    Args:
+        conversation: the conversation (its state and inbox).
+        runner: runs, resumes and retries turns.
+        slots: the engine-wide cap on turns running at once.
+        ready: set once the adapters are connected; no turn runs before.
+        idle_unload_s: the actor ends after this long with nothing to do, seconds.
+        progress: counts finished turns.
+    """
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        runner: TurnRunner,
+        *,
+        slots: asyncio.Semaphore,
+        ready: asyncio.Event,
+        idle_unload_s: float,
+        progress: Progress,
+    ) -> None:
+        self.conversation = conversation
+        self._runner = runner
+        self._slots = slots
+        self._ready = ready
+        self._idle_unload_s = idle_unload_s
+        self._progress = progress
+        self._jobs: list[Callable[[], Awaitable[None]]] = []
+        self._resume: list[RunningTurn] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._suspended: Suspended | None = None
+        self.busy = False
+        #: set (synchronously) when the actor has ended: it takes nothing more
+        self.closed = False
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> str:
+        return self.conversation.key
+
+    @property
+    def queued(self) -> int:
+        return len(self.conversation.inbox)
+
+    @property
+    def working(self) -> bool:
+        """A turn or job is running or queued (a turn suspended by an outage does not count)."""
+        return bool(self.busy or self.conversation.inbox or self._resume or self._jobs)
+
+    def enqueue(self, entry: JournalEntry) -> None:
+        self.conversation.inbox.append(entry)
+        self._wake.set()
+
+    def resume(self, running: RunningTurn) -> None:
+        """Continue ``running`` (left by the last process) before anything else."""
+        self._resume.append(running)
+        self._wake.set()
+
+    def schedule(self, job: Callable[[], Awaitable[None]]) -> None:
+        """Run ``job`` in this actor between turns (e.g. ``/compact``), never during one."""
+        self._jobs.append(job)
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Finish the running turn, then end; waiting entries stay pending in the journal."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The actor's task: resume, run turns and jobs, retry a suspended turn, unload when idle."""
+        await self._ready.wait()
+        conversation = self.conversation
+        while not self._stopping:
+            if self._suspended is not None:
+                suspended = self._suspended
+                if await self._sleep(suspended.retry_in):
+                    return
+                self._suspended = None
+                await self._turn(lambda: self._runner.retry(conversation, suspended))
+            elif self._resume:
+                running = self._resume.pop(0)
+                await self._turn(lambda: self._runner.resume(conversation, running))
+            elif self._jobs:
+                job = self._jobs.pop(0)
+                try:
+                    await job()
+                except Exception:
+                    log.exception("job in %s failed", self.key)
+                await self._progress.notify()
+            elif conversation.inbox:
+                await self._turn(lambda: self._runner.run(conversation, conversation.take_inbox()))
+            else:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self._idle_unload_s)
+                except TimeoutError:
+                    if not self.working:
+                        self.closed = True  # before any await: intake sees it at once
+                        return
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless stopped; ``True`` when stopped."""
+        self._wake.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not self._stopping and loop.time() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
+            self._wake.clear()
+        return self._stopping
+
+    async def _turn(self, work: Callable[[], Awaitable[Outcome]]) -> None:
+        """Run one turn in a slot (messages keep merging into the inbox until it is free)."""
+        async with self._slots:
+            self.busy = True
+            try:
+                outcome = await work()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # the database failed under the turn: memory never runs ahead of the disk, but
+                # the turn is left half-recorded; it stays running and is resumed at next start
+                log.exception("turn in %s could not be recorded", self.key)
+                await self._reload()
+                return
+            finally:
+                self.busy = False
+        if isinstance(outcome, Suspended):
+            self._suspended = outcome
+        elif isinstance(outcome, Finished):
+            self._progress.turns_finished += 1
+            await self._progress.notify()
+
+    async def _reload(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.conversation.reload()

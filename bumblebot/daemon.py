@@ -1,0 +1,222 @@
+"""The composition root: builds every part in order, starts them, stops them in reverse.
+
+This module and ``bumblebot/cli.py`` are the only ones in ``bumblebot/`` that import
+``adapters/`` and ``tools/``; every other part gets its collaborators through its constructor.
+
+One process per data directory: :func:`instance_lock` holds an exclusive ``flock`` on
+``<data_dir>/bumblebot.lock`` (with the holder's pid in it) for as long as ``run`` or ``chat``
+runs, so a second process exits at once instead of answering the same messages again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bumblebot.adapter import Adapter
+from bumblebot.budget import ContextBudget
+from bumblebot.compactor import Compactor
+from bumblebot.config import Secrets, Settings, effective_base_url
+from bumblebot.delivery import Delivery
+from bumblebot.engine import Engine
+from bumblebot.entity import Entity
+from bumblebot.errors import ConfigError, DataDirInUse
+from bumblebot.gate import CompletionGate
+from bumblebot.knowledge import KnowledgeFile
+from bumblebot.llm import LLM, CapabilityMemory
+from bumblebot.logs import redact_values
+from bumblebot.loop import AgentLoop
+from bumblebot.prompt import PromptBuilder
+from bumblebot.store import Store
+from bumblebot.toolkit import ToolContext
+from bumblebot.turn import TurnRunner
+
+log = logging.getLogger("bumblebot")
+
+JUDGE_MAX_TOKENS = 64
+LOCK_NAME = "bumblebot.lock"
+
+
+@contextlib.contextmanager
+def instance_lock(data_dir: Path) -> Iterator[None]:
+    """Hold ``<data_dir>/bumblebot.lock`` exclusively while the block runs (field-bugs.md item 5).
+
+    Raises:
+        DataDirInUse: another process holds it (its pid, when it wrote one).
+        ConfigError: ``data_dir`` cannot be created or written.
+    """
+    path = data_dir / LOCK_NAME
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # noqa: SIM115
+    except OSError as exc:
+        raise ConfigError("config", "data_dir", f"a writable directory ({exc.strerror}: {data_dir})") from exc
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip()
+        handle.close()
+        raise DataDirInUse(data_dir, int(holder) if holder.isdigit() else None) from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            handle.truncate(0)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def build_toolbox(settings: Settings) -> Any:
+    from tools import build_registry
+
+    t = settings.tools
+    return build_registry(
+        workspace=settings.workspace,
+        shell_enabled=t.shell.enabled,
+        shell_timeout_s=t.shell.timeout_s,
+        shell_max_output_chars=t.shell.max_output_chars,
+        web_enabled=t.web.enabled,
+        web_timeout_s=t.web.timeout_s,
+        web_max_bytes=t.web.max_bytes,
+        web_allow_private=t.web.allow_private,
+        max_result_chars=t.max_result_chars,
+    )
+
+
+def _tool_lines(schemas: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for s in schemas:
+        fn = s["function"]
+        description = (fn.get("description") or "").splitlines()
+        lines.append(f"{fn['name']}: {description[0] if description else ''}")
+    return lines
+
+
+class Daemon:
+    """Everything ``bumblebot run`` (or ``chat``) runs, in start order; stops in reverse.
+
+    Start: open the store, build the LLM client, tools, cognition and engine, recover (resume
+    cut-off turns, queue pending messages), start each adapter, then let turns run. Stop
+    (idempotent): adapters stop intake, the engine drains in-flight turns (they can still
+    deliver), adapters disconnect, the LLM client closes, the store closes last.
+
+    The parts are attributes (``store``, ``llm``, ``toolbox``, ``delivery``, ``runner``,
+    ``engine``) once :meth:`open` ran.
+    """
+
+    def __init__(self, settings: Settings, secrets: Secrets, entity: Entity) -> None:
+        self.settings, self.secrets, self.entity = settings, secrets, entity
+        self.store = Store(settings.db_path)
+        self.engine: Engine | None = None
+        self.llm: LLM | None = None
+        self.adapters: list[Adapter] = []
+        self._stopped = False
+
+    def platform_adapters(self, engine: Engine) -> list[Adapter]:
+        settings, secrets = self.settings, self.secrets
+        adapters: list[Adapter] = []
+        if settings.telegram.enabled and secrets.telegram_bot_token:
+            from adapters.telegram import TelegramAdapter
+
+            adapters.append(TelegramAdapter(engine, settings.telegram, secrets.telegram_bot_token.get_secret_value()))
+        if settings.discord.enabled and secrets.discord_bot_token:
+            from adapters.discord import DiscordAdapter
+
+            adapters.append(DiscordAdapter(engine, settings.discord, secrets.discord_bot_token.get_secret_value()))
+        return adapters
+
+    async def open(self) -> Engine:
+        """Open the store and build every part (no adapter yet)."""
+        settings, store = self.settings, self.store
+        await store.open()
+        base_url = effective_base_url(settings, self.secrets)
+        self.llm = llm = LLM(
+            settings.llm,
+            base_url=base_url,
+            api_key=self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None,
+            capabilities=CapabilityMemory(store.get_kv, store.set_kv),
+        )
+        cognition = settings.cognition
+        self.budget = budget = ContextBudget(
+            cognition.max_context_tokens,
+            cognition.history_compression.compaction_threshold_ratio,
+            key=ContextBudget.key_for(base_url, llm.model),
+            load=store.get_kv,
+            save=store.set_kv,
+        )
+        await budget.load()
+        self.toolbox = toolbox = build_toolbox(settings)
+        knowledge = KnowledgeFile(settings.knowledge_path)
+        prompts = PromptBuilder(self.entity, knowledge, _tool_lines(toolbox.schemas()))
+        self.delivery = delivery = Delivery(store)
+        settings.workspace.mkdir(parents=True, exist_ok=True)
+
+        async def judge(messages: list[dict[str, Any]]) -> str:
+            return await llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0)
+
+        loop = AgentLoop(
+            llm=llm,
+            toolbox=toolbox,
+            gate=CompletionGate(judge),
+            tool_context=ToolContext(workspace=settings.workspace.resolve(), data_dir=settings.data_dir),
+        )
+        secrets = self.secrets.values()
+        self.runner = TurnRunner(
+            cognition=cognition,
+            engine=settings.engine,
+            prompts=prompts,
+            llm=llm,
+            loop=loop,
+            compactor=Compactor(cognition.history_compression, llm, knowledge, budget),
+            delivery=delivery,
+            budget=budget,
+            toolbox=toolbox,
+            redact=lambda value: redact_values(value, secrets),
+        )
+        self.engine = Engine(settings.engine, store, self.runner, delivery, prompts)
+        return self.engine
+
+    async def start(self, adapters: list[Adapter] | None = None) -> None:
+        """Open, recover, connect ``adapters`` (default: every enabled platform), run turns.
+
+        Raises:
+            AdapterError: a platform refused the token or is unreachable.
+            StoreError: the database cannot be opened.
+        """
+        engine = await self.open()
+        self.adapters = self.platform_adapters(engine) if adapters is None else adapters
+        await engine.start({a.platform for a in self.adapters})
+        for adapter in self.adapters:
+            self.delivery.register(adapter)
+            await adapter.start()
+        engine.mark_ready()
+
+    async def _each_adapter(self, method: str) -> None:
+        """Call ``method`` on every adapter; one failing never keeps the others running."""
+        for adapter in self.adapters:
+            try:
+                await getattr(adapter, method)()
+            except Exception:
+                log.exception("%s of %s failed", method, adapter.platform.value)
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._each_adapter("stop_intake")
+        if self.engine is not None:
+            await self.engine.stop()  # in-flight turns finish and deliver
+        await self._each_adapter("stop")
+        if self.llm is not None:
+            await self.llm.aclose()
+        await self.store.close()

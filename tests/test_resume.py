@@ -1,0 +1,352 @@
+"""Turns that survive a crash or an outage exactly (issue 8).
+
+Subprocess tests run the real ``bumblebot run`` and SIGKILL it at a chosen event; in-process
+tests run the daemon in this event loop. All of them use the real python-telegram-bot, openai
+and discord.py clients against the fakes, and real SQLite files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from conftest import running, write_config
+from fakes.discord_server import FakeDiscord
+from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
+from support import (
+    Gate, contents, env_for, judges_say_done, kill_daemon, loop_requests, say, start_daemon, stop_daemon, tool_result,
+)
+
+from bumblebot.budget import ContextBudget
+from bumblebot.conversation import Session, Turn
+from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.loop import INTERRUPTED, LoopState
+from bumblebot.messages import Message
+from bumblebot.store import CompactionState, Store
+from bumblebot.toolkit import ToolKind
+
+
+def db(tmp_path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+
+
+class SlowSite:
+    """A local web page that never answers until released: a work tool that is mid-call."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.url = ""
+
+    async def handler(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        self.entered.set()
+        await self.release.wait()
+        return web.Response(text="the page")
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[SlowSite]:
+    slow = SlowSite()
+    app = web.Application()
+    app.router.add_get("/page", slow.handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    slow.url = f"http://127.0.0.1:{runner.addresses[0][1]}/page"
+    yield slow
+    slow.release.set()
+    await runner.cleanup()
+
+
+async def test_a_call_cut_off_by_a_crash_is_reported_interrupted_and_never_run_again(tmp_path, llm, tg, site):
+    judges_say_done(llm)
+    (tmp_path / "data" / "workspace").mkdir(parents=True)
+    (tmp_path / "data" / "workspace" / "a.txt").write_text("alpha")
+    llm.push(tool_calls(("read_file", {"path": "a.txt"})), when=is_loop)
+    llm.push(tool_calls(("fetch_url", {"url": site.url})), when=is_loop)
+    config = write_config(tmp_path, llm, tg, tools={"web": {"allow_private": True}})
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text("read a.txt, then fetch the page", chat_id=61)
+        await asyncio.wait_for(site.entered.wait(), 20)  # step 2's fetch is running
+        await kill_daemon(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    site.release.set()
+    llm.push(say("a.txt says alpha; the page fetch was cut off"), when=is_loop)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        await tg.wait_for("sendMessage", timeout=20)
+        await tg.wait_for("getUpdates", n=2, predicate=lambda p: int(p.get("offset", 0)) > 0, timeout=10)
+        assert await stop_daemon(proc) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    resumed = loop_requests(llm)[-1]
+    assert tool_result(resumed, "read_file")[0] == "alpha"  # step 1 was checkpointed: not run again
+    [fetch] = tool_result(resumed, "fetch_url")
+    assert fetch == {"error": INTERRUPTED}
+    assert site.hits == 1  # the cut-off call was not silently run again
+    assert tg.sent(61) == ["a.txt says alpha; the page fetch was cut off"]
+    assert db(tmp_path).execute("SELECT status FROM turns").fetchall() == [("done",)]
+
+
+async def test_a_message_steered_into_a_turn_is_answered_by_the_resumed_turn(tmp_path, llm, tg):
+    judges_say_done(llm)
+    first = Gate(tool_calls(("think", {"thought": "planning"})))
+    second = Gate(say("never"))
+    llm.push(first, when=is_loop)
+    llm.push(second, when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text("plan my week", chat_id=62)
+        await asyncio.wait_for(first.entered.wait(), 20)
+        tg.push_text("and include Sunday", chat_id=62)
+        await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= 3, timeout=10)
+        first.release.set()
+        await asyncio.wait_for(second.entered.wait(), 20)
+        assert "and include Sunday" in contents(loop_requests(llm)[-1])  # steered into step 2
+        await kill_daemon(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    second.release.set()
+    llm.push(say("Monday to Sunday, planned"), when=is_loop)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        await tg.wait_for("sendMessage", timeout=20)
+        assert await stop_daemon(proc) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert tg.sent(62) == ["Monday to Sunday, planned"]
+    resumed = contents(loop_requests(llm)[-1])
+    assert "plan my week" in resumed and "and include Sunday" in resumed
+    rows = db(tmp_path).execute("SELECT status, turn_id FROM journal ORDER BY id").fetchall()
+    assert rows == [("done", 1), ("done", 1)]  # both answered by the one resumed turn
+    assert db(tmp_path).execute("SELECT COUNT(*) FROM turns").fetchone() == (1,)
+
+
+async def test_endpoint_down_for_20_s_then_up_answers_after_one_notice(tmp_path, llm, tg):
+    judges_say_done(llm)
+    down_until: list[float] = []
+
+    def endpoint(request: dict[str, Any]) -> Any:
+        if not down_until:
+            down_until.append(time.monotonic() + 20)
+        if time.monotonic() < down_until[0]:
+            return error(503, "upstream connect error")
+        if is_aux(request):
+            return text("DONE: fine")
+        return say("back, and here is your answer")
+
+    llm.default = endpoint
+    config = write_config(tmp_path, llm, tg)
+    async with running(config) as d:
+        tg.push_text("what's the plan?", chat_id=63)
+        await tg.wait_for("sendMessage", n=2, timeout=60)
+        await d.engine.wait_for_turns(1, timeout=10)
+    assert tg.sent(63) == [
+        "My language model isn't reachable right now. I'll answer as soon as it's back; "
+        "no need to send your message again.",
+        "back, and here is your answer",
+    ]
+    failures = [r for r in llm.request_log if r.status == 503]
+    assert len(failures) >= 4  # retried with backoff meanwhile
+    gaps = [b.time - a.time for a, b in zip(failures, failures[1:])]
+    assert all(g <= 60.5 for g in gaps) and gaps == sorted(gaps)  # backing off, capped
+    assert db(tmp_path).execute("SELECT status FROM journal").fetchall() == [("done",)]
+    [(status, trace)] = db(tmp_path).execute("SELECT status, trace FROM turns").fetchall()
+    assert status == "done" and json.loads(trace)["outage_s"] >= 19
+
+
+async def test_endpoint_down_past_the_limit_fails_honestly_and_the_next_message_works(tmp_path, llm, tg):
+    llm.default = lambda request: error(502, "bad gateway")
+    config = write_config(tmp_path, llm, tg, engine={"outage_limit_s": 1.5, "shutdown_grace_s": 5})
+    async with running(config) as d:
+        tg.push_text("anyone home?", chat_id=64)
+        await tg.wait_for("sendMessage", n=2, timeout=20)
+        await d.engine.wait_for_turns(1, timeout=10)
+        notice, gave_up = tg.sent(64)
+        assert "isn't reachable" in notice
+        assert "couldn't reach my language model" in gave_up and "send it again" in gave_up
+        judges_say_done(llm)
+        llm.push(say("hello again"), when=is_loop)
+        tg.push_text("anyone home now?", chat_id=64)
+        await tg.wait_for("sendMessage", n=3, timeout=10)
+    assert tg.sent(64)[2] == "hello again"
+    statuses = db(tmp_path).execute("SELECT status FROM journal ORDER BY id").fetchall()
+    assert statuses == [("failed",), ("done",)]
+
+
+async def test_an_outage_survives_a_restart_without_a_second_notice(tmp_path, llm, tg):
+    llm.default = lambda request: error(503, "down")
+    config = write_config(tmp_path, llm, tg)
+    async with running(config):
+        tg.push_text("are you up?", chat_id=65)
+        await tg.wait_for("sendMessage", timeout=10)  # the notice
+        await llm.wait_for_requests(2, timeout=10)  # and a retry after it
+    judges_say_done(llm)
+    llm.push(say("up now"), when=is_loop)
+    async with running(config) as d:
+        await tg.wait_for("sendMessage", n=2, timeout=10)
+        await d.engine.wait_for_turns(1)
+    assert [t for t in tg.sent(65) if "reachable" in t] and tg.sent(65)[1:] == ["up now"]
+
+
+async def test_a_turn_resumed_too_often_is_given_up_with_one_message(tmp_path, llm, tg):
+    config = write_config(tmp_path, llm, tg)
+    chat = ChatRef(Platform.TELEGRAM, "66")
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        journal_id = await store.journal(Inbound(chat, "1", "66", "Ann", "crash me", ChatKind.PRIVATE))
+        conversation = await store.conversation(chat)
+        await store.begin_turn(
+            conversation.id, conversation.session, [journal_id], Message(role="user", content="crash me"),
+            {"route": "reflex", "resumes": 3},
+        )
+    async with running(config) as d:
+        await tg.wait_for("sendMessage", timeout=10)
+        await d.engine.wait_for_turns(1)
+    assert llm.requests == []
+    assert "interrupted several times" in tg.sent(66)[0]
+    assert db(tmp_path).execute("SELECT status FROM journal").fetchall() == [("failed",)]
+
+
+async def test_the_learned_token_scale_survives_a_restart(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("ok"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    original = llm._completion
+
+    def dense_usage(body: dict[str, Any], reply: Any) -> dict[str, Any]:
+        out = original(body, reply)  # an endpoint whose tokenizer counts far more than we guess
+        out["usage"]["prompt_tokens"] *= 8
+        return out
+
+    llm._completion = dense_usage  # type: ignore[method-assign]
+    async with running(config) as d:
+        tg.push_text("hi", chat_id=67)
+        await d.engine.wait_for_turns(1)
+        learned = d.budget.scale
+    assert learned > 1.2
+    async with running(config) as d:
+        assert d.budget.scale == pytest.approx(learned, abs=0.06)
+
+
+async def test_a_second_process_on_a_held_data_dir_exits_at_once_naming_the_holder(tmp_path, llm, tg):
+    config = write_config(tmp_path, llm, tg)
+    env = env_for(tmp_path)
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "chat",
+        env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert holder.stdout is not None
+        assert b"Talking to" in await asyncio.wait_for(holder.stdout.readline(), 30)  # it holds the lock
+        for command in ("chat", "run"):
+            started = time.monotonic()
+            second = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bumblebot", "--config", str(config), command,
+                env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            _, err = await asyncio.wait_for(second.communicate(b"hello\n"), 30)
+            assert second.returncode == 1, err
+            assert b"in use" in err and f"pid {holder.pid}".encode() in err
+            assert time.monotonic() - started < 10
+    finally:
+        await asyncio.wait_for(holder.communicate(b"/quit\n"), 30)
+    assert llm.requests == [] and tg.sent() == []  # nobody answered "hello"
+    assert db(tmp_path).execute("SELECT COUNT(*) FROM journal").fetchone() == (0,)
+
+
+async def test_a_discord_resend_after_a_crash_is_deduplicated_by_its_nonce(tmp_path, llm):
+    judges_say_done(llm)
+    llm.push(say("exactly once"), when=is_loop)
+    async with FakeDiscord() as dc:
+        section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+        config = write_config(tmp_path, llm, None, discord=section)
+        async with running(config, telegram_token=None, discord_token=dc.token) as d:
+            await dc.send_dm("hi")
+            await dc.wait_for_call("POST", r"/channels/\d+/messages", status=200)
+            await d.engine.wait_for_turns(1)
+            # the process died after Discord took the message, before it was recorded as sent
+            await d.store.db.execute("UPDATE outbox SET status='pending', platform_message_ids='[]'")
+            [entry] = await d.store.outbox_pending()
+            assert (await d.delivery.deliver(entry)).delivered
+        assert dc.messages_sent() == ["exactly once"]
+
+
+# -- pure logic -------------------------------------------------------------------------------
+
+
+def _kind(name: str) -> ToolKind:
+    return ToolKind.AGENCY if name in ("say", "think", "end_turn", "wait") else ToolKind.WORK
+
+
+def test_replaying_a_transcript_rebuilds_what_the_loop_knew():
+    call = lambda i, name, args: {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}  # noqa: E731
+    transcript = [
+        Message(role="user", content="read it and tell me"),
+        Message(role="assistant", tool_calls=[call(1, "read_file", {"path": "a"}), call(2, "say", {"text": "reading"})]),
+        Message(role="tool", content="alpha", tool_call_id="c1", name="read_file", ok=True),
+        Message(role="tool", content='{"delivered": true}', tool_call_id="c2", name="say", ok=True),
+        Message(role="assistant", content="notice from the daemon", note=True),
+        Message(role="assistant", tool_calls=[call(3, "fetch_url", {"url": "u"})]),
+        Message(role="tool", content='{"error": "x"}', tool_call_id="c3", name="fetch_url", ok=False),
+        Message(role="assistant", content="It says alpha."),
+    ]
+    state = LoopState.replay(transcript, _kind)
+    assert state.user_texts == ["read it and tell me"]
+    assert state.delivered == ["reading", "It says alpha."]  # the daemon's notice is not the model's
+    assert (state.steps, state.work_calls, state.work_ok) == (3, 2, 1)
+    assert [p.tool for p in state.previews] == ["read_file", "fetch_url"]
+
+
+async def test_tool_results_recorded_out_of_order_come_back_in_call_order(tmp_path):
+    async with Store(tmp_path / "db.sqlite") as store:
+        record = await store.conversation(ChatRef(Platform.CONSOLE, "x"))
+        session = Session(store, record.id, record.session, [], CompactionState(None, 0, 0, 0, 0.0))
+        user = Message(role="user", content="go")
+        turn_id = await store.begin_turn(record.id, record.session, [], user, {})
+        turn = Turn(store, record, session, turn_id, [], [user], {})
+        calls = [{"id": f"c{i}", "type": "function", "function": {"name": "t", "arguments": "{}"}} for i in range(3)]
+        await turn.record(Message(role="assistant", tool_calls=calls))
+        for i in (2, 0, 1):  # completion order
+            await turn.record(Message(role="tool", content=str(i), tool_call_id=f"c{i}", ok=True))
+        assert [m.content for m in turn.transcript[2:]] == ["0", "1", "2"]
+        assert [m.content for m in await store.turn_messages(turn_id)][2:] == ["0", "1", "2"]
+
+
+async def test_the_budget_persists_its_scale_only_when_it_moves(tmp_path):
+    async with Store(tmp_path / "db.sqlite") as store:
+        writes: list[str] = []
+
+        async def save(key: str, value: str) -> None:
+            writes.append(value)
+            await store.set_kv(key, value)
+
+        budget = ContextBudget(8000, 0.75, key="k", load=store.get_kv, save=save)
+        await budget.load()
+        await budget.observe(1000, 1000)  # ratio 1: nothing learned
+        assert writes == [] and budget.window() == 8000
+        for _ in range(30):
+            await budget.observe(2000, 1000)
+        assert budget.scale > 1.95 and 1 < len(writes) < 10  # written while it moved, then not
+        again = ContextBudget(8000, 0.75, key="k", load=store.get_kv)
+        await again.load()
+        assert again.scale == pytest.approx(budget.scale, abs=0.05)
+        assert again.threshold() == int(again.window() * 0.75) < 6000
