@@ -1,26 +1,29 @@
-"""SQLite state through aiosqlite: conversations, history, compaction state, journal, outbox.
+"""SQLite state through aiosqlite: conversations, history, compaction state, journal, turns, outbox.
 
 One file, ``<data_dir>/bumblebot.db``, in WAL mode with a 10 s busy timeout. Schema versions
-are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version``.
+are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (2 now).
 
 Tables:
 
 * ``conversations``: one row per (platform, chat_id, thread_id); ``session`` grows on ``/reset``
   (older sessions stay for audit and are never sent to the model).
-* ``messages``: the full history in OpenAI chat form. ``pruned`` marks tool results that
-  compaction replaced by a placeholder in prompts; ``covered_by`` marks messages folded into a
-  compaction summary. Neither is deleted.
+* ``messages``: the full history in OpenAI chat form, written step by step while a turn runs.
+  ``ok`` is a tool result's success, ``note`` marks the daemon's own messages, ``pruned``
+  marks tool results that compaction replaced by a placeholder in prompts, ``covered_by``
+  marks messages folded into a compaction summary. Nothing is deleted.
 * ``compaction``: per (conversation, session): the current summary, counters, failure backoff.
 * ``journal``: every accepted inbound message, unique per (platform, chat_id, message_id);
-  ``status`` is ``pending`` until the turn that answered it commits, then ``done``.
-* ``turns``: one row per turn with its trace (JSON).
-* ``outbox``: every message the engine asked to deliver, with status and the platform ids.
-* ``kv``: small durable values: ``telegram.offset`` (next update id), ``llm.tool_choice:<base
-  url>`` (an endpoint that needs ``"auto"``), ``telegram.refused:<user>`` /
-  ``discord.refused:<user>`` (the one refusal was sent).
+  ``status`` is ``pending`` until the turn that answers it finishes, then ``done`` or
+  ``failed``; ``ignored`` for messages handled without a turn.
+* ``turns``: one row per turn: its session, status, resumable ``state`` and ``trace`` (JSON).
+* ``outbox``: every message the engine asked to deliver, with the ``say`` call it answers,
+  its status and the platform ids.
+* ``kv``: small durable values (``docs/architecture.md`` lists them and their owners).
 
 All writes go through :meth:`Store.transaction`, which serialises writers on the single
-connection, so one turn's rows land in one transaction and never interleave with another's.
+connection. The turn writers (``begin_turn``, ``record``, ``speak``, ``finish_turn``) and the
+compaction writers are called only by ``bumblebot/conversation.py``, the one home of a
+conversation's state.
 """
 
 from __future__ import annotations
