@@ -33,7 +33,7 @@ from bumblebot.budget import ContextBudget
 from bumblebot.compactor import Compactor
 from bumblebot.config import CognitionSettings, EngineSettings
 from bumblebot.context import Requests
-from bumblebot.conversation import Conversation, Turn, merge_text
+from bumblebot.conversation import Conversation, Session, Turn, merge_text
 from bumblebot.delivery import Delivery
 from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
 from bumblebot.llm import LLM
@@ -221,19 +221,24 @@ class TurnRunner:
         """Try a suspended turn again (the endpoint may be back)."""
         return await self._drive(conversation, suspended.turn, suspended.trace)
 
+    def _requests(
+        self, session: Session, transcript: list[Message], preamble: str, compactor: Compactor | None
+    ) -> Requests:
+        return Requests(
+            system_prompt=self.prompts.system_prompt(),
+            preamble=preamble,
+            tool_tokens=self.tool_tokens,
+            session=session,
+            transcript=transcript,
+            protect_first_n=self.cfg.history_compression.compaction_protect_first_n,
+            compactor=compactor,
+            budget=self.budget,
+        )
+
     def between_turns(self, conversation: Conversation) -> Requests:
         """The conversation as the next request would carry it, without a turn's own messages
         (``/status`` and ``/compact`` report the same numbers)."""
-        return Requests(
-            system_prompt=self.prompts.system_prompt(),
-            preamble="",
-            tool_tokens=self.tool_tokens,
-            session=conversation.session,
-            transcript=[],
-            protect_first_n=self.cfg.history_compression.compaction_protect_first_n,
-            compactor=None,
-            budget=self.budget,
-        )
+        return self._requests(conversation.session, [], "", None)
 
     def status(self, conversation: Conversation) -> str:
         """``/status``: context usage and compaction, in two lines."""
@@ -271,16 +276,7 @@ class TurnRunner:
         reflex = state.get("route") == Route.REFLEX.value
         limits = self._limits(reflex)
         info = TurnInfo(inbound=turn.entries[-1].inbound, route=state.get("route", ""), now=datetime.now(UTC))
-        requests = Requests(
-            system_prompt=self.prompts.system_prompt(),
-            preamble=self.prompts.preamble(info),
-            tool_tokens=self.tool_tokens,
-            session=turn.session,
-            transcript=turn.transcript,
-            protect_first_n=self.cfg.history_compression.compaction_protect_first_n,
-            compactor=self.compactor,
-            budget=self.budget,
-        )
+        requests = self._requests(turn.session, turn.transcript, self.prompts.preamble(info), self.compactor)
         trace = LoopTrace(steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])))
         compactions = list(earlier.get("compactions", []))
 
