@@ -22,6 +22,10 @@ from bumblebot.turn import Finished, Outcome, Suspended, TurnRunner
 
 log = logging.getLogger(__name__)
 
+#: Backoff after a failure under a turn, before the conversation is read back (seconds).
+RECOVER_FIRST_S = 5.0
+RECOVER_MAX_S = 60.0
+
 
 class Progress:
     """Counters of the engine's work, and a way to wait for them (tests, ``bumblebot chat``)."""
@@ -79,6 +83,8 @@ class ConversationActor:
         self._wake = asyncio.Event()
         self._stopping = False
         self._suspended: Suspended | None = None
+        #: after a failure under a turn (the database), seconds before it is read back and resumed
+        self._recover_in: float | None = None
         self.busy = False
         #: set (synchronously) when the actor has ended: it takes nothing more
         self.closed = False
@@ -93,9 +99,14 @@ class ConversationActor:
         return len(self.conversation.inbox)
 
     @property
+    def waiting(self) -> bool:
+        """A turn waits out a model outage."""
+        return self._suspended is not None
+
+    @property
     def working(self) -> bool:
         """A turn or job is running or queued (a turn suspended by an outage does not count)."""
-        return bool(self.busy or self.conversation.inbox or self._resume or self._jobs)
+        return bool(self.busy or self.conversation.inbox or self._resume or self._jobs or self._recover_in)
 
     def enqueue(self, entry: JournalEntry) -> None:
         self.conversation.inbox.append(entry)
@@ -121,7 +132,11 @@ class ConversationActor:
         await self._ready.wait()
         conversation = self.conversation
         while not self._stopping:
-            if self._suspended is not None:
+            if self._recover_in is not None:
+                if await self._sleep(self._recover_in):
+                    return
+                await self._recover()
+            elif self._suspended is not None:
                 suspended = self._suspended
                 if await self._sleep(suspended.retry_in):
                     return
@@ -161,6 +176,7 @@ class ConversationActor:
 
     async def _turn(self, work: Callable[[], Awaitable[Outcome]]) -> None:
         """Run one turn in a slot (messages keep merging into the inbox until it is free)."""
+        outcome: Outcome | None = None
         async with self._slots:
             self.busy = True
             try:
@@ -168,19 +184,27 @@ class ConversationActor:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                # the database failed under the turn: memory never runs ahead of the disk, but
-                # the turn is left half-recorded; it stays running and is resumed at next start
-                log.exception("turn in %s could not be recorded", self.key)
-                await self._reload()
-                return
+                # a write under the turn failed (the database): the turn is half-recorded and
+                # nothing else may run in this conversation before it is read back and resumed
+                log.exception("turn in %s could not be recorded; recovering in %.0f s", self.key, RECOVER_FIRST_S)
+                self._recover_in = RECOVER_FIRST_S
             finally:
                 self.busy = False
         if isinstance(outcome, Suspended):
             self._suspended = outcome
         elif isinstance(outcome, Finished):
             self._progress.turns_finished += 1
-            await self._progress.notify()
+        await self._progress.notify()
 
-    async def _reload(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.conversation.reload()
+    async def _recover(self) -> None:
+        """Read the conversation back from the store and resume its half-recorded turn."""
+        delay = self._recover_in or RECOVER_FIRST_S
+        self._recover_in = None
+        try:
+            running = await self.conversation.reload()
+        except Exception:
+            self._recover_in = min(RECOVER_MAX_S, delay * 2)
+            log.exception("%s: the store is still failing; next try in %.0f s", self.key, self._recover_in)
+            return
+        if running is not None:
+            self._resume.insert(0, running)

@@ -131,7 +131,7 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
     if not settings.db_path.exists():
         print(f"bumblebot: no database at {settings.db_path} yet (nothing has run here)", file=sys.stderr)
         return 1
-    async with Store(settings.db_path) as store:
+    async with Store(settings.db_path, readonly=True) as store:
         conversation_id = None
         if chat:
             rows = await store._all(

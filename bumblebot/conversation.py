@@ -20,6 +20,7 @@ conversation a new session at once while the running turn finishes in the old on
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -29,6 +30,9 @@ from bumblebot.messages import Message
 from bumblebot.store import CompactionState, ConversationRecord, JournalEntry, OutboxEntry, RunningTurn, Store
 
 log = logging.getLogger(__name__)
+
+#: The result given to a ``say`` that a legacy turn (no checkpoints) had delivered.
+LEGACY_SAID = '{"delivered": true, "queued": false}'
 
 
 def merge_text(entries: list[JournalEntry]) -> str:
@@ -64,9 +68,9 @@ class Session:
         self._replace(history, compaction)
 
     @classmethod
-    async def load(cls, store: Store, conversation_id: int, number: int, *, exclude_turn: int | None = None) -> Session:
-        """Read a session from the store (without the messages of ``exclude_turn``)."""
-        history = await store.history(conversation_id, number, exclude_turn=exclude_turn)
+    async def load(cls, store: Store, conversation_id: int, number: int) -> Session:
+        """Read a session from the store (a running turn's messages are its own, not history)."""
+        history = await store.history(conversation_id, number)
         return cls(store, conversation_id, number, history, await store.compaction_state(conversation_id, number))
 
     @property
@@ -189,7 +193,7 @@ class Turn:
         """
         entry = await self._store.speak(
             self.conversation.id, self.session.number, self.id, self.chat, text,
-            tool_call_id=tool_call_id, message=shown,
+            tool_call_id=tool_call_id, message=shown, state=self.state,
         )
         if shown is not None:
             self.transcript.append(shown)
@@ -227,13 +231,10 @@ class Conversation:
         self.inbox: list[JournalEntry] = []
 
     @classmethod
-    async def load(cls, store: Store, chat: ChatRef, *, resuming: RunningTurn | None = None) -> Conversation:
-        """The conversation of ``chat`` with its current session loaded. When ``resuming`` is
-        a turn of it, that turn's own messages stay out of the history (they are its transcript)."""
+    async def load(cls, store: Store, chat: ChatRef) -> Conversation:
+        """The conversation of ``chat`` with its current session loaded."""
         record = await store.conversation(chat)
-        exclude = resuming.id if resuming is not None else None
-        session = await Session.load(store, record.id, record.session, exclude_turn=exclude)
-        return cls(store, record, session)
+        return cls(store, record, await Session.load(store, record.id, record.session))
 
     @property
     def id(self) -> int:
@@ -264,23 +265,45 @@ class Conversation:
         self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)
         return self.turn
 
-    async def resume_turn(self, running: RunningTurn) -> Turn:
-        """The turn ``running`` as it was recorded when the last process stopped."""
+    async def resume_turn(self, running: RunningTurn, state: dict[str, Any]) -> Turn:
+        """The turn ``running`` as it was recorded when the last process stopped.
+
+        A legacy turn (no checkpoints yet) is rebuilt first: its user message from its journal
+        entries, then one step of ``say`` calls, delivered, for the messages it had delivered
+        (that is how it spoke), so what the user saw is what the resumed turn knows and it goes
+        on from there. ``state`` is the state it starts with then.
+        """
         if running.session == self.session.number:
             session = self.session
         else:  # /reset came after the turn began: it finishes in its own session
-            session = await Session.load(self._store, self.id, running.session, exclude_turn=running.id)
-        transcript = await self._store.turn_messages(running.id)
-        self.turn = Turn(self._store, self.record, session, running.id, list(running.entries), transcript, running.state)
+            session = await Session.load(self._store, self.id, running.session)
+        if running.legacy:
+            said = [e.text for e in await self._store.outbox_for_turn(running.id) if e.status == "sent"]
+            transcript = [Message(role="user", content=merge_text(running.entries))]
+            if said:
+                calls = [
+                    {"id": f"legacy_{running.id}_{i}", "type": "function",
+                     "function": {"name": "say", "arguments": json.dumps({"text": text}, ensure_ascii=False)}}
+                    for i, text in enumerate(said)
+                ]
+                transcript.append(Message(role="assistant", tool_calls=calls))
+                transcript += [
+                    Message(role="tool", content=LEGACY_SAID, tool_call_id=c["id"], name="say", ok=True) for c in calls
+                ]
+            await self._store.upgrade_turn(self.id, session.number, running.id, transcript, state)
+        else:
+            transcript = await self._store.turn_messages(running.id)
+            state = running.state
+        self.turn = Turn(self._store, self.record, session, running.id, list(running.entries), transcript, state)
         return self.turn
 
-    async def reload(self) -> None:
-        """Read the conversation again from the store (after a failed write); a half-recorded
-        turn stays out of the history and is resumed at the next start."""
-        exclude = self.turn.id if self.turn is not None else None
+    async def reload(self) -> RunningTurn | None:
+        """Read the conversation again from the store (after a failed write). Returns the
+        half-recorded turn, if one is left running, so that it can be resumed."""
         self.record = await self._store.conversation(self.chat)
-        self.session = await Session.load(self._store, self.id, self.record.session, exclude_turn=exclude)
+        self.session = await Session.load(self._store, self.id, self.record.session)
         self.turn = None
+        return next((t for t in await self._store.running_turns() if t.conversation.id == self.id), None)
 
     def take_inbox(self) -> list[JournalEntry]:
         """Everything waiting, in arrival order (for the next turn, or the running one)."""

@@ -112,11 +112,14 @@ class Delivery:
         await self.store.outbox_progress(entry.id, status="pending", message_ids=sent, error=error)
         return DeliveryReport(delivered=False, queued=True, error=error)
 
-    async def retry_pending(self) -> int:
-        """One attempt at every pending outbox message. Returns how many were delivered."""
+    async def retry_pending(self, only: set[int] | None = None) -> int:
+        """One attempt at every pending outbox message (or those of ``only``, row ids), never
+        at one being sent meanwhile. Returns how many were delivered."""
         delivered = 0
         async with self._lock:
             for listed in await self.store.outbox_pending():
+                if only is not None and listed.id not in only:
+                    continue
                 if listed.chat.platform not in self._adapters or listed.id in self._in_flight:
                     continue
                 entry = await self.store.outbox_entry(listed.id)  # the list may be stale by now

@@ -29,7 +29,7 @@ from bumblebot.conversation import Conversation
 from bumblebot.delivery import Delivery
 from bumblebot.events import ChatRef, Inbound, Platform
 from bumblebot.prompt import PromptBuilder
-from bumblebot.store import JournalEntry, RunningTurn, Store
+from bumblebot.store import JournalEntry, Store
 from bumblebot.turn import TurnRunner
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class Engine:
         if running:
             log.warning("%d turn(s) were cut off by the last shutdown; resuming them", len(running))
         for turn in running:
-            (await self._actor(turn.conversation.chat, resuming=turn)).resume(turn)
+            (await self._actor(turn.conversation.chat)).resume(turn)
         resumed = {t.id for t in running}
         self._accepting = True
         for entry in await self._store.pending_inbound():
@@ -156,6 +156,11 @@ class Engine:
     @property
     def loaded_conversations(self) -> int:
         return len(self._actors)
+
+    @property
+    def waiting(self) -> int:
+        """Conversations whose turn waits out a model outage."""
+        return sum(a.waiting for a in self._actors.values())
 
     @property
     def idle(self) -> bool:
@@ -229,12 +234,12 @@ class Engine:
     async def _dispatch(self, entry: JournalEntry) -> None:
         (await self._actor(entry.inbound.chat)).enqueue(entry)
 
-    async def _actor(self, chat: ChatRef, *, resuming: RunningTurn | None = None) -> ConversationActor:
+    async def _actor(self, chat: ChatRef) -> ConversationActor:
         """The live actor of ``chat`` (loaded on demand)."""
         async with self._actor_lock:
             actor = self._actors.get(chat.key)
             if actor is None or actor.closed:
-                conversation = await Conversation.load(self._store, chat, resuming=resuming)
+                conversation = await Conversation.load(self._store, chat)
                 actor = ConversationActor(
                     conversation,
                     self._runner,

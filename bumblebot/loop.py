@@ -63,6 +63,8 @@ UNGUARDED = frozenset({"end_turn"})
 UNTIMED = frozenset({"say"})
 #: Side-effect free agency tools: a call cut off by a crash is simply completed on resume.
 _COMPLETED_ON_RESUME = {"end_turn": "ending turn", "think": "noted", "wait": "waited 0 s (interrupted)"}
+#: Messages that arrive mid-turn are taken only while this many steps are left to answer them.
+STEER_MIN_STEPS_LEFT = 2
 #: Minimum characters each result of a step keeps when the step's results share one budget.
 MIN_RESULT_SHARE = 500
 
@@ -185,12 +187,16 @@ class TurnPort(Protocol):
     async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
         """Deliver the text of a ``say`` call (the call itself is already recorded)."""
 
-    async def reply(self, message: Message) -> DeliveryReport:
+    async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:
         """Deliver an assistant message of its own (a plain-text reply, a daemon note),
-        recorded together with its outbox row."""
+        recorded together with its outbox row. ``closing`` is the stop reason when this note
+        ends the turn: a resumed turn then finishes instead of going on."""
 
     async def outbox(self) -> list[OutboxEntry]:
         """The messages this turn queued so far (to resume it)."""
+
+    async def answered(self) -> None:
+        """The model answered a completion (an outage, if there was one, is over)."""
 
 
 class LoopState:
@@ -312,10 +318,10 @@ class TurnState:
         self._note_unreachable(report)
         return report
 
-    async def reply(self, text: str, *, note: bool = False) -> DeliveryReport:
+    async def reply(self, text: str, *, note: bool = False, closing: str | None = None) -> DeliveryReport:
         """A message of its own: a plain-text reply (counts as said) or a daemon note."""
         message = Message(role="assistant", content=text, note=note)
-        report = await self._port.reply(message)
+        report = await self._port.reply(message, closing=closing)
         self._state.on_assistant(message)
         self._note_unreachable(report)
         return report
@@ -423,9 +429,11 @@ class AgentLoop:
             if turn.undeliverable:
                 stop_reason = "undeliverable"  # e.g. the user blocked the bot: stop spending tokens
                 break
-            for steer in await port.take_steering():
-                state.on_user(steer)
-                nudge = None
+            if limits.max_steps - state.steps >= STEER_MIN_STEPS_LEFT:
+                # later messages wait for the next turn: this one must keep steps to answer them
+                for steer in await port.take_steering():
+                    state.on_user(steer)
+                    nudge = None
             request, estimate = await requests.build(nudge)
             try:
                 completion: Completion = await self._complete(request, schemas, limits)
@@ -443,6 +451,7 @@ class AgentLoop:
                 tool_choice=completion.tool_choice,
             )
             trace.steps.append(_fields(step))
+            await port.answered()
             await requests.observe_usage(completion.prompt_tokens, estimate)
             hit_length = completion.hit_length
             length_stalls = length_stalls + 1 if hit_length else 0
@@ -483,7 +492,9 @@ class AgentLoop:
             stop_reason += "+fallback"
             note = NO_REPLY_MESSAGE
         if note is not None:
-            await turn.reply(note, note=True)  # recorded: the next turn knows what the user saw
+            # recorded, and marked as the end: the next turn knows what the user saw, and a
+            # crash from here on finishes the turn instead of sending the note again
+            await turn.reply(note, note=True, closing=stop_reason)
         return LoopResult(messages=port.transcript, stop_reason=stop_reason, delivered=list(state.delivered))
 
     async def _run_calls(

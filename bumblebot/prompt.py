@@ -10,6 +10,7 @@ block prefixed to the user message of the request (history stores what the user 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +20,8 @@ from typing import Any
 from bumblebot.entity import Entity, load_entity
 from bumblebot.events import ChatKind, Inbound
 from bumblebot.knowledge import KnowledgeFile, parse_sections
+
+log = logging.getLogger(__name__)
 
 #: knowledge.md up to this size goes whole into the system prompt; beyond it, only locked
 #: sections and the list of titles do, and relevant sections go into the turn context.
@@ -68,6 +71,7 @@ class PromptBuilder:
         self._knowledge_stamp: tuple[int, int] | None = None
         self._knowledge_text = ""
         self._sections: list[Any] = []
+        self._unreadable: tuple[int, int] | None = None
         self.builds = 0
 
     @staticmethod
@@ -90,10 +94,22 @@ class PromptBuilder:
                 pass
 
     def _knowledge(self) -> tuple[str, list[Any]]:
-        """knowledge.md's text and sections, re-read only when the file's stat changes."""
+        """knowledge.md's text and sections, re-read only when the file's stat changes.
+
+        A file that cannot be read (permissions, a directory in its place) is logged once and
+        counts as empty: the entity goes on talking without its notes rather than failing
+        every turn.
+        """
         stamp = self._stamp(self.knowledge.path)
         if stamp is None or stamp != self._knowledge_stamp:
-            self._knowledge_text = self.knowledge.read()  # creates the file if missing
+            try:
+                self._knowledge_text = self.knowledge.read()  # creates the file if missing
+            except OSError as exc:
+                if self._unreadable != stamp:  # once per state of the file
+                    self._unreadable = stamp
+                    log.error("cannot read %s (%s); going on without it", self.knowledge.path, exc)
+                self._knowledge_text, self._sections, self._knowledge_stamp = "", [], None
+                return "", []
             self._sections = parse_sections(self._knowledge_text)
             self._knowledge_stamp = self._stamp(self.knowledge.path)
         return self._knowledge_text, self._sections

@@ -220,6 +220,8 @@ class RunningTurn:
         state: the turn's resumable state (JSON object written by the engine).
         trace: the trace saved with its last checkpoint.
         entries: the journal entries it answers, oldest first (steered ones included).
+        legacy: written by a version without step checkpoints (schema 1): it has no messages
+            and no state yet.
     """
 
     id: int
@@ -228,17 +230,24 @@ class RunningTurn:
     state: dict[str, Any]
     trace: dict[str, Any]
     entries: list[JournalEntry]
+    legacy: bool = False
 
 
 class Store:
     """The daemon's database. Use ``async with Store(path) as store``.
 
+    Args:
+        path: the SQLite file (created with its directory when missing, unless ``readonly``).
+        readonly: open for reading only (``bumblebot trace``): no migration, no write, so it
+            is safe next to a running daemon of any version this code can read.
+
     Raises:
         StoreError: the file cannot be opened or its schema is newer than this code.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
+        self.readonly = readonly
         self._db: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
 
@@ -253,13 +262,17 @@ class Store:
         if self._db is not None:
             raise RuntimeError("store is already open")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = await aiosqlite.connect(self.path, isolation_level=None)
+            if self.readonly:
+                self._db = await aiosqlite.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = await aiosqlite.connect(self.path, isolation_level=None)
             self._db.row_factory = aiosqlite.Row
-            await self._db.execute("PRAGMA journal_mode=WAL")
             await self._db.execute("PRAGMA busy_timeout=10000")
-            await self._db.execute("PRAGMA foreign_keys=ON")
-            await self._db.execute("PRAGMA synchronous=NORMAL")
+            if not self.readonly:
+                await self._db.execute("PRAGMA journal_mode=WAL")
+                await self._db.execute("PRAGMA foreign_keys=ON")
+                await self._db.execute("PRAGMA synchronous=NORMAL")
             await self._migrate()
         except (OSError, aiosqlite.Error) as exc:
             await self.close()
@@ -285,6 +298,8 @@ class Store:
                 f"database schema version {version} is newer than this Bumblebot "
                 f"(knows {len(MIGRATIONS)}); upgrade Bumblebot"
             )
+        if self.readonly:
+            return
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             await self.db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version={number};\nCOMMIT;")
 
@@ -360,14 +375,15 @@ class Store:
 
     # -- history ------------------------------------------------------------------------------
 
-    async def history(self, conversation_id: int, session: int, *, exclude_turn: int | None = None) -> list[Message]:
+    async def history(self, conversation_id: int, session: int) -> list[Message]:
         """The active history of a session: messages not covered by a summary (pruned tool
-        results as the placeholder), oldest first, without the messages of ``exclude_turn``
-        (a turn being resumed, whose messages are its transcript)."""
+        results as the placeholder), oldest first. Messages of a turn still ``running`` are
+        left out: they are that turn's transcript until it finishes."""
         rows = await self._all(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id=? AND session=?"
-            " AND covered_by IS NULL AND (turn_id IS NULL OR turn_id != ?) ORDER BY id",
-            (conversation_id, session, -1 if exclude_turn is None else exclude_turn),
+            " AND covered_by IS NULL AND (turn_id IS NULL OR turn_id NOT IN"
+            " (SELECT id FROM turns WHERE conversation_id=? AND status='running')) ORDER BY id",
+            (conversation_id, session, conversation_id),
         )
         return _in_call_order([_message(r) for r in rows])
 
@@ -509,15 +525,25 @@ class Store:
         *,
         tool_call_id: str | None = None,
         message: Message | None = None,
+        state: dict[str, Any] | None = None,
     ) -> OutboxEntry:
         """Queue ``text`` for delivery in the outbox and, when it shows as an assistant message
         of its own (a plain-text reply, a daemon note), record ``message`` in the same
-        transaction: what the user will see and what the entity remembers are one fact."""
+        transaction: what the user will see and what the entity remembers are one fact. The
+        turn's ``state`` is saved with it (a note that ends the turn says so there)."""
         async with self.transaction() as db:
             outbox_id = await _insert_outbox(db, conversation_id, turn_id, chat, text, tool_call_id)
             if message is not None:
                 await _insert_messages(db, conversation_id, session, turn_id, [message])
+            if state is not None:
+                await db.execute("UPDATE turns SET state=? WHERE id=?", (_json(state), turn_id))
         return OutboxEntry(outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id)
+
+    async def upgrade_turn(self, conversation_id: int, session: int, turn_id: int, messages: list[Message], state: dict[str, Any]) -> None:
+        """Give a legacy turn (see :meth:`running_turns`) its session, state and first messages."""
+        async with self.transaction() as db:
+            await db.execute("UPDATE turns SET session=?, state=? WHERE id=?", (session, _json(state), turn_id))
+            await _insert_messages(db, conversation_id, session, turn_id, messages)
 
     async def finish_turn(
         self,
@@ -545,9 +571,9 @@ class Store:
     async def running_turns(self, platforms: set[str] | None = None) -> list[RunningTurn]:
         """Turns left ``running`` (a crash, or a stop past the grace period), oldest first.
 
-        Turns that cannot be resumed (written by a version without step checkpoints: no state
-        or no user message) are marked ``interrupted`` here, and their journal entries count
-        as fresh.
+        A turn written by a version without step checkpoints (no state, no messages) comes back
+        with ``legacy`` set, so it can be rebuilt from its journal entries and the messages it
+        had delivered; one that no longer answers any pending entry is marked ``interrupted``.
 
         Args:
             platforms: only conversations on these platforms (``None``: all), so that
@@ -564,24 +590,26 @@ class Store:
         for r in rows:
             if platforms is not None and r["platform"] not in platforms:
                 continue
-            if not r["state"] or not r["n"] or r["session"] is None:
-                stale.append(int(r["id"]))
-                continue
-            chat = ChatRef(Platform(r["platform"]), r["chat_id"], r["thread_id"])
             entries = [
                 self._journal_entry(j)
                 for j in await self._all(
                     "SELECT * FROM journal WHERE turn_id=? AND status='pending' ORDER BY id", (r["id"],)
                 )
             ]
+            legacy = not r["state"] or not r["n"] or r["session"] is None
+            if legacy and not entries:
+                stale.append(int(r["id"]))
+                continue
+            chat = ChatRef(Platform(r["platform"]), r["chat_id"], r["thread_id"])
             out.append(
                 RunningTurn(
                     id=int(r["id"]),
                     conversation=ConversationRecord(int(r["cid"]), chat, int(r["current"])),
-                    session=int(r["session"]),
-                    state=json.loads(r["state"]),
+                    session=int(r["current"] if r["session"] is None else r["session"]),
+                    state={} if legacy else json.loads(r["state"]),
                     trace=json.loads(r["trace"]) if r["trace"] else {},
                     entries=entries,
+                    legacy=legacy,
                 )
             )
         if stale:

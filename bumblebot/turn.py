@@ -19,6 +19,7 @@ Outcomes (what the actor does next):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -57,7 +58,7 @@ OUTAGE_NOTICE = (
     "no need to send your message again."
 )
 OUTAGE_GAVE_UP = (
-    "I couldn't reach my language model for {minutes} minutes, so I couldn't answer your message. "
+    "I couldn't reach my language model for {waited}, so I couldn't answer your message. "
     "Please send it again later."
 )
 RESUME_GAVE_UP = (
@@ -98,6 +99,38 @@ def outage_delay_s(attempt: int) -> float:
     return base * random.uniform(0.8, 1.0)
 
 
+def duration(seconds: float) -> str:
+    """``seconds`` in words for a user: "40 seconds", "12 minutes", "2 hours"."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} seconds"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} minutes"
+    return f"{round(seconds / 3600)} hours"
+
+
+class OutageWatch:
+    """What this process saw of the endpoint being down, across conversations (in memory).
+
+    A turn that fails while an outage is already going on counts its wait from the start of
+    that outage, and a conversation told once during an outage is not told again by a later
+    turn (messages queued behind a suspended turn, ``mid_turn_messages: queue``).
+    """
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+        self.told: set[str] = set()
+
+    def failed(self, now: float) -> float:
+        """The endpoint failed at ``now``; returns when the outage began."""
+        if self.down_since is None:
+            self.down_since = now
+        return self.down_since
+
+    def back(self) -> None:
+        self.down_since = None
+        self.told.clear()
+
+
 class TurnIO(TurnPort):
     """The loop's view of one turn: it records through the :class:`Turn`, delivers through
     :class:`Delivery`, and takes messages that arrive mid-turn from the conversation's inbox."""
@@ -107,6 +140,7 @@ class TurnIO(TurnPort):
         conversation: Conversation,
         turn: Turn,
         delivery: Delivery,
+        outages: OutageWatch,
         *,
         steer: bool,
         trace: Callable[[], dict[str, Any]],
@@ -114,6 +148,7 @@ class TurnIO(TurnPort):
         self._conversation = conversation
         self._turn = turn
         self._delivery = delivery
+        self._outages = outages
         self._steer = steer
         self._trace = trace
         self.transcript = turn.transcript
@@ -130,11 +165,21 @@ class TurnIO(TurnPort):
     async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
         return await self._delivery.deliver(await self._turn.speak(text, tool_call_id=tool_call_id))
 
-    async def reply(self, message: Message) -> DeliveryReport:
+    async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:
+        if closing is not None:
+            self._turn.state["closing"] = {"status": "done", "stop_reason": closing}
         return await self._delivery.deliver(await self._turn.speak(message.content, shown=message))
 
     async def outbox(self) -> list[OutboxEntry]:
         return await self._turn.outbox()
+
+    async def answered(self) -> None:
+        self._outages.back()
+        state = self._turn.state
+        if "outage_since" in state:  # the wait is over: the next outage starts a new clock
+            state["outage_s"] = round(state.get("outage_s", 0) + time.time() - state.pop("outage_since"), 1)
+            state.pop("outage_attempts", None)
+            await self._turn.save_state()
 
 
 class TurnRunner:
@@ -177,6 +222,7 @@ class TurnRunner:
         self.budget = budget
         self.toolbox = toolbox
         self.redact = redact
+        self.outages = OutageWatch()
 
     @property
     def tool_tokens(self) -> int:
@@ -188,37 +234,57 @@ class TurnRunner:
 
     async def run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
         """A new turn answering ``entries``: route it, record its start, run it."""
+        turn = await conversation.begin_turn(entries, await self._start_state(entries))
+        return await self._drive(conversation, turn, {})
+
+    async def _start_state(self, entries: list[JournalEntry]) -> dict[str, Any]:
+        """A turn's first state: its route (spec, "Routing"), kept for every later resume."""
         decision = await route(
             merge_text(entries),
             classify=self._classify if self.cfg.classifier else None,
             source=entries[-1].inbound.source,
             always_deliberate=self.prompts.entity.always_deliberate,
         )
-        state = {
+        # a classifier error can echo the key back ("Incorrect API key provided: sk-…")
+        return self.redact({
             "route": decision.route.value,
             "route_reason": decision.reason,
             "classifier_label": decision.label,
             "classifier_error": decision.classifier_error,
             "resumes": 0,
+            "active": True,
             "started": time.time(),
-        }
-        turn = await conversation.begin_turn(entries, state)
-        return await self._drive(conversation, turn, {})
+        })
 
     async def resume(self, conversation: Conversation, running: RunningTurn) -> Outcome:
-        """Continue a turn the last process left running, from its last checkpoint."""
-        turn = await conversation.resume_turn(running)
+        """Continue a turn the last process left running, from its last checkpoint.
+
+        A turn that had already queued the note that ends it is only finished. A turn that was
+        cut off while it was working counts one resume (a turn that was waiting out an outage,
+        or that a stop cut off cleanly, does not); after :data:`MAX_RESUMES` it is given up.
+        """
+        state = await self._start_state(running.entries) if running.legacy and running.entries else {}
+        turn = await conversation.resume_turn(running, state)
         if not turn.entries:  # nothing left to answer (settled meanwhile)
-            return await self._close(conversation, turn, running.trace, "failed", "nothing_to_resume", None)
-        turn.state["resumes"] = int(turn.state.get("resumes", 0)) + 1
+            return await self._finish(conversation, turn, dict(running.trace), "failed", "nothing_to_resume", time.monotonic())
+        closing = turn.state.get("closing")
+        if closing:  # its last note is queued: send it if the crash kept it from going out
+            await self.delivery.retry_pending({e.id for e in await turn.outbox() if e.status == "pending"})
+            return await self._finish(
+                conversation, turn, dict(running.trace), closing["status"], closing["stop_reason"], time.monotonic()
+            )
+        if turn.state.get("active", True):
+            turn.state["resumes"] = int(turn.state.get("resumes", 0)) + 1
+        turn.state["active"] = True
         await turn.save_state()  # counted before anything can crash again (a poison turn ends)
         log.warning("resuming turn %s in %s (resume %d)", turn.id, conversation.key, turn.state["resumes"])
         if turn.state["resumes"] > MAX_RESUMES:
-            return await self._close(conversation, turn, running.trace, "failed", "resume_cap", RESUME_GAVE_UP)
+            return await self._end(conversation, turn, running.trace, "failed", "resume_cap", RESUME_GAVE_UP)
         return await self._drive(conversation, turn, running.trace)
 
     async def retry(self, conversation: Conversation, suspended: Suspended) -> Outcome:
         """Try a suspended turn again (the endpoint may be back)."""
+        suspended.turn.state["active"] = True
         return await self._drive(conversation, suspended.turn, suspended.trace)
 
     def _requests(
@@ -273,12 +339,10 @@ class TurnRunner:
         """Run the loop on ``turn`` until it finishes or the endpoint fails."""
         started = time.monotonic()
         state = turn.state
-        reflex = state.get("route") == Route.REFLEX.value
-        limits = self._limits(reflex)
-        info = TurnInfo(inbound=turn.entries[-1].inbound, route=state.get("route", ""), now=datetime.now(UTC))
-        requests = self._requests(turn.session, turn.transcript, self.prompts.preamble(info), self.compactor)
+        limits = self._limits(state.get("route") == Route.REFLEX.value)
         trace = LoopTrace(steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])))
         compactions = list(earlier.get("compactions", []))
+        requests: Requests | None = None
 
         def snapshot(**extra: Any) -> dict[str, Any]:
             out = {
@@ -289,10 +353,11 @@ class TurnRunner:
                 max_tokens=limits.max_tokens,
                 journal_ids=turn.journal_ids,
                 resumes=state.get("resumes", 0),
+                outage_s=state.get("outage_s"),
                 steps=trace.steps,
                 gate=trace.gate,
                 thoughts=trace.thoughts,
-                compactions=compactions + requests.compactions,
+                compactions=compactions + (requests.compactions if requests else []),
                 prompt_tokens=[s["prompt_tokens"] for s in trace.steps],
                 estimates=[s["estimate"] for s in trace.steps],
                 **extra,
@@ -300,74 +365,81 @@ class TurnRunner:
             # endpoint errors can echo a key back ("Incorrect API key provided: sk-…")
             return self.redact(json.loads(json.dumps(out, default=str)))
 
-        io = TurnIO(conversation, turn, self.delivery, steer=self.cfg.mid_turn_messages == "steer", trace=snapshot)
+        io = TurnIO(
+            conversation, turn, self.delivery, self.outages,
+            steer=self.cfg.mid_turn_messages == "steer", trace=snapshot,
+        )
         try:
+            info = TurnInfo(inbound=turn.entries[-1].inbound, route=state.get("route", ""), now=datetime.now(UTC))
+            requests = self._requests(turn.session, turn.transcript, self.prompts.preamble(info), self.compactor)
             async with self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s):
                 result = await self.loop.run(io, requests, limits, trace, conversation=conversation.key)
         except asyncio.CancelledError:
-            raise  # a stop past the grace period: the turn stays running and is resumed at start
+            # a stop past the grace period: the turn stays running and is resumed at start,
+            # without counting as a crash
+            state["active"] = False
+            with contextlib.suppress(Exception):
+                await turn.save_state()
+            raise
         except ModelUnavailable as exc:
-            return await self._outage(conversation, turn, io, exc, snapshot(error=str(exc)))
+            return await self._outage(conversation, turn, exc, snapshot(error=str(exc)))
         except ModelError as exc:
             log.warning("turn %s in %s failed: %s", turn.id, conversation.key, exc)
             note = TOO_LONG if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
-            await io.reply(Message(role="assistant", content=note, note=True))
-            return await self._finish(conversation, turn, snapshot(error=str(exc)), "failed", "model_error", started)
+            return await self._end(conversation, turn, snapshot(error=str(exc)), "failed", "model_error", note, started)
         except Exception:
             error_id = uuid.uuid4().hex[:8]
             log.exception("turn %s in %s crashed (error id %s)", turn.id, conversation.key, error_id)
             await self.loop.abandon(io, f"internal error (id {error_id})")
-            await io.reply(Message(role="assistant", content=CRASHED.format(error_id=error_id), note=True))
-            return await self._finish(conversation, turn, snapshot(error_id=error_id), "failed", "crash", started)
-        if "outage_since" in state:
-            state["outage_s"] = round(time.time() - state.pop("outage_since"), 1)
-            state.pop("outage_attempts", None)
+            note = CRASHED.format(error_id=error_id)
+            return await self._end(conversation, turn, snapshot(error_id=error_id), "failed", "crash", note, started)
         return await self._finish(
-            conversation, turn, snapshot(delivered=len(result.delivered), outage_s=state.get("outage_s")),
-            "done", result.stop_reason, started,
+            conversation, turn, snapshot(delivered=len(result.delivered)), "done", result.stop_reason, started
         )
 
-    async def _outage(
-        self,
-        conversation: Conversation,
-        turn: Turn,
-        io: TurnIO,
-        exc: ModelUnavailable,
-        trace: dict[str, Any],
-    ) -> Outcome:
+    async def _outage(self, conversation: Conversation, turn: Turn, exc: ModelUnavailable, trace: dict[str, Any]) -> Outcome:
         """The endpoint is down: tell the user once, keep the turn, retry later or give up."""
         state = turn.state
         now = time.time()
-        since = state.setdefault("outage_since", now)
+        since = min(state.get("outage_since", now), self.outages.failed(now))
+        state["outage_since"] = since
         attempt = state["outage_attempts"] = int(state.get("outage_attempts", 0)) + 1
         if now - since >= self.engine_cfg.outage_limit_s:
             log.error("turn %s in %s: model unreachable for %.0f s; giving up", turn.id, conversation.key, now - since)
-            note = OUTAGE_GAVE_UP.format(minutes=max(1, round((now - since) / 60)))
-            await io.reply(Message(role="assistant", content=note, note=True))
-            return await self._close(conversation, turn, trace, "failed", "model_unreachable", note=None)
-        if not state.get("outage_notice"):
+            note = OUTAGE_GAVE_UP.format(waited=duration(now - since))
+            return await self._end(conversation, turn, trace, "failed", "model_unreachable", note)
+        state["active"] = False  # waiting is not working: a restart meanwhile is not a crash
+        if state.get("outage_notice") or conversation.key in self.outages.told:
             state["outage_notice"] = True
-            await io.reply(Message(role="assistant", content=OUTAGE_NOTICE, note=True))
-        await turn.save_state()
+            await turn.save_state()
+        else:  # the flag is saved with the notice's outbox row: a crash never sends it twice
+            state["outage_notice"] = True
+            self.outages.told.add(conversation.key)
+            await self._note(turn, OUTAGE_NOTICE)
         delay = outage_delay_s(attempt)
-        log.warning(
-            "turn %s in %s: %s; retry %d in %.1f s", turn.id, conversation.key, exc, attempt, delay,
-        )
+        log.warning("turn %s in %s: %s; retry %d in %.1f s", turn.id, conversation.key, exc, attempt, delay)
         return Suspended(turn, delay, trace)
 
-    async def _close(
+    async def _note(self, turn: Turn, text: str) -> None:
+        """A message from the daemon itself: recorded (with the turn's state) and delivered."""
+        shown = Message(role="assistant", content=text, note=True)
+        await self.delivery.deliver(await turn.speak(text, shown=shown))
+
+    async def _end(
         self,
         conversation: Conversation,
         turn: Turn,
         trace: dict[str, Any],
         status: str,
         stop_reason: str,
-        note: str | None,
+        note: str,
+        started: float | None = None,
     ) -> Outcome:
-        """End a turn without running the loop (given up), after one honest note."""
-        if note is not None:
-            await self.delivery.deliver(await turn.speak(note, shown=Message(role="assistant", content=note, note=True)))
-        return await self._finish(conversation, turn, dict(trace), status, stop_reason, time.monotonic())
+        """End a turn with one honest note. The note and the fact that it ends the turn are
+        recorded together, so a crash before the finish finishes it, never says it twice."""
+        turn.state["closing"] = {"status": status, "stop_reason": stop_reason}
+        await self._note(turn, note)
+        return await self._finish(conversation, turn, dict(trace), status, stop_reason, started or time.monotonic())
 
     async def _finish(
         self,

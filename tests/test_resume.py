@@ -350,3 +350,221 @@ async def test_the_budget_persists_its_scale_only_when_it_moves(tmp_path):
         await again.load()
         assert again.scale == pytest.approx(budget.scale, abs=0.05)
         assert again.threshold() == int(again.window() * 0.75) < 6000
+
+
+# -- review findings (regressions) ----------------------------------------------------------------
+
+
+async def test_restarts_while_waiting_out_an_outage_do_not_use_up_the_resumes(tmp_path, llm, tg):
+    """Regression: every clean restart counted as a crash; the 4th gave the message up."""
+    llm.default = lambda request: error(503, "down")
+    config = write_config(tmp_path, llm, tg)
+    for restart in range(5):
+        async with running(config) as d:
+            if restart == 0:
+                tg.push_text("still there?", chat_id=80)
+                await tg.wait_for("sendMessage", timeout=10)  # the one notice
+            await d.engine.wait_until(lambda: d.engine.waiting == 1, timeout=10)
+    judges_say_done(llm)
+    llm.push(say("yes, back now"), when=is_loop)
+    async with running(config) as d:
+        await tg.wait_for("sendMessage", n=2, timeout=10)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(80)[1:] == ["yes, back now"] and "reachable" in tg.sent(80)[0]
+    assert db(tmp_path).execute("SELECT status FROM journal").fetchall() == [("done",)]
+    [(resumes,)] = db(tmp_path).execute("SELECT json_extract(state, '$.resumes') FROM turns").fetchall()
+    assert resumes == 0
+
+
+async def test_a_key_the_endpoint_echoes_never_reaches_the_database(tmp_path, llm, tg):
+    """Regression: a classifier error quoting the API key was stored in turns.state."""
+    from support import is_classifier
+
+    key = "sk-test-key-not-real-000000"
+    llm.push(error(401, f"Incorrect API key provided: {key}."), when=is_classifier)
+    judges_say_done(llm)
+    llm.push(say("answered anyway"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": True})
+    async with running(config) as d:
+        tg.push_text("is this a question", chat_id=81)
+        await d.engine.wait_for_turns(1)
+    dump = "\n".join(db(tmp_path).iterdump())
+    assert "Incorrect API key" in dump and key not in dump
+
+
+async def test_an_unreadable_knowledge_file_does_not_stop_the_entity(tmp_path, llm, tg):
+    """Regression: knowledge.md that could not be read left every turn running, unanswered."""
+    judges_say_done(llm)
+    llm.push(say("still talking"), when=is_loop)
+    (tmp_path / "data" / "knowledge.md").mkdir(parents=True)  # a directory where the file goes
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello", chat_id=82)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(82) == ["still talking"]
+    assert db(tmp_path).execute("SELECT status FROM turns").fetchall() == [("done",)]
+
+
+async def test_a_failed_write_under_a_turn_is_recovered_and_answered_once(tmp_path, llm, tg):
+    """Regression: after a database error the actor ran new turns while the broken one stayed
+    running; at the next start two turns ran in one conversation."""
+    import aiosqlite
+
+    from bumblebot import actor as actor_module
+
+    judges_say_done(llm)
+    llm.push(say("first answer"), when=is_loop)
+    llm.push(say("second answer"), when=is_loop)
+    actor_module.RECOVER_FIRST_S = 0.05
+    config = write_config(tmp_path, llm, tg)
+    async with running(config) as d:
+        original = d.store.finish_turn
+        failures = [aiosqlite.OperationalError("disk I/O error")]
+
+        async def flaky_finish(*args: Any, **kwargs: Any) -> None:
+            if failures:
+                raise failures.pop()
+            await original(*args, **kwargs)
+
+        d.store.finish_turn = flaky_finish  # type: ignore[method-assign]
+        tg.push_text("one", chat_id=83)
+        await tg.wait_for("sendMessage", timeout=10)
+        tg.push_text("two", chat_id=83)
+        await d.engine.wait_for_turns(2, timeout=10)
+    actor_module.RECOVER_FIRST_S = 5.0
+    assert tg.sent(83) == ["first answer", "second answer"]
+    assert db(tmp_path).execute("SELECT status FROM turns ORDER BY id").fetchall() == [("done",), ("done",)]
+    assert db(tmp_path).execute("SELECT status FROM journal").fetchall() == [("done",), ("done",)]
+
+
+async def test_chat_quits_at_once_while_a_turn_waits_out_an_outage(tmp_path, llm):
+    """Regression: /quit hung while the turn in flight was waiting for the endpoint."""
+    llm.default = lambda request: error(503, "down")
+    config = write_config(tmp_path, llm, None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "chat", env=env_for(tmp_path),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"hello\n")
+    await proc.stdin.drain()
+    while b"reachable" not in await asyncio.wait_for(proc.stdout.readline(), 20):
+        pass  # the notice: the turn is waiting now
+    started = time.monotonic()
+    await asyncio.wait_for(proc.communicate(b"/quit\n"), 20)
+    assert proc.returncode == 0 and time.monotonic() - started < 10
+    assert db(tmp_path).execute("SELECT status FROM journal").fetchall() == [("pending",)]  # kept
+
+
+async def test_the_outage_clock_restarts_when_the_endpoint_answered_in_between(tmp_path, llm, tg):
+    """Regression: a 1 s blip late in a turn gave up at once because the clock of an earlier
+    outage in the same turn was still running."""
+    script = iter([
+        error(503, "down"), error(503, "down"),  # retried after ~1 s and ~2 s: under the limit
+        tool_calls(("say", {"text": "part one"})),
+        error(503, "blip", delay=2.5),  # fails after the limit has passed since the first outage
+        say("part two"),
+    ])
+    llm.default = lambda request: next(script) if is_loop(request) else text("DONE: fine")
+    config = write_config(tmp_path, llm, tg, engine={"outage_limit_s": 4.0, "shutdown_grace_s": 5})
+    async with running(config) as d:
+        tg.push_text("two parts please", chat_id=84)
+        await d.engine.wait_for_turns(1, timeout=30)
+    notice, *rest = tg.sent(84)
+    assert "reachable" in notice and rest == ["part one", "part two"]  # one notice, no give-up
+    assert db(tmp_path).execute("SELECT status FROM journal").fetchall() == [("done",)]
+
+
+async def test_queued_messages_share_the_outage_one_notice_and_one_wait(tmp_path, llm, tg):
+    """Regression (queue mode): messages behind a suspended turn started their own clock and
+    sent their own notice, so the user got two of each."""
+    llm.default = lambda request: error(503, "down")
+    config = write_config(
+        tmp_path, llm, tg, cognition={"classifier": False, "mid_turn_messages": "queue"},
+        engine={"outage_limit_s": 2.0, "shutdown_grace_s": 5},
+    )
+    async with running(config) as d:
+        tg.push_text("first", chat_id=85)
+        await tg.wait_for("sendMessage", timeout=10)  # the notice
+        tg.push_text("second", chat_id=85)
+        await d.engine.wait_for_turns(2, timeout=30)
+    sent = tg.sent(85)
+    assert len([t for t in sent if "reachable" in t]) == 1
+    assert len([t for t in sent if "couldn't reach" in t]) == 2  # one honest answer per turn
+    gave_up = [r for r in db(tmp_path).execute("SELECT json_extract(trace, '$.wall_s') FROM turns ORDER BY id")]
+    assert len(gave_up) == 2
+
+
+async def test_a_busy_chat_leaves_the_turn_steps_to_answer_what_it_took(tmp_path, llm, tg):
+    """Regression: messages steered into the last step were marked done without an answer."""
+    judges_say_done(llm)
+    held = [Gate(tool_calls(("think", {"thought": f"step {i}"}))) for i in range(6)]
+    for gate in held:
+        llm.push(gate, when=is_loop)
+    llm.push(say("the late one, answered"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "tool_continuation_rounds": 0})
+    async with running(config) as d:
+        tg.push_text("start", chat_id=86)
+        for i, gate in enumerate(held):
+            await asyncio.wait_for(gate.entered.wait(), 10)
+            if i == 4:  # step 5 of 6 is running: one step would be left after it
+                tg.push_text("late message", chat_id=86)
+                await d.engine.wait_until(lambda: d.engine.progress.accepted == 2)
+            gate.release.set()
+        await d.engine.wait_for_turns(2, timeout=10)
+    first_turn = loop_requests(llm)[:6]
+    assert not any("late message" in contents(r) for r in first_turn)  # not taken into the cap
+    assert "late message" in contents(loop_requests(llm)[6])
+    assert tg.sent(86)[-1] == "the late one, answered"
+    rows = db(tmp_path).execute("SELECT text, turn_id FROM journal ORDER BY id").fetchall()
+    assert rows == [("start", 1), ("late message", 2)]
+
+
+async def test_a_turn_cut_off_before_the_upgrade_resumes_with_what_it_had_said(tmp_path, llm, tg):
+    """Regression: a schema-1 turn (no checkpoints) was re-run from scratch and repeated what
+    it had delivered before the upgrade."""
+    judges_say_done(llm)
+    chat = ChatRef(Platform.TELEGRAM, "87")
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        journal_id = await store.journal(Inbound(chat, "1", "87", "Ann", "tell me two things", ChatKind.PRIVATE))
+        conversation = await store.conversation(chat)
+        async with store.transaction() as conn:  # what version 1 left behind: no state, no messages
+            await conn.execute(
+                "INSERT INTO turns (id, conversation_id, status, started_at) VALUES (7, ?, 'running', 0)",
+                (conversation.id,),
+            )
+            await conn.execute("UPDATE journal SET turn_id=7 WHERE id=?", (journal_id,))
+        entry = await store.outbox_add(conversation.id, 7, chat, "thing one")
+        await store.outbox_progress(entry.id, status="sent", message_ids=["5"])
+
+    def model(request: dict[str, Any]) -> Any:
+        said = contents(request)
+        return say("thing two") if "thing one" in said else say("thing one", end=False)
+
+    llm.push(model, when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await tg.wait_for("sendMessage", timeout=10)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(87) == ["thing two"]
+    resumed = loop_requests(llm)[0]
+    assert tool_result(resumed, "say") == [{"delivered": True, "queued": False}]  # "thing one", said
+    assert [m["role"] for m in resumed["messages"][1:]] == ["user", "assistant", "tool", "user"]
+
+
+async def test_trace_only_reads_an_older_database(tmp_path, llm):
+    """Regression: `bumblebot trace` migrated a schema-1 database under a running daemon."""
+    from bumblebot.store import MIGRATIONS
+
+    data = tmp_path / "data"
+    data.mkdir()
+    conn = sqlite3.connect(data / "bumblebot.db")
+    conn.executescript(f"BEGIN;\n{MIGRATIONS[0]}\nPRAGMA user_version=1;\nCOMMIT;")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    config = write_config(tmp_path, llm, None)
+    result = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "trace",
+        env=env_for(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(result.communicate(), 30)
+    assert result.returncode == 0, err
+    assert sqlite3.connect(data / "bumblebot.db").execute("PRAGMA user_version").fetchone() == (1,)
