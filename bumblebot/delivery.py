@@ -85,7 +85,13 @@ class Delivery:
             return DeliveryReport(delivered=False, queued=True, error="platform not connected")
         if self._prefix is None:
             self._prefix = await self.store.instance_id()
-        chunks = adapter.chunks(entry.text)
+        try:
+            chunks = adapter.chunks(entry.text)
+        except Exception as exc:  # a bug in splitting must not be retried for ever
+            log.exception("cannot split outbox message %s for %s", entry.id, entry.chat.key)
+            error = f"cannot split the message: {type(exc).__name__}"
+            await self.store.outbox_progress(entry.id, status="failed", message_ids=entry.platform_message_ids, error=error)
+            return DeliveryReport(delivered=False, error=error)
         sent = list(entry.platform_message_ids)
         error = ""
         for attempt in range(attempts):

@@ -30,14 +30,43 @@ Judge = Callable[[list[dict[str, Any]]], Awaitable[str]]
 
 MAX_GATE_CONTINUES = 2
 
-_PROGRESS_ONLY = re.compile(
-    r"^\W*((ok(ay)?|sure|alright|got it|on it|one (sec|second|moment)|give me a (sec|second|moment|minute)"
-    r"|hold on|working on (it|that)|let me (check|look|see|do|try|find|get|think|write|search|handle)\b[^.!?\n]*"
-    r"|i('| a)m (on it|working on (it|that)|checking|looking)[^.!?\n]*"
-    r"|i('| wi)ll (do|check|look|get|write|find|handle|take care of)\b[^.!?\n]*"
-    r"|(will )?do( it)?|coming (right )?up)\W*)+$",
-    re.IGNORECASE,
-)
+#: Texts longer than this many characters (after stripping) are never "progress only". An
+#: announcement of work is a sentence or two ("On it! Let me check that for you..." is 35);
+#: anything longer is left to the judges, and the check stays cheap whatever the model writes.
+PROGRESS_ONLY_MAX_CHARS = 300
+
+#: Announcements that are complete in themselves ("ok", "on it", "will do").
+_CLOSED_PHRASES = (
+    "ok", "okay", "sure", "alright", "got it", "on it", "one sec", "one second", "one moment",
+    "give me a sec", "give me a second", "give me a moment", "give me a minute", "hold on",
+    "working on it", "working on that", "do", "do it", "will do", "will do it", "coming up",
+    "coming right up",
+)  # fmt: skip
+#: Openings that announce work; the rest of their sentence (up to ``.``, ``!``, ``?`` or a
+#: line break) belongs to them: "let me check the logs for you".
+_OPEN_PHRASES = (
+    *(f"let me {verb}" for verb in (
+        "check", "look", "see", "do", "try", "find", "get", "think", "write", "search", "handle")),
+    *(f"{i} {doing}" for i in ("i'm", "i am")
+      for doing in ("on it", "working on it", "working on that", "checking", "looking")),
+    *(f"{i} {verb}" for i in ("i'll", "i will")
+      for verb in ("do", "check", "look", "get", "write", "find", "handle", "take care of")),
+)  # fmt: skip
+
+
+def _phrase_index() -> dict[str, tuple[tuple[tuple[str, ...], bool], ...]]:
+    """First word -> ``((words, opens_sentence), ...)`` for every phrase above."""
+    index: dict[str, list[tuple[tuple[str, ...], bool]]] = {}
+    for phrases, is_open in ((_CLOSED_PHRASES, False), (_OPEN_PHRASES, True)):
+        for phrase in phrases:
+            words = tuple(phrase.split())
+            index.setdefault(words[0], []).append((words, is_open))
+    return {first: tuple(entries) for first, entries in index.items()}
+
+
+_PHRASES = _phrase_index()
+_WORD = re.compile(r"[\w']+")  # one character class, one quantifier: linear
+_SENTENCE_END = frozenset(".!?\n")
 _DEMANDS_TOOLS = re.compile(
     r"\b(use (the |your )?tools?|check (the |my |that )?(file|folder|directory|workspace)|look it up"
     r"|search (for|the web)|read (the |my )?(file|readme)|run (it|the|this|that)|actually (check|run|look))\b",
@@ -76,13 +105,69 @@ class GateDecision:
 
 
 def user_demands_tools(text: str) -> bool:
-    """The user explicitly asked for tool grounding ("check the file", "look it up", ...)."""
+    """The user explicitly asked for tool grounding ("check the file", "look it up", ...).
+
+    Linear in ``len(text)``: the pattern is fixed phrases (each at most about 30 characters)
+    on word boundaries, with no repeated group.
+    """
     return bool(_DEMANDS_TOOLS.search(text))
 
 
 def progress_only(text: str) -> bool:
-    """Visible text is only an announcement of work ("On it! Let me check...")."""
-    return bool(text.strip()) and bool(_PROGRESS_ONLY.match(text.strip()))
+    """Visible text is only an announcement of work ("On it! Let me check...").
+
+    The text, stripped, must be one or more announcements (:data:`_CLOSED_PHRASES`, or an
+    opening of :data:`_OPEN_PHRASES` with the rest of its sentence) separated by anything
+    that is not a word (punctuation, spaces, emoji). Matching is case-insensitive, on whole
+    words; the words of a phrase are separated by spaces or tabs. Texts over
+    :data:`PROGRESS_ONLY_MAX_CHARS` (300) characters are never progress only.
+
+    Work is linear in ``len(text)`` (spec: nothing blocks the event loop); the check used to
+    be a backtracking regex that held the loop for 20 s on ``"let me check, " * 12 + "... 42"``,
+    four to five times longer for each further clause.
+    """
+    stripped = text.strip()
+    return 0 < len(stripped) <= PROGRESS_ONLY_MAX_CHARS and _announcements_only(stripped)
+
+
+def _announcements_only(text: str) -> bool:
+    """The unbounded scan behind :func:`progress_only`: ``O(len(text))`` time and memory.
+
+    The text is cut into words (letters, digits, ``_`` and ``'``); ``reach[i]`` says whether
+    the words before word ``i`` are whole announcements. A closed phrase at ``i`` reaches
+    the word after it, an opening reaches the first word of the next sentence. Each word is
+    tried against the few phrases starting with it (at most 13, of at most 5 words).
+    """
+    words: list[str] = []
+    joined: list[bool] = []  # the gap before word i is spaces or tabs only
+    breaks: list[bool] = []  # the gap before word i ends a sentence
+    text = text.lower().replace("\u2019", "'")  # may change the length: slice this one only
+    end = 0
+    for m in _WORD.finditer(text):
+        raw = m.group()
+        word = raw.strip("'")
+        if not word:
+            continue
+        start = m.start() + len(raw) - len(raw.lstrip("'"))
+        gap = text[end:start]
+        joined.append(not gap.strip(" \t"))
+        breaks.append(not _SENTENCE_END.isdisjoint(gap))
+        words.append(word)
+        end = start + len(word)
+    n = len(words)
+    after = [n] * n  # after[i]: the first word of the sentence after word i's
+    for i in range(n - 2, -1, -1):
+        after[i] = i + 1 if breaks[i + 1] else after[i + 1]
+    reach = [False] * (n + 1)
+    reach[0] = n > 0
+    for i in range(n):
+        if not reach[i]:
+            continue
+        for phrase, is_open in _PHRASES.get(words[i], ()):
+            k = len(phrase)
+            if tuple(words[i : i + k]) == phrase and all(joined[i + 1 : i + k]):
+                reach[after[i + k - 1] if is_open else i + k] = True
+    return reach[n]
 
 
 def _clip(text: str, n: int) -> str:

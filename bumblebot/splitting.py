@@ -41,9 +41,12 @@ DISCORD_LIMIT = 2000
 
 Measure = Callable[[str], int]
 
-_PARAGRAPH = re.compile(r"[^\S\n]*\n[^\S\n]*\n")  # a blank line; the cut is at its start
-_LINE = re.compile(r"[^\S\n]*\n")
-_SENTENCE = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s)|[。！？]+")  # the cut is at its end
+# Each pattern may only start where its run starts (the lookbehinds): without them a long run
+# of spaces or dots with no match would be rescanned from every position in it, O(n²) on
+# untrusted text (issue 9's event-loop audit; tests/test_event_loop.py).
+_PARAGRAPH = re.compile(r"(?<![^\S\n])[^\S\n]*+\n[^\S\n]*+\n")  # a blank line; cut at its start
+_LINE = re.compile(r"(?<![^\S\n])[^\S\n]*+\n")
+_SENTENCE = re.compile(r"(?<![.!?…])[.!?…]++[\"'”’»)\]]*+(?=\s)|[。！？]+")  # the cut is at its end
 _SPACE = re.compile(r"\s+")
 _NONSPACE = re.compile(r"\S")
 _FENCE = re.compile(r"([ \t]*)(`{3,}|~{3,})(.*)")
@@ -107,15 +110,18 @@ def split_markdown(text: str, limit: int, *, measure: Measure = len) -> list[str
         :func:`split_text` (except that a cut inside a block also drops the block's closing
         fence line when only whitespace precedes it: the added closer stands in for it).
 
+        A fence too long to carry (``limit`` cannot hold it, one character and the closing
+        fence: model output such as a line of 5000 backticks) cannot be kept renderable: the
+        text is then split by :func:`split_text`, so nothing of it is lost.
+
     Raises:
-        ValueError: ``limit`` cannot hold a fence, one character and the closing fence.
+        ValueError: ``limit`` is below 1.
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     layout = _Layout(text, markdown=True)
-    for fence in layout.fences:
-        if measure(f"{fence.fence}\nx\n{fence.fence}") > limit:
-            raise ValueError(f"limit {limit} is too small to carry the code fence {fence.fence!r}")
+    if any(measure(f"{fence.fence}\nx\n{fence.fence}") > limit for fence in layout.fences):
+        return split_text(text, limit, measure=measure)
     return _split(text, limit, measure, layout)
 
 

@@ -28,7 +28,7 @@ _TOKEN = re.compile(
 )
 _SELF = "\x00"  # marks where the bot's own mention stood until the clean-up below
 _LEADING_SELF = re.compile(rf"^(?:\s*{_SELF}[\s,:;]*)+")
-_INNER_SELF = re.compile(rf"[ \t]*{_SELF}")
+_INNER_SELF = re.compile(rf"(?<![ \t])[ \t]*+{_SELF}")  # starts where a run of blanks does: linear
 
 
 @dataclass(frozen=True, slots=True)
