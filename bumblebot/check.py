@@ -1,20 +1,24 @@
 """``bumblebot check``: validate the config, then try the endpoint and each enabled platform.
 
 Prints one line per check (``ok`` or what is wrong and how to fix it). Secrets are never
-printed.
+printed. It also says which tool forcing the daemon uses with this endpoint and why
+(``tool forcing: required``, or ``auto since <time>: <reason>; re-tried every …``), read from
+the database opened read-only, so it works next to a running daemon.
 """
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
 import httpx
 
 from bumblebot.config import Secrets, Settings, effective_base_url
 from bumblebot.entity import Entity
-from bumblebot.errors import ModelError
-from bumblebot.llm import LLM
-
+from bumblebot.errors import ModelError, StoreError
+from bumblebot.llm import LLM, ForcingFallback, tool_choice_key
+from bumblebot.store import Store
 
 PING_TOOL = {
     "type": "function",
@@ -49,6 +53,8 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         base_url=base_url,
         api_key=secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None,
     )
+    forcing, fallback = await forcing_mode(settings, base_url)
+    forced_now = False
     try:
         for model in dict.fromkeys([llm.model, llm.reflex_model]):
             await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
@@ -58,8 +64,9 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
             max_tokens=64,
             tools=[PING_TOOL],
         )
+        forced_now = probe.tool_choice == "required"
         if probe.tool_calls:
-            how = "forced (tool_choice=required)" if probe.tool_choice == "required" else "with tool_choice=auto"
+            how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
             _line(True, "tool calls", f"{llm.model} called a tool, {how}")
         else:
             fail("tool calls", f"{llm.model} answered without calling a tool; use a model/server with tool "
@@ -69,6 +76,9 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         fail("model endpoint", f"{exc} ({hint})")
     finally:
         await llm.aclose()
+    if fallback is not None and forced_now:
+        forcing += "; the endpoint accepts tool_choice=required now, so the daemon switches back at its next re-try"
+    _line(True, "tool forcing", forcing)
 
     tg = settings.telegram
     if tg.enabled:
@@ -97,6 +107,30 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
     if not problems:
         print("all checks passed")
     return problems
+
+
+async def forcing_mode(settings: Settings, base_url: str, now: float | None = None) -> tuple[str, ForcingFallback | None]:
+    """The tool forcing the daemon uses with ``base_url``, as text, and its fallback if any.
+
+    Reads ``kv`` ``llm.tool_choice:<base_url>`` from the database opened read-only (no
+    database yet: forcing is on).
+
+    Args:
+        now: epoch seconds, for the time left to the next re-try (default: the clock).
+    """
+    if settings.llm.tool_choice != "required":
+        return f"{settings.llm.tool_choice} (llm.tool_choice in the config; never forced)", None
+    if not settings.db_path.is_file():
+        return "required", None
+    try:
+        async with Store(settings.db_path, readonly=True) as store:
+            raw = await store.get_kv(tool_choice_key(base_url))
+    except (StoreError, sqlite3.Error) as exc:
+        return f"unknown (cannot read {settings.db_path}: {exc})", None
+    fallback = ForcingFallback.parse(raw)
+    if fallback is None:
+        return "required", None
+    return fallback.describe(time.time() if now is None else now), fallback
 
 
 async def _get_json(url: str, headers: dict[str, str] | None = None) -> Any:

@@ -163,6 +163,9 @@ class CognitionSettings(_Section):
         "steer", description="steer: show mid-turn messages at the next step; queue: next turn"
     )
     classifier: bool = Field(True, description="ask the reflex model when the router is unsure")
+    max_messages_per_turn: int = Field(
+        4, ge=1, le=20, description="most messages one turn sends; later say calls are not delivered"
+    )
     max_tool_result_share: float = Field(
         0.25, gt=0, le=1, description="cap of one tool result as a share of max_context_tokens"
     )
@@ -199,6 +202,18 @@ class EngineSettings(_Section):
         gt=0,
         description="how long a message waits for an unreachable model (retried with backoff up to "
         "60 s) before the user is told it failed, seconds",
+    )
+    outbox_expiry_s: float = Field(
+        86400.0,
+        gt=0,
+        description="a reply still undelivered this long after it was queued (retried every 30 s "
+        "meanwhile) is marked failed, logged and never sent, seconds",
+    )
+    retention_days: int = Field(
+        90,
+        ge=0,
+        description="settled journal and outbox rows and finished turns' traces older than this are "
+        "pruned (the message history never is); 0 keeps everything, days",
     )
 
 

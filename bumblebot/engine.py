@@ -7,12 +7,14 @@ and message id) is dropped here. The entry goes to its conversation's
 :class:`~bumblebot.actor.ConversationActor`, which runs turns one at a time
 (:mod:`bumblebot.turn`). Replies leave through :mod:`bumblebot.delivery`.
 
-Lifecycle: ``start()`` recovers (turns the last process left running are resumed from their
-last checkpoint, other pending journal entries are queued again) and begins accepting;
-adapters start; ``mark_ready()`` lets turns run. ``stop()`` stops intake, lets in-flight turns
-finish within ``engine.shutdown_grace_s``, cancels what is left (it stays recorded as running
-and is resumed after the next start), then stops the outbox sweeper. The store closes last,
-in the daemon.
+Lifecycle: ``start()`` expires outbox rows older than ``engine.outbox_expiry_s``, recovers
+(turns the last process left running are resumed from their last checkpoint, other pending
+journal entries are queued again) and begins accepting; adapters start; ``mark_ready()`` lets
+turns run, and with them the outbox sweeper (every 30 s: expire, then retry) and housekeeping
+(retention, at once and then daily). ``stop()`` stops intake, lets in-flight turns finish
+within ``engine.shutdown_grace_s``, cancels what is left (it stays recorded as running and is
+resumed after the next start), then stops the sweeper and housekeeping. The store closes
+last, in the daemon.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,12 +32,15 @@ from bumblebot.conversation import Conversation
 from bumblebot.delivery import Delivery
 from bumblebot.events import ChatRef, Inbound, Platform
 from bumblebot.prompt import PromptBuilder
-from bumblebot.store import JournalEntry, Store
+from bumblebot.store import JournalEntry, Pruned, Store
 from bumblebot.turn import TurnRunner
 
 log = logging.getLogger(__name__)
 
 OUTBOX_SWEEP_S = 30.0
+#: Seconds between two retention passes (the first runs as soon as the engine is ready).
+HOUSEKEEPING_S = 24 * 3600.0
+DAY_S = 86400.0
 REFUSED_KEY = "{platform}.refused:{user_id}"
 HELP_TEXT = (
     "Talk to me normally. Commands: /reset starts a fresh conversation, "
@@ -85,6 +91,7 @@ class Engine:
         """
         if self._accepting or self._stopped:
             raise RuntimeError("engine already started" if self._accepting else "engine was stopped")
+        await self.expire_outbox()  # before a resumed turn or the sweeper could send an expired row
         running = await self._store.running_turns(None if platforms is None else {p.value for p in platforms})
         if running:
             log.warning("%d turn(s) were cut off by the last shutdown; resuming them", len(running))
@@ -97,6 +104,7 @@ class Engine:
                 continue
             await self._dispatch(entry)
         self._spawn(self._sweep_outbox(), "bumblebot:outbox")
+        self._spawn(self._housekeeping(), "bumblebot:housekeeping")
 
     def mark_ready(self) -> None:
         """Adapters are connected: let turns run (resumed and recovered ones first)."""
@@ -138,10 +146,78 @@ class Engine:
         await self._ready.wait()
         while True:
             try:
-                await self._delivery.retry_pending()
+                await self.sweep_outbox()
             except Exception:
                 log.exception("outbox sweep failed")
             await asyncio.sleep(OUTBOX_SWEEP_S)
+
+    async def sweep_outbox(self, now: float | None = None) -> int:
+        """One sweep: expire what waited too long, then one attempt at every other pending row.
+
+        Args:
+            now: the time of the sweep, epoch seconds (default: the clock; tests pass one).
+
+        Returns:
+            how many messages were delivered.
+        """
+        await self.expire_outbox(now)
+        return await self._delivery.retry_pending()
+
+    async def expire_outbox(self, now: float | None = None) -> int:
+        """Mark outbox rows still pending ``engine.outbox_expiry_s`` after they were queued as
+        ``failed``: a reply that late answers a conversation that has moved on, and a row must
+        not be retried forever. Each is logged (WARNING, with its chat and age).
+
+        Args:
+            now: epoch seconds (default: the clock).
+
+        Returns:
+            how many rows expired.
+        """
+        now = time.time() if now is None else now
+        limit = self.settings.outbox_expiry_s
+        expired = await self._store.expire_outbox(
+            now - limit, error=f"expired: not delivered within {_hours(limit)} of being queued"
+        )
+        for entry, created_at in expired:
+            log.warning(
+                "outbox message %d to %s expired undelivered after %s (%d attempt(s); last error: %s); "
+                "it will not be sent",
+                entry.id, entry.chat.key, _hours(now - created_at), entry.attempts, entry.last_error or "none",
+            )
+        return len(expired)
+
+    async def _housekeeping(self) -> None:
+        """Retention, once the engine is ready and then every :data:`HOUSEKEEPING_S`."""
+        await self._ready.wait()
+        while True:
+            try:
+                await self.prune()
+            except Exception:
+                log.exception("housekeeping failed")
+            await asyncio.sleep(HOUSEKEEPING_S)
+
+    async def prune(self, now: float | None = None) -> Pruned:
+        """Drop settled journal and outbox rows and finished turns' traces older than
+        ``engine.retention_days`` (:meth:`Store.prune`, in short batches); the history stays.
+        Nothing is pruned when ``retention_days`` is 0.
+
+        Args:
+            now: epoch seconds (default: the clock).
+
+        Returns:
+            how many rows of each kind went.
+        """
+        days = self.settings.retention_days
+        if days <= 0:
+            return Pruned()
+        now = time.time() if now is None else now
+        pruned = await self._store.prune(now - days * DAY_S)
+        log.info(
+            "retention (%d days): pruned %d journal row(s), %d outbox row(s) and %d turn trace(s)",
+            days, pruned.journal, pruned.outbox, pruned.traces,
+        )
+        return pruned
 
     # -- observing (tests, `bumblebot chat`) ----------------------------------------------------
 
@@ -292,3 +368,8 @@ class Engine:
 
         actor.schedule(job)  # in the actor, between turns; intake is not held up meanwhile
         return "Compacting this conversation; I'll report when it's done."
+
+
+def _hours(seconds: float) -> str:
+    """``"24 h"``, ``"1.5 h"``, ``"90 s"``: a duration for log lines."""
+    return f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds:.0f} s"

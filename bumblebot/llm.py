@@ -6,11 +6,15 @@ server, vLLM, OpenRouter):
 * ``tool_choice="required"`` is rejected by some local servers (HTTP 400/422/500). Such a
   request is retried at once with ``"auto"``. When the refusal clearly concerns forcing (its
   message names tools or tool_choice), or an unexplained one repeats on consecutive requests,
-  the endpoint (by base URL) is switched to ``"auto"``; the choice is remembered in the
-  store's ``kv`` table so it survives restarts.
+  the endpoint (by base URL) is switched to ``"auto"``; the fallback, with its reason and
+  time (:class:`ForcingFallback`), is remembered in the store's ``kv`` table so it survives
+  restarts. It is not for good: after :data:`FORCING_RETRY_REQUESTS` tool requests or
+  :data:`FORCING_RETRY_S` under the fallback, whichever comes first, one tool request tries
+  ``"required"`` again. Accepted: forcing is back and the memory is cleared. Refused: that
+  request is answered with ``"auto"`` as before and the timer starts again.
 * Assistant messages are always sent with ``content: ""``, never ``null``.
-* Reasoning text (``<think>…</think>`` in content, ``reasoning_content`` fields) is stripped
-  and never reaches the user.
+* Reasoning text (``<think>…</think>``, a lone ``</think>``, ``reasoning_content`` fields) is
+  stripped by :func:`bumblebot.reasoning.strip_reasoning` and never reaches the user.
 
 Errors are translated here, once: :class:`~bumblebot.errors.ModelTimeout`,
 :class:`~bumblebot.errors.ContextTooLong` and :class:`~bumblebot.errors.ModelError`.
@@ -18,8 +22,10 @@ Errors are translated here, once: :class:`~bumblebot.errors.ModelTimeout`,
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,11 +36,10 @@ from openai.types.chat import ChatCompletion
 
 from bumblebot.config import LLMSettings
 from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
+from bumblebot.reasoning import strip_reasoning
 
 log = logging.getLogger(__name__)
 
-_THINK_CLOSED = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.DOTALL | re.IGNORECASE)
-_THINK_LEADING_OPEN = re.compile(r"^\s*<(think|thinking|reasoning)>.*\Z", re.DOTALL | re.IGNORECASE)
 _CONTEXT_RE = re.compile(
     r"context.{0,20}(length|window|too long)|maximum context|too many tokens|prompt is too long"
     r"|exceeds? (the )?(model'?s? )?(max|context)"
@@ -49,6 +54,16 @@ LENGTH_FINISHES = frozenset({"length", "max_tokens", "max_length"})
 _TOOLS_RE = re.compile(r"tool|function.?call", re.IGNORECASE)
 #: Consecutive unexplained refusals of ``tool_choice="required"`` before ``"auto"`` is remembered.
 FORCING_STRIKES = 2
+#: Tool requests answered under the ``"auto"`` fallback before ``"required"`` is tried again.
+#: A refusing endpoint answers a retry with a fast 400, so this costs at most one extra
+#: request in 50 (2 %); at a few steps per turn it is a retry every 15 to 25 turns.
+FORCING_RETRY_REQUESTS = 50
+#: Seconds under the fallback before ``"required"`` is tried again, whichever comes first: a
+#: quiet bot whose endpoint had one bad evening gets forcing back the same day.
+FORCING_RETRY_S = 6 * 3600.0
+#: Longest refusal message kept as the fallback's reason, characters.
+_REASON_CHARS = 200
+_STATUS_PREFIX = re.compile(r"^Error code: \d+(?: - )?")  # the openai client's own prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,34 +103,134 @@ class Completion:
         return self.finish_reason in LENGTH_FINISHES
 
 
-def strip_reasoning(text: str) -> str:
-    """Remove ``<think>``-style reasoning: closed blocks anywhere, and an unclosed block only
-    when the text starts with it (a model cut off mid-thought). A tag merely mentioned in the
-    middle of a reply ("write a <thinking> tag") is left alone."""
-    text = _THINK_CLOSED.sub("", text or "")
-    return _THINK_LEADING_OPEN.sub("", text).strip()
-
-
 class CapabilityMemory:
-    """Where per-endpoint capabilities are remembered (the store's ``kv`` in production)."""
+    """Where per-endpoint capabilities are remembered (the store's ``kv`` in production).
+
+    Values are text, cached after the first read. ``clear`` forgets a key: through ``delete``
+    when one is given (``Store.delete_kv``), else by saving ``""``, which reads back as
+    nothing, so the two wirings behave alike.
+
+    Args:
+        load: reads a key (``None`` when absent).
+        save: writes a key.
+        delete: removes a key.
+    """
 
     def __init__(
         self,
         load: Callable[[str], Awaitable[str | None]] | None = None,
         save: Callable[[str, str], Awaitable[None]] | None = None,
+        delete: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
-        self._load, self._save = load, save
+        self._load, self._save, self._delete = load, save, delete
         self._cache: dict[str, str | None] = {}
 
     async def get(self, key: str) -> str | None:
         if key not in self._cache:
             self._cache[key] = await self._load(key) if self._load else None
-        return self._cache[key]
+        return self._cache[key] or None
 
     async def set(self, key: str, value: str) -> None:
         self._cache[key] = value
         if self._save:
             await self._save(key, value)
+
+    async def clear(self, key: str) -> None:
+        self._cache[key] = None
+        if self._delete:
+            await self._delete(key)
+        elif self._save:
+            await self._save(key, "")
+
+
+def tool_choice_key(base_url: str) -> str:
+    """The ``kv`` key of the tool_choice fallback of the endpoint at ``base_url``."""
+    return f"llm.tool_choice:{base_url}"
+
+
+@dataclass(frozen=True, slots=True)
+class ForcingFallback:
+    """Why and since when an endpoint gets ``tool_choice="auto"`` instead of ``"required"``.
+
+    Stored in ``kv`` ``llm.tool_choice:<base_url>`` as JSON:
+    ``{"mode": "auto", "reason": str, "since": float, "checked_at": float, "retries": int}``.
+    The plain ``auto`` written by older versions reads as a fallback of unknown reason and
+    time, which is tried again at the next tool request.
+
+    Args:
+        reason: the refusal that caused it (the latest one, after a failed retry).
+        since: when forcing was first turned off, epoch seconds (``None``: unknown).
+        checked_at: when the retry timer started (the fallback, or the last refused retry),
+            epoch seconds (``None``: unknown, a retry is due).
+        retries: retries of ``"required"`` refused since.
+    """
+
+    reason: str
+    since: float | None = None
+    checked_at: float | None = None
+    retries: int = 0
+
+    @classmethod
+    def parse(cls, raw: str | None) -> ForcingFallback | None:
+        """The fallback a ``kv`` value records, ``None`` when forcing is on (no value)."""
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = raw.strip()
+        if not isinstance(data, dict):  # "auto" from a version before the re-try
+            if data != "auto":
+                return None
+            return cls("remembered by an older version; reason not recorded")
+        if data.get("mode") != "auto":
+            return None
+        since, checked, retries = data.get("since"), data.get("checked_at"), data.get("retries")
+        return cls(
+            reason=str(data.get("reason") or "reason not recorded"),
+            since=float(since) if isinstance(since, int | float) else None,
+            checked_at=float(checked) if isinstance(checked, int | float) else None,
+            retries=retries if isinstance(retries, int) else 0,
+        )
+
+    def dump(self) -> str:
+        return json.dumps(
+            {"mode": "auto", "reason": self.reason, "since": self.since, "checked_at": self.checked_at,
+             "retries": self.retries},
+            ensure_ascii=False,
+        )
+
+    def describe(self, now: float, retry_requests: int = FORCING_RETRY_REQUESTS, retry_s: float = FORCING_RETRY_S) -> str:
+        """One line for ``bumblebot check``: ``auto since <time>: <reason>; re-tried every …``."""
+        since = f" since {_utc(self.since)}" if self.since is not None else ""
+        retried = f" (re-tried {self.retries} time(s) since, refused)" if self.retries else ""
+        every = f"re-tried every {retry_requests} tool requests or {_duration(retry_s)}, whichever comes first"
+        if self.checked_at is None:
+            when = "next at the first tool request"
+        else:
+            left = self.checked_at + retry_s - now
+            when = f"next within {_duration(left)}" if left > 0 else "next at the first tool request"
+        return f"auto{since}: {self.reason}{retried}; {every} ({when})"
+
+
+def _refusal(exc: openai.APIStatusError) -> str:
+    """``HTTP <status>: <message>``, the message clipped to :data:`_REASON_CHARS`."""
+    message = _STATUS_PREFIX.sub("", " ".join(str(exc.message).split())) or "no message"
+    if len(message) > _REASON_CHARS:
+        message = message[: _REASON_CHARS - 1] + "…"
+    return f"HTTP {exc.status_code}: {message}"
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch))
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.3g} min"
+    return f"{max(seconds, 0):.3g} s"
 
 
 class LLM:
@@ -126,6 +241,11 @@ class LLM:
         base_url: the effective base URL (config, else ``OPENAI_BASE_URL``, else OpenAI's).
         api_key: the key; local servers accept any non-empty value.
         capabilities: where tool_choice fallbacks are remembered.
+        forcing_retry_requests: tool requests under the ``"auto"`` fallback before
+            ``"required"`` is tried again.
+        forcing_retry_s: seconds under the fallback before it is tried again (whichever of
+            the two comes first).
+        clock: the wall clock, epoch seconds (tests inject one).
     """
 
     def __init__(
@@ -135,6 +255,9 @@ class LLM:
         base_url: str,
         api_key: str | None,
         capabilities: CapabilityMemory | None = None,
+        forcing_retry_requests: int = FORCING_RETRY_REQUESTS,
+        forcing_retry_s: float = FORCING_RETRY_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.base_url = base_url
@@ -145,7 +268,12 @@ class LLM:
             max_retries=settings.max_retries,
         )
         self.capabilities = capabilities or CapabilityMemory()
+        self.forcing_retry_requests = forcing_retry_requests
+        self.forcing_retry_s = forcing_retry_s
+        self._clock = clock
         self._forcing_strikes = 0
+        self._auto_requests = 0  # tool requests under the fallback since its timer started
+        self._probing = False  # one request at a time tries "required" again
 
     @property
     def model(self) -> str:
@@ -167,7 +295,11 @@ class LLM:
         return {}
 
     def _tool_choice_key(self) -> str:
-        return f"llm.tool_choice:{self.base_url}"
+        return tool_choice_key(self.base_url)
+
+    async def forcing_fallback(self) -> ForcingFallback | None:
+        """The remembered ``"auto"`` fallback of this endpoint, ``None`` while forcing is on."""
+        return ForcingFallback.parse(await self.capabilities.get(self._tool_choice_key()))
 
     async def complete(
         self,
@@ -205,9 +337,9 @@ class LLM:
             **self._thinking_params(thinking),
         }
         choice: str | None = None
+        probing = False
         if tools:
-            remembered = await self.capabilities.get(self._tool_choice_key())
-            choice = remembered or self.settings.tool_choice
+            choice, probing = await self._tool_choice()
             params["tools"] = tools
             params["tool_choice"] = choice
         try:
@@ -226,26 +358,99 @@ class LLM:
                 response = await self._create(params)
             except openai.APIError as exc2:
                 raise self._translate(exc2) from exc2
-            await self._note_forcing_refused(exc)
+            if probing:
+                await self._forcing_still_refused(exc)
+            else:
+                await self._note_forcing_refused(exc)
         except openai.APIError as exc:
             raise self._translate(exc) from exc
         else:
             if choice == "required":
                 self._forcing_strikes = 0
+                if probing:
+                    await self._forcing_recovered()
+        finally:
+            if probing:  # answered either way, or inconclusive (an outage): the next one decides
+                self._probing = False
         return self._normalise(response, choice)
 
+    async def _tool_choice(self) -> tuple[str, bool]:
+        """The tool_choice of the next tool request, and whether it re-tries ``"required"``.
+
+        Under a remembered fallback ``"auto"`` is used, except for one request at a time once
+        :attr:`forcing_retry_requests` requests or :attr:`forcing_retry_s` seconds have passed
+        since the fallback (or its last refused retry).
+        """
+        if self.settings.tool_choice != "required":
+            return self.settings.tool_choice, False
+        fallback = await self.forcing_fallback()
+        if fallback is None:
+            return "required", False
+        if not self._probing and self._retry_due(fallback):
+            self._probing = True
+            log.info(
+                "endpoint %s: trying tool_choice=required again (it has used 'auto' since %s)",
+                self.base_url, "an older version" if fallback.since is None else _utc(fallback.since),
+            )
+            return "required", True
+        self._auto_requests += 1
+        return "auto", False
+
+    def _retry_due(self, fallback: ForcingFallback) -> bool:
+        if fallback.checked_at is None:
+            return True
+        return (
+            self._auto_requests >= self.forcing_retry_requests
+            or self._clock() - fallback.checked_at >= self.forcing_retry_s
+        )
+
     async def _note_forcing_refused(self, exc: openai.APIStatusError) -> None:
-        """Remember ``"auto"`` for this endpoint once the refusal is clearly about forcing.
+        """Fall back to ``"auto"`` for this endpoint once the refusal is clearly about forcing.
 
         An error that names tools/tool_choice counts at once; an unexplained 400/422/500 that
         ``"auto"`` then survives counts only when it happens on consecutive requests
-        (:data:`FORCING_STRIKES`), so one upstream hiccup never turns tool forcing off for good.
+        (:data:`FORCING_STRIKES`). Either way the fallback is re-tried later
+        (:meth:`_tool_choice`), so no error turns tool forcing off for good.
         """
         about_tools = bool(_TOOLS_RE.search(str(exc.message)))
         self._forcing_strikes += 1
-        if about_tools or self._forcing_strikes >= FORCING_STRIKES:
-            await self.capabilities.set(self._tool_choice_key(), "auto")
-            log.warning("endpoint %s does not support tool_choice=required; using 'auto' from now on", self.base_url)
+        if not (about_tools or self._forcing_strikes >= FORCING_STRIKES):
+            return
+        refusal = _refusal(exc)
+        reason = refusal if about_tools else f"{self._forcing_strikes} unexplained refusals in a row (last: {refusal})"
+        now = self._clock()
+        await self.capabilities.set(self._tool_choice_key(), ForcingFallback(reason, now, now).dump())
+        self._auto_requests = 0
+        log.warning(
+            "endpoint %s does not support tool_choice=required (%s); using 'auto', trying 'required' again "
+            "after %d tool requests or %s",
+            self.base_url, reason, self.forcing_retry_requests, _duration(self.forcing_retry_s),
+        )
+
+    async def _forcing_still_refused(self, exc: openai.APIStatusError) -> None:
+        """A re-try of ``"required"`` was refused: the fallback stays and its timer restarts."""
+        old = await self.forcing_fallback()
+        now = self._clock()
+        fallback = ForcingFallback(
+            _refusal(exc), old.since if old else now, now, (old.retries if old else 0) + 1
+        )
+        await self.capabilities.set(self._tool_choice_key(), fallback.dump())
+        self._auto_requests = 0
+        log.info(
+            "endpoint %s still refuses tool_choice=required (%s); 'auto' stays, next try after %d tool "
+            "requests or %s", self.base_url, fallback.reason, self.forcing_retry_requests,
+            _duration(self.forcing_retry_s),
+        )
+
+    async def _forcing_recovered(self) -> None:
+        """A re-try of ``"required"`` was accepted: forcing is back, the memory is cleared."""
+        old = await self.forcing_fallback()
+        await self.capabilities.clear(self._tool_choice_key())
+        self._auto_requests = 0
+        log.warning(
+            "endpoint %s accepts tool_choice=required again; tool forcing is back (it used 'auto' since %s)",
+            self.base_url, "an older version" if old is None or old.since is None else _utc(old.since),
+        )
 
     async def text(
         self, messages: list[dict[str, Any]], *, model: str | None = None, max_tokens: int, temperature: float

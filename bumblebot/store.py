@@ -1,7 +1,7 @@
 """SQLite state through aiosqlite: conversations, history, compaction state, journal, turns, outbox.
 
 One file, ``<data_dir>/bumblebot.db``, in WAL mode with a 10 s busy timeout. Schema versions
-are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (2 now).
+are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (3 now).
 
 Tables:
 
@@ -10,7 +10,7 @@ Tables:
 * ``messages``: the full history in OpenAI chat form, written step by step while a turn runs.
   ``ok`` is a tool result's success, ``note`` marks the daemon's own messages, ``pruned``
   marks tool results that compaction replaced by a placeholder in prompts, ``covered_by``
-  marks messages folded into a compaction summary. Nothing is deleted.
+  marks messages folded into a compaction summary. Nothing is deleted, ever.
 * ``compaction``: per (conversation, session): the current summary, counters, failure backoff.
 * ``journal``: every accepted inbound message, unique per (platform, chat_id, message_id);
   ``status`` is ``pending`` until the turn that answers it finishes, then ``done`` or
@@ -19,6 +19,11 @@ Tables:
 * ``outbox``: every message the engine asked to deliver, with the ``say`` call it answers,
   its status and the platform ids.
 * ``kv``: small durable values (``docs/architecture.md`` lists them and their owners).
+
+Retention (:meth:`Store.prune`, run by the engine's housekeeping): settled journal rows,
+settled outbox rows and finished turns' traces older than ``engine.retention_days`` go, in
+batches of :data:`HOUSEKEEPING_BATCH`; the history never does. Outbox rows still pending
+after ``engine.outbox_expiry_s`` are marked failed (:meth:`Store.expire_outbox`).
 
 All writes go through :meth:`Store.transaction`, which serialises writers on the single
 connection. The turn writers (``begin_turn``, ``record``, ``speak``, ``finish_turn``) and the
@@ -166,7 +171,18 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX journal_pending ON journal (status, id);
     CREATE INDEX journal_by_turn ON journal (turn_id);
     """,
+    # 3: retention (issue 9). Pruning walks rows by age, oldest first, a batch at a time; these
+    # indexes keep each batch a short range scan (turns: only those that still have a trace).
+    """
+    CREATE INDEX journal_by_age ON journal (received_at);
+    CREATE INDEX outbox_by_age ON outbox (created_at);
+    CREATE INDEX turns_with_trace ON turns (started_at) WHERE trace IS NOT NULL;
+    """,
 )
+
+#: Rows changed per transaction by :meth:`Store.prune` and :meth:`Store.expire_outbox`: each
+#: holds the write lock for a few milliseconds, so turns are never held up behind housekeeping.
+HOUSEKEEPING_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +214,20 @@ class OutboxEntry:
     attempts: int
     last_error: str | None
     tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one :meth:`Store.prune` removed: rows deleted (``journal``, ``outbox``) and turns
+    whose ``trace`` and ``state`` were cleared (``traces``)."""
+
+    journal: int = 0
+    outbox: int = 0
+    traces: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.journal + self.outbox + self.traces
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +363,11 @@ class Store:
     async def set_kv(self, key: str, value: str) -> None:
         async with self.transaction() as db:
             await db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+
+    async def delete_kv(self, key: str) -> None:
+        """Forget ``key`` (nothing happens when it is absent)."""
+        async with self.transaction() as db:
+            await db.execute("DELETE FROM kv WHERE key = ?", (key,))
 
     async def instance_id(self) -> str:
         """A random id of this database, made on first use (idempotency keys of sends)."""
@@ -678,6 +713,104 @@ class Store:
         rows = await self._all("SELECT * FROM outbox WHERE turn_id=? ORDER BY id", (turn_id,))
         return [self._outbox_entry(r) for r in rows]
 
+    async def expire_outbox(
+        self, created_before: float, *, error: str, batch: int = HOUSEKEEPING_BATCH
+    ) -> list[tuple[OutboxEntry, float]]:
+        """Mark every row still ``pending`` that was queued before ``created_before`` as
+        ``failed``, so no sweep or resume ever sends it.
+
+        Args:
+            created_before: epoch seconds; older pending rows expire.
+            error: their ``last_error``; the previous error, if any, is appended in brackets.
+            batch: rows per transaction.
+
+        Returns:
+            ``(entry, created_at)`` of each row expired now (the entry as it was before,
+            ``created_at`` in epoch seconds), oldest first.
+        """
+        expired: list[tuple[OutboxEntry, float]] = []
+        probe = "SELECT 1 FROM outbox WHERE status='pending' AND created_at < ? LIMIT 1"
+        while await self._one(probe, (created_before,)) is not None:  # no write lock when idle
+            async with self.transaction() as db:
+                async with db.execute(
+                    "SELECT * FROM outbox WHERE status='pending' AND created_at < ? ORDER BY id LIMIT ?",
+                    (created_before, batch),
+                ) as cur:
+                    rows = list(await cur.fetchall())
+                await db.executemany(
+                    "UPDATE outbox SET status='failed', last_error=? || COALESCE(' (last error: ' || last_error"
+                    " || ')', '') WHERE id=? AND status='pending'",
+                    [(error, r["id"]) for r in rows],
+                )
+            expired += [(self._outbox_entry(r), float(r["created_at"])) for r in rows]
+            if len(rows) < batch:
+                break
+        return expired
+
+    async def prune(self, before: float, *, batch: int = HOUSEKEEPING_BATCH) -> Pruned:
+        """Retention: drop what is older than ``before`` and no longer needed; history stays.
+
+        * ``journal``: settled rows (``done``, ``ignored``, ``failed``) received and settled
+          before ``before`` are deleted. ``pending`` rows are never touched: they are the
+          messages still waiting for an answer, and the settled ones that remain are the
+          dedupe keys of recent platform redeliveries.
+        * ``outbox``: ``sent`` and ``failed`` rows queued (and sent) before ``before`` are
+          deleted, except those of a turn still ``running`` (its resume reads them).
+          ``pending`` rows are never touched (they expire first: :meth:`expire_outbox`).
+        * ``turns``: a finished turn (not ``running``) that started and ended before
+          ``before`` keeps its row (id, status, times: ``messages.turn_id`` keeps pointing
+          at it) and loses its ``trace`` and ``state``, the bulk of it.
+        * ``messages``, ``conversations``, ``compaction`` and ``kv`` are never pruned.
+
+        Each batch of ``batch`` rows is one short transaction, so other writers get in between.
+
+        Args:
+            before: epoch seconds.
+            batch: rows per transaction.
+
+        Returns:
+            how many rows of each kind went.
+        """
+        journal = await self._prune_batches(
+            "DELETE FROM journal WHERE id IN ({rows})",
+            "SELECT id FROM journal"
+            " WHERE received_at < ?1 AND status != 'pending' AND COALESCE(done_at, received_at) < ?1",
+            before, batch,
+        )
+        outbox = await self._prune_batches(
+            "DELETE FROM outbox WHERE id IN ({rows})",
+            "SELECT id FROM outbox o"
+            " WHERE created_at < ?1 AND status != 'pending' AND COALESCE(sent_at, created_at) < ?1"
+            " AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.id = o.turn_id AND t.status = 'running')",
+            before, batch,
+        )
+        traces = await self._prune_batches(
+            "UPDATE turns SET trace=NULL, state=NULL WHERE id IN ({rows})",
+            "SELECT id FROM turns"
+            " WHERE trace IS NOT NULL AND started_at < ?1 AND status != 'running'"
+            " AND COALESCE(ended_at, started_at) < ?1",
+            before, batch,
+        )
+        return Pruned(journal=journal, outbox=outbox, traces=traces)
+
+    async def _prune_batches(self, action: str, rows: str, before: float, batch: int) -> int:
+        """Apply ``action`` (with ``{rows}``) to the rows ``rows`` selects (parameter ``?1`` =
+        ``before``), ``batch`` at a time, each batch its own transaction, until none is left.
+        Nothing is written, and the write lock not taken, when nothing matches. Returns the
+        rows changed."""
+        total = 0
+        sql = action.format(rows=f"{rows} LIMIT ?2")
+        while True:
+            if await self._one(f"{rows} LIMIT 1", (before,)) is None:
+                return total
+            async with self.transaction() as db:
+                cur = await db.execute(sql, (before, batch))
+                changed = cur.rowcount
+            total += changed
+            if changed < batch:
+                return total
+            await asyncio.sleep(0)  # let waiting writers (turns) take the lock in between
+
     @staticmethod
     def _outbox_entry(r: aiosqlite.Row) -> OutboxEntry:
         return OutboxEntry(
@@ -771,6 +904,10 @@ def _json(value: Any) -> str:
 
 
 def _message(r: aiosqlite.Row) -> Message:
+    if r["pruned"] and r["role"] == "assistant":  # an old step of a turn that outgrew the window
+        full = Message(role="assistant", content=r["content"], tool_calls=json.loads(r["tool_calls"]) if r["tool_calls"] else None,
+                       id=int(r["id"]), note=bool(r["note"]))
+        return full.with_clipped_calls()
     return Message(
         role=r["role"],
         content=PRUNED_PLACEHOLDER if r["pruned"] else r["content"],

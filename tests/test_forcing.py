@@ -1,0 +1,252 @@
+"""Tool forcing recovers (issue 9, build item 8, defect 6).
+
+An endpoint that refuses ``tool_choice="required"`` is switched to ``"auto"``, and the fallback
+is remembered with its reason and time in ``kv``. It is not for good: after a bound (tool
+requests or seconds under the fallback) one request tries ``"required"`` again; accepted, the
+memory is cleared; refused, the fallback stays and the timer restarts. Real ``openai`` client
+against ``FakeOpenAI``, real SQLite, an injected clock, no sleeps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import write_config
+from fakes.openai_server import FakeOpenAI, error, is_loop, text, tool_calls
+
+from bumblebot.check import check_all, forcing_mode
+from bumblebot.config import LLMSettings, Secrets, load_settings
+from bumblebot.entity import load_entity
+from bumblebot.errors import ModelUnavailable
+from bumblebot.llm import FORCING_RETRY_S, LLM, CapabilityMemory, ForcingFallback, tool_choice_key
+from bumblebot.store import Store
+
+PING = {
+    "type": "function",
+    "function": {"name": "ping", "description": "Answer a ping.", "parameters": {"type": "object", "properties": {}}},
+}
+MESSAGES = [{"role": "user", "content": "ping please"}]
+T0 = 1_780_000_000.0  # 2026-05-28 20:26 UTC
+
+
+class Clock:
+    """A wall clock the test moves by hand (epoch seconds)."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def answer_with_ping(server: FakeOpenAI) -> None:
+    server.default = lambda request: tool_calls(("ping", {})) if is_loop(request) else text("ok")
+
+
+def client(server: FakeOpenAI, store: Store, clock: Clock, **kwargs: Any) -> LLM:
+    """The LLM as ``Daemon.open`` wires it: the memory on the store's ``kv``."""
+    return LLM(
+        LLMSettings(model="test-model", max_retries=0, timeout_s=10),
+        base_url=server.base_url,
+        api_key="sk-test",
+        capabilities=CapabilityMemory(store.get_kv, store.set_kv),
+        clock=clock,
+        **kwargs,
+    )
+
+
+async def ask(llm: LLM) -> str | None:
+    """One tool request; the tool_choice that answered it."""
+    completion = await llm.complete(MESSAGES, max_tokens=32, tools=[PING])
+    assert [c.name for c in completion.tool_calls] == ["ping"]
+    return completion.tool_choice
+
+
+async def remembered(store: Store, server: FakeOpenAI) -> ForcingFallback | None:
+    return ForcingFallback.parse(await store.get_kv(tool_choice_key(server.base_url)))
+
+
+async def test_fallback_is_remembered_with_reason_and_time_across_a_restart(tmp_path):
+    clock = Clock()
+    async with FakeOpenAI(reject_tool_choice_required=400) as server:
+        answer_with_ping(server)
+        async with Store(tmp_path / "bumblebot.db") as store:
+            llm = client(server, store, clock)
+            assert await ask(llm) == "auto"  # refused, retried at once with auto
+            await llm.aclose()
+        assert len(server.rejected) == 1
+        async with Store(tmp_path / "bumblebot.db") as store:  # a new process: new store, new client
+            fallback = await remembered(store, server)
+            assert fallback == ForcingFallback(
+                "HTTP 400: tool_choice 'required' is not supported by this endpoint", T0, T0, 0
+            )
+            llm = client(server, store, clock)
+            clock.now += 60
+            assert await ask(llm) == "auto"
+            await llm.aclose()
+        assert len(server.rejected) == 1  # straight to auto: no second refusal
+        assert [r["tool_choice"] for r in server.requests] == ["required", "auto", "auto"]
+
+
+async def test_forcing_is_re_tried_after_the_request_bound_and_comes_back(tmp_path):
+    clock = Clock()
+    async with FakeOpenAI(reject_tool_choice_required=400) as server:
+        answer_with_ping(server)
+        async with Store(tmp_path / "bumblebot.db") as store:
+            llm = client(server, store, clock, forcing_retry_requests=3)
+            assert await ask(llm) == "auto"
+            assert [await ask(llm) for _ in range(3)] == ["auto"] * 3  # the bound: 3 under the fallback
+            assert len(server.rejected) == 1
+            server.reject_tool_choice_required = None  # the endpoint was fixed meanwhile
+            assert await ask(llm) == "required"  # the 4th re-tries forcing, accepted
+            assert await remembered(store, server) is None  # the memory is cleared
+            assert await ask(llm) == "required"
+            await llm.aclose()
+        async with Store(tmp_path / "bumblebot.db") as store:  # and stays cleared after a restart
+            assert await remembered(store, server) is None
+            llm = client(server, store, clock)
+            assert await ask(llm) == "required"
+            await llm.aclose()
+        assert [r["tool_choice"] for r in server.requests] == ["required", "auto", "auto", "auto", "auto"] + [
+            "required"
+        ] * 3
+
+
+async def test_a_refused_retry_keeps_the_fallback_and_restarts_the_timer(tmp_path):
+    clock = Clock()
+    async with FakeOpenAI(reject_tool_choice_required=400) as server:
+        answer_with_ping(server)
+        async with Store(tmp_path / "bumblebot.db") as store:
+            llm = client(server, store, clock)
+            assert await ask(llm) == "auto"
+            clock.now += FORCING_RETRY_S - 1
+            assert await ask(llm) == "auto"
+            assert len(server.rejected) == 1  # not due yet
+            clock.now += 1  # 6 h under the fallback: due
+            assert await ask(llm) == "auto"  # re-tried, refused again, answered with auto
+            assert len(server.rejected) == 2
+            fallback = await remembered(store, server)
+            assert fallback is not None
+            assert (fallback.since, fallback.checked_at, fallback.retries) == (T0, T0 + FORCING_RETRY_S, 1)
+            clock.now += FORCING_RETRY_S - 1  # the timer restarted at the refused retry
+            assert await ask(llm) == "auto"
+            assert len(server.rejected) == 2
+            await llm.aclose()
+        async with Store(tmp_path / "bumblebot.db") as store:  # the timer survives a restart
+            llm = client(server, store, clock)
+            assert await ask(llm) == "auto"
+            assert len(server.rejected) == 2
+            clock.now += 1
+            server.reject_tool_choice_required = None
+            assert await ask(llm) == "required"
+            assert await remembered(store, server) is None
+            await llm.aclose()
+
+
+async def test_plain_auto_of_an_older_version_is_re_tried_at_once(tmp_path):
+    clock = Clock()
+    async with FakeOpenAI() as server:
+        answer_with_ping(server)
+        async with Store(tmp_path / "bumblebot.db") as store:
+            await store.set_kv(tool_choice_key(server.base_url), "auto")  # written "for good" by 0.x
+            fallback = await remembered(store, server)
+            assert fallback is not None and fallback.since is None and "older version" in fallback.reason
+            llm = client(server, store, clock)
+            assert await ask(llm) == "required"
+            assert await remembered(store, server) is None
+            await llm.aclose()
+
+
+async def test_an_outage_during_the_retry_decides_nothing(tmp_path):
+    """A retry that meets a server outage (503 on "required" and then on "auto") neither
+    brings forcing back nor restarts the timer: the next request tries again."""
+    clock = Clock()
+    async with FakeOpenAI() as server:
+        answer_with_ping(server)
+        async with Store(tmp_path / "bumblebot.db") as store:
+            key = tool_choice_key(server.base_url)
+            await store.set_kv(key, ForcingFallback("HTTP 400: no forcing here", T0, T0).dump())
+            clock.now += FORCING_RETRY_S
+            server.push(error(503, "overloaded"))
+            llm = client(server, store, clock)
+            with pytest.raises(ModelUnavailable):
+                await llm.complete(MESSAGES, max_tokens=32, tools=[PING])
+            assert await remembered(store, server) == ForcingFallback("HTTP 400: no forcing here", T0, T0)
+            assert await ask(llm) == "required"  # tried again at once, accepted
+            assert await remembered(store, server) is None
+            await llm.aclose()
+        assert [r["tool_choice"] for r in server.requests] == ["required", "required"]
+
+
+async def test_the_memory_clears_through_delete_when_wired(tmp_path):
+    async with FakeOpenAI() as server:
+        answer_with_ping(server)
+        async with Store(tmp_path / "bumblebot.db") as store:
+            key = tool_choice_key(server.base_url)
+            await store.set_kv(key, "auto")
+            llm = LLM(
+                LLMSettings(model="test-model", max_retries=0),
+                base_url=server.base_url,
+                api_key="sk-test",
+                capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv),
+            )
+            assert await ask(llm) == "required"
+            assert await store.get_kv(key) is None  # the row is gone, not just emptied
+            await llm.aclose()
+
+
+# -- bumblebot check -----------------------------------------------------------------------------
+
+
+def check_settings(tmp_path: Path, server: FakeOpenAI) -> Any:
+    return load_settings(write_config(tmp_path, server))
+
+
+async def run_check(tmp_path: Path, server: FakeOpenAI) -> list[str]:
+    settings = check_settings(tmp_path, server)
+    entity = load_entity(settings.entity, config_dir=tmp_path)
+    return await check_all(settings, Secrets(OPENAI_API_KEY="sk-test"), entity)
+
+
+async def test_check_says_required_when_nothing_is_remembered(tmp_path, capsys):
+    async with FakeOpenAI() as server:
+        answer_with_ping(server)
+        assert await run_check(tmp_path, server) == []
+    assert "[ok] tool forcing: required\n" in capsys.readouterr().out
+
+
+async def test_check_says_auto_since_when_and_why(tmp_path, capsys):
+    async with FakeOpenAI(reject_tool_choice_required=400) as server:
+        answer_with_ping(server)
+        settings = check_settings(tmp_path, server)
+        async with Store(settings.db_path) as store:
+            await store.set_kv(
+                tool_choice_key(server.base_url),
+                ForcingFallback("HTTP 400: tool_choice 'required' is not supported", T0, T0).dump(),
+            )
+        mode, fallback = await forcing_mode(settings, server.base_url, now=T0 + 3600)
+        assert fallback is not None
+        assert mode == (
+            "auto since 2026-05-28 20:26 UTC: HTTP 400: tool_choice 'required' is not supported; re-tried "
+            "every 50 tool requests or 6 h, whichever comes first (next within 5 h)"
+        )
+        assert await run_check(tmp_path, server) == []
+        out = capsys.readouterr().out
+        assert "[ok] tool forcing: auto since 2026-05-28 20:26 UTC: HTTP 400: tool_choice 'required'" in out
+        assert "accepts tool_choice=required now" not in out  # the probe was refused too
+        # the endpoint got fixed: check sees forcing work and says the daemon will follow
+        server.reject_tool_choice_required = None
+        assert await run_check(tmp_path, server) == []
+        assert "so the daemon switches back at its next re-try" in capsys.readouterr().out
+
+
+async def test_check_names_a_plain_auto_of_an_older_version(tmp_path):
+    async with FakeOpenAI() as server:
+        settings = check_settings(tmp_path, server)
+        async with Store(settings.db_path) as store:
+            await store.set_kv(tool_choice_key(server.base_url), "auto")
+        mode, _ = await forcing_mode(settings, server.base_url)
+        assert mode.startswith("auto: remembered by an older version; reason not recorded; re-tried every 50")
+        assert mode.endswith("(next at the first tool request)")
