@@ -16,6 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+#: A completion's token budget is at most this share of the window (servers that count prompt
+#: plus ``max_tokens`` against it, vLLM, llama.cpp, OpenAI, refuse more).
+REPLY_SHARE = 0.25
+#: The spec's estimate misses some structure (tool-call JSON): requests are kept this far
+#: under the hard limit.
+ESTIMATE_MARGIN = 0.9
 MIN_SCALE = 1.0
 MAX_SCALE = 4.0
 #: Weight of the newest observation in the smoothed scale.
@@ -31,6 +37,8 @@ class ContextBudget:
         max_context_tokens: the model's context window, tokens (``cognition.max_context_tokens``).
         threshold_ratio: compaction fires above this share of the window
             (``cognition.history_compression.compaction_threshold_ratio``).
+        reply_tokens: the largest completion budget a turn asks for, tokens; a request's prompt
+            must leave room for it.
         key: the ``kv`` key of the learned scale (see the module docstring).
         load, save: read and write a ``kv`` value (the store's ``get_kv`` / ``set_kv``).
     """
@@ -40,12 +48,14 @@ class ContextBudget:
         max_context_tokens: int,
         threshold_ratio: float,
         *,
+        reply_tokens: int = 0,
         key: str = "",
         load: Callable[[str], Awaitable[str | None]] | None = None,
         save: Callable[[str, str], Awaitable[None]] | None = None,
     ) -> None:
         self.max_context_tokens = max_context_tokens
         self.threshold_ratio = threshold_ratio
+        self.reply_tokens = min(reply_tokens, int(max_context_tokens * REPLY_SHARE))
         self.key = key
         self._load, self._save = load, save
         #: reported prompt tokens per estimated token, smoothed; never below 1
@@ -71,9 +81,18 @@ class ContextBudget:
         """``max_context_tokens`` in estimated tokens: the window shrunk by the learned scale."""
         return int(self.max_context_tokens / self.scale)
 
-    def threshold(self) -> int:
-        """The estimate above which compaction fires (spec: "When it triggers")."""
-        return int(self.window() * self.threshold_ratio)
+    def limit(self, reply_tokens: int | None = None) -> int:
+        """The largest prompt a request may carry, in estimated tokens: the window less the
+        reply budget (``reply_tokens``, the turn's; default the largest a turn asks for),
+        shrunk by the learned scale."""
+        reply = self.reply_tokens if reply_tokens is None else min(reply_tokens, self.reply_tokens)
+        return int((self.max_context_tokens - reply) / self.scale)
+
+    def threshold(self, reply_tokens: int | None = None) -> int:
+        """The estimate above which compaction fires (spec: "When it triggers"): the share
+        ``threshold_ratio`` of the window, or, in a window so small that the reply budget
+        leaves less, :data:`ESTIMATE_MARGIN` of :meth:`limit`."""
+        return int(min(self.window() * self.threshold_ratio, self.limit(reply_tokens) * ESTIMATE_MARGIN))
 
     async def observe(self, prompt_tokens: int | None, estimate: int) -> None:
         """The endpoint reported ``prompt_tokens`` for a request estimated at ``estimate``."""

@@ -37,11 +37,11 @@ from bumblebot.compaction_prompts import (
     parse_flush,
     serialize,
     serialize_message,
-    strip_reasoning,
     summary_request,
 )
 from bumblebot.knowledge import KnowledgeFile
 from bumblebot.messages import Message, estimate_messages
+from bumblebot.reasoning import strip_reasoning
 
 __all__ = [
     "PLACEHOLDER", "SUMMARY_HEADER", "SUMMARY_HEADINGS", "CompactionOutcome", "FlushParseError",
@@ -56,6 +56,10 @@ PLACEHOLDER = "[Old tool output cleared to save context space]"
 SUMMARY_HEADER = "[Conversation summary: earlier messages were compacted]\n"
 
 MIN_SUMMARY_CHARS = 30
+#: An old assistant message's tool calls are shown cut when they take more estimated tokens.
+CLIP_CALL_TOKENS = 100
+#: Characters an extractive summary keeps of each message.
+EXTRACT_CHARS = 120
 #: A summary must name at least this many of the seven :data:`SUMMARY_HEADINGS`.
 MIN_SUMMARY_HEADINGS = 5
 FLUSH_MAX_TOKENS = 2000
@@ -95,10 +99,12 @@ class RunningEstimate:
 def prune_tool_results(
     messages: Sequence[Message], tail_start: int, min_chars: int = 200
 ) -> tuple[list[Message], list[int]]:
-    """Replace tool results before ``tail_start`` longer than ``min_chars`` by :data:`PLACEHOLDER`.
+    """Replace tool results before ``tail_start`` longer than ``min_chars`` by :data:`PLACEHOLDER`,
+    and show the tool calls of assistant messages there that take over
+    :data:`CLIP_CALL_TOKENS` with their long arguments cut (``Message.with_clipped_calls``).
 
     Returns the new list (other messages are the same objects) and the indexes replaced.
-    Replacements are copies with ``pruned=True``; already pruned results are left alone.
+    Replacements are copies with ``pruned=True``; already pruned messages are left alone.
     """
     out = list(messages)
     pruned: list[int] = []
@@ -106,6 +112,9 @@ def prune_tool_results(
         m = out[i]
         if m.role == "tool" and not m.pruned and len(m.content) > min_chars:
             out[i] = m.with_content(PLACEHOLDER, pruned=True)
+            pruned.append(i)
+        elif m.role == "assistant" and m.tool_calls and not m.pruned and m.tokens > CLIP_CALL_TOKENS:
+            out[i] = m.with_clipped_calls()  # a long write_file or say of an old step
             pruned.append(i)
     return out, pruned
 
@@ -162,6 +171,36 @@ def cap_tool_result(text: str, max_chars: int) -> str:
     head = keep * 2 // 3
     tail = keep - head
     return f"{text[:head]}\n[... {len(text) - keep} characters cut ...]\n{text[len(text) - tail :]}"
+
+
+def extractive_summary(chunk: Sequence[Message], previous: str | None, max_chars: int) -> str:
+    """A summary made without the model, when it could not make one and the conversation
+    would otherwise no longer fit: the previous summary, then the start of each message of
+    ``chunk`` (user and assistant text, the names of the tools used), in the summary's
+    headings, at most ``max_chars`` characters."""
+    lines = []
+    for m in chunk:
+        if m.role == "tool" or m.note:
+            continue
+        if m.tool_calls:
+            names = ", ".join(dict.fromkeys(c.get("function", {}).get("name", "?") for c in m.tool_calls))
+            lines.append(f"- assistant used {names}")
+        elif m.content.strip():
+            lines.append(f"- {m.role}: {_first_words(strip_reasoning(m.content), EXTRACT_CHARS)}")
+    head = (previous.strip() + "\n\n") if previous else ""
+    body = "## Progress\n(the model could not summarise these messages; their start, in order)\n"
+    text = head + body
+    for line in lines:
+        if len(text) + len(line) + 1 > max_chars:
+            text += "- …\n"
+            break
+        text += line + "\n"
+    return text.strip()
+
+
+def _first_words(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rsplit(" ", 1)[0] + "…"
 
 
 def summary_message(summary: str) -> Message:
@@ -249,6 +288,7 @@ class CompactionOutcome:
     passes: int = 0
     flushed: list[str] = field(default_factory=list)
     summary_failed: bool = False
+    extractive: bool = False
     error: str | None = None
     estimate_before: int = 0
     estimate_after: int = 0
@@ -277,6 +317,7 @@ async def compact(
     flush: bool,
     force: bool = False,
     min_gain_tokens: int = 0,
+    request_limit: int | None = None,
 ) -> CompactionOutcome:
     """Compact ``history`` if its prompt estimate is over the threshold (or ``force``).
 
@@ -295,9 +336,12 @@ async def compact(
         fixed_tokens: tokens of the rest of the request (system prompt, tool schemas, turn
             preamble).
         min_gain_tokens: unless ``force``, do nothing while the middle is smaller than this
-            and the request still fits ``max_context_tokens``: with a small window the fixed
+            and the request still fits ``request_limit``: with a small window the fixed
             prompt and the protected tail can keep the estimate near the threshold, and
             summarising two messages per turn would cost two LLM calls every turn.
+        request_limit: the largest prompt one turn's request may carry (the window less the
+            reply budget), tokens; default ``max_context_tokens``. (A summary request fits the
+            window with its own reply budget.)
 
     Returns:
         The outcome; ``with_summary(outcome.messages, outcome.summary, ...)`` is valid
@@ -306,6 +350,7 @@ async def compact(
     """
     threshold = int(max_context_tokens * threshold_ratio)
     target = int(max_context_tokens * target_ratio)
+    limit = max_context_tokens if request_limit is None else request_limit
     msgs = list(history)
     summary = previous_summary
     errors: list[str] = []
@@ -332,7 +377,7 @@ async def compact(
                 not force
                 and out.passes == 0
                 and estimate_messages(middle) < min_gain_tokens
-                and total() <= max_context_tokens
+                and total() <= limit
             ):
                 break  # too little to gain for two LLM calls; wait until the middle is worth it
             msgs, pruned = prune_tool_results(msgs, end)
@@ -367,7 +412,14 @@ async def compact(
             except Exception as exc:  # field bug 11: keep the transcript
                 out.summary_failed = True
                 errors.append(f"summary: {type(exc).__name__}: {exc}")
-                break
+                if total() <= (limit if force else max_context_tokens):
+                    break  # the request can still be sent: keep every message (spec)
+                # the prompt alone would overflow the window, or the server already refused
+                # it (a model too weak to summarise, a small window): an extractive summary
+                # keeps the conversation alive; the messages stay in the database (covered,
+                # never deleted)
+                new = extractive_summary(chunk, summary, budget * 4)
+                out.extractive = True
             summary = new
             out.covered_ids += [m.id for m in chunk if m.id is not None]
             msgs = msgs[:start] + msgs[start + len(chunk) :]

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from bumblebot.messages import Message
+from bumblebot.reasoning import strip_reasoning
 
 #: The summary template, in order (spec, "Structured summary").
 SUMMARY_HEADINGS = (
@@ -31,7 +32,6 @@ CONTENT_HEAD_CHARS = 2000
 CONTENT_TAIL_CHARS = 800
 ARGS_CHARS = 400
 
-_THINK = re.compile(r"<think(?:ing)?>.*?(?:</think(?:ing)?>|\Z)", re.DOTALL | re.IGNORECASE)
 _FENCED = re.compile(r"```[a-zA-Z0-9_-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
 
 SUMMARY_SYSTEM = (
@@ -58,11 +58,6 @@ FLUSH_SYSTEM = (
 
 class FlushParseError(ValueError):
     """The memory-flush answer holds no JSON array of objects."""
-
-
-def strip_reasoning(text: str) -> str:
-    """``text`` without ``<think>``/``<thinking>`` blocks (an unclosed one runs to the end)."""
-    return _THINK.sub("", text).strip()
 
 
 def clip(text: str, head: int = CONTENT_HEAD_CHARS, tail: int = CONTENT_TAIL_CHARS) -> str:

@@ -20,15 +20,18 @@ import time
 from typing import Any
 
 from bumblebot.budget import ContextBudget
-from bumblebot.compaction import compact, find_boundaries, prune_tool_results
+from bumblebot.compaction import CLIP_CALL_TOKENS, PLACEHOLDER, compact, find_boundaries, prune_tool_results
 from bumblebot.config import HistoryCompression
-from bumblebot.conversation import Session
-from bumblebot.knowledge import KnowledgeFile
+from bumblebot.conversation import Session, Turn
+from bumblebot.knowledge import Memory
 from bumblebot.llm import LLM
 from bumblebot.messages import Message
 
 log = logging.getLogger(__name__)
 
+#: The protected tail takes at most this share of a request (small windows, long messages).
+TAIL_SHARE = 0.4
+MIN_TAIL = 2
 #: A compaction must free at least the window / this (10%) to be worth its LLM calls.
 MIN_GAIN_DIVISOR = 10
 BACKOFF_BASE_S = 60.0
@@ -57,24 +60,29 @@ class Compactor:
     Args:
         settings: ``cognition.history_compression``.
         llm: summaries and the memory flush use ``llm.model``.
-        knowledge: ``knowledge.md``, for the memory flush.
+        memory: where the memory flush writes (the conversation's own facts, never the global
+            ``knowledge.md``: issue 9, privacy).
         budget: the window and threshold in estimated tokens (learned scale applied).
     """
 
-    def __init__(self, settings: HistoryCompression, llm: LLM, knowledge: KnowledgeFile, budget: ContextBudget) -> None:
+    def __init__(self, settings: HistoryCompression, llm: LLM, memory: Memory, budget: ContextBudget) -> None:
         self.cfg = settings
         self.llm = llm
-        self.knowledge = knowledge
+        self.memory = memory
         self.budget = budget
 
     async def _complete(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float) -> str:
         return await self.llm.text(messages, model=self.llm.model, max_tokens=max_tokens, temperature=temperature)
 
-    async def shrink(self, session: Session, fixed_tokens: int, turn_messages: list[Message]) -> list[dict[str, Any]]:
+    async def shrink(
+        self, session: Session, fixed_tokens: int, turn_messages: list[Message], *, reply_tokens: int | None = None
+    ) -> list[dict[str, Any]]:
         """The endpoint refused the prompt as too long: force a compaction, then prune even the
         protected tail's tool outputs. Returns the trace entries of what ran."""
-        entries = [await self.maybe_compact(session, fixed_tokens, turn_messages, force=True)]
-        entries.append(await self._prune_only(session, fixed_tokens, turn_messages, always=True, everything=True))
+        entries = [await self.maybe_compact(session, fixed_tokens, turn_messages, force=True, reply_tokens=reply_tokens)]
+        entries.append(
+            await self._prune_only(session, fixed_tokens, turn_messages, always=True, everything=True, reply_tokens=reply_tokens)
+        )
         return [e for e in entries if e is not None and (e.get("passes") or e.get("pruned") or e.get("error"))]
 
     async def maybe_compact(
@@ -84,6 +92,7 @@ class Compactor:
         turn_messages: list[Message],
         *,
         force: bool = False,
+        reply_tokens: int | None = None,
     ) -> dict[str, Any] | None:
         """Compact when the request estimate exceeds the threshold (or ``force``).
 
@@ -91,31 +100,38 @@ class Compactor:
             fixed_tokens: the part of every request compaction cannot shrink (system prompt,
                 tool schemas, ``[Turn context]``), estimated tokens.
             turn_messages: the running turn's messages (never compacted).
+            reply_tokens: the turn's completion budget (default: the largest a turn asks for).
 
         Returns a trace entry when something ran, else ``None``.
         """
-        if not force and (not self.cfg.enabled or estimate(session, fixed_tokens, turn_messages) <= self.budget.threshold()):
+        if not force and (not self.cfg.enabled or estimate(session, fixed_tokens, turn_messages) <= self.budget.threshold(reply_tokens)):
             return None
         state = session.compaction
         fixed = fixed_tokens + sum(m.tokens for m in turn_messages)
         if not force and state.next_retry_at > time.time():
-            return await self._prune_only(session, fixed_tokens, turn_messages)
-        window = self.budget.window()
+            return await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
+        window, limit = self.budget.window(), self.budget.limit(reply_tokens)  # limit: the reply budget left out
+        # a small window: the fixed part alone can exceed the target share, so the target
+        # counts from the room left after it (else every compaction runs all its passes)
+        target_ratio = self.cfg.compaction_target_ratio
+        if fixed >= window * target_ratio:
+            target_ratio = (fixed + (limit - fixed) * target_ratio) / window
         outcome = await compact(
             session.history,
             previous_summary=state.summary,
             complete=self._complete,
-            knowledge=self.knowledge if self.cfg.compaction_flush_to_knowledge else None,
+            knowledge=self.memory.of(session.key) if self.cfg.compaction_flush_to_knowledge else None,
             fixed_tokens=fixed,
             max_context_tokens=window,
             threshold_ratio=self.cfg.compaction_threshold_ratio,
-            target_ratio=self.cfg.compaction_target_ratio,
+            target_ratio=target_ratio,
             protect_first_n=self.cfg.compaction_protect_first_n,
-            protect_last_n=self.cfg.compaction_protect_last_n,
+            protect_last_n=self._protected_tail(session.history, limit),
             max_passes=self.cfg.compaction_max_passes,
             flush=self.cfg.compaction_flush_to_knowledge,
             force=force,
             min_gain_tokens=window // MIN_GAIN_DIVISOR,
+            request_limit=limit,
         )
         failed = outcome.summary_failed and not outcome.covered_ids
         await session.apply_compaction(
@@ -129,14 +145,71 @@ class Compactor:
             "pruned": len(outcome.pruned_ids),
             "flushed": outcome.flushed,
             "summary_failed": outcome.summary_failed,
+            "extractive": outcome.extractive,
             "error": outcome.error,
             "estimate_before": outcome.estimate_before,
             "estimate_after": outcome.estimate_after,
         }
-        if failed and estimate(session, fixed_tokens, turn_messages) > window:
-            pruned = await self._prune_only(session, fixed_tokens, turn_messages)
+        if failed and estimate(session, fixed_tokens, turn_messages) > self.budget.limit(reply_tokens):
+            pruned = await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
             if pruned:
                 entry["pruned"] += pruned["pruned"]
+        return entry
+
+    def _protected_tail(self, history: list[Message], limit: int) -> int:
+        """``compaction_protect_last_n``, unless those messages alone would take more than
+        :data:`TAIL_SHARE` of the request limit (a small window with long messages): then as
+        many recent messages as fit in it, at least :data:`MIN_TAIL` (the last exchange)."""
+        n = self.cfg.compaction_protect_last_n
+        room, used, count = int(limit * TAIL_SHARE), 0, 0
+        for m in reversed(history[-n:] if n else []):
+            used += m.tokens
+            if used > room:
+                break
+            count += 1
+        return n if count >= n else max(MIN_TAIL, count)
+
+    async def fit_turn(
+        self, session: Session, fixed_tokens: int, turn: Turn, *, force: bool = False, reply_tokens: int | None = None
+    ) -> dict[str, Any] | None:
+        """Growth inside a turn (issue 9): when the request is still over the threshold after
+        the history was compacted, the turn's own older tool results (all but the latest
+        step's) are cleared to the placeholder, oldest first, until it fits; if it still does
+        not fit the window, the history's tool outputs go too. The latest step's results are
+        already capped together (``cognition.max_tool_result_share``). ``force`` (the endpoint
+        refused the prompt as too long) clears every older result of the turn. When clearing
+        results is not enough, the long arguments of older steps' tool calls are shown cut
+        (``Message.with_clipped_calls``, recorded as ``pruned``)."""
+        if not force and estimate(session, fixed_tokens, turn.transcript) <= self.budget.threshold(reply_tokens):
+            return None
+        transcript = list(turn.transcript)
+        latest = len(transcript)
+        while latest > 0 and transcript[latest - 1].role == "tool":
+            latest -= 1
+        pruned: list[int] = []
+        for i in range(latest):
+            if not force and estimate(session, fixed_tokens, transcript) <= self.budget.threshold(reply_tokens):
+                break
+            m = transcript[i]
+            if m.role == "tool" and not m.pruned and len(m.content) > 200:
+                transcript[i] = m.with_content(PLACEHOLDER, pruned=True)
+                pruned.append(i)
+        for i in range(latest - 1):  # still over: the long arguments of older steps (a write_file, a long say)
+            if not force and estimate(session, fixed_tokens, transcript) <= self.budget.threshold(reply_tokens):
+                break
+            m = transcript[i]
+            if m.role == "assistant" and m.tool_calls and not m.pruned and m.tokens > CLIP_CALL_TOKENS:
+                transcript[i] = m.with_clipped_calls()
+                pruned.append(i)
+        if pruned:
+            await turn.prune(transcript, [transcript[i].id for i in pruned if transcript[i].id is not None])
+        entry = {"passes": 0, "pruned": len(pruned), "in_turn": True} if pruned else None
+        if estimate(session, fixed_tokens, turn.transcript) > self.budget.limit(reply_tokens):
+            more = await self._prune_only(
+                session, fixed_tokens, turn.transcript, always=True, everything=True, reply_tokens=reply_tokens
+            )
+            if more:
+                entry = {"passes": 0, "pruned": (entry or {}).get("pruned", 0) + more["pruned"], "in_turn": True}
         return entry
 
     async def _prune_only(
@@ -147,6 +220,7 @@ class Compactor:
         *,
         always: bool = False,
         everything: bool = False,
+        reply_tokens: int | None = None,
     ) -> dict[str, Any] | None:
         """Clear old tool outputs (no LLM call) so the request still fits.
 
@@ -155,7 +229,7 @@ class Compactor:
         not get under the threshold: then the protected tail's tool outputs go too, because a
         tail that alone overflows would otherwise lock the conversation (field-bugs.md item 12).
         """
-        if not always and estimate(session, fixed_tokens, turn_messages) <= self.budget.window():
+        if not always and estimate(session, fixed_tokens, turn_messages) <= self.budget.limit(reply_tokens):
             return None
         if everything:
             tail_start = len(session.history)

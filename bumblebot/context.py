@@ -24,9 +24,9 @@ from typing import Any
 from bumblebot.budget import ContextBudget
 from bumblebot.compaction import head_end
 from bumblebot.compactor import Compactor, estimate
-from bumblebot.conversation import Session
-from bumblebot.loop import RequestBuilder
-from bumblebot.messages import Message, estimate_text_tokens
+from bumblebot.conversation import Session, Turn
+from bumblebot.loop import LoopLimits, RequestBuilder
+from bumblebot.messages import Message, estimate_text_tokens, estimate_tools
 from bumblebot.sequence import InvalidSequence, repair, validate
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,14 @@ class Requests(RequestBuilder):
     Args:
         system_prompt: the cached system prompt.
         preamble: the ``[Turn context]`` block for the turn's first user message.
-        tool_tokens: estimate of the tool schemas sent with every loop request.
+        tool_schemas: the tool schemas sent with every loop request (compacted to the window).
         session: the session the turn runs in.
-        transcript: the turn's messages so far (the list the turn appends to).
+        turn: the turn (its transcript is the list it appends to); ``None`` between turns.
         protect_first_n: how many history messages stay before the summary.
         compactor: compacts before a request that crosses the threshold; ``None``: never.
         budget: the window; it learns from the prompt tokens the endpoint reports.
+        limits: the turn's profile; its completion budget is room the prompt must leave
+            (read at each request: a reply cut by the reflex budget raises it).
     """
 
     def __init__(
@@ -51,20 +53,25 @@ class Requests(RequestBuilder):
         *,
         system_prompt: str,
         preamble: str,
-        tool_tokens: int,
+        tool_schemas: list[dict[str, Any]],
         session: Session,
-        transcript: list[Message],
+        turn: Turn | None,
         protect_first_n: int,
         compactor: Compactor | None,
         budget: ContextBudget,
+        limits: LoopLimits | None = None,
     ) -> None:
         self.system_prompt = system_prompt
         self.preamble = preamble
+        self.tool_schemas = tool_schemas
+        tool_tokens = estimate_tools(tool_schemas)
         self.session = session
-        self.transcript = transcript
+        self._turn = turn
+        self.transcript: list[Message] = turn.transcript if turn is not None else []
         self.protect_first_n = protect_first_n
         self._compactor = compactor
         self._budget = budget
+        self._limits = limits
         self.fixed_tokens = estimate_text_tokens(system_prompt) + 10 + tool_tokens + estimate_text_tokens(preamble)
         self.last_estimate = 0
         #: trace entries of the compactions this turn ran
@@ -86,9 +93,18 @@ class Requests(RequestBuilder):
             if entry and (entry.get("passes") or entry.get("pruned") or entry.get("error")):
                 self.compactions.append(entry)  # a skipped compaction (too little to gain) is not news
 
+    @property
+    def reply_tokens(self) -> int | None:
+        return self._limits.max_tokens if self._limits is not None else None
+
     async def shrink(self) -> None:
         if self._compactor is not None:
-            self._note(await self._compactor.shrink(self.session, self.fixed_tokens, self.transcript))
+            reply = self.reply_tokens
+            self._note(await self._compactor.shrink(self.session, self.fixed_tokens, self.transcript, reply_tokens=reply))
+            if self._turn is not None:
+                self._note([await self._compactor.fit_turn(
+                    self.session, self.fixed_tokens, self._turn, force=True, reply_tokens=reply
+                )])
 
     def messages(self) -> list[Message]:
         """The message list (without the system prompt) in request order."""
@@ -103,7 +119,12 @@ class Requests(RequestBuilder):
 
     async def build(self, nudge: str | None) -> tuple[list[dict[str, Any]], int]:
         if self._compactor is not None:
-            self._note([await self._compactor.maybe_compact(self.session, self.fixed_tokens, self.transcript)])
+            reply = self.reply_tokens
+            self._note([await self._compactor.maybe_compact(
+                self.session, self.fixed_tokens, self.transcript, reply_tokens=reply
+            )])
+            if self._turn is not None:  # the turn's own growth, when compacting the history was not enough
+                self._note([await self._compactor.fit_turn(self.session, self.fixed_tokens, self._turn, reply_tokens=reply)])
         sequence = self.messages()
         try:
             validate(sequence)

@@ -53,13 +53,21 @@ class Session:
         number: the session number (``conversations.session`` when it was current).
         history: the active history (messages not covered by the summary), oldest first.
         compaction: the summary and counters from the ``compaction`` table.
+        key: the conversation's key (``ChatRef.key``).
     """
 
     def __init__(
-        self, store: Store, conversation_id: int, number: int, history: list[Message], compaction: CompactionState
+        self,
+        store: Store,
+        conversation_id: int,
+        number: int,
+        history: list[Message],
+        compaction: CompactionState,
+        key: str = "",
     ) -> None:
         self._store = store
         self.conversation_id = conversation_id
+        self.key = key  # the conversation's key (``ChatRef.key``): where its facts are flushed
         self.number = number
         self.history: list[Message] = []
         self.compaction = compaction
@@ -68,10 +76,11 @@ class Session:
         self._replace(history, compaction)
 
     @classmethod
-    async def load(cls, store: Store, conversation_id: int, number: int) -> Session:
+    async def load(cls, store: Store, record: ConversationRecord, number: int) -> Session:
         """Read a session from the store (a running turn's messages are its own, not history)."""
-        history = await store.history(conversation_id, number)
-        return cls(store, conversation_id, number, history, await store.compaction_state(conversation_id, number))
+        history = await store.history(record.id, number)
+        state = await store.compaction_state(record.id, number)
+        return cls(store, record.id, number, history, state, record.chat.key)
 
     @property
     def summary(self) -> str | None:
@@ -175,6 +184,12 @@ class Turn:
             at -= 1
         self.transcript.insert(at, message)
 
+    async def prune(self, transcript: list[Message], pruned_ids: list[int]) -> None:
+        """Persist that ``pruned_ids`` (tool results of this turn) show as the placeholder,
+        then adopt ``transcript`` (the same messages, those results replaced)."""
+        await self._store.mark_pruned(pruned_ids)
+        self.transcript[:] = transcript
+
     async def steer(self, entries: list[JournalEntry]) -> Message:
         """Take messages that arrived mid-turn into this turn (one user message), durably:
         after a crash they are answered by the resumed turn, not by a new one."""
@@ -234,7 +249,7 @@ class Conversation:
     async def load(cls, store: Store, chat: ChatRef) -> Conversation:
         """The conversation of ``chat`` with its current session loaded."""
         record = await store.conversation(chat)
-        return cls(store, record, await Session.load(store, record.id, record.session))
+        return cls(store, record, await Session.load(store, record, record.session))
 
     @property
     def id(self) -> int:
@@ -253,7 +268,7 @@ class Conversation:
         Returns the new session number."""
         number = await self._store.reset(self.id)
         self.record = ConversationRecord(self.id, self.chat, number)
-        self.session = Session(self._store, self.id, number, [], CompactionState(None, 0, 0, 0, 0.0))
+        self.session = Session(self._store, self.id, number, [], CompactionState(None, 0, 0, 0, 0.0), self.key)
         return number
 
     async def begin_turn(self, entries: list[JournalEntry], state: dict[str, Any]) -> Turn:
@@ -276,7 +291,7 @@ class Conversation:
         if running.session == self.session.number:
             session = self.session
         else:  # /reset came after the turn began: it finishes in its own session
-            session = await Session.load(self._store, self.id, running.session)
+            session = await Session.load(self._store, self.record, running.session)
         if running.legacy:
             said = [e.text for e in await self._store.outbox_for_turn(running.id) if e.status == "sent"]
             transcript = [Message(role="user", content=merge_text(running.entries))]
@@ -301,7 +316,7 @@ class Conversation:
         """Read the conversation again from the store (after a failed write). Returns the
         half-recorded turn, if one is left running, so that it can be resumed."""
         self.record = await self._store.conversation(self.chat)
-        self.session = await Session.load(self._store, self.id, self.record.session)
+        self.session = await Session.load(self._store, self.record, self.record.session)
         self.turn = None
         return next((t for t in await self._store.running_turns() if t.conversation.id == self.id), None)
 

@@ -27,7 +27,7 @@ from bumblebot.engine import Engine
 from bumblebot.entity import Entity
 from bumblebot.errors import ConfigError, DataDirInUse
 from bumblebot.gate import CompletionGate
-from bumblebot.knowledge import KnowledgeFile
+from bumblebot.knowledge import Memory
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.logs import redact_values
 from bumblebot.loop import AgentLoop
@@ -35,6 +35,7 @@ from bumblebot.prompt import PromptBuilder
 from bumblebot.store import Store
 from bumblebot.toolkit import ToolContext
 from bumblebot.turn import TurnRunner
+from bumblebot.watchdog import LoopWatchdog
 
 log = logging.getLogger("bumblebot")
 
@@ -105,10 +106,11 @@ def _tool_lines(schemas: list[dict[str, Any]]) -> list[str]:
 class Daemon:
     """Everything ``bumblebot run`` (or ``chat``) runs, in start order; stops in reverse.
 
-    Start: open the store, build the LLM client, tools, cognition and engine, recover (resume
-    cut-off turns, queue pending messages), start each adapter, then let turns run. Stop
-    (idempotent): adapters stop intake, the engine drains in-flight turns (they can still
-    deliver), adapters disconnect, the LLM client closes, the store closes last.
+    Start: start the loop watchdog (``bumblebot/watchdog.py``), open the store, build the LLM
+    client, tools, cognition and engine, recover (resume cut-off turns, queue pending
+    messages), start each adapter, then let turns run. Stop (idempotent): adapters stop
+    intake, the engine drains in-flight turns (they can still deliver), adapters disconnect,
+    the LLM client closes, the store closes, the watchdog stops last.
 
     The parts are attributes (``store``, ``llm``, ``toolbox``, ``delivery``, ``runner``,
     ``engine``) once :meth:`open` ran.
@@ -120,6 +122,7 @@ class Daemon:
         self.engine: Engine | None = None
         self.llm: LLM | None = None
         self.adapters: list[Adapter] = []
+        self.watchdog = LoopWatchdog()  # logs event-loop stalls over 0.5 s
         self._stopped = False
 
     def platform_adapters(self, engine: Engine) -> list[Adapter]:
@@ -136,7 +139,8 @@ class Daemon:
         return adapters
 
     async def open(self) -> Engine:
-        """Open the store and build every part (no adapter yet)."""
+        """Start the loop watchdog, open the store and build every part (no adapter yet)."""
+        await self.watchdog.start()  # first: it watches everything after it
         settings, store = self.settings, self.store
         await store.open()
         base_url = effective_base_url(settings, self.secrets)
@@ -144,20 +148,21 @@ class Daemon:
             settings.llm,
             base_url=base_url,
             api_key=self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None,
-            capabilities=CapabilityMemory(store.get_kv, store.set_kv),
+            capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv),
         )
         cognition = settings.cognition
         self.budget = budget = ContextBudget(
             cognition.max_context_tokens,
             cognition.history_compression.compaction_threshold_ratio,
+            reply_tokens=max(cognition.deliberate_max_tokens, cognition.reflex_max_tokens),
             key=ContextBudget.key_for(base_url, llm.model),
             load=store.get_kv,
             save=store.set_kv,
         )
         await budget.load()
         self.toolbox = toolbox = build_toolbox(settings)
-        knowledge = KnowledgeFile(settings.knowledge_path)
-        prompts = PromptBuilder(self.entity, knowledge, _tool_lines(toolbox.schemas()))
+        memory = Memory(settings.data_dir)
+        prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
         self.delivery = delivery = Delivery(store)
         settings.workspace.mkdir(parents=True, exist_ok=True)
 
@@ -177,7 +182,7 @@ class Daemon:
             prompts=prompts,
             llm=llm,
             loop=loop,
-            compactor=Compactor(cognition.history_compression, llm, knowledge, budget),
+            compactor=Compactor(cognition.history_compression, llm, memory, budget),
             delivery=delivery,
             budget=budget,
             toolbox=toolbox,
@@ -213,10 +218,13 @@ class Daemon:
         if self._stopped:
             return
         self._stopped = True
-        await self._each_adapter("stop_intake")
-        if self.engine is not None:
-            await self.engine.stop()  # in-flight turns finish and deliver
-        await self._each_adapter("stop")
-        if self.llm is not None:
-            await self.llm.aclose()
-        await self.store.close()
+        try:
+            await self._each_adapter("stop_intake")
+            if self.engine is not None:
+                await self.engine.stop()  # in-flight turns finish and deliver
+            await self._each_adapter("stop")
+            if self.llm is not None:
+                await self.llm.aclose()
+            await self.store.close()
+        finally:
+            await self.watchdog.stop()  # last: it watched the whole stop

@@ -1,4 +1,11 @@
-"""``knowledge.md``: the entity's durable facts, as Markdown H2 sections.
+"""Durable facts, as Markdown H2 sections: one file shared by all conversations, one per
+conversation (:class:`Memory`), each a :class:`KnowledgeFile`.
+
+**Privacy** (issue 9): a fact the entity learns in a conversation (the ``remember`` tool, the
+compaction memory flush) goes to that conversation's file, ``<data_dir>/knowledge/<chat>.md``,
+and appears only in that conversation's prompts and ``recall``. ``<data_dir>/knowledge.md`` is
+**global**: the operator's file, read in every conversation and never written by the entity
+(what an older version flushed there stays global).
 
 Format (spec, "Context compaction" → memory flush; reference study 2.8)::
 
@@ -42,6 +49,17 @@ _CLOSING = re.compile(r"(?:^|[ \t])#+$")
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 _FENCE = re.compile(r"^[ \t]{0,3}(```|~~~)")
 _BODY_HEADING = re.compile(r"^([ \t]{0,3})(#{1,2})(?=[ \t]|$)", re.MULTILINE)
+
+_WORD = re.compile(r"[^\W_]{3,}", re.UNICODE)
+#: Words too common to say that a fact is relevant.
+_STOPWORDS = frozenset(
+    "the and you your for are was were what who whom how why when where which this that these those "
+    "with from have has had not but can will would about into out our its his her they them their "
+    "she him all any one".split()
+)
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+#: A conversation file name keeps at most this many characters of the conversation key.
+MAX_NAME = 80
 
 _locks: dict[str, threading.RLock] = {}
 _locks_guard = threading.Lock()
@@ -217,3 +235,50 @@ class KnowledgeFile:
             pass
         finally:
             os.close(dfd)
+
+
+def conversation_file_name(key: str) -> str:
+    """The file name of a conversation's facts: its key (``telegram:123``) with every
+    character outside ``[A-Za-z0-9_.-]`` made ``_``, a hash suffix when that is ambiguous
+    or long, and ``.md``."""
+    safe = _UNSAFE.sub("_", key)
+    if safe != key.replace(":", "_") or len(safe) > MAX_NAME:
+        safe = f"{safe[:MAX_NAME]}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    return f"{safe}.md"
+
+
+def words(text: str) -> set[str]:
+    """The words of at least three letters of ``text``, lowercased, common ones left out
+    (relevance scoring). Linear in the text."""
+    return {w for w in (m.lower() for m in _WORD.findall(text)) if w not in _STOPWORDS}
+
+
+def relevant(sections: list[Section], text: str, limit: int) -> list[Section]:
+    """Up to ``limit`` sections sharing the most words (:func:`words`) with ``text``, the
+    later one first on a tie (newer facts win); sections sharing none are left out."""
+    wanted = words(text)
+    if not wanted:
+        return []
+    scored = []
+    for index, section in enumerate(sections):
+        overlap = len(wanted & words(f"{section.title} {section.body}"))
+        if overlap:
+            scored.append((overlap, index, section))
+    scored.sort(key=lambda item: (-item[0], -item[1]))
+    return [section for _, _, section in scored[:limit]]
+
+
+class Memory:
+    """Where facts live: the global ``knowledge.md`` and one file per conversation.
+
+    Args:
+        data_dir: the daemon's data directory.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.data_dir = Path(data_dir)
+        self.shared = KnowledgeFile(self.data_dir / "knowledge.md")
+
+    def of(self, conversation: str) -> KnowledgeFile:
+        """The facts of the conversation with key ``conversation`` (``ChatRef.key``)."""
+        return KnowledgeFile(self.data_dir / "knowledge" / conversation_file_name(conversation))

@@ -46,8 +46,9 @@ from typing import Any, Protocol
 
 from bumblebot.compaction import cap_tool_result
 from bumblebot.errors import ContextTooLong
-from bumblebot.gate import CompletionGate, GateDecision, GateInput, Preview
-from bumblebot.llm import LLM, Completion, ToolCall, strip_reasoning
+from bumblebot.gate import MAX_GATE_CONTINUES, CompletionGate, GateDecision, GateInput, Preview, progress_only
+from bumblebot.llm import LLM, Completion, ToolCall
+from bumblebot.reasoning import strip_reasoning
 from bumblebot.messages import Message
 from bumblebot.store import OutboxEntry
 from bumblebot.toolkit import DeliveryReport, ToolContext, Toolbox, ToolKind, ToolResult
@@ -56,13 +57,19 @@ log = logging.getLogger(__name__)
 
 PREVIEW_CHARS = 280
 PREVIEW_COUNT = 8
+#: The same work tool in this many consecutive steps is refused (spec, "Repeat guard").
 REPEAT_LIMIT = 3
 LENGTH_STALL_LIMIT = 3
-UNGUARDED = frozenset({"end_turn"})
+#: Steps in a row that bring nothing new (no new message, no work call that is not a repeat)
+#: before the loop stops: the model is looping.
+IDLE_STEP_LIMIT = 3
 #: Tools not run under the tool timeout: ``say`` is bounded by the delivery policy itself.
 UNTIMED = frozenset({"say"})
 #: Side-effect free agency tools: a call cut off by a crash is simply completed on resume.
 _COMPLETED_ON_RESUME = {"end_turn": "ending turn", "think": "noted", "wait": "waited 0 s (interrupted)"}
+#: A message is at most its step's token budget in characters, times this slack.
+REPLY_SLACK = 1.25
+MIN_REPLY_CHARS = 500
 #: Messages that arrive mid-turn are taken only while this many steps are left to answer them.
 STEER_MIN_STEPS_LEFT = 2
 #: Minimum characters each result of a step keeps when the step's results share one budget.
@@ -78,6 +85,8 @@ STEP_CAP_MESSAGE = (
     "Tell me to continue and I'll pick it up from where I stopped."
 )
 NO_REPLY_MESSAGE = "Sorry, I couldn't put an answer together this time. Could you say that again?"
+LOOPING_MESSAGE = "Sorry, I got stuck on that and couldn't answer. Could you put it another way?"
+UNFINISHED_MESSAGE = "Sorry, I didn't get that done this time{why}. Tell me if I should try again."
 _PRO_FORMA = frozenset({"done", "done.", "ok", "ok.", "okay", "okay.", "sure", "got it", "✅", "👍", "all done", "all done."})
 
 
@@ -106,20 +115,72 @@ _FILLER = re.compile(
 
 
 def repeats_said(text: str, said: list[str]) -> bool:
-    """``text`` only repeats what ``say`` already delivered, or is a pro-forma "done" or closing
-    filler ("Anything else I can help with?") after something was said."""
+    """``text`` only repeats what was already delivered, or is a pro-forma "done" or closing
+    filler ("Anything else I can help with?") after something was said.
+
+    A repeat is judged on words (lowercased, outer punctuation dropped): the text's words
+    appear in that order within something said, or match it at difflib ratio
+    :data:`NEAR_DUPLICATE` or more, where no word that differs carries a digit ("at 5pm" and
+    "at 6pm" are different facts).
+    """
     norm = _norm(text)
     if not norm:
         return True
     if said and (norm.strip(" .!") in {p.strip(" .!") for p in _PRO_FORMA} or _FILLER.match(norm)):
         return True
-    joined = " ".join(_norm(s) for s in said)
-    if not joined:
+    words = _words(text)
+    if not words or not said:
+        return not words and bool(said)
+    key = "\x00" + "\x00".join(words) + "\x00"
+    for earlier in said:
+        other = _words(earlier)
+        if key in "\x00" + "\x00".join(other) + "\x00" or _near(words, other):
+            return True
+    return False
+
+
+#: Word-level similarity at or above which two messages are the same message.
+NEAR_DUPLICATE = 0.85
+#: Words compared for near-duplicates (difflib is quadratic in the worst case, on the loop).
+SIMILARITY_WORDS = 400
+_OUTER_PUNCTUATION = "\"'`.,;:!?()[]{}<>«»“”‘’…-–—*_~"
+
+
+def _words(text: str) -> list[str]:
+    out = []
+    for token in text.lower().split()[:SIMILARITY_WORDS]:
+        token = token.strip(_OUTER_PUNCTUATION)
+        if token:
+            out.append(token)
+    return out
+
+
+def _near(a: list[str], b: list[str]) -> bool:
+    if 2 * min(len(a), len(b)) < NEAR_DUPLICATE * (len(a) + len(b)):
         return False
-    if norm in joined:
+    if any(any(c.isdigit() for c in w) for w in set(a) ^ set(b)):
+        return False
+    matcher = SequenceMatcher(None, a, b, autojunk=False)
+    return matcher.quick_ratio() >= NEAR_DUPLICATE and matcher.ratio() >= NEAR_DUPLICATE
+
+
+#: Words of a message that only says work is under way ("Good question! Let me think.").
+_PROGRESS_CUES = (
+    "let me", "let's see", "one moment", "one sec", "just a moment", "give me a", "hold on",
+    "hang on", "on it", "checking", "looking into", "looking it up", "thinking", "working on",
+    "i'll", "i will", "i'm going to", "bear with me",
+)
+#: A message longer than this is content, whatever cue it has.
+PROGRESS_NOTE_CHARS = 100
+
+
+def progress_note(text: str) -> bool:
+    """``text`` only says work is under way: the gate's progress-only check, or a short
+    message with a progress cue (:data:`_PROGRESS_CUES`). Linear in the text."""
+    if progress_only(text):
         return True
-    candidates = [_norm(s) for s in said] + [joined]
-    return any(SequenceMatcher(None, norm, c).ratio() >= 0.85 for c in candidates)
+    norm = _norm(text)
+    return len(norm) <= PROGRESS_NOTE_CHARS and any(cue in norm for cue in _PROGRESS_CUES)
 
 
 def _say_text(arguments: str) -> str:
@@ -140,6 +201,10 @@ class LoopLimits:
     tool_timeout_s: float
     max_tool_result_chars: int = 32768
     temperature: float | None = None
+    #: at most this many messages reach the user per turn (``cognition.max_messages_per_turn``)
+    max_messages: int = 4
+    #: a reflex completion cut at ``max_tokens`` is asked again once with this budget
+    escalate_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -151,6 +216,7 @@ class StepTrace:
     completion_tokens: int | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | None = None
+    escalated: bool = False
 
 
 @dataclass(slots=True)
@@ -211,24 +277,39 @@ class LoopState:
         self.work_calls = 0
         self.work_ok = 0
         self.previews: deque[Preview] = deque(maxlen=PREVIEW_COUNT)
-        self._repeat_key: tuple[str, str] | None = None
-        self._repeat_count = 0
+        #: work tool -> consecutive steps it was called in (the repeat guard)
+        self._streak: dict[str, int] = {}
         self._calls: dict[str, ToolCall] = {}
+        #: (tool, canonical arguments) of every work call that ran this turn
+        self._ran: set[tuple[str, str]] = set()
+        self.idle_steps = 0
 
     @classmethod
     def replay(cls, transcript: list[Message], kind: Callable[[str], ToolKind | None]) -> LoopState:
         state = cls(kind)
+        step: tuple[int, list[tuple[ToolCall, bool]]] | None = None  # (said before, plan)
+
+        def close_step() -> None:
+            nonlocal step
+            if step is not None:  # as the live loop does after a step's results
+                state.step_done(*step)
+                step = None
+
         for m in transcript:
             if m.role == "user":
+                close_step()
                 state.on_user(m)
             elif m.role == "assistant":
+                close_step()
+                said_before = len(state.delivered)
                 state.on_assistant(m)
                 if m.tool_calls:
-                    state.plan([_call(c) for c in m.tool_calls])
+                    step = (said_before, state.plan([_call(c) for c in m.tool_calls]))
             elif m.role == "tool":
                 call = state._calls.get(m.tool_call_id or "")
                 if call is not None:
                     state.on_result(call, ToolResult(m.content, ok=m.ok is not False))
+        close_step()
         return state
 
     def on_user(self, message: Message) -> None:
@@ -249,19 +330,34 @@ class LoopState:
         return _norm(text) in {_norm(t) for t in self.delivered}
 
     def plan(self, calls: list[ToolCall]) -> list[tuple[ToolCall, bool]]:
-        """Each call with whether it may run: the same call (tool and arguments) may not run a
-        third time in a row (the repeat guard)."""
+        """Each call of one step with whether it may run (spec, "Repeat guard"): a work tool
+        called in :data:`REPEAT_LIMIT` consecutive steps is refused from the third on. Steps
+        with agency tools only (``say``, ``think``) do not break the streak; a step with other
+        work tools does. Several calls of one tool in one step (a fan-out) are one decision and
+        count once."""
+        work = {c.name for c in calls if self._kind(c.name) is ToolKind.WORK}
+        if work:
+            self._streak = {name: self._streak.get(name, 0) + 1 for name in work}
         plan = []
         for call in calls:
             self._calls[call.id] = call
-            if call.name in UNGUARDED:
-                plan.append((call, True))
-                continue
-            key = (call.name, canonical_arguments(call.arguments))
-            self._repeat_count = self._repeat_count + 1 if key == self._repeat_key else 1
-            self._repeat_key = key
-            plan.append((call, self._repeat_count < REPEAT_LIMIT))
+            plan.append((call, self._streak.get(call.name, 0) < REPEAT_LIMIT or call.name not in work))
         return plan
+
+    def step_done(self, said_before: int, ran: list[tuple[ToolCall, bool]], *, cut: bool = False) -> None:
+        """Count a step that brought nothing new (nothing said, no work call that ran with new
+        arguments): :data:`IDLE_STEP_LIMIT` of them in a row mean the model is looping. A step
+        cut at the token budget (``cut``) is trying, not looping, and a step that ends the turn
+        is the completion gate's to judge: both are left out."""
+        if cut or any(call.name == "end_turn" for call, _ in ran):
+            return
+        fresh = False
+        for call, allowed in ran:
+            if allowed and self._kind(call.name) is ToolKind.WORK:
+                key = (call.name, canonical_arguments(call.arguments))
+                fresh = fresh or key not in self._ran
+                self._ran.add(key)
+        self.idle_steps = 0 if fresh or len(self.delivered) > said_before else self.idle_steps + 1
 
     def on_result(self, call: ToolCall, result: ToolResult) -> None:
         if call.name == "say" and result.ok:
@@ -294,27 +390,41 @@ def _call(api: dict[str, Any]) -> ToolCall:
 class TurnState:
     """The running turn as agency tools see it (:class:`bumblebot.toolkit.TurnControl`)."""
 
-    def __init__(self, port: TurnPort, state: LoopState, thoughts: list[str]) -> None:
+    def __init__(self, port: TurnPort, state: LoopState, thoughts: list[str], max_messages: int) -> None:
         self._port = port
         self._state = state
+        self._max_messages = max_messages
         self._order = asyncio.Lock()  # FIFO: several say() calls of one step keep call order
         self.thoughts = thoughts
         self.end_requested = False
+        #: a say of the current step did not get out (the turn must not end on it)
+        self.lost = False
         #: the platform refused a message for good (blocked bot, deleted chat): talking on is futile
         self.undeliverable: str | None = None
 
     async def say(self, text: str, *, call_id: str | None = None) -> DeliveryReport:
+        """Deliver a ``say``: not at all when it (nearly) repeats what this turn said, or when
+        the turn already sent :attr:`LoopLimits.max_messages` messages (issue 9)."""
         text = strip_reasoning(text)  # reasoning never reaches the user, on any path
         if not text:
             return DeliveryReport(delivered=False, error="nothing to say after removing reasoning")
         if self.undeliverable:
             return DeliveryReport(delivered=False, error=self.undeliverable)
         async with self._order:  # checked under the lock: two equal says of one step count too
-            if self._state.already_said(text):
+            said = self._state.delivered
+            if said and repeats_said(text, said):
                 return DeliveryReport(delivered=True, duplicate=True)
+            if len(said) >= self._max_messages:
+                return DeliveryReport(
+                    delivered=False,
+                    dropped=f"not sent: this turn already sent {len(said)} messages, the most it may; "
+                    "stop talking and call end_turn",
+                )
             report = await self._port.say(text, tool_call_id=call_id)
             if report.ok:
                 self._state._said(text)
+            else:
+                self.lost = True
         self._note_unreachable(report)
         return report
 
@@ -344,6 +454,9 @@ class RequestBuilder:
     history, summary, this turn's messages with the preamble, the nudge) and its token
     estimate; compaction runs inside it when the estimate crosses the threshold.
     """
+
+    #: the tool schemas every request of the turn offers
+    tool_schemas: list[dict[str, Any]] = []
 
     async def build(self, nudge: str | None) -> tuple[list[dict[str, Any]], int]:
         raise NotImplementedError
@@ -400,31 +513,39 @@ class AgentLoop:
                 every step before it is recorded, so the turn can be resumed later.
         """
         state = LoopState.replay(port.transcript, self.toolbox.kind)
-        turn = TurnState(port, state, trace.thoughts)
+        turn = TurnState(port, state, trace.thoughts, limits.max_messages)
         ctx = ToolContext(
             workspace=self.tool_context.workspace, data_dir=self.tool_context.data_dir, turn=turn,
             conversation=conversation, extras=self.tool_context.extras,
         )
         length_stalls = gate_continues = 0
         stop_reason = "step_cap"
-        schemas = self.toolbox.schemas()
+        unmet: GateDecision | None = None  # the gate's last CONTINUE: what the turn still owes
+        schemas = requests.tool_schemas
         used_ids = requests.call_ids()
         ended_by, nudge = await self._close_interrupted(port, state)
         hit_length = False
 
         while True:
             if ended_by is not None:  # the model ended its turn: may it?
+                capped = gate_continues >= MAX_GATE_CONTINUES
                 decision = await self.gate.check(state.gate_input(ended_by, hit_length, gate_continues))
                 trace.gate.append(_gate_entry(len(trace.steps), decision))
                 if decision.done:
                     stop_reason = "end_turn" if ended_by == "end_turn" else "final_reply"
+                    if capped and unmet is not None and state.work_ok == 0 and state.delivered:
+                        stop_reason += "+unfinished"  # only promises were said: say so (issue 9)
                     break
                 gate_continues += 1
+                unmet = decision
                 nudge = decision.nudge
                 if ended_by == "text" and length_stalls >= LENGTH_STALL_LIMIT:
                     nudge = (nudge or "") + " " + LENGTH_ADVICE
                 ended_by = None
             if state.steps >= limits.max_steps:
+                break
+            if state.idle_steps >= IDLE_STEP_LIMIT:
+                stop_reason = "looping"  # no need to wait for the step cap
                 break
             if turn.undeliverable:
                 stop_reason = "undeliverable"  # e.g. the user blocked the bot: stop spending tokens
@@ -435,13 +556,7 @@ class AgentLoop:
                     state.on_user(steer)
                     nudge = None
             request, estimate = await requests.build(nudge)
-            try:
-                completion: Completion = await self._complete(request, schemas, limits)
-            except ContextTooLong:
-                # spec/issue: compact (or prune) and retry once; a second refusal ends the turn
-                await requests.shrink()
-                request, estimate = await requests.build(nudge)
-                completion = await self._complete(request, schemas, limits)
+            completion = await self._complete_fitting(request, nudge, requests, schemas, limits)
             step = StepTrace(
                 step=len(trace.steps) + 1,
                 finish_reason=completion.finish_reason,
@@ -453,19 +568,30 @@ class AgentLoop:
             trace.steps.append(_fields(step))
             await port.answered()
             await requests.observe_usage(completion.prompt_tokens, estimate)
+            if _cut_short(completion) and limits.escalate_tokens and limits.escalate_tokens > limits.max_tokens:
+                # a reply cut by the reflex budget: ask again once with the deliberate one,
+                # before anything of it is run or delivered (issue 9)
+                limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
+                completion = await self._complete(request, schemas, limits)
+                step.finish_reason, step.escalated = completion.finish_reason, True
+                step.completion_tokens = completion.completion_tokens
             hit_length = completion.hit_length
             length_stalls = length_stalls + 1 if hit_length else 0
             nudge = None
+            said_before = len(state.delivered)
 
             if completion.tool_calls:
-                calls = [_unique_id(c, used_ids) for c in completion.tool_calls]
+                calls = [_fit_say(_unique_id(c, used_ids), limits) for c in completion.tool_calls]
                 message = Message(role="assistant", content=completion.content, tool_calls=[c.to_api() for c in calls])
                 await port.record(message)  # before any side effect: a crash from here on is resumable
                 state.on_assistant(message)
-                failed = await self._run_calls(port, state, state.plan(calls), ctx, limits, step)
+                plan = state.plan(calls)
+                turn.lost = False
+                failed = await self._run_calls(port, state, plan, ctx, limits, step)
+                state.step_done(said_before, plan, cut=hit_length)
                 if turn.end_requested:
                     turn.end_requested = False
-                    if "say" not in failed:  # a message that did not get out must not end the turn
+                    if not turn.lost:  # a message that did not get out must not end the turn
                         ended_by = "end_turn"
                         continue
                 nudge = post_tool_nudge(failed, state.delivered)
@@ -473,22 +599,24 @@ class AgentLoop:
                     nudge += " " + LENGTH_ADVICE
                 continue
 
-            # A completion without tool calls: the endpoint did not force tools. Spec,
-            # "Intermediate delivery": a final reply that only echoes what say() already
-            # delivered (or is closing filler) is suppressed; new content is never dropped.
-            text = completion.content.strip()
-            if text and not turn.undeliverable and not (state.delivered and repeats_said(text, state.delivered)):
+            # A completion without tool calls: the endpoint did not force tools.
+            text = _fit_text(completion.content.strip(), limits)
+            if text and not turn.undeliverable and not self._suppressed(text, state):
                 await turn.reply(text)  # recorded with its outbox row; counts the step
             else:
                 state.steps += 1
                 if text:
                     step.tool_calls.append({"name": "(final reply)", "suppressed": True})
+            state.step_done(said_before, [], cut=hit_length)
             ended_by = "text"
 
         note = None
-        if stop_reason == "step_cap":
-            note = STEP_CAP_MESSAGE
-        elif stop_reason != "undeliverable" and not state.delivered:
+        if stop_reason.endswith("+unfinished") and unmet is not None:
+            note = UNFINISHED_MESSAGE.format(why=f" ({_clip(unmet.reason, 120)})" if unmet.reason else "")
+        elif stop_reason in ("step_cap", "looping") and not state.delivered:
+            # only when nothing got through: what was said stands
+            note = STEP_CAP_MESSAGE if stop_reason == "step_cap" else LOOPING_MESSAGE
+        elif stop_reason not in ("undeliverable", "step_cap", "looping") and not state.delivered:
             stop_reason += "+fallback"
             note = NO_REPLY_MESSAGE
         if note is not None:
@@ -496,6 +624,36 @@ class AgentLoop:
             # crash from here on finishes the turn instead of sending the note again
             await turn.reply(note, note=True, closing=stop_reason)
         return LoopResult(messages=port.transcript, stop_reason=stop_reason, delivered=list(state.delivered))
+
+    @staticmethod
+    def _suppressed(text: str, state: LoopState) -> bool:
+        """Spec, "Intermediate delivery": a plain-text final reply after ``say``. With no work
+        tool in the turn, the model already answered through ``say``: the final text is dropped,
+        unless every ``say`` was only a progress note ("On it!"), then the text is the answer.
+        After work tools, only a reply that repeats what was said (or closing filler) is
+        dropped; new content is never lost."""
+        if not state.delivered:
+            return False
+        if state.work_calls == 0 and not all(progress_note(t) for t in state.delivered):
+            return True
+        return repeats_said(text, state.delivered)
+
+    async def _complete_fitting(
+        self,
+        request: list[dict[str, Any]],
+        nudge: str | None,
+        requests: RequestBuilder,
+        schemas: list[dict[str, Any]],
+        limits: LoopLimits,
+    ) -> Completion:
+        """One completion; a context-length refusal compacts (or prunes) and retries once."""
+        try:
+            return await self._complete(request, schemas, limits)
+        except ContextTooLong:
+            # spec/issue: compact (or prune) and retry once; a second refusal ends the turn
+            await requests.shrink()
+            request, _ = await requests.build(nudge)
+            return await self._complete(request, schemas, limits)
 
     async def _run_calls(
         self,
@@ -559,7 +717,8 @@ class AgentLoop:
             return None, None
         block = _last_block(port.transcript)
         failed = [m.name or "" for m in block[1:] if m.ok is False]
-        if any(_call(c).name == "end_turn" for c in block[0].tool_calls or ()) and "say" not in failed:
+        ended = any(_call(c).name == "end_turn" for c in block[0].tool_calls or ())
+        if ended and not any(_lost(m) for m in block[1:]):
             return "end_turn", None
         return None, post_tool_nudge(failed, state.delivered)
 
@@ -587,9 +746,9 @@ class AgentLoop:
         if not run:
             return (
                 ToolResult.error(
-                    f"Not executed: you already called {call.name} with exactly these arguments "
-                    f"{REPEAT_LIMIT - 1} times in a row. Its result is above; use it, try something "
-                    "different, or tell the user and end_turn."
+                    f"Not executed: {call.name} already ran in your last {REPEAT_LIMIT - 1} steps, and "
+                    "the same tool a third time in a row is refused. Use the results above, try a "
+                    "different tool, or tell the user what you found and call end_turn."
                 ),
                 0.0,
             )
@@ -672,6 +831,60 @@ def _unique_id(call: ToolCall, used: set[str]) -> ToolCall:
         new_id = token[:9] if _ALNUM9.match(call.id) else f"call_{token[:24]}"
     used.add(new_id)
     return call if new_id == call.id else ToolCall(id=new_id, name=call.name, arguments=call.arguments)
+
+
+def _reply_chars(limits: LoopLimits) -> int:
+    """The longest message a step may say: its token budget, in characters, with slack for
+    the estimate (some servers ignore ``max_tokens``)."""
+    return max(MIN_REPLY_CHARS, int(limits.max_tokens * 4 * REPLY_SLACK))
+
+
+def _fit_text(text: str, limits: LoopLimits) -> str:
+    limit = _reply_chars(limits)
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _fit_say(call: ToolCall, limits: LoopLimits) -> ToolCall:
+    """A ``say`` longer than the step's budget allowed (a server that ignored ``max_tokens``)
+    is cut to it before it is recorded or sent: one reply must not outgrow the window."""
+    if call.name != "say" or len(call.arguments) <= _reply_chars(limits):
+        return call
+    try:
+        args = json.loads(call.arguments)
+    except ValueError:
+        return call
+    if not isinstance(args, dict) or not isinstance(args.get("text"), str):
+        return call
+    args["text"] = _fit_text(args["text"], limits)
+    return ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False))
+
+
+def _cut_short(completion: Completion) -> bool:
+    """The completion stopped at ``max_tokens`` with a reply that cannot be used as it is:
+    plain text cut mid-way, or a tool call whose arguments are not a whole JSON object."""
+    if not completion.hit_length:
+        return False
+    if not completion.tool_calls:
+        return True
+    for call in completion.tool_calls:
+        try:
+            if not isinstance(json.loads(call.arguments or "{}"), dict):
+                return True
+        except ValueError:
+            return True
+    return False
+
+
+def _lost(result: Message) -> bool:
+    """A ``say`` result that reports a message that did not get out (not one the engine
+    dropped on purpose: a repeat or past the turn's message limit)."""
+    if result.name != "say" or result.ok is not False:
+        return False
+    try:
+        payload = json.loads(result.content)
+    except ValueError:
+        return True
+    return not (isinstance(payload, dict) and payload.get("dropped"))
 
 
 def _clip(text: str, n: int) -> str:

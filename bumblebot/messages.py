@@ -24,6 +24,10 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 #: Per-message overhead of the spec's estimate, in tokens.
 MESSAGE_OVERHEAD_TOKENS = 10
+#: Long string arguments of old tool calls are shown cut to this many characters.
+CLIPPED_VALUE_CHARS = 200
+#: Characters of one tool call's JSON frame: ``{"id":…,"type":"function","function":{"name":…,"arguments":…}}``.
+CALL_FRAME_CHARS = 60
 
 
 def estimate_text_tokens(text: str) -> int:
@@ -68,12 +72,18 @@ class Message:
 
     @property
     def tokens(self) -> int:
-        """Estimated tokens: ``len(text) // 4 + 10`` with tool call names and arguments counted."""
+        """Estimated tokens: ``len(text) // 4 + 10``, where the text of a tool call is its
+        name, its arguments (as the JSON string they travel in), its id and the call's JSON
+        frame (:data:`CALL_FRAME_CHARS`), and a tool result's text includes the id it answers.
+        Endpoints count that structure; leaving it out undercounts tool-heavy turns."""
         if self._tokens is None:
             n = len(self.content)
             for call in self.tool_calls or ():
                 fn = call.get("function", {})
-                n += len(fn.get("name", "")) + len(fn.get("arguments", "") or "")
+                arguments = fn.get("arguments", "") or ""
+                n += len(fn.get("name", "")) + len(arguments) + arguments.count('"') + len(call.get("id", ""))
+                n += CALL_FRAME_CHARS
+            n += len(self.tool_call_id or "")
             self._tokens = n // 4 + MESSAGE_OVERHEAD_TOKENS
         return self._tokens
 
@@ -89,6 +99,20 @@ class Message:
             pruned=self.pruned if pruned is None else pruned,
             ok=self.ok,
             note=self.note,
+        )
+
+    def with_clipped_calls(self, max_chars: int = CLIPPED_VALUE_CHARS) -> Message:
+        """A copy of an assistant message whose tool calls' long string arguments are cut to
+        ``max_chars`` characters (``pruned=True``): how an old step of a turn that grew past
+        the window is shown (arguments that are not a JSON object are cut whole)."""
+        calls = []
+        for call in self.tool_calls or ():
+            fn = dict(call.get("function", {}))
+            fn["arguments"] = clip_arguments(fn.get("arguments", "") or "", max_chars)
+            calls.append({**call, "function": fn})
+        return Message(
+            role=self.role, content="", tool_calls=calls or None, tool_call_id=self.tool_call_id,
+            name=self.name, id=self.id, pruned=True, ok=self.ok, note=self.note,
         )
 
     def to_api(self) -> dict[str, Any]:
@@ -122,3 +146,23 @@ def estimate_tools(tool_schemas: list[dict[str, Any]]) -> int:
     if not tool_schemas:
         return 0
     return estimate_text_tokens(json.dumps(tool_schemas, separators=(",", ":")))
+
+
+def clip_arguments(arguments: str, max_chars: int) -> str:
+    """``arguments`` (a tool call's JSON text) with every string value longer than
+    ``max_chars`` cut to it plus ``…[N characters cut]``; still valid JSON."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return json.dumps({"cut": arguments[:max_chars] + "…"}) if len(arguments) > max_chars else arguments
+
+    def clip(node: Any) -> Any:
+        if isinstance(node, str) and len(node) > max_chars:
+            return f"{node[:max_chars]}…[{len(node) - max_chars} characters cut]"
+        if isinstance(node, dict):
+            return {k: clip(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [clip(v) for v in node]
+        return node
+
+    return json.dumps(clip(value), ensure_ascii=False)

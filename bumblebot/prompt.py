@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from bumblebot.entity import Entity, load_entity
 from bumblebot.events import ChatKind, Inbound
-from bumblebot.knowledge import KnowledgeFile, parse_sections
+from bumblebot.knowledge import KnowledgeFile, Memory, Section, parse_sections, relevant
 
 log = logging.getLogger(__name__)
 
-#: knowledge.md up to this size goes whole into the system prompt; beyond it, only locked
-#: sections and the list of titles do, and relevant sections go into the turn context.
-KNOWLEDGE_INLINE_CHARS = 6000
+#: The global knowledge.md goes whole into the system prompt up to this size (characters;
+#: :data:`SHORT_GLOBAL_CHARS` at prompt level 2 and up); a bigger file contributes its locked
+#: sections only, cut to the same bound, and its other sections are searched per turn.
+GLOBAL_INLINE_CHARS = 2000
+SHORT_GLOBAL_CHARS = 600
+#: At most this many sections, and characters, of relevant knowledge go into a turn context.
 RELEVANT_SECTIONS = 3
-_WORD = re.compile(r"[^\W_]{4,}", re.UNICODE)
+RELEVANT_CHARS = 1500
 
 PROTOCOL = """\
 # How you act
@@ -41,6 +42,20 @@ work for later and never claim a result you did not get from a tool.
 - The latest user message begins with a [Turn context] block written by the system (time, \
 platform, who is speaking). It is not from the user; never quote it back."""
 
+#: The protocol for small windows (prompt level 2 and up): the same rules, fewer words.
+PROTOCOL_SHORT = """\
+# How you act
+- Talk only with `say` (plain text is never shown). Do real work with the work tools in this \
+turn and report what they returned; never promise work for later. Call `end_turn` when done.
+- The [Turn context] block at the start of the latest user message is from the system."""
+
+#: System prompt levels (small windows get a higher one, see ``TurnRunner.fixed_part``): 0 all;
+#: 1 without the tool list (the tool schemas describe the tools); 2 also the short protocol, the
+#: persona cut to :data:`SHORT_PERSONA_CHARS` and at most :data:`SHORT_VOICE_RULES` voice rules.
+PROMPT_LEVELS = 4
+SHORT_PERSONA_CHARS = 400
+SHORT_VOICE_RULES = 3
+
 
 @dataclass(frozen=True, slots=True)
 class TurnInfo:
@@ -50,6 +65,7 @@ class TurnInfo:
     route: str
     now: datetime
     note: str = ""
+    level: int = 0  # the prompt level of the turn (small windows carry less global knowledge)
 
 
 class PromptBuilder:
@@ -57,21 +73,19 @@ class PromptBuilder:
 
     Args:
         entity: the loaded entity (reloaded when its file changes).
-        knowledge: ``knowledge.md``.
+        memory: the global ``knowledge.md`` and the conversations' own facts.
         tool_lines: ``"name: description"`` lines for the tool declarations.
     """
 
-    def __init__(self, entity: Entity, knowledge: KnowledgeFile, tool_lines: list[str]) -> None:
+    def __init__(self, entity: Entity, memory: Memory, tool_lines: list[str]) -> None:
         self.entity = entity
-        self.knowledge = knowledge
+        self.memory = memory
         self.tool_lines = tool_lines
-        self._key: str | None = None
-        self._prompt = ""
+        self._prompts: dict[int, tuple[str, str]] = {}  # level -> (fingerprint, prompt)
         self._entity_stamp = self._stamp(Path(entity.source_path)) if entity.source_path else None
-        self._knowledge_stamp: tuple[int, int] | None = None
-        self._knowledge_text = ""
-        self._sections: list[Any] = []
-        self._unreadable: tuple[int, int] | None = None
+        #: path -> (stat stamp, text, sections): each knowledge file is re-read when it changes
+        self._files: dict[Path, tuple[tuple[int, int] | None, str, list[Section]]] = {}
+        self._unreadable: dict[Path, tuple[int, int] | None] = {}
         self.builds = 0
 
     @staticmethod
@@ -93,82 +107,95 @@ class PromptBuilder:
             except Exception:  # a broken edit keeps the last good entity
                 pass
 
-    def _knowledge(self) -> tuple[str, list[Any]]:
-        """knowledge.md's text and sections, re-read only when the file's stat changes.
+    def _read(self, file: KnowledgeFile, *, create: bool = False) -> tuple[str, list[Section]]:
+        """A knowledge file's text and sections, re-read only when its stat changes. A missing
+        file is empty (the global one is created, so the operator finds it). One that cannot
+        be read (permissions, a directory in its place) is logged once and counts as empty:
+        the entity goes on without those notes rather than failing every turn."""
+        stamp = self._stamp(file.path)
+        cached = self._files.get(file.path)
+        if cached is not None and cached[0] == stamp and stamp is not None:
+            return cached[1], cached[2]
+        if stamp is None and not create:
+            return "", []
+        try:
+            text = file.read()  # creates a missing file with the seed
+        except OSError as exc:
+            if self._unreadable.get(file.path, ()) != stamp:  # once per state of the file
+                self._unreadable[file.path] = stamp
+                log.error("cannot read %s (%s); going on without it", file.path, exc)
+            return "", []
+        sections = parse_sections(text)
+        self._files[file.path] = (self._stamp(file.path), text, sections)
+        return text, sections
 
-        A file that cannot be read (permissions, a directory in its place) is logged once and
-        counts as empty: the entity goes on talking without its notes rather than failing
-        every turn.
-        """
-        stamp = self._stamp(self.knowledge.path)
-        if stamp is None or stamp != self._knowledge_stamp:
-            try:
-                self._knowledge_text = self.knowledge.read()  # creates the file if missing
-            except OSError as exc:
-                if self._unreadable != stamp:  # once per state of the file
-                    self._unreadable = stamp
-                    log.error("cannot read %s (%s); going on without it", self.knowledge.path, exc)
-                self._knowledge_text, self._sections, self._knowledge_stamp = "", [], None
-                return "", []
-            self._sections = parse_sections(self._knowledge_text)
-            self._knowledge_stamp = self._stamp(self.knowledge.path)
-        return self._knowledge_text, self._sections
-
-    def system_prompt(self) -> str:
-        """The system prompt; recompiled only when the entity, knowledge or tools changed."""
+    def system_prompt(self, level: int = 0) -> str:
+        """The system prompt at a compaction ``level`` (:data:`PROMPT_LEVELS`); recompiled only
+        when the entity, knowledge, tools or level changed (spec, "System prompt separation")."""
         self._refresh_entity()
-        knowledge_text, _ = self._knowledge()
+        knowledge_text, _ = self._read(self.memory.shared, create=True)
         key = hashlib.sha256(
             "\x00".join(
-                [self.entity.model_dump_json(), knowledge_text, "\n".join(self.tool_lines)]
+                [self.entity.model_dump_json(), knowledge_text, "\n".join(self.tool_lines), str(level)]
             ).encode()
         ).hexdigest()
-        if key != self._key:
-            self._prompt = self._compile(knowledge_text)
-            self._key = key
+        cached = self._prompts.get(level)
+        if cached is None or cached[0] != key:
+            cached = self._prompts[level] = (key, self._compile(knowledge_text, level))
             self.builds += 1
-        return self._prompt
+        return cached[1]
 
-    def _compile(self, knowledge_text: str) -> str:
+    def _compile(self, knowledge_text: str, level: int) -> str:
         e = self.entity
-        parts = [f"# Who you are\nYour name is {e.name}.\n{e.persona.strip()}".rstrip()]
-        if e.voice:
-            parts.append("# Voice\n" + "\n".join(f"- {rule}" for rule in e.voice))
-        parts.append(PROTOCOL)
-        if self.tool_lines:
+        persona = e.persona.strip()
+        voice = list(e.voice)
+        if level >= 2:
+            persona = _clip_sentences(persona, SHORT_PERSONA_CHARS)
+            voice = voice[:SHORT_VOICE_RULES]
+        parts = [f"# Who you are\nYour name is {e.name}.\n{persona}".rstrip()]
+        if voice:
+            parts.append("# Voice\n" + "\n".join(f"- {rule}" for rule in voice))
+        parts.append(PROTOCOL_SHORT if level >= 2 else PROTOCOL)
+        if self.tool_lines and level == 0:
             parts.append("# Tools\n" + "\n".join(f"- {line}" for line in self.tool_lines))
-        body = knowledge_text.strip()
-        if body and len(body) <= KNOWLEDGE_INLINE_CHARS:
-            parts.append("# What you know (knowledge.md)\n" + body)
-        elif body:
-            _, sections = self._knowledge()
-            locked = [f"## {s.title}\n{s.body.strip()}" for s in sections if s.locked]
-            titles = ", ".join(s.title for s in sections if not s.locked)
-            text = "\n\n".join(locked)
-            parts.append(
-                "# What you know (knowledge.md)\n"
-                + (text + "\n\n" if text else "")
-                + f"Other sections (relevant ones appear in the turn context): {titles}"
-            )
+        known = self._inline_global(knowledge_text, level)
+        if known:
+            parts.append("# What you know\n" + known)
         return "\n\n".join(parts)
 
-    def relevant_knowledge(self, text: str) -> list[str]:
-        """Up to 3 unlocked sections sharing the most words with ``text``, when knowledge.md is large."""
-        knowledge_text, sections = self._knowledge()
-        if len(knowledge_text.strip()) <= KNOWLEDGE_INLINE_CHARS:
-            return []
-        words = {w.lower() for w in _WORD.findall(text)}
-        if not words:
-            return []
-        scored = []
-        for s in sections:
-            if s.locked:
-                continue
-            overlap = len(words & {w.lower() for w in _WORD.findall(s.title + " " + s.body)})
-            if overlap:
-                scored.append((overlap, s))
-        scored.sort(key=lambda pair: -pair[0])
-        return [f"## {s.title}\n{s.body.strip()}" for _, s in scored[:RELEVANT_SECTIONS]]
+    def _inline_global(self, text: str, level: int) -> str:
+        """The global knowledge the system prompt carries: all of it when it is small
+        (:data:`GLOBAL_INLINE_CHARS`), else its locked sections, cut to the same bound."""
+        bound = SHORT_GLOBAL_CHARS if level >= 2 else GLOBAL_INLINE_CHARS
+        sections = parse_sections(text)
+        if not sections:
+            return ""
+        if len(text.strip()) <= bound:
+            return "\n\n".join(f"## {s.title}\n{s.body}" for s in sections)
+        locked = "\n\n".join(f"## {s.title}\n{s.body}" for s in sections if s.locked)
+        return locked if len(locked) <= bound else locked[: bound - 1] + "…"
+
+    def relevant_knowledge(self, conversation: str, text: str, level: int = 0) -> list[str]:
+        """Facts for this turn's context (issue 9: bounded, and private to the conversation):
+        the conversation's own sections (all of them while it has at most
+        :data:`RELEVANT_SECTIONS`), else the ones sharing the most words with ``text``,
+        plus relevant global sections the system prompt does not carry; at most
+        :data:`RELEVANT_SECTIONS` sections and :data:`RELEVANT_CHARS` characters."""
+        _, own = self._read(self.memory.of(conversation))
+        global_text, shared = self._read(self.memory.shared)
+        chosen = own if len(own) <= RELEVANT_SECTIONS else relevant(own, text, RELEVANT_SECTIONS)
+        inline = self._inline_global(global_text, level)
+        others = [s for s in shared if not s.locked and f"## {s.title}\n{s.body}" not in inline]
+        if len(chosen) < RELEVANT_SECTIONS:
+            chosen = chosen + relevant(others, text, RELEVANT_SECTIONS - len(chosen))
+        out, used = [], 0
+        for section in chosen:
+            block = f"## {section.title}\n{section.body.strip()}"
+            if used + len(block) > RELEVANT_CHARS:
+                break
+            out.append(block)
+            used += len(block)
+        return out
 
     def preamble(self, info: TurnInfo) -> str:
         """The ``[Turn context]`` block for this turn (ends with a ``---`` line)."""
@@ -185,8 +212,20 @@ class PromptBuilder:
             lines.append("Mode: quick reply; keep it short.")
         if info.note:
             lines.append(info.note)
-        relevant = self.relevant_knowledge(inb.text)
-        if relevant:
-            lines.append("Relevant knowledge:\n" + "\n\n".join(relevant))
+        facts = self.relevant_knowledge(inb.chat.key, inb.text, info.level)
+        if facts:
+            lines.append("What you know here:\n" + "\n\n".join(facts))
         lines.append("---")
         return "\n".join(lines)
+
+
+def _clip_sentences(text: str, limit: int) -> str:
+    """``text`` cut after the last whole sentence that ends within ``limit`` characters (or
+    at a word boundary if the first sentence is longer)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = max(head.rfind(". "), head.rfind("! "), head.rfind("? "), head.rfind(".\n"))
+    if end > 0:
+        return head[: end + 1]
+    return head.rsplit(" ", 1)[0] + "…"

@@ -52,9 +52,10 @@ class DeliveryReport:
 
     ``queued`` is ``True`` when delivery failed for now but the message stays in the outbox
     and will be retried (so the model must not repeat it). ``duplicate`` is ``True`` when the
-    same text was already said in this turn and was not sent again (spec: a message reaches the
-    user exactly once). ``chat_unreachable`` is ``True`` when the platform said no message can
-    reach this chat (blocked, deleted, no permission).
+    same text (or nearly the same) was already said in this turn and was not sent again (spec:
+    a message reaches the user exactly once). ``chat_unreachable`` is ``True`` when the platform
+    said no message can reach this chat (blocked, deleted, no permission). ``dropped`` says why
+    the engine did not send it at all (the turn's message limit), not a delivery failure.
     """
 
     delivered: bool
@@ -62,6 +63,7 @@ class DeliveryReport:
     error: str | None = None
     duplicate: bool = False
     chat_unreachable: bool = False
+    dropped: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,13 +71,16 @@ class DeliveryReport:
         return self.delivered or self.queued
 
     def as_result(self) -> ToolResult:
-        """The ``say`` tool's result: ``{"delivered": bool, "queued": bool, "note"?, "error"?}``,
-        ``ok`` when delivered or queued."""
+        """The ``say`` tool's result: ``{"delivered": bool, "queued": bool, "dropped"?, "note"?,
+        "error"?}``, ``ok`` when delivered or queued."""
         import json
 
         payload: dict[str, object] = {"delivered": self.delivered, "queued": self.queued}
         if self.duplicate:
-            payload["note"] = "you already said exactly this in this turn; it was not sent again"
+            payload["note"] = "you already said this in this turn; it was not sent again"
+        if self.dropped:
+            payload["dropped"] = True
+            payload["note"] = self.dropped
         if self.error:
             payload["error"] = self.error
         return ToolResult(json.dumps(payload, ensure_ascii=False), ok=self.ok)
@@ -103,7 +108,8 @@ class ToolContext:
         workspace: the directory work tools are confined to (resolved, exists).
         data_dir: the daemon's data directory (``knowledge.md`` lives here).
         turn: the running turn, for agency tools; ``None`` outside a turn.
-        conversation: a human-readable key of the conversation, for logs.
+        conversation: the conversation's key (``ChatRef.key``, e.g. ``telegram:123``): logs,
+            and where its private facts live (``remember``/``recall``).
         call_id: the id of the tool call being run (``None`` outside a turn).
         extras: free slot for tool-specific services (e.g. an ``httpx.AsyncClient``).
     """
@@ -116,11 +122,20 @@ class ToolContext:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+#: Compaction levels of :meth:`Toolbox.schemas` (0 to 3).
+SCHEMA_LEVELS = 4
+
+
 class Toolbox(Protocol):
     """The registry as the engine sees it."""
 
-    def schemas(self) -> list[dict[str, Any]]:
-        """OpenAI ``tools`` entries: ``[{"type": "function", "function": {...}}, ...]``."""
+    def schemas(self, level: int = 0) -> list[dict[str, Any]]:
+        """OpenAI ``tools`` entries: ``[{"type": "function", "function": {...}}, ...]``.
+
+        ``level`` compacts them for small context windows: 0 as declared, up to
+        ``SCHEMA_LEVELS - 1`` (3): brief descriptions, required parameters only, optional
+        tools left out (``tools.registry.SCHEMA_LEVELS`` documents each level).
+        """
 
     def kind(self, name: str) -> ToolKind | None:
         """The kind of a registered tool, ``None`` if unknown."""

@@ -30,26 +30,28 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bumblebot.budget import ContextBudget
+from bumblebot.budget import REPLY_SHARE, ContextBudget
 from bumblebot.compactor import Compactor
 from bumblebot.config import CognitionSettings, EngineSettings
 from bumblebot.context import Requests
-from bumblebot.conversation import Conversation, Session, Turn, merge_text
+from bumblebot.conversation import Conversation, Session, Turn
 from bumblebot.delivery import Delivery
 from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
 from bumblebot.llm import LLM
 from bumblebot.loop import AgentLoop, LoopLimits, LoopTrace, TurnPort, max_steps
-from bumblebot.messages import Message, estimate_tools
+from bumblebot.messages import MESSAGE_OVERHEAD_TOKENS, Message, estimate_text_tokens, estimate_tools
 from bumblebot.prompt import PromptBuilder, TurnInfo
 from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, route
 from bumblebot.store import JournalEntry, OutboxEntry, RunningTurn
-from bumblebot.toolkit import DeliveryReport, Toolbox
+from bumblebot.toolkit import SCHEMA_LEVELS, DeliveryReport, Toolbox
 
 log = logging.getLogger(__name__)
 
 #: A turn resumed this many times without finishing is given up (a poison turn must not crash
 #: the daemon for ever).
 MAX_RESUMES = 3
+#: The system prompt and tool schemas together take at most this share of the window.
+FIXED_SHARE = 0.25
 OUTAGE_RETRY_FIRST_S = 1.0
 OUTAGE_RETRY_MAX_S = 60.0
 
@@ -223,11 +225,27 @@ class TurnRunner:
         self.toolbox = toolbox
         self.redact = redact
         self.outages = OutageWatch()
+        self._fixed_warned = 0
 
-    @property
-    def tool_tokens(self) -> int:
-        """Estimated tokens of the tool schemas offered now (the list can change)."""
-        return estimate_tools(self.toolbox.schemas())
+    def fixed_part(self) -> tuple[int, str, list[dict[str, Any]]]:
+        """The compaction level, system prompt and tool schemas of every request, compacted
+        until together they take at most :data:`FIXED_SHARE` of the window (small windows,
+        issue 9): the lowest level of ``PromptBuilder.system_prompt`` and ``Toolbox.schemas``
+        that fits. Returns the most compact one (and logs it once) when even that does not fit."""
+        budget = int(self.budget.window() * FIXED_SHARE)
+        for level in range(SCHEMA_LEVELS):
+            prompt, schemas = self.prompts.system_prompt(level), self.toolbox.schemas(level)
+            tokens = estimate_text_tokens(prompt) + MESSAGE_OVERHEAD_TOKENS + estimate_tools(schemas)
+            if tokens <= budget:
+                return level, prompt, schemas
+        if self._fixed_warned != tokens:
+            self._fixed_warned = tokens
+            log.warning(
+                "the system prompt and tool schemas take ~%d tokens even compacted, over %d%% of the "
+                "%d-token window; raise cognition.max_context_tokens or offer fewer tools",
+                tokens, FIXED_SHARE * 100, self.budget.max_context_tokens,
+            )
+        return level, prompt, schemas
 
     async def _classify(self, messages: list[dict[str, Any]]) -> str:
         return await self.llm.text(messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE)
@@ -240,7 +258,7 @@ class TurnRunner:
     async def _start_state(self, entries: list[JournalEntry]) -> dict[str, Any]:
         """A turn's first state: its route (spec, "Routing"), kept for every later resume."""
         decision = await route(
-            merge_text(entries),
+            "\n\n".join(e.inbound.text for e in entries),  # the words, not "[Speaker]: " prefixes
             classify=self._classify if self.cfg.classifier else None,
             source=entries[-1].inbound.source,
             always_deliberate=self.prompts.entity.always_deliberate,
@@ -288,23 +306,30 @@ class TurnRunner:
         return await self._drive(conversation, suspended.turn, suspended.trace)
 
     def _requests(
-        self, session: Session, transcript: list[Message], preamble: str, compactor: Compactor | None
+        self, session: Session, turn: Turn | None, compactor: Compactor | None, limits: LoopLimits | None = None
     ) -> Requests:
+        level, prompt, schemas = self.fixed_part()
+        preamble = ""
+        if turn is not None:
+            state = turn.state
+            info = TurnInfo(inbound=turn.entries[-1].inbound, route=state.get("route", ""), now=datetime.now(UTC), level=level)
+            preamble = self.prompts.preamble(info)
         return Requests(
-            system_prompt=self.prompts.system_prompt(),
+            system_prompt=prompt,
             preamble=preamble,
-            tool_tokens=self.tool_tokens,
+            tool_schemas=schemas,
             session=session,
-            transcript=transcript,
+            turn=turn,
             protect_first_n=self.cfg.history_compression.compaction_protect_first_n,
             compactor=compactor,
             budget=self.budget,
+            limits=limits,
         )
 
     def between_turns(self, conversation: Conversation) -> Requests:
         """The conversation as the next request would carry it, without a turn's own messages
         (``/status`` and ``/compact`` report the same numbers)."""
-        return self._requests(conversation.session, [], "", None)
+        return self._requests(conversation.session, None, None)
 
     def status(self, conversation: Conversation) -> str:
         """``/status``: context usage and compaction, in two lines."""
@@ -325,10 +350,17 @@ class TurnRunner:
         return await self.compactor.force(conversation.session, self.between_turns(conversation).fixed_tokens)
 
     def _limits(self, reflex: bool) -> LoopLimits:
+        """The turn's profile (spec, "Routing"). The completion budget is at most
+        :data:`REPLY_SHARE` of the window: servers that count prompt plus ``max_tokens``
+        against it (vLLM, llama.cpp, OpenAI) would refuse a 2048-token reply in a 4k window."""
         cfg = self.cfg
+        cap = int(cfg.max_context_tokens * REPLY_SHARE)
+        deliberate = min(cap, cfg.deliberate_max_tokens)
         return LoopLimits(
             max_steps=max_steps(cfg.tool_continuation_rounds),
-            max_tokens=cfg.reflex_max_tokens if reflex else cfg.deliberate_max_tokens,
+            max_tokens=min(cap, cfg.reflex_max_tokens) if reflex else deliberate,
+            max_messages=cfg.max_messages_per_turn,
+            escalate_tokens=deliberate if reflex else None,
             model=self.llm.reflex_model if reflex else self.llm.model,
             thinking=not reflex,
             tool_timeout_s=cfg.tool_timeout_s,
@@ -370,8 +402,7 @@ class TurnRunner:
             steer=self.cfg.mid_turn_messages == "steer", trace=snapshot,
         )
         try:
-            info = TurnInfo(inbound=turn.entries[-1].inbound, route=state.get("route", ""), now=datetime.now(UTC))
-            requests = self._requests(turn.session, turn.transcript, self.prompts.preamble(info), self.compactor)
+            requests = self._requests(turn.session, turn, self.compactor, limits)
             async with self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s):
                 result = await self.loop.run(io, requests, limits, trace, conversation=conversation.key)
         except asyncio.CancelledError:

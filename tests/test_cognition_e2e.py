@@ -232,8 +232,9 @@ async def test_judge_that_fails_or_answers_garbage_still_ends_the_turn(tmp_path,
 
 async def test_step_cap_ends_with_an_honest_message(tmp_path, llm, tg):
     judges_say_done(llm)
-    for i in range(6):
-        llm.push(tool_calls(("think", {"thought": f"hmm {i}"})), when=is_loop)
+    for i in range(6):  # real work, new each step (alternating tools), but never a word
+        step = ("read_file", {"path": f"f{i}.txt"}) if i % 2 else ("list_directory", {"path": f"d{i}"})
+        llm.push(tool_calls(step), when=is_loop)
     async with running(config(tmp_path, llm, tg, tool_continuation_rounds=0)) as d:
         tg.push_text("ponder forever", chat_id=1)
         await tg.wait_for("sendMessage")
@@ -241,6 +242,36 @@ async def test_step_cap_ends_with_an_honest_message(tmp_path, llm, tg):
         trace = (await d.store.recent_turns())[0]["trace"]
     assert len(loop_requests(llm)) == 6  # max(6, min(25, 6 + 0))
     assert "more steps than I'm allowed" in tg.sent(1)[0]
+    assert trace["stop_reason"] == "step_cap"
+
+
+async def test_a_looping_model_is_stopped_before_the_step_cap(tmp_path, llm, tg):
+    """Issue 9: three steps in a row that bring nothing new end the turn at once."""
+    judges_say_done(llm)
+    for i in range(6):
+        llm.push(tool_calls(("think", {"thought": f"hmm {i}"})), when=is_loop)
+    async with running(config(tmp_path, llm, tg, tool_continuation_rounds=0)) as d:
+        tg.push_text("ponder forever", chat_id=1)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    assert len(loop_requests(llm)) == 3
+    assert "got stuck" in tg.sent(1)[0]  # nothing got through: say so
+    assert trace["stop_reason"] == "looping"
+
+
+async def test_a_turn_that_said_something_ends_at_the_cap_without_the_stop_message(tmp_path, llm, tg):
+    """Issue 9: at the step cap what the model said stands; no "I had to stop" on top."""
+    judges_say_done(llm)
+    llm.push(say("Here is what I found so far: it is sunny.", end=False), when=is_loop)
+    for i in range(5):
+        step = ("read_file", {"path": f"f{i}.txt"}) if i % 2 else ("list_directory", {"path": f"d{i}"})
+        llm.push(tool_calls(step), when=is_loop)
+    async with running(config(tmp_path, llm, tg, tool_continuation_rounds=0)) as d:
+        tg.push_text("dig deeper", chat_id=1)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    assert tg.sent(1) == ["Here is what I found so far: it is sunny."]
     assert trace["stop_reason"] == "step_cap"
 
 

@@ -11,6 +11,7 @@ from support import contents, judges_say_done, loop_requests, say
 
 from bumblebot.compaction import PLACEHOLDER, SUMMARY_HEADER, SUMMARY_HEADINGS
 from bumblebot.conversation import Conversation
+from bumblebot.knowledge import Memory
 from bumblebot.events import ChatRef, Platform
 from bumblebot.messages import Message
 from bumblebot.store import Store
@@ -64,7 +65,7 @@ async def test_crossing_the_threshold_flushes_and_summarises_before_the_completi
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
-        knowledge = d.settings.knowledge_path.read_text()
+        knowledge = Memory(d.settings.data_dir).of(f"telegram:{CHAT}").path.read_text()  # the chat's own
     kinds = ["flush" if is_flush(r) else "summary" if is_summary(r) else "loop" if is_loop(r) else "judge" for r in llm.requests]
     assert kinds[:3] == ["flush", "summary", "loop"]
     main = loop_requests(llm)[0]["messages"]
@@ -92,7 +93,7 @@ async def test_restart_after_compaction_sends_a_byte_identical_prompt(tmp_path, 
     async def next_prompt(d) -> list[dict]:
         """What the next turn would send before its own user message, as API dicts."""
         requests = d.runner.between_turns(await Conversation.load(d.store, chat))  # from disk
-        requests.transcript.append(Message(role="user", content="probe"))
+        requests.transcript.append(Message(role="user", content="probe"))  # a turn's first message
         api, _ = await requests.build(None)
         return api[:-1]
 

@@ -351,7 +351,8 @@ async def test_sigkill_drill_answers_every_message_exactly_once(
     rng = random.Random(seed)
     model = DrillModel(random.Random(f"{seed}:latency"))
     llm.default = model
-    config = write_config(tmp_path, llm, tg)
+    # one say per token; a merged turn can answer more than the default four messages
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_messages_per_turn": 20})
     tokens = drill_tokens(rng)
     kill_plan = [rng.randint(1, 20) for _ in range(rng.randint(3, 5))]
     # each killed life releases whole rounds (every chat gets new messages), the last one the rest

@@ -39,7 +39,7 @@ from fakes.telegram_server import FakeTelegram
 from bumblebot.config import Secrets, load_settings
 from bumblebot.daemon import Daemon
 from bumblebot.entity import load_entity
-from bumblebot.loop import NO_REPLY_MESSAGE, STEP_CAP_MESSAGE
+from bumblebot.loop import LOOPING_MESSAGE, NO_REPLY_MESSAGE
 from bumblebot.store import Store
 from bumblebot.turn import OUTAGE_NOTICE
 
@@ -141,12 +141,10 @@ def careful_model(request: dict[str, Any]) -> Reply:
 
 
 def looping_model(request: dict[str, Any]) -> Reply:
-    """Says one progress note, then lists directories until the step cap stops it."""
+    """Lists the same directory without a word until the loop stops it (it is looping); the
+    daemon's stop note is then the only message."""
     if not is_loop(request):
         return text("DONE: fine")
-    said = {a["text"] for n, a, r in _calls(request) if n == "say" and isinstance(r, dict) and r.get("delivered")}
-    if "looking" not in said:
-        return tool_calls(("say", {"text": "looking"}))
     return tool_calls(("list_directory", {"path": "."}))
 
 
@@ -173,7 +171,7 @@ class OutageThenCareful:
 SHAPES: dict[str, tuple[Any, dict[str, Any], list[str], str]] = {
     "two_parts": (lambda: careful_model, {}, [PART_ONE, PART_TWO], LINE),
     "step_cap": (lambda: looping_model, {"cognition": {"classifier": False, "tool_continuation_rounds": 0}},
-                 ["looking", STEP_CAP_MESSAGE], ""),
+                 [LOOPING_MESSAGE], ""),
     "fallback": (lambda: silent_model, {}, [NO_REPLY_MESSAGE], ""),
     "outage": (OutageThenCareful, {}, [OUTAGE_NOTICE, PART_ONE, PART_TWO], LINE),
 }

@@ -92,7 +92,7 @@ async def test_gate_routes_to_the_right_judge():
 
 
 def test_strip_reasoning_keeps_a_tag_mentioned_mid_reply():
-    from bumblebot.llm import strip_reasoning
+    from bumblebot.reasoning import strip_reasoning
 
     assert strip_reasoning("<think>plan</think>Hello") == "Hello"
     assert strip_reasoning("<think>cut off mid-thought") == ""

@@ -75,7 +75,7 @@ async def test_tool_call_reply_is_a_parsed_completion(llm: FakeOpenAI, client: o
     assert [json.loads(c.function.arguments) for c in calls] == [{"q": "bees"}, {"q": "wasps"}]
     assert calls[0].id.startswith("call_") and calls[1].id == "call_fixed"
     assert completion.model == "test-model"
-    assert completion.usage.prompt_tokens == len(json.dumps(USER)) // 4
+    assert completion.usage.prompt_tokens == (len(json.dumps(USER)) + len(json.dumps(TOOLS))) // 4  # tools count
     assert llm.requests[0]["tools"] == TOOLS
     assert llm.request_log[0].headers["Authorization"] == "Bearer sk-test"
     assert llm.request_log[0].status == 200

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 from bumblebot.entity import load_entity
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.knowledge import KnowledgeFile
-from bumblebot.prompt import KNOWLEDGE_INLINE_CHARS, PromptBuilder, TurnInfo
+from bumblebot.knowledge import Memory
+from bumblebot.prompt import GLOBAL_INLINE_CHARS, PromptBuilder, TurnInfo
 
 
 def builder(tmp_path, knowledge_text="# Knowledge\n"):
@@ -15,7 +15,7 @@ def builder(tmp_path, knowledge_text="# Knowledge\n"):
     entity_file.write_text("name: Testy\npersona: You test things.\ntimezone: Europe/Lisbon\n")
     (tmp_path / "knowledge.md").write_text(knowledge_text)
     entity = load_entity(str(entity_file))
-    return PromptBuilder(entity, KnowledgeFile(tmp_path / "knowledge.md"), ["say: talk"]), entity_file
+    return PromptBuilder(entity, Memory(tmp_path), ["say: talk"]), entity_file
 
 
 def test_system_prompt_is_rebuilt_only_when_its_inputs_change(tmp_path):
@@ -49,9 +49,20 @@ def test_preamble_carries_the_volatile_facts(tmp_path):
 def test_large_knowledge_moves_relevant_sections_into_the_preamble(tmp_path):
     sections = "".join(f"## Topic {i}\n" + "filler words " * 40 + "\n\n" for i in range(20))
     prompts, _ = builder(tmp_path, "# Knowledge\n\n## [locked] Core\nAlways kind.\n\n" + sections + "## Bees\nThe hive is blue.\n")
-    assert len((tmp_path / "knowledge.md").read_text()) > KNOWLEDGE_INLINE_CHARS
+    assert len((tmp_path / "knowledge.md").read_text()) > GLOBAL_INLINE_CHARS
     system = prompts.system_prompt()
-    assert "Always kind." in system and "The hive is blue." not in system and "Bees" in system
+    assert "Always kind." in system and "The hive is blue." not in system and "Topic 3" not in system  # bounded
     inbound = Inbound(ChatRef(Platform.TELEGRAM, "5"), "1", "5", "Ada", "what colour is the hive?", ChatKind.PRIVATE)
     preamble = prompts.preamble(TurnInfo(inbound=inbound, route="deliberate", now=datetime.now(UTC)))
-    assert "The hive is blue." in preamble
+    assert "The hive is blue." in preamble and len(preamble) < 2500
+
+
+def test_a_conversations_facts_reach_only_its_own_turn_context(tmp_path):
+    prompts, _ = builder(tmp_path)
+    Memory(tmp_path).of("telegram:5").append_sections([("Pets", "Ada's cat is called Miso.")])
+    now = datetime.now(UTC)
+    ada = Inbound(ChatRef(Platform.TELEGRAM, "5"), "1", "5", "Ada", "hi again", ChatKind.PRIVATE)
+    bob = Inbound(ChatRef(Platform.DISCORD, "7"), "1", "7", "Bob", "what is the cat called?", ChatKind.GROUP)
+    assert "Miso" in prompts.preamble(TurnInfo(inbound=ada, route="reflex", now=now))
+    assert "Miso" not in prompts.preamble(TurnInfo(inbound=bob, route="reflex", now=now))
+    assert "Miso" not in prompts.system_prompt()

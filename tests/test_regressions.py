@@ -119,7 +119,8 @@ async def test_mid_turn_message_is_kept_when_the_model_then_fails(tmp_path, llm,
 async def test_say_calls_of_one_step_arrive_in_call_order(tmp_path, llm, tg):
     judges_say_done(llm)
     llm.push(tool_calls(*[("say", {"text": f"part {i}"}) for i in range(5)], ("end_turn", {})), when=is_loop)
-    async with running(write_config(tmp_path, llm, tg)):
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_messages_per_turn": 5})
+    async with running(config):
         tg.push_text("count to five", chat_id=4)
         await tg.wait_for("sendMessage", n=5)
     assert tg.sent(4) == [f"part {i}" for i in range(5)]

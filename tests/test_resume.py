@@ -319,7 +319,7 @@ def test_replaying_a_transcript_rebuilds_what_the_loop_knew():
 async def test_tool_results_recorded_out_of_order_come_back_in_call_order(tmp_path):
     async with Store(tmp_path / "db.sqlite") as store:
         record = await store.conversation(ChatRef(Platform.CONSOLE, "x"))
-        session = Session(store, record.id, record.session, [], CompactionState(None, 0, 0, 0, 0.0))
+        session = Session(store, record.id, record.session, [], CompactionState(None, 0, 0, 0, 0.0), record.chat.key)
         user = Message(role="user", content="go")
         turn_id = await store.begin_turn(record.id, record.session, [], user, {})
         turn = Turn(store, record, session, turn_id, [], [user], {})
@@ -497,7 +497,8 @@ async def test_queued_messages_share_the_outage_one_notice_and_one_wait(tmp_path
 async def test_a_busy_chat_leaves_the_turn_steps_to_answer_what_it_took(tmp_path, llm, tg):
     """Regression: messages steered into the last step were marked done without an answer."""
     judges_say_done(llm)
-    held = [Gate(tool_calls(("think", {"thought": f"step {i}"}))) for i in range(6)]
+    steps = [("read_file", {"path": f"f{i}"}) if i % 2 else ("list_directory", {"path": f"d{i}"}) for i in range(6)]
+    held = [Gate(tool_calls(step)) for step in steps]  # six steps of fresh work
     for gate in held:
         llm.push(gate, when=is_loop)
     llm.push(say("the late one, answered"), when=is_loop)

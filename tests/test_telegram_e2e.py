@@ -9,6 +9,8 @@ from conftest import TOKEN, running, write_config
 from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
 from support import Gate, contents, judges_say_done, loop_requests, say
 
+from bumblebot.llm import ForcingFallback
+
 
 async def test_say_then_end_turn_reaches_send_message_with_typing(tmp_path, llm, tg):
     llm.push(say("hey you"), when=is_loop)
@@ -124,7 +126,7 @@ async def test_endpoint_rejecting_required_tool_choice_falls_back_to_auto(tmp_pa
             remembered = await d.store.get_kv(f"llm.tool_choice:{llm.base_url}")
         assert tg.sent(3) == ["plain hello", "plain again"]
         assert len(llm.rejected) == 1  # remembered: the second turn went straight to "auto"
-        assert remembered == "auto"
+        assert ForcingFallback.parse(remembered) is not None  # remembered, with why and since when
         assert [r["tool_choice"] for r in loop_requests(llm) if r not in llm.rejected] == ["auto", "auto"]
 
 

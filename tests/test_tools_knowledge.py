@@ -1,4 +1,5 @@
-"""The knowledge tools through the registry, on a real knowledge.md."""
+"""The knowledge tools through the registry, on real files: a conversation's facts are its own,
+the global knowledge.md is shared (issue 9, privacy)."""
 
 from __future__ import annotations
 
@@ -6,27 +7,35 @@ import json
 
 from tools import build_registry
 
+from bumblebot.knowledge import Memory
 from bumblebot.toolkit import ToolContext
 
 
-async def test_remember_appends_and_refuses_duplicates_and_locked(tmp_path):
+def context(tmp_path, conversation="telegram:1"):
+    return ToolContext(workspace=tmp_path / "ws", data_dir=tmp_path, conversation=conversation)
+
+
+async def test_remember_appends_to_the_conversation_and_refuses_duplicates_and_locked(tmp_path):
     (tmp_path / "knowledge.md").write_text("# Knowledge\n\n## [locked] About yourself\nYou are Bumble.\n")
     registry = build_registry(workspace=tmp_path / "ws")
-    ctx = ToolContext(workspace=tmp_path / "ws", data_dir=tmp_path)
+    ctx = context(tmp_path)
     saved = await registry.execute("remember", json.dumps({"title": "Pets", "body": "Cat: Miso"}), ctx)
     again = await registry.execute("remember", json.dumps({"title": " pets ", "body": "Dog"}), ctx)
     locked = await registry.execute("remember", json.dumps({"title": "About yourself", "body": "x"}), ctx)
-    text = (tmp_path / "knowledge.md").read_text()
+    own = Memory(tmp_path).of("telegram:1").path.read_text()
     assert saved.ok and not again.ok and not locked.ok
-    assert text.count("## Pets") == 1 and "Cat: Miso" in text and "Dog" not in text
-    assert "## [locked] About yourself\nYou are Bumble." in text
+    assert own.count("## Pets") == 1 and "Cat: Miso" in own and "Dog" not in own
+    assert (tmp_path / "knowledge.md").read_text() == "# Knowledge\n\n## [locked] About yourself\nYou are Bumble.\n"
 
 
-async def test_recall_finds_matching_sections(tmp_path):
-    (tmp_path / "knowledge.md").write_text("# Knowledge\n\n## Pets\nCat: Miso\n\n## Work\nBakery shifts\n")
+async def test_recall_finds_own_and_shared_facts_and_never_another_chats(tmp_path):
+    (tmp_path / "knowledge.md").write_text("# Knowledge\n\n## Bakery\nThe bakery opens at 7.\n")
     registry = build_registry(workspace=tmp_path / "ws")
-    ctx = ToolContext(workspace=tmp_path / "ws", data_dir=tmp_path)
-    hit = await registry.execute("recall", json.dumps({"query": "what is the cat called"}), ctx)
-    miss = await registry.execute("recall", json.dumps({"query": "zebra"}), ctx)
-    assert hit.ok and "Miso" in hit.content and "Bakery" not in hit.content
-    assert "no section" in miss.content
+    await registry.execute("remember", json.dumps({"title": "Pets", "body": "Cat: Miso"}), context(tmp_path, "telegram:1"))
+    mine = await registry.execute("recall", json.dumps({"query": "what is the cat called"}), context(tmp_path, "telegram:1"))
+    theirs = await registry.execute("recall", json.dumps({"query": "what is the cat called"}), context(tmp_path, "discord:9"))
+    shared = await registry.execute("recall", json.dumps({"query": "when does the bakery open"}), context(tmp_path, "discord:9"))
+    assert mine.ok and "Miso" in mine.content and "bakery" not in mine.content
+    assert "Miso" not in theirs.content and "no saved fact" in theirs.content
+    assert "opens at 7" in shared.content
+    assert not Memory(tmp_path).of("discord:9").path.exists()  # a search creates nothing

@@ -30,7 +30,7 @@ def _turn(ctx: ToolContext) -> TurnControl | None:
     return ctx.turn
 
 
-@tool(kind=ToolKind.AGENCY)
+@tool(kind=ToolKind.AGENCY, brief="Send a chat message to the user (the only way to talk).")
 async def say(
     ctx: ToolContext,
     text: Annotated[str, Field(description="The message to send, as you want it read")],
@@ -51,7 +51,7 @@ async def say(
     return report.as_result()
 
 
-@tool(kind=ToolKind.AGENCY)
+@tool(kind=ToolKind.AGENCY, brief="Write a private note nobody sees.", optional=True)
 async def think(
     ctx: ToolContext,
     thought: Annotated[str, Field(description="A private note; never shown to the user")],
@@ -64,7 +64,7 @@ async def think(
     return "noted"
 
 
-@tool(kind=ToolKind.AGENCY)
+@tool(kind=ToolKind.AGENCY, brief="Pause a few seconds.", optional=True)
 async def wait(
     ctx: ToolContext,
     seconds: Annotated[
@@ -79,7 +79,7 @@ async def wait(
     return f"waited {clamped:g} s{note}"
 
 
-@tool(kind=ToolKind.AGENCY)
+@tool(kind=ToolKind.AGENCY, brief="End your turn once the work is done and said.")
 async def end_turn(
     ctx: ToolContext,
     summary: Annotated[str, Field(description="Optional private note on how the turn went")] = "",

@@ -146,7 +146,7 @@ class ReadFileArgs(BaseModel):
     line_numbers: bool = Field(False, description="Prefix each line with its number")
 
 
-@tool(kind=ToolKind.WORK)
+@tool(kind=ToolKind.WORK, brief="Read a text file of the workspace.")
 async def read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolResult | str:
     """Read a text file from the workspace (at most 64 KiB per call; use offset_line to
     continue)."""
@@ -228,7 +228,7 @@ class WriteFileArgs(BaseModel):
     content: str = Field(description="The whole new content of the file")
 
 
-@tool(kind=ToolKind.WORK)
+@tool(kind=ToolKind.WORK, brief="Create or overwrite a file of the workspace.")
 async def write_file(ctx: ToolContext, args: WriteFileArgs) -> ToolResult | str:
     """Create or overwrite a file in the workspace with the given content (parent
     directories are created)."""
@@ -269,7 +269,7 @@ class AppendFileArgs(BaseModel):
     content: str = Field(description="Text to add at the end of the file")
 
 
-@tool(kind=ToolKind.WORK)
+@tool(kind=ToolKind.WORK, brief="Append text to a file of the workspace.")
 async def append_file(ctx: ToolContext, args: AppendFileArgs) -> ToolResult | str:
     """Append text to the end of a file in the workspace (created if missing)."""
     return await _run(_append_sync, ctx.workspace, args.path, args.content)
@@ -291,7 +291,7 @@ class ListDirectoryArgs(BaseModel):
     path: str = Field(".", description="Directory relative to the workspace")
 
 
-@tool(kind=ToolKind.WORK)
+@tool(kind=ToolKind.WORK, brief="List a directory of the workspace.")
 async def list_directory(ctx: ToolContext, args: ListDirectoryArgs) -> ToolResult | str:
     """List a directory of the workspace; directories end with "/", symlinks with "@"."""
     return await _run(_list_sync, ctx.workspace, args.path)
@@ -337,7 +337,7 @@ class SearchFilesArgs(BaseModel):
     ignore_case: bool = Field(False, description="Match regardless of letter case")
 
 
-@tool(kind=ToolKind.WORK)
+@tool(kind=ToolKind.WORK, brief="Search the workspace files for a pattern.")
 async def search_files(ctx: ToolContext, args: SearchFilesArgs) -> ToolResult | str:
     """Search the text files of the workspace for a pattern, line by line (skips binary
     files, files over 1 MiB and .git, node_modules, .venv, __pycache__)."""

@@ -42,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
 __all__ = [
     "DEFAULT_MAX_RESULT_CHARS",
@@ -56,6 +56,11 @@ log = logging.getLogger(__name__)
 
 #: Default cap on the characters of one tool result the model sees.
 DEFAULT_MAX_RESULT_CHARS = 16_000
+
+#: Schema compaction levels, for small context windows (``Registry.schemas(level)``, the
+#: count is ``bumblebot.toolkit.SCHEMA_LEVELS``): 0 as declared; 1 brief descriptions,
+#: optional parameters without description, no ``additionalProperties``; 2 required
+#: parameters only, without descriptions or bounds; 3 as 2 without the optional tools.
 
 #: OpenAI's rule for function names.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -107,6 +112,10 @@ class Tool:
         timeout_s: per-call timeout in seconds the engine applies; ``None`` for its default.
         takes_model: ``True`` when ``fn`` receives the model instance, ``False`` when it
             receives the fields as keyword arguments (plain typed signature).
+        brief: a short description (about 60 characters) for small context windows; ``None``:
+            the first sentence of ``description``.
+        optional: left out at the most compact schema level (:data:`SCHEMA_LEVELS`): a
+            convenience the entity can do without (``think``, ``wait``).
     """
 
     name: str
@@ -116,6 +125,8 @@ class Tool:
     fn: Callable[..., Awaitable[ToolResult | str]]
     timeout_s: float | None = None
     takes_model: bool = True
+    brief: str | None = None
+    optional: bool = False
 
     async def invoke(self, ctx: ToolContext, args: BaseModel) -> ToolResult | str:
         """Call the implementation with validated ``args``."""
@@ -124,18 +135,30 @@ class Tool:
         fields = {name: getattr(args, name) for name in type(args).model_fields}
         return await self.fn(ctx, **fields)
 
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI ``tools`` entry: ``{"type": "function", "function": {...}}``."""
+    def schema(self, level: int = 0) -> dict[str, Any]:
+        """The OpenAI ``tools`` entry ``{"type": "function", "function": {...}}`` at a
+        compaction ``level`` (:data:`SCHEMA_LEVELS`)."""
         parameters = _clean_schema(self.args_model.model_json_schema())
         parameters.setdefault("properties", {})
-        parameters["additionalProperties"] = False
+        description = self.description
+        if level >= 1:
+            description = self.brief or first_sentence(self.description)
+            required = set(parameters.get("required", ()))
+            for key, prop in list(parameters["properties"].items()):
+                if level >= 2 and key not in required:
+                    del parameters["properties"][key]
+                    continue
+                prop.pop("default", None)
+                if level >= 2 or key not in required:
+                    prop.pop("description", None)
+                if level >= 2:
+                    for bound in ("minimum", "maximum", "minLength", "maxLength"):
+                        prop.pop(bound, None)
+        else:
+            parameters["additionalProperties"] = False
         return {
             "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": parameters,
-            },
+            "function": {"name": self.name, "description": description, "parameters": parameters},
         }
 
 
@@ -146,6 +169,8 @@ def tool(
     timeout_s: float | None = None,
     description: str | None = None,
     args_model: type[BaseModel] | None = None,
+    brief: str | None = None,
+    optional: bool = False,
 ) -> Callable[[Callable[..., Awaitable[ToolResult | str]]], Tool]:
     """Decorator turning an ``async def f(ctx, ...)`` into a :class:`Tool`.
 
@@ -154,6 +179,8 @@ def tool(
         name: defaults to the function's name.
         timeout_s: per-call timeout in seconds, ``None`` for the engine's default.
         description: defaults to the first paragraph of the function's docstring.
+        brief: the short description for small windows (see :class:`Tool`).
+        optional: dropped at the most compact schema level (see :class:`Tool`).
         args_model: the argument model ``f(ctx, args)`` takes; by default read from the
             annotations (give it when they cannot be resolved, e.g. a model defined
             inside a function in a module using ``from __future__ import annotations``).
@@ -173,6 +200,8 @@ def tool(
             timeout_s=timeout_s,
             description=description,
             args_model=args_model,
+            brief=brief,
+            optional=optional,
         )
 
     return decorate
@@ -186,6 +215,8 @@ def make_tool(
     timeout_s: float | None = None,
     description: str | None = None,
     args_model: type[BaseModel] | None = None,
+    brief: str | None = None,
+    optional: bool = False,
 ) -> Tool:
     """Build a :class:`Tool` from a function (the non-decorator form of :func:`tool`)."""
     tool_name = name or fn.__name__
@@ -210,6 +241,8 @@ def make_tool(
         fn=fn,
         timeout_s=timeout_s,
         takes_model=takes_model,
+        brief=brief,
+        optional=optional,
     )
 
 
@@ -234,7 +267,7 @@ class Registry:
             raise ValueError(f"max_result_chars must be >= 200, got {max_result_chars}")
         self.max_result_chars = max_result_chars
         self._tools: dict[str, Tool] = {}
-        self._schemas: list[dict[str, Any]] | None = None
+        self._schemas: dict[int, list[dict[str, Any]]] = {}
         for item in tools:
             self.add(item)
 
@@ -245,7 +278,7 @@ class Registry:
         if item.name in self._tools:
             raise ValueError(f"tool {item.name!r} is already registered")
         self._tools[item.name] = item
-        self._schemas = None
+        self._schemas = {}
         return item
 
     def tool(
@@ -310,15 +343,19 @@ class Registry:
     def __len__(self) -> int:
         return len(self._tools)
 
-    def schemas(self) -> list[dict[str, Any]]:
-        """OpenAI ``tools`` entries for every registered tool, in registration order.
+    def schemas(self, level: int = 0) -> list[dict[str, Any]]:
+        """OpenAI ``tools`` entries for every registered tool, in registration order, at a
+        compaction ``level`` (:data:`SCHEMA_LEVELS`; at the last level optional tools are
+        left out).
 
-        Built once and cached (JSON-schema generation is not free and runs every step);
-        :meth:`add` invalidates the cache. Callers must not modify the returned list.
+        Built once per level and cached (JSON-schema generation is not free and runs every
+        step); :meth:`add` invalidates the cache. Callers must not modify the returned list.
         """
-        if self._schemas is None:
-            self._schemas = [t.schema() for t in self._tools.values()]
-        return self._schemas
+        level = max(0, min(SCHEMA_LEVELS - 1, level))
+        if level not in self._schemas:
+            tools = [t for t in self._tools.values() if not (t.optional and level >= SCHEMA_LEVELS - 1)]
+            self._schemas[level] = [t.schema(level) for t in tools]
+        return self._schemas[level]
 
     def kind(self, name: str) -> ToolKind | None:
         """The kind of tool ``name``, ``None`` if unknown."""
@@ -435,6 +472,19 @@ def _strict(model: type[BaseModel]) -> type[BaseModel]:
 
 _SCHEMA_MAPPINGS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
 _SCHEMA_DATA = frozenset({"default", "enum", "const", "examples"})
+
+
+def first_sentence(text: str, limit: int = 90) -> str:
+    """The first sentence of ``text`` (up to a ``.``, ``!`` or ``?`` followed by a space and a
+    capital letter, or the end), cut to ``limit`` characters; linear in the text's length."""
+    text = " ".join(text.split())
+    end = len(text)
+    for i, char in enumerate(text[: limit + 2]):
+        if char in ".!?" and (i + 2 >= len(text) or (text[i + 1] == " " and text[i + 2].isupper())):
+            end = i + 1
+            break
+    sentence = text[:end]
+    return sentence if len(sentence) <= limit else sentence[: limit - 1].rstrip() + "…"
 
 
 def _clean_schema(node: Any, mapping: bool = False) -> Any:

@@ -310,5 +310,6 @@ def shell_tools(
         kind=ToolKind.WORK,
         description=description,
         timeout_s=max_timeout_s + 2 * kill_grace_s + 5,
+        brief="Run a shell command in the workspace.",
     )
     return (built,)

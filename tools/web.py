@@ -378,6 +378,7 @@ def web_tools(
         "content type and text; HTML is reduced to plain text."
     )
     built = make_tool(
-        fetch_url, kind=ToolKind.WORK, description=description, timeout_s=timeout_s + 5
+        fetch_url, kind=ToolKind.WORK, description=description, timeout_s=timeout_s + 5,
+        brief="Fetch a web page by URL (http/https) as text.",
     )
     return (built,)

@@ -268,7 +268,8 @@ class FakeOpenAI:
         message = dict(reply.message or {"role": "assistant", "content": ""})
         if not message.get("tool_calls"):
             message.pop("tool_calls", None)
-        prompt_tokens = len(json.dumps(body.get("messages", []))) // 4
+        # a real server counts the tool schemas too (they are part of the prompt)
+        prompt_tokens = (len(json.dumps(body.get("messages", []))) + len(json.dumps(body.get("tools", [])))) // 4
         completion_tokens = max(1, len(json.dumps(message)) // 4)
         return {
             "id": f"chatcmpl-fake{next(_completion_ids)}", "object": "chat.completion",

@@ -1,0 +1,288 @@
+"""Cognition that holds up with real models (issue 9): small windows, chatty and weak models,
+long tool turns, reasoning, budget escalation.
+
+End-to-end tests run the daemon in process with the real python-telegram-bot and openai
+clients against the fakes; the fake endpoints here behave like the servers that bite: one
+refuses any request over its window, one cuts replies at ``max_tokens``, one leaks reasoning.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from conftest import running, write_config
+from fakes.openai_server import Reply, error, is_aux, is_loop, text, tool_calls
+from support import contents, judges_say_done, loop_requests, say, tool_result
+
+from bumblebot.loop import LoopState, repeats_said
+from bumblebot.messages import estimate_text_tokens, estimate_tools
+from bumblebot.reasoning import strip_reasoning
+from bumblebot.toolkit import ToolKind
+
+
+def window_fake(window: int, reply: Any) -> Any:
+    """An endpoint with a ``window``-token context (our estimate of its request, prompt plus
+    ``max_tokens``, as vLLM and llama.cpp count): bigger requests get the 400 a real server
+    sends; the others get ``reply(request)``."""
+
+    def endpoint(request: dict[str, Any]) -> Reply:
+        prompt = len(json.dumps(request["messages"])) // 4 + len(json.dumps(request.get("tools", []))) // 4
+        if prompt + int(request.get("max_tokens", 0)) > window:
+            return error(400, f"This model's maximum context length is {window} tokens")
+        return reply(request)
+
+    return endpoint
+
+
+def _last_user(request: dict[str, Any]) -> str:
+    return [m["content"] for m in request["messages"] if m["role"] == "user"][-1]
+
+
+# -- small windows ---------------------------------------------------------------------------
+
+
+async def test_the_fixed_part_fits_a_quarter_of_a_4k_window(tmp_path, llm, tg):
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 4096})
+    async with running(config) as d:
+        _, prompt, schemas = d.runner.fixed_part()
+        full = estimate_text_tokens(d.runner.prompts.system_prompt(0)) + estimate_tools(d.toolbox.schemas(0))
+    fixed = estimate_text_tokens(prompt) + 10 + estimate_tools(schemas)
+    assert fixed <= 4096 // 4 < full  # compacted, and it had to be
+    names = {s["function"]["name"] for s in schemas}
+    assert {"say", "end_turn", "read_file", "write_file", "remember"} <= names
+
+
+async def test_ten_turns_at_a_4096_window_keep_going(tmp_path, llm, tg):
+    """Issue 9: by the third message a 4k chat died of "too long"; here ten long turns go
+    through compaction against a server that refuses anything over its window."""
+    from bumblebot.compaction import SUMMARY_HEADINGS
+
+    summary = "\n".join(f"## {h}\n- the user keeps asking to be told more about it" for h in SUMMARY_HEADINGS)
+
+    def reply(request: dict[str, Any]) -> Reply:
+        if is_aux(request):
+            if "durable facts" in contents(request):
+                return text("[]")
+            if "You compact the history" in contents(request):
+                return text(summary)
+            return text("DONE: fine")
+        return say("Here is a long answer. " + "words " * 90)
+
+    llm.default = window_fake(4096, reply)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 4096})
+    async with running(config) as d:
+        for i in range(10):
+            tg.push_text(f"question {i}: " + "tell me more about it " * 40, chat_id=91)
+            await d.engine.wait_for_turns(i + 1, timeout=20)
+    refused = [r for r in llm.request_log if r.status == 400]
+    assert refused == [], [(len(json.dumps(r.body["messages"])) // 4, r.body.get("max_tokens"), "tools" in r.body) for r in refused]
+    sent = tg.sent(91)
+    assert len(sent) == 10 and all(t.startswith("Here is a long answer") for t in sent)
+    assert [r for r in llm.requests if "You compact the history" in contents(r)]  # it compacted
+
+
+async def test_an_eight_step_tool_turn_fits_a_32k_window(tmp_path, llm, tg):
+    """Issue 9: a turn reading eight 16,000-character documents overflowed a 32k window; the
+    turn's own older tool results are cleared now, so every request fits. (Files and pages
+    alternate: the same work tool in three steps in a row is refused by the repeat guard.)"""
+    from aiohttp import web
+
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    for i in range(0, 8, 2):
+        (workspace / f"f{i}.txt").write_text(f"file {i} line " * 1140)  # ~16,000 characters each
+    app = web.Application()
+    app.router.add_get("/p{n}", lambda r: web.Response(text=f"page {r.match_info['n']} text " * 1140))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    site = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    steps = [tool_calls(("read_file", {"path": f"f{i}.txt"})) if i % 2 == 0
+             else tool_calls(("fetch_url", {"url": f"{site}/p{i}"})) for i in range(8)]
+    script = iter([*steps, say("read all eight")])
+    llm.default = window_fake(32768, lambda r: next(script) if is_loop(r) else text("DONE: fine"))
+    config = write_config(
+        tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 32768},
+        tools={"web": {"allow_private": True}},
+    )
+    async with running(config) as d:
+        tg.push_text("read the eight files f0.txt to f7.txt and tell me about them", chat_id=92)
+        await d.engine.wait_for_turns(1, timeout=30)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    await runner.cleanup()
+    assert [r.status for r in llm.request_log if r.status != 200] == []
+    assert tg.sent(92) == ["read all eight"]
+    assert any(c.get("in_turn") for c in trace["compactions"])  # its own results were cleared
+
+
+# -- chatty and weak models ------------------------------------------------------------------
+
+
+async def test_a_turn_sends_at_most_four_messages_and_the_model_is_told(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say(*[f"message number {i}" for i in range(6)]), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("talk a lot", chat_id=93)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(93) == [f"message number {i}" for i in range(4)]
+    [(results,)] = __import__("sqlite3").connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT group_concat(content, '|') FROM messages WHERE role='tool' AND name='say'").fetchall()
+    assert results.count('"dropped": true') == 2 and "end_turn" in results  # the model is told why
+
+
+async def test_a_near_duplicate_message_is_dropped(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Sure, I can help with that."})), when=is_loop)
+    llm.push(say("Sure, I can help you with that!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("can you help?", chat_id=94)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(94) == ["Sure, I can help with that."]
+
+
+def test_near_duplicates_are_judged_on_words_and_numbers_matter():
+    assert repeats_said("Sure, I can help you with that!", ["Sure, I can help with that."])
+    assert not repeats_said("The meeting is at 6pm.", ["The meeting is at 5pm."])
+    assert not repeats_said("a:q101-3", ["a:q101-2"])
+    assert repeats_said("ok", ["the answer is 4"])  # pro-forma after an answer
+
+
+async def test_one_answer_per_message_after_a_say_only_turn(tmp_path, llm, tg):
+    """Issue 9 defect 5: "Hey! I'm good, thanks" and "I'm doing well, thanks for asking!"
+    both arrived. No work tool, the answer already said: the final text is dropped."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Hey! I'm good, thanks"})), when=is_loop)
+    llm.push(text("I'm doing well, thanks for asking!"), when=is_loop)  # an endpoint not forcing tools
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("how are you?", chat_id=95)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(95) == ["Hey! I'm good, thanks"]
+
+
+async def test_the_final_text_is_sent_when_say_only_carried_a_progress_note(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "One moment, let me think."})), when=is_loop)
+    llm.push(text("The capital of Australia is Canberra."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("capital of Australia?", chat_id=96)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(96) == ["One moment, let me think.", "The capital of Australia is Canberra."]
+
+
+async def test_hollow_promises_end_with_an_honest_message(tmp_path, llm, tg):
+    """Issue 9 defect 7: say("On it!") then two gate continues, then the gate failed open
+    and the user got only the promise."""
+
+    def judge(request: dict[str, Any]) -> Reply:
+        if is_aux(request):
+            return text("CONTINUE: the file was never written")
+        return say("On it!")
+
+    llm.default = judge
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("write hello.py that prints hi", chat_id=97)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    sent = tg.sent(97)
+    assert sent[0] == "On it!" and "didn't get that done" in sent[-1] and "never written" in sent[-1]
+    assert trace["stop_reason"].endswith("+unfinished")
+
+
+async def test_a_say_cut_by_the_reflex_budget_is_asked_again_with_the_deliberate_one(tmp_path, llm, tg):
+    """Issue 9 defect 8: a say cut at the reflex budget failed as invalid JSON."""
+    judges_say_done(llm)
+    cut = Reply(message={"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "say", "arguments": '{"text": "Hi! So, abo'}}]},
+        finish_reason="length")
+    llm.push(cut, when=is_loop)
+    llm.push(say("Hi! So, about that: here is the whole answer."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=98)  # a greeting: reflex
+        await d.engine.wait_for_turns(1)
+    first, second = loop_requests(llm)[:2]
+    assert first["max_tokens"] == 512 and second["max_tokens"] == 2048
+    assert first["messages"] == second["messages"]  # the same request, nothing run in between
+    assert tg.sent(98) == ["Hi! So, about that: here is the whole answer."]
+
+
+# -- repeat guard and reasoning ----------------------------------------------------------------
+
+
+def _kind(name: str) -> ToolKind:
+    return ToolKind.AGENCY if name in ("say", "think", "end_turn", "wait") else ToolKind.WORK
+
+
+def test_the_same_work_tool_in_three_consecutive_steps_is_refused_from_the_third():
+    """Spec, "Repeat guard"; issue 9 defect 4: [say("checking"), fetch_url(u)] repeated for ever."""
+    from bumblebot.llm import ToolCall
+
+    state = LoopState(_kind)
+    step = lambda i: [ToolCall(f"s{i}", "say", '{"text": "checking"}'), ToolCall(f"f{i}", "fetch_url", '{"url": "u"}')]  # noqa: E731
+    verdicts = [[allowed for call, allowed in state.plan(step(i)) if call.name == "fetch_url"][0] for i in range(4)]
+    assert verdicts == [True, True, False, False]
+    state.plan([ToolCall("r", "read_file", "{}")])  # another work tool breaks the streak
+    assert state.plan([ToolCall("f9", "fetch_url", "{}")])[0][1]
+    fan_out = state.plan([ToolCall(f"p{i}", "read_file", f'{{"path": "{i}"}}') for i in range(5)])
+    assert all(allowed for _, allowed in fan_out)  # one step's fan-out is one decision
+
+
+async def test_reasoning_before_a_lone_closing_tag_reaches_neither_user_nor_history(tmp_path, llm, tg):
+    """Issue 9 defect 3: templates that pre-fill <think> return "…reasoning…</think>answer"."""
+    import sqlite3
+
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "The user wants X.</think>Here you go!"}), ("end_turn", {}),
+                        content="secret plan</think>"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("give me X", chat_id=99)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(99) == ["Here you go!"]
+    stored = "\n".join(r[0] for r in sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT content || coalesce(tool_calls, '') FROM messages"))
+    assert "secret plan" not in stored
+    assert strip_reasoning("thinking…</think>answer") == "answer"
+
+
+async def test_group_routing_reads_the_words_not_the_speaker(tmp_path, llm, tg):
+    """Issue 9 defect 9: "[Python Fan]: hey" was routed as code."""
+    from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+    from bumblebot.store import JournalEntry
+
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": True})
+    async with running(config) as d:
+        entry = JournalEntry(1, Inbound(ChatRef(Platform.DISCORD, "5"), "1", "7", "Python Fan", "hey", ChatKind.GROUP), "pending")
+        state = await d.runner._start_state([entry])
+    assert state["route"] == "reflex" and llm.requests == []  # no classifier call either
+
+
+# -- memory privacy ------------------------------------------------------------------------------
+
+
+async def test_a_fact_remembered_in_one_chat_never_reaches_another(tmp_path, llm, tg):
+    """Issue 9 defect 10: facts remembered in one chat went into every conversation's prompt."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "knowledge.md").write_text("# Knowledge\n\n## Opening hours\nThe shop opens at 9.\n")
+    judges_say_done(llm)
+
+    def model(request: dict[str, Any]) -> Reply:
+        if "please remember" in _last_user(request) and not tool_result(request, "remember"):
+            return tool_calls(("remember", {"title": "Door", "body": "Ada's door code is 4711"}), ("say", {"text": "noted"}))
+        return say("ok")
+
+    llm.default = lambda r: model(r) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("please remember: my door code is 4711", chat_id=101)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("what is Ada's door code?", chat_id=202)
+        tg.push_text("and the door code again?", chat_id=101)
+        await d.engine.wait_for_turns(3)
+    by_chat = {101: [], 202: []}
+    for request in loop_requests(llm):
+        for chat in by_chat:
+            if f"id {chat})" in contents(request):
+                by_chat[chat].append(contents(request))
+    assert by_chat[202] and not any("4711" in c for c in by_chat[202])  # never seen elsewhere
+    assert "Ada's door code is 4711" in by_chat[101][-1]  # the own chat knows it next turn
+    assert all("The shop opens at 9." in c for c in by_chat[101] + by_chat[202])  # global: everywhere
+    assert "4711" not in (tmp_path / "data" / "knowledge.md").read_text()
