@@ -15,6 +15,11 @@
 
 Foreign errors (``openai``, ``telegram``, ``discord``) are translated into these in exactly one
 place per dependency (``bumblebot/llm.py`` and each adapter) and chained with ``from``.
+
+``sqlite3.Error`` from the store during a turn is deliberately *not* translated or caught on
+the way: it means the turn's own record could not be written (a locked or failing database),
+so it is never turned into a tool result or a crash note. It propagates out of the turn, and
+the conversation's actor reads the conversation back and resumes it (``actor._recover``).
 """
 
 from __future__ import annotations
@@ -48,7 +53,15 @@ class ModelError(BumblebotError):
 
 class ModelUnavailable(ModelError):
     """The endpoint cannot answer for now: connection refused or reset, a timeout, a rate
-    limit (429), or a server error (5xx). A turn waits for it (issue 8, "Outages")."""
+    limit (429), or a server error (5xx). A turn waits for it (issue 8, "Outages").
+
+    Args:
+        retry_after: the endpoint's ``Retry-After`` (RFC 9110 §10.2.3), seconds, when it sent one.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, status=status)
+        self.retry_after = retry_after
 
 
 class ModelTimeout(ModelUnavailable):

@@ -22,6 +22,7 @@ Errors are translated here, once: :class:`~bumblebot.errors.ModelTimeout`,
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import re
@@ -51,9 +52,13 @@ _CONTEXT_RE = re.compile(
 #: HTTP statuses that mean "not now" rather than "never": timeout, conflict, rate limit.
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
 LENGTH_FINISHES = frozenset({"length", "max_tokens", "max_length"})
+#: A refusal that names forcing itself: counts at once, whatever the status.
+_CHOICE_RE = re.compile(r"tool.?choice", re.IGNORECASE)
+#: A client error (400/422) that names tools: counts at once. A 500 naming tools does not
+#: ("Failed to parse tool call arguments" is the model's output, not the endpoint's rule).
 _TOOLS_RE = re.compile(r"tool|function.?call", re.IGNORECASE)
 #: Consecutive unexplained refusals of ``tool_choice="required"`` before ``"auto"`` is remembered.
-FORCING_STRIKES = 2
+FORCING_STRIKES = 3
 #: Tool requests answered under the ``"auto"`` fallback before ``"required"`` is tried again.
 #: A refusing endpoint answers a retry with a fast 400, so this costs at most one extra
 #: request in 50 (2 %); at a few steps per turn it is a retry every 15 to 25 turns.
@@ -211,6 +216,23 @@ class ForcingFallback:
             left = self.checked_at + retry_s - now
             when = f"next within {_duration(left)}" if left > 0 else "next at the first tool request"
         return f"auto{since}: {self.reason}{retried}; {every} ({when})"
+
+
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """A ``Retry-After`` header (RFC 9110 §10.2.3: delay-seconds or an HTTP-date) as seconds
+    from ``now`` (epoch seconds); ``None`` when absent or unreadable, never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
 
 
 def _refusal(exc: openai.APIStatusError) -> str:
@@ -407,12 +429,16 @@ class LLM:
     async def _note_forcing_refused(self, exc: openai.APIStatusError) -> None:
         """Fall back to ``"auto"`` for this endpoint once the refusal is clearly about forcing.
 
-        An error that names tools/tool_choice counts at once; an unexplained 400/422/500 that
-        ``"auto"`` then survives counts only when it happens on consecutive requests
-        (:data:`FORCING_STRIKES`). Either way the fallback is re-tried later
+        An error that names ``tool_choice``, or a 400/422 that names tools, counts at once; any
+        other refusal that ``"auto"`` then survives counts only when it happens on
+        :data:`FORCING_STRIKES` consecutive tool requests (a flaky upstream that fails one
+        request in three does not switch forcing off). Either way the fallback is re-tried later
         (:meth:`_tool_choice`), so no error turns tool forcing off for good.
         """
-        about_tools = bool(_TOOLS_RE.search(str(exc.message)))
+        message = str(exc.message)
+        about_tools = bool(_CHOICE_RE.search(message)) or (
+            exc.status_code in (400, 422) and bool(_TOOLS_RE.search(message))
+        )
         self._forcing_strikes += 1
         if not (about_tools or self._forcing_strikes >= FORCING_STRIKES):
             return
@@ -478,7 +504,10 @@ class LLM:
             if exc.status_code in (400, 413) and self._is_context_error(exc):
                 return ContextTooLong(f"the prompt is too long for the model: {exc.message}", status=exc.status_code)
             if exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500:
-                return ModelUnavailable(f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code)
+                return ModelUnavailable(
+                    f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code,
+                    retry_after=retry_after_s(exc.response.headers.get("retry-after"), self._clock()),
+                )
             return ModelError(f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code)
         if isinstance(exc, openai.APIConnectionError):
             return ModelUnavailable(f"cannot reach the model endpoint at {self.base_url}: {exc.message}")

@@ -250,3 +250,42 @@ async def test_check_names_a_plain_auto_of_an_older_version(tmp_path):
         mode, _ = await forcing_mode(settings, server.base_url)
         assert mode.startswith("auto: remembered by an older version; reason not recorded; re-tried every 50")
         assert mode.endswith("(next at the first tool request)")
+
+
+async def test_a_500_about_tool_call_arguments_does_not_switch_forcing_off(tmp_path):
+    """Reviewer's input: one 500 "Failed to parse tool call arguments" (the model's output, not
+    the endpoint's rule) used to switch forcing off at once."""
+    async with FakeOpenAI() as server, Store(tmp_path / "b.db") as store:
+        answer_with_ping(server)
+        server.push(error(500, "Failed to parse tool call arguments"), when=lambda r: r.get("tool_choice") == "required")
+        llm = client(server, store, Clock())
+        assert await ask(llm) == "auto"  # answered through the one retry
+        assert await remembered(store, server) is None
+        assert await ask(llm) == "required"
+
+
+async def test_flaky_500s_between_successes_never_switch_forcing_off(tmp_path):
+    """A flaky upstream: every other forced request fails with 500 (the reviewer's 40 % run
+    switched forcing off for good). Strikes only count on consecutive requests."""
+    async with FakeOpenAI() as server, Store(tmp_path / "b.db") as store:
+        answer_with_ping(server)
+        llm = client(server, store, Clock())
+        for _ in range(10):
+            server.push(error(500, "upstream hiccup"), when=lambda r: r.get("tool_choice") == "required")
+            server.push(error(500, "upstream hiccup"), when=lambda r: r.get("tool_choice") == "required")
+            assert await ask(llm) == "auto"
+            assert await ask(llm) == "auto"
+            assert await ask(llm) == "required"
+        assert await remembered(store, server) is None
+
+
+async def test_three_unexplained_refusals_in_a_row_switch_forcing_off(tmp_path):
+    async with FakeOpenAI() as server, Store(tmp_path / "b.db") as store:
+        answer_with_ping(server)
+        for _ in range(3):
+            server.push(error(500, "internal error"), when=lambda r: r.get("tool_choice") == "required")
+        llm = client(server, store, Clock())
+        for _ in range(3):
+            assert await ask(llm) == "auto"
+        fallback = await remembered(store, server)
+        assert fallback is not None and "3 unexplained refusals" in fallback.reason
