@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Awaitable, Callable
 
 from bumblebot.conversation import Conversation
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 #: Backoff after a failure under a turn, before the conversation is read back (seconds).
 RECOVER_FIRST_S = 5.0
 RECOVER_MAX_S = 60.0
+#: A turn waiting out an outage retries within this many seconds once the endpoint answers.
+EARLY_JITTER_S = 0.5
 
 
 class Progress:
@@ -138,7 +141,7 @@ class ConversationActor:
                 await self._recover()
             elif self._suspended is not None:
                 suspended = self._suspended
-                if await self._sleep(suspended.retry_in):
+                if await self._sleep(suspended.retry_in, early=suspended.recovered):
                     return
                 self._suspended = None
                 await self._turn(lambda: self._runner.retry(conversation, suspended))
@@ -163,14 +166,26 @@ class ConversationActor:
                         self.closed = True  # before any await: intake sees it at once
                         return
 
-    async def _sleep(self, seconds: float) -> bool:
-        """Wait ``seconds`` unless stopped; ``True`` when stopped."""
+    async def _sleep(self, seconds: float, early: asyncio.Event | None = None) -> bool:
+        """Wait ``seconds`` unless stopped, or until ``early`` is set (then after a jitter of at
+        most :data:`EARLY_JITTER_S`, so waiting conversations do not all retry at once);
+        ``True`` when stopped."""
         self._wake.clear()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while not self._stopping and loop.time() < deadline:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
+            if early is not None and early.is_set():
+                deadline = min(deadline, loop.time() + random.uniform(0, EARLY_JITTER_S))
+                early = None
+                continue
+            waits = [asyncio.ensure_future(self._wake.wait())]
+            if early is not None:
+                waits.append(asyncio.ensure_future(early.wait()))
+            try:
+                await asyncio.wait(waits, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
             self._wake.clear()
         return self._stopping
 

@@ -314,11 +314,23 @@ class Conversation:
 
     async def reload(self) -> RunningTurn | None:
         """Read the conversation again from the store (after a failed write). Returns the
-        half-recorded turn, if one is left running, so that it can be resumed."""
+        half-recorded turn, if one is left running, so that it can be resumed.
+
+        The inbox is read back too: the journal's pending entries of this chat that no turn
+        has taken, oldest first. A failed ``begin_turn`` or steering write took its entries out
+        of the inbox before it failed; the journal still holds them."""
         self.record = await self._store.conversation(self.chat)
         self.session = await Session.load(self._store, self.record, self.record.session)
         self.turn = None
-        return next((t for t in await self._store.running_turns() if t.conversation.id == self.id), None)
+        running = next((t for t in await self._store.running_turns() if t.conversation.id == self.id), None)
+        taken = {e.id for e in running.entries} if running is not None else set()
+        journal = [
+            e for e in await self._store.pending_inbound()
+            if e.inbound.chat == self.chat and e.id not in taken and e.turn_id is None
+        ]
+        known = {e.id for e in journal}
+        self.inbox = journal + [e for e in self.inbox if e.id not in known and e.id not in taken]
+        return running
 
     def take_inbox(self) -> list[JournalEntry]:
         """Everything waiting, in arrival order (for the next turn, or the running one)."""

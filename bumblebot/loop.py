@@ -39,10 +39,10 @@ import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from bumblebot.compaction import cap_tool_result
 from bumblebot.errors import ContextTooLong
@@ -54,6 +54,7 @@ from bumblebot.store import OutboxEntry
 from bumblebot.toolkit import DeliveryReport, ToolContext, Toolbox, ToolKind, ToolResult
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 PREVIEW_CHARS = 280
 PREVIEW_COUNT = 8
@@ -490,6 +491,26 @@ class _StepBudget:
         return result
 
 
+async def _all_or_none(coros: list[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """Run ``coros`` concurrently; their results in order. When one raises (a result that
+    could not be recorded), the others are cancelled and waited for before its error is
+    raised: no tool goes on running after the turn has failed, to record a result after the
+    turn was told it did not complete (``asyncio.gather`` leaves them running)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        pending = [t for t in tasks if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]
+
+
 class AgentLoop:
     """Runs one turn. Collaborators come in through the constructor."""
 
@@ -680,7 +701,7 @@ class AgentLoop:
             )
             return result, seconds
 
-        results = await asyncio.gather(*(one(c, allowed) for c, allowed in plan))
+        results = await _all_or_none([one(c, allowed) for c, allowed in plan])
         failed: list[str] = []
         for (call, _), (result, seconds) in zip(plan, results, strict=True):
             step.tool_calls.append(
@@ -695,21 +716,9 @@ class AgentLoop:
         """Resume: give the calls a crash cut off a result, and say what the last recorded
         step asks for next: ``("end_turn" | "text", None)`` when it had ended the turn (the
         gate decides again), ``(None, nudge)`` after a tool round, ``(None, None)`` otherwise."""
-        open_calls = [_call(c) for c in _open_calls(port.transcript)]
-        if open_calls:
-            sent = {e.tool_call_id: e for e in await port.outbox() if e.tool_call_id}
-            for call in open_calls:
-                if call.name == "say":
-                    result = _delivery_of(sent.get(call.id)).as_result()
-                elif call.name in _COMPLETED_ON_RESUME:
-                    result = ToolResult(_COMPLETED_ON_RESUME[call.name])
-                else:
-                    result = ToolResult.error(INTERRUPTED)
-                await port.record(
-                    Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=result.ok)
-                )
-                state.on_result(call, result)
-            log.info("resumed a turn: %d interrupted call(s) closed", len(open_calls))
+        closed = await self._close_open_calls(port, ToolResult.error(INTERRUPTED), state)
+        if closed:
+            log.info("resumed a turn: %d interrupted call(s) closed", closed)
         last = port.transcript[-1]
         if last.role == "assistant" and not last.tool_calls and not last.note:
             return "text", None
@@ -723,11 +732,28 @@ class AgentLoop:
         return None, post_tool_nudge(failed, state.delivered)
 
     async def abandon(self, port: TurnPort, reason: str) -> None:
-        """A bug stopped the turn mid-step: give its cut-off calls a failed result, so the
-        history stays a valid sequence."""
-        for call in (_call(c) for c in _open_calls(port.transcript)):
-            result = ToolResult.error(f"not completed: {reason}")
-            await port.record(Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=False))
+        """The turn ends without the loop (a bug stopped it mid-step, or it is given up after
+        repeated crashes): give its cut-off calls a result, so the history stays a valid
+        sequence. A ``say`` gets what its delivery did; a work call ``not completed: <reason>``."""
+        await self._close_open_calls(port, ToolResult.error(f"not completed: {reason}"))
+
+    async def _close_open_calls(self, port: TurnPort, other: ToolResult, state: LoopState | None = None) -> int:
+        """Record a result for each call of the transcript that has none; returns how many."""
+        open_calls = [_call(c) for c in _open_calls(port.transcript)]
+        if not open_calls:
+            return 0
+        sent = {e.tool_call_id: e for e in await port.outbox() if e.tool_call_id}
+        for call in open_calls:
+            if call.name == "say":
+                result = _delivery_of(sent.get(call.id)).as_result()
+            elif call.name in _COMPLETED_ON_RESUME:
+                result = ToolResult(_COMPLETED_ON_RESUME[call.name])
+            else:
+                result = other
+            await port.record(Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=result.ok))
+            if state is not None:
+                state.on_result(call, result)
+        return len(open_calls)
 
     async def _complete(self, request: list[dict[str, Any]], schemas: list[dict[str, Any]], limits: LoopLimits) -> Completion:
         return await self.llm.complete(

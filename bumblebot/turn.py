@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import random
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -54,6 +55,10 @@ MAX_RESUMES = 3
 FIXED_SHARE = 0.25
 OUTAGE_RETRY_FIRST_S = 1.0
 OUTAGE_RETRY_MAX_S = 60.0
+#: The router's classifier call is given up (the turn goes deliberate) after this many seconds.
+CLASSIFIER_TIMEOUT_S = 10.0
+#: A server's ``Retry-After`` is honoured up to this many seconds (a longer one is a guess).
+MAX_RETRY_AFTER_S = 300.0
 
 OUTAGE_NOTICE = (
     "My language model isn't reachable right now. I'll answer as soon as it's back; "
@@ -89,6 +94,8 @@ class Suspended:
     turn: Turn
     retry_in: float
     trace: dict[str, Any]
+    #: set when the endpoint answers another turn: retry now instead of after ``retry_in``
+    recovered: asyncio.Event | None = None
 
 
 Outcome = Finished | Suspended
@@ -114,21 +121,34 @@ class OutageWatch:
     """What this process saw of the endpoint being down, across conversations (in memory).
 
     A turn that fails while an outage is already going on counts its wait from the start of
-    that outage, and a conversation told once during an outage is not told again by a later
-    turn (messages queued behind a suspended turn, ``mid_turn_messages: queue``).
+    that outage (or from the start its own state recorded, after a restart), and a conversation
+    told once during an outage is not told again by a later turn (messages queued behind a
+    suspended turn, ``mid_turn_messages: queue``). When any turn gets an answer again,
+    :attr:`recovered` is set so every waiting turn retries at once instead of sleeping out its
+    backoff.
     """
 
     def __init__(self) -> None:
         self.down_since: float | None = None
         self.told: set[str] = set()
+        #: set when the endpoint answers after an outage; a new event per outage
+        self.recovered = asyncio.Event()
 
-    def failed(self, now: float) -> float:
-        """The endpoint failed at ``now``; returns when the outage began."""
+    def failed(self, now: float, since: float | None = None) -> float:
+        """The endpoint failed at ``now`` (epoch seconds) for a turn that has been waiting since
+        ``since`` (``None``: it just started to); returns when the outage began."""
+        start = now if since is None else min(since, now)
         if self.down_since is None:
-            self.down_since = now
+            self.recovered = asyncio.Event()
+            self.down_since = start
+        else:
+            self.down_since = min(self.down_since, start)
         return self.down_since
 
     def back(self) -> None:
+        """The endpoint answered: the outage (if any) is over."""
+        if self.down_since is not None:
+            self.recovered.set()
         self.down_since = None
         self.told.clear()
 
@@ -248,7 +268,11 @@ class TurnRunner:
         return level, prompt, schemas
 
     async def _classify(self, messages: list[dict[str, Any]]) -> str:
-        return await self.llm.text(messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE)
+        # bounded: the classifier only saves work, it must never hold a turn up for long
+        return await asyncio.wait_for(
+            self.llm.text(messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE),
+            CLASSIFIER_TIMEOUT_S,
+        )
 
     async def run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
         """A new turn answering ``entries``: route it, record its start, run it."""
@@ -259,7 +283,9 @@ class TurnRunner:
         """A turn's first state: its route (spec, "Routing"), kept for every later resume."""
         decision = await route(
             "\n\n".join(e.inbound.text for e in entries),  # the words, not "[Speaker]: " prefixes
-            classify=self._classify if self.cfg.classifier else None,
+            # during an outage the classifier would only fail slowly: the turn goes deliberate
+            # and reaches the outage notice at once
+            classify=self._classify if self.cfg.classifier and self.outages.down_since is None else None,
             source=entries[-1].inbound.source,
             always_deliberate=self.prompts.entity.always_deliberate,
         )
@@ -284,6 +310,7 @@ class TurnRunner:
         state = await self._start_state(running.entries) if running.legacy and running.entries else {}
         turn = await conversation.resume_turn(running, state)
         if not turn.entries:  # nothing left to answer (settled meanwhile)
+            await self.loop.abandon(self._io(conversation, turn), "the turn was not resumed")
             return await self._finish(conversation, turn, dict(running.trace), "failed", "nothing_to_resume", time.monotonic())
         closing = turn.state.get("closing")
         if closing:  # its last note is queued: send it if the crash kept it from going out
@@ -297,8 +324,15 @@ class TurnRunner:
         await turn.save_state()  # counted before anything can crash again (a poison turn ends)
         log.warning("resuming turn %s in %s (resume %d)", turn.id, conversation.key, turn.state["resumes"])
         if turn.state["resumes"] > MAX_RESUMES:
+            await self.loop.abandon(self._io(conversation, turn), "given up after repeated interruptions")
             return await self._end(conversation, turn, running.trace, "failed", "resume_cap", RESUME_GAVE_UP)
         return await self._drive(conversation, turn, running.trace)
+
+    def _io(self, conversation: Conversation, turn: Turn, trace: Callable[[], dict[str, Any]] = dict) -> TurnIO:
+        return TurnIO(
+            conversation, turn, self.delivery, self.outages,
+            steer=self.cfg.mid_turn_messages == "steer", trace=trace,
+        )
 
     async def retry(self, conversation: Conversation, suspended: Suspended) -> Outcome:
         """Try a suspended turn again (the endpoint may be back)."""
@@ -397,10 +431,7 @@ class TurnRunner:
             # endpoint errors can echo a key back ("Incorrect API key provided: sk-…")
             return self.redact(json.loads(json.dumps(out, default=str)))
 
-        io = TurnIO(
-            conversation, turn, self.delivery, self.outages,
-            steer=self.cfg.mid_turn_messages == "steer", trace=snapshot,
-        )
+        io = self._io(conversation, turn, snapshot)
         try:
             requests = self._requests(turn.session, turn, self.compactor, limits)
             async with self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s):
@@ -418,6 +449,8 @@ class TurnRunner:
             log.warning("turn %s in %s failed: %s", turn.id, conversation.key, exc)
             note = TOO_LONG if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
             return await self._end(conversation, turn, snapshot(error=str(exc)), "failed", "model_error", note, started)
+        except sqlite3.Error:
+            raise  # a write of the turn failed: the actor reads it back and resumes it
         except Exception:
             error_id = uuid.uuid4().hex[:8]
             log.exception("turn %s in %s crashed (error id %s)", turn.id, conversation.key, error_id)
@@ -432,24 +465,25 @@ class TurnRunner:
         """The endpoint is down: tell the user once, keep the turn, retry later or give up."""
         state = turn.state
         now = time.time()
-        since = min(state.get("outage_since", now), self.outages.failed(now))
-        state["outage_since"] = since
+        since = state["outage_since"] = self.outages.failed(now, state.get("outage_since"))
         attempt = state["outage_attempts"] = int(state.get("outage_attempts", 0)) + 1
         if now - since >= self.engine_cfg.outage_limit_s:
             log.error("turn %s in %s: model unreachable for %.0f s; giving up", turn.id, conversation.key, now - since)
             note = OUTAGE_GAVE_UP.format(waited=duration(now - since))
             return await self._end(conversation, turn, trace, "failed", "model_unreachable", note)
         state["active"] = False  # waiting is not working: a restart meanwhile is not a crash
-        if state.get("outage_notice") or conversation.key in self.outages.told:
-            state["outage_notice"] = True
+        told = state.get("outage_notice") or conversation.key in self.outages.told
+        self.outages.told.add(conversation.key)
+        state["outage_notice"] = True
+        if told:
             await turn.save_state()
         else:  # the flag is saved with the notice's outbox row: a crash never sends it twice
-            state["outage_notice"] = True
-            self.outages.told.add(conversation.key)
             await self._note(turn, OUTAGE_NOTICE)
         delay = outage_delay_s(attempt)
+        if exc.retry_after is not None:  # the server said when (429/503 Retry-After), within reason
+            delay = max(delay, min(exc.retry_after, MAX_RETRY_AFTER_S))
         log.warning("turn %s in %s: %s; retry %d in %.1f s", turn.id, conversation.key, exc, attempt, delay)
-        return Suspended(turn, delay, trace)
+        return Suspended(turn, delay, trace, self.outages.recovered)
 
     async def _note(self, turn: Turn, text: str) -> None:
         """A message from the daemon itself: recorded (with the turn's state) and delivered."""

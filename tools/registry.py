@@ -35,6 +35,7 @@ import inspect
 import json
 import logging
 import re
+import sqlite3
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -408,6 +409,8 @@ class Registry:
             return ToolResult.error(f"{name}: invalid arguments: {_describe(exc)}")
         try:
             out = await found.invoke(ctx, args)
+        except sqlite3.Error:
+            raise  # the turn's own record failed (e.g. say): the turn recovers (bumblebot/errors.py)
         except Exception as exc:  # CancelledError is a BaseException and propagates
             log.warning("tool %s raised in %s", name, ctx.conversation or "-", exc_info=True)
             return ToolResult.error(f"{name} failed: {type(exc).__name__}: {exc}")

@@ -47,6 +47,7 @@ class Reply:
     finish_reason: str = "stop"
     body: dict[str, Any] | None = None
     delay: float = 0.0  # seconds awaited before answering (latency injection)
+    headers: dict[str, str] | None = None  # extra response headers (e.g. Retry-After)
 
 
 @dataclass
@@ -83,9 +84,10 @@ def text(content: str, finish_reason: str = "stop", delay: float = 0.0) -> Reply
 
 
 def error(status: int, message: str = "fake error", delay: float = 0.0,
-          body: dict[str, Any] | None = None) -> Reply:
-    """Reply with HTTP ``status`` and an OpenAI-style error body (or ``body`` verbatim)."""
-    return Reply(status=status, body=body or _error_body(status, message), delay=delay)
+          body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Reply:
+    """Reply with HTTP ``status`` and an OpenAI-style error body (or ``body`` verbatim), plus
+    any extra response ``headers``."""
+    return Reply(status=status, body=body or _error_body(status, message), delay=delay, headers=headers)
 
 
 def _error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
@@ -235,7 +237,7 @@ class FakeOpenAI:
             await asyncio.sleep(reply.delay)
         record.status = reply.status
         if reply.status != 200:
-            return web.json_response(reply.body, status=reply.status)
+            return web.json_response(reply.body, status=reply.status, headers=reply.headers)
         return web.json_response(reply.body or self._completion(body, reply))
 
     async def _answer(self, body: Request) -> Reply:
