@@ -10,6 +10,7 @@ runs, so a second process exits at once instead of answering the same messages a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -94,6 +95,13 @@ def build_toolbox(settings: Settings) -> Any:
     )
 
 
+async def reap_orphans(settings: Settings) -> None:
+    """Kill commands the last process started and did not live to stop (``tools.shell``)."""
+    from tools import COMMANDS_DIR, reap_orphaned_commands
+
+    await asyncio.to_thread(reap_orphaned_commands, settings.data_dir / COMMANDS_DIR)
+
+
 def _tool_lines(schemas: list[dict[str, Any]]) -> list[str]:
     lines = []
     for s in schemas:
@@ -161,6 +169,7 @@ class Daemon:
         )
         await budget.load()
         self.toolbox = toolbox = build_toolbox(settings)
+        await reap_orphans(settings)  # before any turn resumes: a cut-off command must not land later
         memory = Memory(settings.data_dir)
         prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
         self.delivery = delivery = Delivery(store)

@@ -14,10 +14,11 @@ from .agency import AGENCY_TOOLS
 from .files import FILE_TOOLS
 from .knowledge import KNOWLEDGE_TOOLS
 from .registry import DEFAULT_MAX_RESULT_CHARS, Registry, Tool, cap_text, make_tool, tool
-from .shell import shell_tools
+from .shell import COMMANDS_DIR, reap_orphaned_commands, shell_tools
 from .web import web_tools
 
 __all__ = [
+    "COMMANDS_DIR",
     "AGENCY_TOOLS",
     "FILE_TOOLS",
     "Registry",
@@ -25,6 +26,7 @@ __all__ = [
     "build_registry",
     "cap_text",
     "make_tool",
+    "reap_orphaned_commands",
     "shell_tools",
     "tool",
     "web_tools",

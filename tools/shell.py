@@ -25,6 +25,11 @@ container (see ``deploy/``).
   left of its group (background children) is killed too: nothing outlives the call. A
   process that starts its own session (``setsid``) escapes the group; only the OS
   (``KillMode=control-group``) catches that;
+* a command whose daemon died (SIGKILL, a crash) would run on and land its effect after the
+  restart, while the resumed turn is told the call was interrupted. So each running command
+  is noted in ``<data_dir>/commands/<pgid>`` (with the leader's start time), and
+  :func:`reap_orphaned_commands` kills what is left of those groups when the daemon starts
+  (Linux ``/proc``; the start time guards against a reused pid);
 * the timeout is the smaller of the model's ``timeout_s`` and the configured maximum;
 * stdout and stderr are captured separately, each capped (head and tail kept), and
   reported as JSON ``{"exit_code", "stdout", "stderr", "timed_out"}``; the result is
@@ -37,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -50,12 +56,19 @@ from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
 from .registry import Tool, make_tool
 
 __all__ = [
+    "COMMANDS_DIR",
     "CommandOutcome",
     "RunCommandArgs",
     "command_env",
+    "reap_orphaned_commands",
     "run_shell",
     "shell_tools",
 ]
+
+log = logging.getLogger(__name__)
+
+#: Under the data directory: one file per running command, named by its process group.
+COMMANDS_DIR = "commands"
 
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -177,6 +190,78 @@ async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
     return True
 
 
+def _proc_stat(pid: str) -> tuple[int, int] | None:
+    """``(process group, start time in clock ticks since boot)`` of ``pid`` from
+    ``/proc/<pid>/stat`` (proc(5): fields 5 and 22), or ``None`` if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)", field 3 is index 0
+    return int(fields[2]), int(fields[19])
+
+
+def _note_command(ledger: Path | None, pid: int) -> Path | None:
+    if ledger is None:
+        return None
+    stat = _proc_stat(str(pid))
+    if stat is None:
+        return None  # already gone
+    try:
+        ledger.mkdir(parents=True, exist_ok=True)
+        path = ledger / str(pid)
+        path.write_text(str(stat[1]))
+    except OSError as exc:
+        log.warning("cannot note running command %d in %s: %s", pid, ledger, exc)
+        return None
+    return path
+
+
+def reap_orphaned_commands(ledger: Path) -> int:
+    """Kill (``SIGKILL``) what is left of commands an earlier daemon process started and did not
+    live to stop, as noted in ``ledger`` (``<data_dir>/commands``); empty the ledger.
+
+    A process counts as the command's when it is in the noted process group, started no earlier
+    than the group's leader did, and the leader (if alive) is the noted one: a pid reused since
+    is left alone. Call it before any
+    turn runs. Returns how many processes were killed; never raises for a missing ledger or a
+    system without ``/proc`` (then only the ledger is emptied, and a warning logged).
+    """
+    try:
+        notes = [p for p in ledger.iterdir() if p.name.isdigit()]
+    except OSError:
+        return 0
+    if not notes:
+        return 0
+    groups: dict[int, int] = {}
+    for note in notes:
+        with contextlib.suppress(OSError, ValueError):
+            groups[int(note.name)] = int(note.read_text().strip() or 0)
+    for pgid, started in list(groups.items()):
+        leader = _proc_stat(str(pgid))
+        if leader is not None and leader[1] != started:
+            del groups[pgid]  # the pid was reused: that group is someone else's
+    killed = 0
+    if not Path("/proc/self/stat").exists():
+        log.warning("cannot check for commands left running by the last process (no /proc): %s", sorted(groups))
+    else:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            stat = _proc_stat(entry.name)
+            if stat is None or stat[0] not in groups or stat[1] < groups[stat[0]]:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+        if killed:
+            log.warning("killed %d process(es) of commands left running by the last process", killed)
+    for note in notes:
+        with contextlib.suppress(OSError):
+            note.unlink()
+    return killed
+
+
 async def run_shell(
     command: str,
     *,
@@ -185,6 +270,7 @@ async def run_shell(
     max_output_chars: int,
     kill_grace_s: float = 2.0,
     env: dict[str, str] | None = None,
+    ledger: Path | None = None,
 ) -> CommandOutcome:
     """Run ``/bin/sh -c command`` in its own process group and collect its output.
 
@@ -197,6 +283,8 @@ async def run_shell(
         kill_grace_s: seconds between ``SIGTERM`` and ``SIGKILL``, and the longest wait
             for the output pipes to close once the group is dead.
         env: the environment; defaults to :func:`command_env` of ``cwd``.
+        ledger: where the running command is noted for :func:`reap_orphaned_commands`
+            (``<data_dir>/commands``); ``None``: not noted.
 
     Returns:
         The outcome. Whatever is left of the process group is killed before returning,
@@ -234,6 +322,7 @@ async def run_shell(
         else:
             await _stop(started, protocol, kill_grace_s)
         raise
+    note = _note_command(ledger, transport.get_pid())
     timed_out = False
     try:
         if not await _wait(protocol.exited, timeout_s):
@@ -241,7 +330,12 @@ async def run_shell(
             _signal_group(transport.get_pid(), signal.SIGTERM)
             await _wait(protocol.exited, kill_grace_s)
     finally:
-        await _stop(transport, protocol, kill_grace_s)
+        try:
+            await _stop(transport, protocol, kill_grace_s)
+        finally:
+            if note is not None:
+                with contextlib.suppress(OSError):
+                    note.unlink()
     return CommandOutcome(
         transport.get_returncode(), protocol.stdout.text(), protocol.stderr.text(), timed_out
     )
@@ -297,6 +391,7 @@ def shell_tools(
             timeout_s=timeout,
             max_output_chars=max_output_chars,
             kill_grace_s=kill_grace_s,
+            ledger=ctx.data_dir / COMMANDS_DIR,
         )
         return outcome.to_result()
 
