@@ -48,6 +48,13 @@ class Intake(Protocol):
         """Handle a message without a turn: reply ``text`` (``None``: no reply). ``False`` for a
         duplicate."""
 
+    async def observe(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
+        """A group message not addressed to the bot: no turn, no reply, but the next turn there
+        may see it as background. ``False`` for a duplicate."""
+
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> bool:
+        """The chat ``old`` continues at ``new`` (Telegram group → supergroup migration)."""
+
     async def refuse_once(self, inbound: Inbound, text: str, *, kv: dict[str, str] | None = None) -> None:
         """A sender outside the allowlist: ``text`` is sent at most once per sender and platform;
         later messages are only journaled."""

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from bumblebot.compaction import CompactionOutcome, summary_message
-from bumblebot.events import ChatKind, ChatRef
+from bumblebot.events import ChatKind, ChatRef, Inbound
 from bumblebot.messages import Message
 from bumblebot.store import CompactionState, ConversationRecord, JournalEntry, OutboxEntry, RunningTurn, Store
 
@@ -35,12 +36,34 @@ log = logging.getLogger(__name__)
 LEGACY_SAID = '{"delivered": true, "queued": false}'
 
 
-def merge_text(entries: list[JournalEntry]) -> str:
-    """The user text of a turn: one message as is; in groups each part names its speaker."""
-    parts = []
-    for e in entries:
-        inb = e.inbound
-        parts.append(f"[{inb.speaker}]: {inb.text}" if inb.chat_kind is ChatKind.GROUP else inb.text)
+#: Background messages are shortened to this many characters each.
+BACKGROUND_CHARS = 300
+BACKGROUND_OPEN = "[Earlier in this chat, not addressed to you: background only, do not answer these]"
+BACKGROUND_CLOSE = "[End of background]"
+
+
+def _one(inbound: Inbound) -> str:
+    text = inbound.text
+    if inbound.quote:
+        text = f"[Replying to {inbound.quote}]\n{text}"
+    return f"[{inbound.speaker}]: {text}" if inbound.chat_kind is ChatKind.GROUP else text
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def merge_text(entries: list[JournalEntry], background: Sequence[Inbound] = ()) -> str:
+    """The user text of a turn: one message as is; in groups each part names its speaker, and a
+    reply carries what it replies to (``[Replying to Name: text]``). ``background``: earlier
+    group messages not addressed to the bot (issue 10, ``telegram.group_context``), put first
+    between :data:`BACKGROUND_OPEN` and :data:`BACKGROUND_CLOSE`, each shortened to
+    :data:`BACKGROUND_CHARS`."""
+    parts = [_one(e.inbound) for e in entries]
+    if background:
+        lines = [f"[{b.speaker}]: {_short(b.text, BACKGROUND_CHARS)}" for b in background]
+        parts.insert(0, "\n".join([BACKGROUND_OPEN, *lines, BACKGROUND_CLOSE]))
     return "\n\n".join(parts)
 
 
@@ -263,6 +286,11 @@ class Conversation:
     def key(self) -> str:
         return self.record.chat.key
 
+    def moved_to(self, chat: ChatRef) -> None:
+        """The chat changed its id (``Store.move_chat`` already re-keyed the row)."""
+        self.record = ConversationRecord(self.id, chat, self.record.session)
+        self.session.key = chat.key
+
     async def reset(self) -> int:
         """``/reset``: a new, empty session from now on (a running turn finishes in its own).
         Returns the new session number."""
@@ -274,7 +302,9 @@ class Conversation:
     async def begin_turn(self, entries: list[JournalEntry], state: dict[str, Any]) -> Turn:
         """Start a turn answering ``entries`` in the current session (checkpoint 0: the turn
         row and the user message)."""
-        user = Message(role="user", content=merge_text(entries))
+        first = entries[0]
+        background = await self._store.background(self.chat, first.id, first.inbound.background)
+        user = Message(role="user", content=merge_text(entries, background))
         session = self.session
         turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state)
         self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)

@@ -197,7 +197,7 @@ class Daemon:
             toolbox=toolbox,
             redact=lambda value: redact_values(value, secrets),
         )
-        self.engine = Engine(settings.engine, store, self.runner, delivery, prompts)
+        self.engine = Engine(settings.engine, store, self.runner, delivery, prompts, memory)
         return self.engine
 
     async def start(self, adapters: list[Adapter] | None = None) -> None:

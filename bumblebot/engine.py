@@ -31,6 +31,7 @@ from bumblebot.config import EngineSettings
 from bumblebot.conversation import Conversation
 from bumblebot.delivery import Delivery
 from bumblebot.events import ChatRef, Inbound, Platform
+from bumblebot.knowledge import Memory
 from bumblebot.prompt import PromptBuilder
 from bumblebot.store import JournalEntry, Pruned, Store
 from bumblebot.turn import TurnRunner
@@ -57,12 +58,20 @@ class Engine:
         runner: runs turns.
         delivery: the outbox (command answers, refusals) and its sweeper.
         prompts: the entity (greeting, name).
+        memory: the conversations' facts files (moved with a chat that changes its id).
     """
 
     def __init__(
-        self, settings: EngineSettings, store: Store, runner: TurnRunner, delivery: Delivery, prompts: PromptBuilder
+        self,
+        settings: EngineSettings,
+        store: Store,
+        runner: TurnRunner,
+        delivery: Delivery,
+        prompts: PromptBuilder,
+        memory: Memory | None = None,
     ) -> None:
         self.settings = settings
+        self._memory = memory
         self._store = store
         self._runner = runner
         self._delivery = delivery
@@ -284,6 +293,35 @@ class Engine:
             return False
         if text:
             await self.reply(inbound.chat, text)
+        return True
+
+    async def observe(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
+        """Journal a group message not addressed to the bot: no turn, no reply; the next turn
+        in that chat may see it as background (``Inbound.background``). ``False`` if it was a
+        duplicate."""
+        return await self._store.journal(inbound.storable(), kv=kv, status="ignored", background=True) is not None
+
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> bool:
+        """The chat ``old`` now lives at ``new``'s id (Telegram: a group became a supergroup,
+        ``migrate_to_chat_id``): its conversation, facts and pending work continue there, and
+        a loaded actor is re-keyed. ``False`` when there was nothing to move or ``new``
+        already had a conversation (then both stay as they are)."""
+        async with self._actor_lock:  # no actor of ``new`` can be created meanwhile
+            if not await self._store.move_chat(old, new):
+                log.info("%s: nothing to move to %s (no history, or the new chat has its own)", old.key, new.key)
+                return False
+            for key, actor in list(self._actors.items()):
+                chat = actor.conversation.chat
+                if chat.platform is old.platform and chat.chat_id == old.chat_id:
+                    del self._actors[key]
+                    actor.conversation.moved_to(ChatRef(new.platform, new.chat_id, chat.thread_id))
+                    self._actors[actor.key] = actor
+        if self._memory is not None:
+            try:
+                self._memory.move(old.key, new.key)
+            except OSError as exc:
+                log.warning("could not move the facts of %s to %s: %s", old.key, new.key, exc)
+        log.info("conversation %s moved to %s", old.key, new.key)
         return True
 
     async def refuse_once(self, inbound: Inbound, text: str, *, kv: dict[str, str] | None = None) -> None:

@@ -57,6 +57,9 @@ class Inbound:
         chat_kind: private (DM) or group (guild channel, group chat).
         source: ``"chat"`` for a person; ``"automation"`` / ``"autonomous"`` for scheduled input.
         update_id: Telegram's update id, when there is one.
+        quote: the message this one replies to, as ``"Name: text"`` (shortened), or ``""``.
+        background: in a group, how many earlier messages not addressed to the bot the turn
+            answering this one may see as background (``telegram.group_context``); ``0``: none.
     """
 
     chat: ChatRef
@@ -67,6 +70,8 @@ class Inbound:
     chat_kind: ChatKind = ChatKind.PRIVATE
     source: str = "chat"
     update_id: int | None = None
+    quote: str = ""
+    background: int = 0
 
     @property
     def speaker(self) -> str:
@@ -78,8 +83,9 @@ class Inbound:
     def storable(self) -> Inbound:
         """This message with lone UTF-16 surrogates (which SQLite and JSON encoders refuse,
         e.g. from a broken client or a terminal's bad byte) replaced by U+FFFD."""
-        if not (_SURROGATE.search(self.text) or _SURROGATE.search(self.sender_name)):
+        if not any(_SURROGATE.search(value) for value in (self.text, self.sender_name, self.quote)):
             return self
         return dataclasses.replace(
-            self, text=_SURROGATE.sub("\ufffd", self.text), sender_name=_SURROGATE.sub("\ufffd", self.sender_name)
+            self, text=_SURROGATE.sub("\ufffd", self.text), sender_name=_SURROGATE.sub("\ufffd", self.sender_name),
+            quote=_SURROGATE.sub("\ufffd", self.quote),
         )

@@ -282,3 +282,16 @@ class Memory:
     def of(self, conversation: str) -> KnowledgeFile:
         """The facts of the conversation with key ``conversation`` (``ChatRef.key``)."""
         return KnowledgeFile(self.data_dir / "knowledge" / conversation_file_name(conversation))
+
+    def move(self, old: str, new: str) -> bool:
+        """Give conversation ``old``'s facts to ``new`` (a chat that changed its id). ``False``
+        when ``old`` has none or ``new`` already has its own (nothing is overwritten).
+
+        Raises:
+            OSError: the rename failed.
+        """
+        source, target = self.of(old).path, self.of(new).path
+        if not source.exists() or target.exists():
+            return False
+        source.rename(target)
+        return True

@@ -1,7 +1,7 @@
 """SQLite state through aiosqlite: conversations, history, compaction state, journal, turns, outbox.
 
 One file, ``<data_dir>/bumblebot.db``, in WAL mode with a 10 s busy timeout. Schema versions
-are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (3 now).
+are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (4 now).
 
 Tables:
 
@@ -177,6 +177,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX journal_by_age ON journal (received_at);
     CREATE INDEX outbox_by_age ON outbox (created_at);
     CREATE INDEX turns_with_trace ON turns (started_at) WHERE trace IS NOT NULL;
+    """,
+    # 4: groups (issue 10). A message can quote the one it replies to; an unaddressed group
+    # message is kept as background for the next turn there.
+    """
+    ALTER TABLE journal ADD COLUMN quote TEXT NOT NULL DEFAULT '';
+    ALTER TABLE journal ADD COLUMN background INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE journal ADD COLUMN context_limit INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX journal_by_chat ON journal (platform, chat_id, thread_id, id);
     """,
 )
 
@@ -446,12 +454,16 @@ class Store:
 
     # -- journal ------------------------------------------------------------------------------
 
-    async def journal(self, inbound: Inbound, *, kv: dict[str, str] | None = None, status: str = "pending") -> int | None:
+    async def journal(
+        self, inbound: Inbound, *, kv: dict[str, str] | None = None, status: str = "pending", background: bool = False
+    ) -> int | None:
         """Record an accepted inbound message (and optional kv values) in one transaction.
 
         Args:
             status: ``pending`` (a turn will answer it) or ``ignored`` (handled without a turn:
-                a command, a refusal).
+                a command, a refusal, a group message not addressed to the bot).
+            background: an ``ignored`` group message that later turns there may see as
+                background (:meth:`background`).
 
         Returns:
             the journal id, or ``None`` when this (platform, chat, message id) was seen before.
@@ -462,12 +474,12 @@ class Store:
         async with self.transaction() as db:
             cur = await db.execute(
                 "INSERT OR IGNORE INTO journal (platform, chat_id, thread_id, message_id, update_id,"
-                " sender_id, sender_name, chat_kind, source, text, status, received_at, done_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " sender_id, sender_name, chat_kind, source, text, quote, background, context_limit, status,"
+                " received_at, done_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     c.platform.value, c.chat_id, c.thread_id, inbound.message_id, inbound.update_id,
                     inbound.sender_id, inbound.sender_name, inbound.chat_kind.value, inbound.source,
-                    inbound.text, status, now, None if status == "pending" else now,
+                    inbound.text, inbound.quote, int(background), inbound.background, status, now, None if status == "pending" else now,
                 ),
             )
             new_id = cur.lastrowid if cur.rowcount == 1 else None
@@ -479,6 +491,46 @@ class Store:
         """Journaled messages whose turn has not finished, oldest first."""
         rows = await self._all("SELECT * FROM journal WHERE status = 'pending' ORDER BY id")
         return [self._journal_entry(r) for r in rows]
+
+    async def background(self, chat: ChatRef, before: int, limit: int) -> list[Inbound]:
+        """The last ``limit`` background messages of ``chat`` (journal ids below ``before``)
+        since the last message there that a turn took, oldest first."""
+        if limit <= 0:
+            return []
+        key = (chat.platform.value, chat.chat_id, chat.thread_id)
+        rows = await self._all(
+            "SELECT * FROM journal WHERE platform = ? AND chat_id = ? AND thread_id = ? AND background = 1"
+            " AND id < ? AND id > COALESCE((SELECT MAX(id) FROM journal WHERE platform = ? AND chat_id = ?"
+            " AND thread_id = ? AND turn_id IS NOT NULL AND id < ?), 0) ORDER BY id DESC LIMIT ?",
+            (*key, before, *key, before, limit),
+        )
+        return [self._journal_entry(r).inbound for r in reversed(rows)]
+
+    async def move_chat(self, old: ChatRef, new: ChatRef) -> bool:
+        """Re-key ``old``'s conversations to ``new``'s chat id (Telegram's group → supergroup
+        migration): history, summary and sessions continue there, and so do its journal
+        entries and pending outbox rows. Returns ``False`` (changing nothing) when ``old`` has
+        no conversation or ``new`` already has one."""
+        async with self.transaction() as db:
+            async with db.execute(
+                "SELECT 1 FROM conversations WHERE platform = ? AND chat_id = ?", (new.platform.value, new.chat_id)
+            ) as cur:
+                if await cur.fetchone() is not None:
+                    return False
+            cur = await db.execute(
+                "UPDATE conversations SET chat_id = ? WHERE platform = ? AND chat_id = ?",
+                (new.chat_id, old.platform.value, old.chat_id),
+            )
+            if cur.rowcount == 0:
+                return False
+            where = (new.chat_id, old.platform.value, old.chat_id)
+            # what is still to answer, send or see as background goes with it (a message id
+            # the new chat already used stays behind: OR IGNORE)
+            await db.execute("UPDATE OR IGNORE journal SET chat_id = ? WHERE platform = ? AND chat_id = ?", where)
+            await db.execute(
+                "UPDATE outbox SET chat_id = ? WHERE platform = ? AND chat_id = ? AND status = 'pending'", where
+            )
+            return True
 
     async def journal_entry(self, journal_id: int) -> JournalEntry | None:
         row = await self._one("SELECT * FROM journal WHERE id = ?", (journal_id,))
@@ -492,6 +544,8 @@ class Store:
             sender_id=r["sender_id"],
             sender_name=r["sender_name"],
             text=r["text"],
+            quote=r["quote"],
+            background=r["context_limit"],
             chat_kind=ChatKind(r["chat_kind"]),
             source=r["source"],
             update_id=r["update_id"],
