@@ -91,6 +91,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
                 _line(True, "telegram", f"bot @{result['result'].get('username')}")
                 if not tg.allowed_user_ids and not tg.allowed_chat_ids:
                     _line(True, "telegram allowlist", "empty: anyone who finds the bot can talk to it")
+                _line(True, "telegram groups", _groups_line(tg, result["result"]))
             else:
                 fail("telegram", f"getMe failed ({_describe(result)}); check TELEGRAM_BOT_TOKEN")
     dc = settings.discord
@@ -140,6 +141,22 @@ async def _get_json(url: str, headers: dict[str, str] | None = None) -> Any:
         return response.json() if response.content else {"status": response.status_code}
     except (httpx.HTTPError, ValueError) as exc:
         return exc
+
+
+def _groups_line(tg: Any, me: dict[str, Any]) -> str:
+    """How the bot behaves in groups, with what privacy mode (getMe) lets it see."""
+    if tg.respond_in_groups == "never":
+        return "respond_in_groups: never (silent in groups)"
+    mode = f"respond_in_groups: {tg.respond_in_groups}"
+    if me.get("can_join_groups") is False:
+        return f"{mode}; the bot cannot be added to groups (BotFather: Allow Groups)"
+    if me.get("can_read_all_group_messages"):
+        return f"{mode}; privacy mode off: it reads every group message (group_context: {tg.group_context})"
+    return (
+        f"{mode}; privacy mode on: in groups it only sees mentions, replies to it and commands, so "
+        "group_context has nothing to show (BotFather: /mybots, Bot Settings, Group Privacy, Turn off; "
+        "then re-add the bot to each group)"
+    )
 
 
 def _describe(result: Any) -> str:

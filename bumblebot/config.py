@@ -97,6 +97,14 @@ class TelegramSettings(_Section):
     )
     allowed_chat_ids: list[int] = Field(default_factory=list, description="chat ids allowed to talk")
     poll_timeout_s: int = Field(30, ge=0, le=50, description="getUpdates long-poll timeout, seconds")
+    respond_in_groups: Literal["mention", "always", "never"] = Field(
+        "mention", description="in groups answer when mentioned, replied to or commanded; every message; or never"
+    )
+    group_context: int = Field(
+        20, ge=0, le=200,
+        description="unaddressed group messages since the last turn shown as background (needs privacy mode off)",
+    )
+    allow_bots: bool = Field(False, description="answer other bots that address the bot (never itself)")
 
 
 class DiscordSettings(_Section):

@@ -114,6 +114,7 @@ async def test_check_reports_endpoint_and_token(tmp_path, llm, tg):
     assert proc.returncode == 0, out.decode() + err.decode()
     assert b"bot @fake_bot" in out and b"all checks passed" in out
     assert b"called a tool, forced" in out and b"is writable" in out
+    assert b"privacy mode on: in groups it only sees mentions" in out  # the fake's getMe says so
     assert TOKEN.encode() not in out + err
 
 

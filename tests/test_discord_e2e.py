@@ -365,6 +365,27 @@ async def test_text_commands_in_dm_and_guild_and_a_slash_command(tmp_path, llm, 
     assert llm.requests == []
 
 
+async def test_only_members_who_manage_messages_reset_a_guild_channel(tmp_path, llm, dc):
+    """Issue 10: /reset and /compact change a channel's conversation for everyone in it."""
+    from adapters.discord.adapter import NOT_MANAGER_TEXT
+
+    owner = dc.human("500000000000000099", "owner")
+    dc.add_guild(GUILD_ID, [CHANNEL_ID], name="Hive", owner=owner)
+    async with bot(dc, config(tmp_path, llm, dc)):
+        await dc.send_guild_message("/reset", GUILD_ID, CHANNEL_ID, mention_bot=True)  # alice: a plain member
+        await dc.wait_for_call("POST", f"/channels/{CHANNEL_ID}/messages", status=200)
+        await dc.send_guild_message("/status", GUILD_ID, CHANNEL_ID, mention_bot=True)  # anyone may look
+        await dc.wait_for_call("POST", f"/channels/{CHANNEL_ID}/messages", n=2, status=200)
+        await dc.send_guild_message("/reset", GUILD_ID, CHANNEL_ID, mention_bot=True, author=owner)
+        await dc.wait_for_call("POST", f"/channels/{CHANNEL_ID}/messages", n=3, status=200)
+        await dc.send_interaction("reset", channel_id=CHANNEL_ID, guild_id=GUILD_ID)
+        await dc.wait_for_call("POST", r"/interactions/\d+/[^/]+/callback")
+    refused, status, done = dc.messages_sent(CHANNEL_ID)
+    assert refused == NOT_MANAGER_TEXT and status.startswith("Context: ") and done.startswith("Fresh start")
+    assert dc.interaction_responses[-1]["data"]["content"] == NOT_MANAGER_TEXT
+    assert llm.requests == []
+
+
 async def test_wrong_token_fails_start_with_a_clear_message(tmp_path, llm, dc):
     with pytest.raises(AdapterError, match="DISCORD_BOT_TOKEN"):
         async with running(config(tmp_path, llm, dc), telegram_token=None, discord_token="WRONG"):

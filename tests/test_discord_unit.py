@@ -7,7 +7,8 @@ import warnings
 import pytest
 
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
-from adapters.discord.policy import BotTurnBudget, MessageFacts, Verdict, decide, parse_command
+from adapters.bots import BotTurnBudget
+from adapters.discord.policy import MessageFacts, Verdict, decide, parse_command
 from bumblebot.config import DiscordSettings
 
 with warnings.catch_warnings():

@@ -50,7 +50,8 @@ import yarl
 from discord import app_commands
 
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
-from adapters.discord.policy import BotTurnBudget, MessageFacts, Verdict, decide, parse_command
+from adapters.bots import BotTurnBudget
+from adapters.discord.policy import MessageFacts, Verdict, decide, parse_command
 from bumblebot.adapter import Adapter, Intake
 from bumblebot.config import DiscordSettings
 from bumblebot.errors import AdapterError, DeliveryFailed
@@ -72,6 +73,9 @@ MAX_RATELIMIT_WAIT_S = 30.0
 REFERENCE_FETCH_TIMEOUT_S = 5.0
 REFUSAL_TEXT = "Sorry, this bot is private."
 NOT_HERE_TEXT = "I don't answer in this channel."
+NOT_MANAGER_TEXT = "Only members who can manage messages here can do that."
+#: Commands that change a guild channel's shared conversation.
+MANAGING_COMMANDS = frozenset({"reset", "compact"})
 NO_PINGS = discord.AllowedMentions.none()
 SLASH_COMMANDS = {
     "reset": "Start a fresh conversation",
@@ -317,6 +321,9 @@ class DiscordAdapter(Adapter):
             return
         command = parse_command(inbound.text)
         if command is not None:
+            if not self._may_manage(command, facts.is_dm, message.author.id, self._manages_messages(message)):
+                await self.intake.answer(inbound, NOT_MANAGER_TEXT)
+                return
             await self._answer_command(inbound, command)
             return
         if not inbound.text:
@@ -444,6 +451,10 @@ class DiscordAdapter(Adapter):
                     text, ephemeral=True, allowed_mentions=NO_PINGS
                 )
             return
+        if not self._may_manage(name, is_dm, user.id, bool(interaction.permissions.manage_messages)):
+            with contextlib.suppress(discord.HTTPException):
+                await interaction.response.send_message(NOT_MANAGER_TEXT, ephemeral=True, allowed_mentions=NO_PINGS)
+            return
         inbound = Inbound(
             chat=chat_ref(channel),
             message_id=f"interaction:{interaction.id}",
@@ -465,6 +476,20 @@ class DiscordAdapter(Adapter):
         with contextlib.suppress(discord.HTTPException):
             for chunk in self.chunks(answer):
                 await interaction.followup.send(chunk, allowed_mentions=NO_PINGS)
+
+    @staticmethod
+    def _manages_messages(message: discord.Message) -> bool:
+        author = message.author
+        if not isinstance(author, discord.Member) or isinstance(message.channel, discord.DMChannel):
+            return False
+        return bool(message.channel.permissions_for(author).manage_messages)  # type: ignore[union-attr]
+
+    def _may_manage(self, command: str, is_dm: bool, user_id: int, manages_messages: bool) -> bool:
+        """``/reset`` and ``/compact`` change a guild channel's conversation for everyone in it:
+        there only members with Manage Messages and allowlisted users may run them (issue 10)."""
+        if is_dm or command not in MANAGING_COMMANDS:
+            return True
+        return manages_messages or user_id in self.settings.allowed_user_ids
 
     def _user_allowed(self, user_id: int) -> bool:
         return not self.settings.allowed_user_ids or user_id in self.settings.allowed_user_ids

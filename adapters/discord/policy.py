@@ -4,7 +4,7 @@ Rules (issue 5, "When to answer"; field-bugs.md item 26):
 
 * The bot never answers itself.
 * Other bots are ignored unless ``discord.allow_bots``; even then a bot must mention the bot
-  in its text (a reply's automatic ping does not count), and :class:`BotTurnBudget` caps how
+  in its text (a reply's automatic ping does not count), and :class:`adapters.bots.BotTurnBudget` caps how
   many bot messages per channel are answered per minute, so two bots cannot loop forever.
 * DMs are always answered, except for users outside ``discord.allowed_user_ids`` (when set):
   they get one polite refusal (:attr:`Verdict.REFUSE`).
@@ -18,14 +18,12 @@ Rules (issue 5, "When to answer"; field-bugs.md item 26):
 from __future__ import annotations
 
 import re
-import time
-from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 
 from bumblebot.config import DiscordSettings
 
-__all__ = ["TEXT_COMMANDS", "BotTurnBudget", "MessageFacts", "Verdict", "decide", "parse_command"]
+__all__ = ["TEXT_COMMANDS", "MessageFacts", "Verdict", "decide", "parse_command"]
 
 #: Commands recognised as text (``/status`` or ``@bot /status``); the engine answers them.
 TEXT_COMMANDS = ("start", "reset", "status", "compact", "help")
@@ -93,27 +91,3 @@ def parse_command(text: str) -> str | None:
         return None
     name = m["name"].lower()
     return name if name in TEXT_COMMANDS else None
-
-
-class BotTurnBudget:
-    """At most ``limit`` bot-authored messages answered per channel within ``window_s`` seconds.
-
-    A brake for ``allow_bots``: two bots told to talk to each other stop after a few rounds
-    (field-bugs.md item 26). Memory is bounded by the number of channels that saw bot traffic.
-    """
-
-    def __init__(self, limit: int = 5, window_s: float = 60.0) -> None:
-        self.limit = limit
-        self.window_s = window_s
-        self._seen: dict[str, deque[float]] = {}
-
-    def allow(self, channel_key: str, now: float | None = None) -> bool:
-        """Record one bot message in ``channel_key``; ``False`` when the budget is spent."""
-        now = time.monotonic() if now is None else now
-        times = self._seen.setdefault(channel_key, deque())
-        while times and now - times[0] >= self.window_s:
-            times.popleft()
-        if len(times) >= self.limit:
-            return False
-        times.append(now)
-        return True

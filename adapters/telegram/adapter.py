@@ -1,4 +1,4 @@
-"""Telegram through python-telegram-bot: long polling, private chats.
+"""Telegram through python-telegram-bot: long polling; private chats, groups and forum topics.
 
 Why our own polling loop instead of PTB's ``Updater``: the ``Updater`` asks for the next batch
 (which acknowledges the previous one to Telegram) as soon as it has queued the updates, before
@@ -7,6 +7,14 @@ field-bugs.md item 1). Here each update is fed to the PTB ``Application`` (handl
 parsing) and journaled — together with the next offset, in one SQLite transaction — before the
 next ``getUpdates`` moves the offset past it. A restart resumes from the stored offset; an
 update Telegram delivers again is dropped by the journal's uniqueness on (chat, message id).
+
+Conversations (issue 10): a private chat or a group is one conversation (``telegram:<chat
+id>``); a forum topic, in a supergroup or a private chat (Bot API 9.3), is its own
+(``telegram:<chat id>:<message_thread_id>``). Only a message with ``is_topic_message`` names a
+topic: in a non-forum group ``message_thread_id`` only marks a reply thread, and the General
+topic (id 1) is sent to without ``message_thread_id`` (Telegram refuses it there). When a group
+becomes a supergroup (``migrate_to_chat_id``) its conversation moves to the new id. Who gets an
+answer in a group is :mod:`adapters.telegram.policy`.
 
 Rules followed: a message is at most 4096 characters (counted in UTF-16 code units, the
 conservative bound); the model's Markdown is sent as plain text plus formatting entities
@@ -22,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 import telegramify_markdown
-from telegram import BotCommand, MessageEntity, Update
+from telegram import BotCommand, Message, MessageEntity, Update
 from telegram.constants import ChatAction, ChatType
 from telegram.error import (
     BadRequest,
@@ -37,6 +45,8 @@ from telegram.error import (
 )
 from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
+from adapters.bots import BotTurnBudget
+from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
 from bumblebot.adapter import Adapter, Intake
 from bumblebot.config import TelegramSettings
 from bumblebot.errors import AdapterError, DeliveryFailed
@@ -50,6 +60,17 @@ OFFSET_KEY = "telegram.offset"
 MAX_UPDATE_ATTEMPTS = 5
 REFUSAL_TEXT = "Sorry, this bot is private."
 UNSUPPORTED_TEXT = "I can only read text messages for now; could you write it out?"
+NOT_ADMIN_TEXT = "Only the admins of this group can do that here."
+PRIVACY_NOTE = (
+    "Telegram: privacy mode is on for @%s: in groups it only sees messages that mention it, reply "
+    "to it or are commands, so telegram.group_context has nothing to show. To let it read "
+    "the whole group: @BotFather, /mybots, the bot, Bot Settings, Group Privacy, Turn off; then "
+    "remove the bot from each group and add it again"
+)
+#: The General topic of a forum: sent to without ``message_thread_id`` (Telegram refuses 1).
+GENERAL_TOPIC_ID = 1
+#: The quoted text of a reply is shortened to this many characters.
+QUOTE_CHARS = 200
 COMMANDS = [
     BotCommand("start", "About this bot"),
     BotCommand("reset", "Start a fresh conversation"),
@@ -129,6 +150,7 @@ class TelegramAdapter(Adapter):
             .get_updates_read_timeout(settings.poll_timeout_s + 10)
             .build()
         )
+        self.app.add_handler(MessageHandler(filters.StatusUpdate.MIGRATE, self._on_migrate))
         self.app.add_handler(CommandHandler([c.command for c in COMMANDS], self._on_command))
         self.app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, self._on_text))
         self.app.add_handler(MessageHandler(filters.COMMAND, self._on_unknown_command))
@@ -140,6 +162,7 @@ class TelegramAdapter(Adapter):
         self._pending_kv: dict[str, str] = {}
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._started = False
+        self._bot_budget = BotTurnBudget()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -160,6 +183,8 @@ class TelegramAdapter(Adapter):
         await self.app.start()
         self._poller = asyncio.create_task(self._poll(), name="bumblebot:telegram:poll")
         log.info("Telegram: polling as @%s", self.app.bot.username)
+        if self.settings.respond_in_groups != "never" and self.app.bot.can_read_all_group_messages is False:
+            log.warning(PRIVACY_NOTE, self.app.bot.username)
 
     async def stop_intake(self) -> None:
         if self._poller is not None:
@@ -245,67 +270,189 @@ class TelegramAdapter(Adapter):
     def _inbound(self, update: Update, text: str) -> Inbound | None:
         message = update.effective_message
         chat = update.effective_chat
-        user = update.effective_user
         if message is None or chat is None:
             return None
-        thread = str(message.message_thread_id) if message.is_topic_message and message.message_thread_id else ""
+        sender_id, sender_name, _ = self._sender(message)
+        private = chat.type == ChatType.PRIVATE
         return Inbound(
-            chat=ChatRef(Platform.TELEGRAM, str(chat.id), thread),
+            chat=ChatRef(Platform.TELEGRAM, str(chat.id), self._topic(message)),
             message_id=str(message.message_id),
-            sender_id=str(user.id) if user else str(chat.id),
-            sender_name=(user.full_name if user else chat.title or str(chat.id)),
+            sender_id=str(sender_id),
+            sender_name=sender_name,
             text=text,
-            chat_kind=ChatKind.PRIVATE if chat.type == ChatType.PRIVATE else ChatKind.GROUP,
+            chat_kind=ChatKind.PRIVATE if private else ChatKind.GROUP,
             update_id=update.update_id,
+            quote=self._quote(message),
+            background=0 if private else self.settings.group_context,
         )
 
-    def _allowed(self, inbound: Inbound) -> bool:
-        users, chats = self.settings.allowed_user_ids, self.settings.allowed_chat_ids
-        if not users and not chats:
-            return True
-        return int(inbound.sender_id) in users or int(inbound.chat.chat_id) in chats
+    @staticmethod
+    def _topic(message: Message) -> str:
+        """The forum topic a message is in (``""``: none, or the General topic)."""
+        thread = message.message_thread_id
+        if not message.is_topic_message or not thread:
+            return ""  # outside forums the field marks a reply thread, not a topic
+        if thread == GENERAL_TOPIC_ID and message.chat.type != ChatType.PRIVATE:
+            return ""
+        return str(thread)
 
-    async def _gatekeep(self, inbound: Inbound) -> bool:
-        """``True`` if the message may proceed; otherwise it is journaled as handled here."""
-        if inbound.chat_kind is not ChatKind.PRIVATE:
-            if await self.intake.answer(inbound, None, kv=self._take_kv()):
-                log.info("Telegram: ignoring group chat %s (private chats only)", inbound.chat.chat_id)
-            return False
-        if self._allowed(inbound):
+    @staticmethod
+    def _sender(message: Message) -> tuple[int, str, bool]:
+        """``(id, name, is a bot)`` of who wrote ``message``. A message sent on behalf of a
+        chat (an anonymous admin, a linked channel) counts as that chat, not as the helper
+        bot Telegram puts in ``from``."""
+        if message.sender_chat is not None:
+            chat = message.sender_chat
+            return chat.id, chat.title or chat.full_name or str(chat.id), False
+        user = message.from_user
+        if user is None:
+            return message.chat.id, message.chat.title or str(message.chat.id), False
+        return user.id, user.full_name, user.is_bot
+
+    def _real_reply(self, message: Message) -> Message | None:
+        """The message ``message`` replies to; in a forum topic every message "replies" to the
+        topic's first message, which is not a reply."""
+        replied = message.reply_to_message
+        if replied is None:
+            return None
+        if message.is_topic_message and replied.message_id == message.message_thread_id:
+            return None
+        return replied
+
+    def _quote(self, message: Message) -> str:
+        """``"Name: text"`` of what ``message`` replies to (the quoted part when the user
+        quoted one), shortened to :data:`QUOTE_CHARS`; ``""`` when it is not a reply."""
+        replied = self._real_reply(message)
+        text = message.quote.text if message.quote is not None else None
+        if replied is None and text is None:
+            return ""
+        if replied is None:
+            author = "a message from another chat"
+        elif replied.from_user is not None and replied.from_user.id == self.app.bot.id:
+            author = "you"
+        else:
+            author = self._sender(replied)[1]
+        if text is None:
+            text = (replied.text or replied.caption or "(not text)") if replied is not None else ""
+        text = " ".join(text.split())
+        if len(text) > QUOTE_CHARS:
+            text = text[: QUOTE_CHARS - 1] + "…"
+        return f"{author}: {text}"
+
+    def _addressed(self, message: Message) -> bool:
+        """It mentions the bot (``@username`` or a ``text_mention`` of it), replies to one of
+        its messages, or is a command for it (``/cmd``, ``/cmd@username``)."""
+        bot = self.app.bot
+        name = f"@{bot.username}".lower()
+        if message.text is not None:
+            found = message.parse_entities([MessageEntity.MENTION, MessageEntity.TEXT_MENTION])
+        else:
+            found = message.parse_caption_entities([MessageEntity.MENTION, MessageEntity.TEXT_MENTION])
+        for entity, text in found.items():
+            if entity.type == MessageEntity.MENTION and text.lower() == name:
+                return True
+            if entity.type == MessageEntity.TEXT_MENTION and entity.user is not None and entity.user.id == bot.id:
+                return True
+        replied = self._real_reply(message)
+        if replied is not None and replied.from_user is not None and replied.from_user.id == bot.id:
             return True
-        await self.intake.refuse_once(inbound, REFUSAL_TEXT, kv=self._take_kv())
-        return False
+        return command_target(message.text or "", bot.username) == "self"
+
+    async def _gate(self, update: Update, text: str) -> Inbound | None:
+        """The message as an :class:`Inbound` if the bot answers it (:mod:`.policy`); otherwise
+        it is journaled here (as background, refused or ignored) and ``None`` returned."""
+        message, chat = update.effective_message, update.effective_chat
+        inbound = self._inbound(update, text)
+        if inbound is None or message is None or chat is None:
+            return None
+        sender_id, _, is_bot = self._sender(message)
+        facts = MessageFacts(sender_id, is_bot, chat.id, chat.type == ChatType.PRIVATE, self._addressed(message))
+        verdict = decide(facts, self.settings, self.app.bot.id)
+        if verdict is Verdict.ANSWER and is_bot and not self._bot_budget.allow(inbound.chat.key):
+            log.info("Telegram: bot %s in %s is over its budget; not answered", sender_id, inbound.chat.key)
+            verdict = Verdict.IGNORE
+        if verdict is Verdict.ANSWER:
+            return inbound
+        if verdict is Verdict.REFUSE:
+            await self.intake.refuse_once(inbound, REFUSAL_TEXT, kv=self._take_kv())
+        elif verdict is Verdict.BACKGROUND and self.settings.group_context > 0:
+            await self.intake.observe(inbound, kv=self._take_kv())
+        else:
+            await self.intake.answer(inbound, None, kv=self._take_kv())
+        return None
 
     async def _on_text(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message
         if message is None or not message.text:
             return
-        inbound = self._inbound(update, message.text)
-        if inbound is None or not await self._gatekeep(inbound):
-            return
-        await self.intake.submit(inbound, kv=self._take_kv())
+        inbound = await self._gate(update, message.text)
+        if inbound is not None:
+            await self.intake.submit(inbound, kv=self._take_kv())
 
     async def _on_command(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message
         if message is None or not message.text:
             return
-        inbound = self._inbound(update, message.text)
-        if inbound is None or not await self._gatekeep(inbound):
+        inbound = await self._gate(update, message.text)
+        if inbound is None:
             return
-        name = message.text.split()[0].lstrip("/").split("@")[0]
+        name = message.text.split()[0].lstrip("/").split("@")[0].lower()
+        private = inbound.chat_kind is ChatKind.PRIVATE
+        user_id = int(inbound.sender_id)
+        status = None if private else await self._member_status(int(inbound.chat.chat_id), user_id)
+        if not may_manage(name, private=private, user_id=user_id, admin_status=status, settings=self.settings):
+            await self.intake.answer(inbound, NOT_ADMIN_TEXT, kv=self._take_kv())
+            return
         answer = await self.intake.command(inbound, name, kv=self._take_kv())
         if answer:
             await self.intake.reply(inbound.chat, answer)
 
+    async def _member_status(self, chat_id: int, user_id: int) -> str | None:
+        """``getChatMember``'s status of ``user_id`` (``None`` if Telegram would not say)."""
+        try:
+            member = await self.app.bot.get_chat_member(chat_id, user_id)
+        except TelegramError as exc:
+            log.warning("Telegram: cannot read the member status of %s in %s: %s", user_id, chat_id, exc.message)
+            return None
+        return str(member.status)
+
     async def _on_unknown_command(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """A command the bot has not registered, or one addressed to another bot. In groups
+        only one addressed to this bot by name gets "Unknown command"; the rest are other
+        bots' business."""
+        message, chat = update.effective_message, update.effective_chat
+        if message is None or chat is None or not message.text:
+            return
+        target = command_target(message.text, self.app.bot.username)
+        if target == "other" or (chat.type != ChatType.PRIVATE and "@" not in message.text.split()[0]):
+            inbound = self._inbound(update, message.text)
+            if inbound is not None:
+                await self.intake.answer(inbound, None, kv=self._take_kv())
+            return
         await self._on_command(update, context)
 
     async def _on_unsupported(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        """Photos, stickers, voice…: say so once per message instead of staying silent."""
-        inbound = self._inbound(update, "(a message that is not text)")
-        if inbound is None or not await self._gatekeep(inbound):
+        """Photos, stickers, voice…: say so once per message instead of staying silent (in a
+        group only when the message was for the bot)."""
+        inbound = await self._gate(update, "(a message that is not text)")
+        if inbound is None:
             return
         await self.intake.answer(inbound, UNSUPPORTED_TEXT, kv=self._take_kv())
+
+    async def _on_migrate(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """A group became a supergroup: its conversation continues under the new id. Telegram
+        sends ``migrate_to_chat_id`` in the old chat and ``migrate_from_chat_id`` in the new one;
+        whichever comes first moves it."""
+        message = update.effective_message
+        if message is None:
+            return
+        if message.migrate_to_chat_id:
+            old, new = message.chat.id, message.migrate_to_chat_id
+        elif message.migrate_from_chat_id:
+            old, new = message.migrate_from_chat_id, message.chat.id
+        else:
+            return
+        await self.intake.move_chat(ChatRef(Platform.TELEGRAM, str(old)), ChatRef(Platform.TELEGRAM, str(new)))
 
     # -- delivery ----------------------------------------------------------------------------
 
@@ -313,21 +460,26 @@ class TelegramAdapter(Adapter):
         return render_chunks(text)
 
     async def send_chunk(self, chat: ChatRef, chunk: TelegramChunk, *, key: str) -> str:
-        """Send one message (Telegram has no idempotency key: ``key`` is not used)."""
+        """Send one message (Telegram has no idempotency key: ``key`` is not used).
+
+        A chat that became a supergroup is moved (:meth:`Intake.move_chat`) and the message
+        sent there; a topic Telegram no longer knows ("message thread not found": deleted, or
+        private-chat topics turned off) gets the message in the chat itself.
+        """
+        chat_id = int(chat.chat_id)
         thread = int(chat.thread_id) if chat.thread_id else None
         try:
             try:
-                message = await self.app.bot.send_message(
-                    chat_id=int(chat.chat_id), text=chunk.text, entities=chunk.entities or None,
-                    message_thread_id=thread,
-                )
+                message = await self._send(chat_id, thread, chunk)
+            except ChatMigrated as exc:
+                new = ChatRef(Platform.TELEGRAM, str(exc.new_chat_id), chat.thread_id)
+                await self.intake.move_chat(chat, new)
+                message = await self._send(exc.new_chat_id, thread, chunk)
             except BadRequest as exc:
-                if not chunk.entities or "entit" not in exc.message.lower():
+                if thread is None or "thread not found" not in exc.message.lower():
                     raise
-                # formatting refused: the words matter more than the bold
-                message = await self.app.bot.send_message(
-                    chat_id=int(chat.chat_id), text=chunk.text, message_thread_id=thread
-                )
+                log.warning("Telegram: topic %s of %s is gone; sending to the chat itself", thread, chat_id)
+                message = await self._send(chat_id, None, chunk)
         except RetryAfter as exc:
             raise DeliveryFailed("Telegram rate limit", retryable=True, retry_after=_seconds(exc.retry_after)) from exc
         except (TimedOut, NetworkError) as exc:
@@ -344,6 +496,17 @@ class TelegramAdapter(Adapter):
         except TelegramError as exc:
             raise DeliveryFailed(f"Telegram refused the message: {exc.message}", retryable=False) from exc
         return str(message.message_id)
+
+    async def _send(self, chat_id: int, thread: int | None, chunk: TelegramChunk) -> Message:
+        try:
+            return await self.app.bot.send_message(
+                chat_id=chat_id, text=chunk.text, entities=chunk.entities or None, message_thread_id=thread
+            )
+        except BadRequest as exc:
+            if not chunk.entities or "entit" not in exc.message.lower():
+                raise
+            # formatting refused: the words matter more than the bold
+            return await self.app.bot.send_message(chat_id=chat_id, text=chunk.text, message_thread_id=thread)
 
     async def send_typing(self, chat: ChatRef) -> None:
         await self.app.bot.send_chat_action(

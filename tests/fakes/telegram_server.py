@@ -90,13 +90,17 @@ class FakeTelegram:
         self.base_url = self.base_file_url = ""
         self._next_message_id = 1
         self._chats: dict[int, dict[str, Any]] = {}
+        self.get_me = dict(GET_ME)  # getMe's answer (e.g. can_read_all_group_messages)
+        self.member_status: dict[tuple[int, int], str] = {}  # (chat, user) -> getChatMember status
+        self.migrated: dict[int, int] = {}  # old group id -> supergroup id (sends to it fail)
         self._failures: dict[str, deque[tuple[int, dict[str, Any]]]] = {}
         self._called = asyncio.Condition()
         self._pushed = asyncio.Event()  # set on push; a sync push cannot hold a Condition's lock
         self._closing = False
         self._runner: web.AppRunner | None = None
         self._handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "getMe": lambda p: GET_ME, "deleteWebhook": lambda p: True,
+            "getMe": lambda p: self.get_me, "deleteWebhook": lambda p: True,
+            "getChatMember": self._get_chat_member,
             "sendChatAction": lambda p: True, "close": lambda p: True, "logOut": lambda p: True,
             "sendMessage": self._send_message, "editMessageText": self._edit_message_text,
             "deleteMessage": self._delete_message, "setMyCommands": self._set_my_commands,
@@ -114,32 +118,68 @@ class FakeTelegram:
     def push_text(self, text: str, chat_id: int = 1001, user_id: int | None = None,
                   chat_type: str = "private", first_name: str = "Alice",
                   username: str | None = "alice", message_id: int | None = None,
-                  reply_to: int | None = None) -> dict[str, Any]:
+                  reply_to: int | None = None, thread_id: int | None = None,
+                  is_forum: bool = False, is_bot: bool = False,
+                  entities: list[dict[str, Any]] | None = None,
+                  quote: str | None = None) -> dict[str, Any]:
         """Push a text message from a user; return the update. A leading ``/word`` gets a
-        ``bot_command`` entity and ``@name`` words get ``mention`` entities (UTF-16 offsets)."""
-        user = {"id": chat_id if user_id is None else user_id, "is_bot": False,
+        ``bot_command`` entity and ``@name`` words get ``mention`` entities (UTF-16 offsets);
+        ``entities`` adds more (e.g. a ``text_mention``).
+
+        Groups: ``chat_type`` ``"group"`` or ``"supergroup"`` (``is_forum`` for topics). In a
+        forum, ``thread_id`` names the topic (``is_topic_message``, and the message "replies"
+        to the topic's first message, as Telegram does); ``None`` is the General topic. Outside
+        forums ``thread_id`` is a reply thread (no ``is_topic_message``). ``quote``: the part
+        of the replied-to message the user quoted."""
+        user = {"id": chat_id if user_id is None else user_id, "is_bot": is_bot,
                 "first_name": first_name, **({"username": username} if username else {})}
-        chat = {"id": chat_id, "type": chat_type}
+        chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
         chat.update({"first_name": first_name, **({"username": username} if username else {})}
                     if chat_type == "private" else {"title": "Test Group"})
+        if is_forum:
+            chat["is_forum"] = True
         self._chats[chat_id] = chat
         message: dict[str, Any] = {
             "message_id": message_id or self._new_message_id(), "date": int(time.time()),
             "chat": chat, "from": user, "text": text}
-        entities = [{"type": "bot_command", "offset": 0, "length": utf16_len(m.group())}
-                    for m in [re.match(r"/\S+", text)] if m]
-        entities += [{"type": "mention", "offset": utf16_len(text[:m.start()]),
-                      "length": utf16_len(m.group())}
-                     for m in re.finditer(r"(?<![\w/])@\w{3,}", text)]
-        if entities:
-            message["entities"] = entities
+        found = [{"type": "bot_command", "offset": 0, "length": utf16_len(m.group())}
+                 for m in [re.match(r"/\S+", text)] if m]
+        found += [{"type": "mention", "offset": utf16_len(text[:m.start()]),
+                   "length": utf16_len(m.group())}
+                  for m in re.finditer(r"(?<![\w/])@\w{3,}", text)]
+        found += entities or []
+        if found:
+            message["entities"] = found
+        if thread_id is not None:
+            message["message_thread_id"] = thread_id
+            if is_forum or chat_type == "private":
+                message["is_topic_message"] = True
+                if reply_to is None:  # Telegram: a topic's messages reply to its first message
+                    message["reply_to_message"] = {
+                        "message_id": thread_id, "date": message["date"], "chat": chat,
+                        "from": user, "forum_topic_created": {"name": "Topic", "icon_color": 7322096}}
         if reply_to is not None:
             stub = {"message_id": reply_to, "date": message["date"], "chat": chat}
             message["reply_to_message"] = self.messages.get((chat_id, reply_to), stub)
+        if quote is not None:
+            message["quote"] = {"text": quote, "position": 0}
         self.messages[(chat_id, message["message_id"])] = message
         update = {"update_id": self.next_update_id, "message": message}
         self.push_update(update)
         return update
+
+    def push_migration(self, old_chat_id: int, new_chat_id: int) -> None:
+        """A group becomes a supergroup: the two service messages Telegram sends (in the old
+        chat and the new one); from now on sends to the old id fail with ``migrate_to_chat_id``."""
+        old = self._chats.get(old_chat_id, {"id": old_chat_id, "type": "group", "title": "Test Group"})
+        new = {**old, "id": new_chat_id, "type": "supergroup"}
+        self._chats[new_chat_id] = new
+        self.migrated[old_chat_id] = new_chat_id
+        admin = {"id": 1, "is_bot": False, "first_name": "Admin"}
+        for chat, field, value in ((old, "migrate_to_chat_id", new_chat_id), (new, "migrate_from_chat_id", old_chat_id)):
+            message = {"message_id": self._new_message_id(), "date": int(time.time()), "chat": chat,
+                       "from": admin, field: value}
+            self.push_update({"update_id": self.next_update_id, "message": message})
 
     def fail_next(self, method: str, status: int, body: dict[str, Any], times: int = 1) -> None:
         """Answer the next ``times`` calls of ``method`` with ``status`` and ``body``."""
@@ -238,11 +278,38 @@ class FakeTelegram:
         return {"message_id": message_id, "date": int(time.time()), "chat": chat,
                 "from": BOT_USER, "text": params.get("text", "")}
 
+    def _get_chat_member(self, params: dict[str, Any]) -> dict[str, Any]:
+        chat_id, user_id = int(params["chat_id"]), int(params["user_id"])
+        status = self.member_status.get((chat_id, user_id), "member")
+        user = {"id": user_id, "is_bot": False, "first_name": "Member"}
+        member: dict[str, Any] = {"status": status, "user": user}
+        if status == "administrator":
+            member.update(can_be_edited=False, is_anonymous=False, can_manage_chat=True,
+                          can_delete_messages=True, can_manage_video_chats=True,
+                          can_restrict_members=True, can_promote_members=False,
+                          can_change_info=True, can_invite_users=True, can_post_stories=False,
+                          can_edit_stories=False, can_delete_stories=False)
+        elif status == "creator":
+            member.update(is_anonymous=False)
+        return member
+
     def _send_message(self, params: dict[str, Any]) -> Any:
         invalid = _text_error(params)
         if invalid:
             return invalid
+        chat_id = int(params["chat_id"])
+        if chat_id in self.migrated:
+            return _error(400, {"ok": False, "error_code": 400,
+                                "description": "Bad Request: group chat was upgraded to a supergroup chat",
+                                "parameters": {"migrate_to_chat_id": self.migrated[chat_id]}})
+        thread = int(params.get("message_thread_id") or 0)
+        if thread == 1 or (thread and not self._chats.get(chat_id, {}).get("is_forum")
+                           and self._chats.get(chat_id, {}).get("type") != "private"):
+            # Bot API: the General topic takes no thread id, and non-forums have no topics
+            return _error(400, bad_request_body("message thread not found"))
         message = self._bot_message(params, self._new_message_id())
+        if thread:
+            message.update(message_thread_id=thread, is_topic_message=True)
         reply = params.get("reply_parameters") or {}
         replied = self.messages.get((message["chat"]["id"], reply.get("message_id", 0)))
         if replied:

@@ -1,0 +1,309 @@
+"""Telegram groups, supergroups and forum topics (issue 10).
+
+The daemon runs in this event loop with the real python-telegram-bot against the fake Bot API,
+on real SQLite files. "Nothing happened" is observed after the update was acknowledged (the
+next ``getUpdates`` moved the offset past it), never after a sleep.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from conftest import running, write_config
+from fakes.openai_server import is_loop
+from fakes.telegram_server import BOT_USER, FakeTelegram
+from support import contents, judges_say_done, loop_requests, say
+
+from adapters.telegram.adapter import NOT_ADMIN_TEXT, PRIVACY_NOTE
+from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
+from bumblebot.config import TelegramSettings
+from bumblebot.conversation import BACKGROUND_OPEN
+
+GROUP = -500
+FORUM = -1001234
+
+
+def db(tmp_path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+
+
+async def handled(tg: FakeTelegram, update: dict[str, Any]) -> None:
+    """Wait until the daemon acknowledged ``update`` (its next poll starts past it)."""
+    await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset") or 0) > update["update_id"], timeout=10)
+
+
+def sends(tg: FakeTelegram, chat_id: int) -> list[tuple[str, int | None]]:
+    """``(text, message_thread_id)`` of every sendMessage to ``chat_id``."""
+    return [
+        (c.params.get("text", ""), c.params.get("message_thread_id"))
+        for c in tg.calls if c.method == "sendMessage" and int(c.params["chat_id"]) == chat_id
+    ]
+
+
+def bot_message_id(tg: FakeTelegram, chat_id: int) -> int:
+    return max(m for (c, m), msg in tg.messages.items() if c == chat_id and msg.get("from", {}).get("id") == BOT_USER["id"])
+
+
+# -- the policy, as plain functions ----------------------------------------------------------
+
+
+def test_command_target_tells_this_bot_from_another():
+    assert command_target("/status", "fake_bot") == "self"
+    assert command_target("/status@Fake_Bot now", "fake_bot") == "self"
+    assert command_target("/status@otherbot", "fake_bot") == "other"
+    assert command_target("hello /status", "fake_bot") is None
+
+
+def test_decide_follows_the_mode_the_allowlists_and_bots():
+    mention = TelegramSettings()
+    group = MessageFacts(sender_id=7, sender_is_bot=False, chat_id=GROUP, private=False)
+    assert decide(group, mention, bot_id=42) is Verdict.BACKGROUND
+    assert decide(MessageFacts(7, False, GROUP, False, addressed=True), mention, 42) is Verdict.ANSWER
+    assert decide(group, TelegramSettings(respond_in_groups="always"), 42) is Verdict.ANSWER
+    assert decide(MessageFacts(7, False, GROUP, False, True), TelegramSettings(respond_in_groups="never"), 42) is Verdict.IGNORE
+    assert decide(MessageFacts(9, True, GROUP, False, True), mention, 42) is Verdict.IGNORE  # a bot
+    assert decide(MessageFacts(9, True, GROUP, False, True), TelegramSettings(allow_bots=True), 42) is Verdict.ANSWER
+    assert decide(MessageFacts(9, True, GROUP, False, False), TelegramSettings(allow_bots=True), 42) is Verdict.IGNORE
+    assert decide(MessageFacts(42, True, GROUP, False, True), mention, 42) is Verdict.IGNORE  # itself
+    listed = TelegramSettings(allowed_chat_ids=[GROUP])
+    assert decide(MessageFacts(7, False, GROUP, False, True), listed, 42) is Verdict.ANSWER
+    assert decide(MessageFacts(7, False, -9, False, True), listed, 42) is Verdict.IGNORE  # silently, in a group
+    assert decide(MessageFacts(7, False, 7, True), listed, 42) is Verdict.REFUSE  # a private chat is told once
+    users = TelegramSettings(allowed_user_ids=[7])
+    assert decide(MessageFacts(7, False, -9, False, True), users, 42) is Verdict.ANSWER
+
+
+def test_only_admins_and_allowlisted_users_manage_a_group():
+    settings = TelegramSettings(allowed_user_ids=[5])
+    assert may_manage("reset", private=False, user_id=7, admin_status="member", settings=settings) is False
+    assert may_manage("reset", private=False, user_id=7, admin_status="administrator", settings=settings)
+    assert may_manage("compact", private=False, user_id=7, admin_status="creator", settings=settings)
+    assert may_manage("reset", private=False, user_id=5, admin_status=None, settings=settings)
+    assert may_manage("status", private=False, user_id=7, admin_status=None, settings=settings)
+    assert may_manage("reset", private=True, user_id=7, admin_status=None, settings=settings)
+
+
+# -- through the real client -----------------------------------------------------------------
+
+
+async def test_an_unmentioned_message_starts_no_turn_and_a_mention_gets_it_as_background(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("They are on the hook."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        chatter = tg.push_text("anyone seen the keys?", chat_id=GROUP, user_id=8, chat_type="group", first_name="Bob")
+        await handled(tg, chatter)
+        assert llm.requests == [] and sends(tg, GROUP) == []
+        tg.push_text("@fake_bot where are they?", chat_id=GROUP, user_id=7, chat_type="group", first_name="Alice")
+        await d.engine.wait_for_turns(1)
+    assert sends(tg, GROUP) == [("They are on the hook.", None)]
+    [request] = loop_requests(llm)
+    user = [m["content"] for m in request["messages"] if m["role"] == "user"][-1]
+    assert user.index(BACKGROUND_OPEN) < user.index("[Bob]: anyone seen the keys?") < user.index(
+        "[Alice]: @fake_bot where are they?"
+    )
+    assert db(tmp_path).execute("SELECT status, background FROM journal ORDER BY id").fetchall() == [
+        ("ignored", 1), ("done", 0),
+    ]
+
+
+async def test_background_is_only_what_came_since_the_last_turn(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("one"), when=is_loop)
+    llm.push(say("two"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, telegram={"group_context": 1})
+    async with running(config) as d:
+        for text in ("old chatter", "newer chatter"):
+            tg.push_text(text, chat_id=GROUP, user_id=8, chat_type="group", first_name="Bob")
+        tg.push_text("@fake_bot first", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_for_turns(1)
+        tg.push_text("@fake_bot second", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_for_turns(2)
+    first, second = loop_requests(llm)
+    last_user = [m["content"] for m in first["messages"] if m["role"] == "user"][-1]
+    assert "newer chatter" in last_user and "old chatter" not in last_user  # group_context: 1
+    last_user = [m["content"] for m in second["messages"] if m["role"] == "user"][-1]
+    assert last_user.endswith("[Alice]: @fake_bot second") and BACKGROUND_OPEN not in last_user
+
+
+async def test_a_reply_to_the_bot_is_answered_and_carries_what_it_replies_to(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("The meeting is at noon."), when=is_loop)
+    llm.push(say("Room 4."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("@fake_bot when is the meeting?", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_for_turns(1)
+        tg.push_text("and where?", chat_id=GROUP, user_id=7, chat_type="group", reply_to=bot_message_id(tg, GROUP))
+        await d.engine.wait_for_turns(2)
+    assert [t for t, _ in sends(tg, GROUP)] == ["The meeting is at noon.", "Room 4."]
+    second = loop_requests(llm)[1]
+    user = [m["content"] for m in second["messages"] if m["role"] == "user"][-1]
+    assert user.endswith("\n[Alice]: [Replying to you: The meeting is at noon.]\nand where?")
+
+
+async def test_a_quoted_reply_to_someone_else_shows_the_quote(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Sounds right."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        bob = tg.push_text("the build is red because of the cache " * 20, chat_id=GROUP, user_id=8,
+                           chat_type="group", first_name="Bob")
+        tg.push_text("@fake_bot is he right?", chat_id=GROUP, user_id=7, chat_type="group",
+                     reply_to=bob["message"]["message_id"], quote="the build is red")
+        await d.engine.wait_for_turns(1)
+    user = [m["content"] for m in loop_requests(llm)[0]["messages"] if m["role"] == "user"][-1]
+    assert "[Alice]: [Replying to Bob: the build is red]\n@fake_bot is he right?" in user
+
+
+async def test_a_text_mention_of_the_bot_is_answered(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Yes?"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("FakeBot, a question", chat_id=GROUP, user_id=7, chat_type="group",
+                     entities=[{"type": "text_mention", "offset": 0, "length": 7, "user": BOT_USER}])
+        await d.engine.wait_for_turns(1)
+    assert sends(tg, GROUP) == [("Yes?", None)]
+
+
+async def test_commands_for_another_bot_are_ignored_and_its_own_are_answered(tmp_path, llm, tg):
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        other = tg.push_text("/status@otherbot", chat_id=GROUP, user_id=7, chat_type="group")
+        unknown = tg.push_text("/weather", chat_id=GROUP, user_id=7, chat_type="group")
+        await handled(tg, unknown)
+        assert sends(tg, GROUP) == [] and other["update_id"] < unknown["update_id"]
+        tg.push_text("/status@fake_bot", chat_id=GROUP, user_id=7, chat_type="group")
+        tg.push_text("/status", chat_id=GROUP, user_id=7, chat_type="group")
+        await tg.wait_for("sendMessage", n=2)
+        assert d.engine.progress.turns_finished == 0
+    assert all(text.startswith("Context: ") for text, _ in sends(tg, GROUP))
+    assert llm.requests == []
+
+
+async def test_forum_topics_are_separate_conversations_answered_in_their_threads(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("About topic ten."), when=lambda r: is_loop(r) and "@fake_bot ten" in contents(r))
+    llm.push(say("About topic twenty."), when=lambda r: is_loop(r) and "@fake_bot twenty" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("@fake_bot ten", chat_id=FORUM, user_id=7, chat_type="supergroup", is_forum=True, thread_id=10)
+        tg.push_text("@fake_bot twenty", chat_id=FORUM, user_id=7, chat_type="supergroup", is_forum=True, thread_id=20)
+        await d.engine.wait_for_turns(2)
+    assert sorted(sends(tg, FORUM)) == [("About topic ten.", 10), ("About topic twenty.", 20)]
+    rows = db(tmp_path).execute("SELECT chat_id, thread_id FROM conversations ORDER BY thread_id").fetchall()
+    assert rows == [(str(FORUM), "10"), (str(FORUM), "20")]
+    for request in loop_requests(llm):  # neither topic saw the other
+        assert ("@fake_bot ten" in contents(request)) != ("@fake_bot twenty" in contents(request))
+    typing = {c.params.get("message_thread_id") for c in tg.calls if c.method == "sendChatAction"}
+    assert typing == {10, 20}
+
+
+async def test_the_general_topic_is_answered_without_a_thread_id(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Hello, General."), when=is_loop)
+    llm.push(say("Still General."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("@fake_bot hi", chat_id=FORUM, user_id=7, chat_type="supergroup", is_forum=True)
+        await d.engine.wait_for_turns(1)
+        # a client that names the General topic by its id 1: still no thread id (Telegram refuses it)
+        tg.push_text("@fake_bot again", chat_id=FORUM, user_id=7, chat_type="supergroup", is_forum=True, thread_id=1)
+        await d.engine.wait_for_turns(2)
+    assert sends(tg, FORUM) == [("Hello, General.", None), ("Still General.", None)]
+    assert db(tmp_path).execute("SELECT thread_id FROM conversations").fetchall() == [("",)]
+
+
+async def test_a_private_chat_topic_is_its_own_conversation(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("In the topic."), when=is_loop)
+    llm.push(say("In the chat."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("in a topic", chat_id=77, thread_id=5)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("outside it", chat_id=77)
+        await d.engine.wait_for_turns(2)
+    assert sends(tg, 77) == [("In the topic.", 5), ("In the chat.", None)]
+    assert db(tmp_path).execute("SELECT thread_id FROM conversations ORDER BY id").fetchall() == [("5",), ("",)]
+
+
+async def test_a_group_that_becomes_a_supergroup_keeps_its_history(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Nice to meet you, Zed."), when=is_loop)
+    llm.push(say("You are Zed."), when=is_loop)
+    supergroup = -100500
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("@fake_bot my name is Zed", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_for_turns(1)
+        tg.push_migration(GROUP, supergroup)
+        tg.push_text("@fake_bot who am I?", chat_id=supergroup, user_id=7, chat_type="supergroup")
+        await d.engine.wait_for_turns(2)
+    assert [t for t, _ in sends(tg, supergroup)] == ["You are Zed."]
+    assert "my name is Zed" in contents(loop_requests(llm)[1])
+    assert db(tmp_path).execute("SELECT chat_id FROM conversations").fetchall() == [(str(supergroup),)]
+
+
+async def test_a_reply_to_a_group_that_migrated_meanwhile_reaches_the_supergroup(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Still here."), when=is_loop)
+    supergroup = -100501
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.migrated[GROUP] = supergroup  # upgraded before the service message reached the bot
+        tg.push_text("@fake_bot ping", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_for_turns(1)
+    assert sends(tg, supergroup) == [("Still here.", None)]
+    assert db(tmp_path).execute("SELECT chat_id FROM conversations").fetchall() == [(str(supergroup),)]
+
+
+async def test_never_stays_silent_in_groups(tmp_path, llm, tg):
+    config = write_config(tmp_path, llm, tg, telegram={"respond_in_groups": "never"})
+    async with running(config):
+        tg.push_text("@fake_bot hello?", chat_id=GROUP, user_id=7, chat_type="group")
+        last = tg.push_text("/status@fake_bot", chat_id=GROUP, user_id=7, chat_type="group")
+        await handled(tg, last)
+    assert tg.sent(GROUP) == [] and llm.requests == []
+
+
+async def test_always_answers_every_group_message(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("I heard."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, telegram={"respond_in_groups": "always"})
+    async with running(config) as d:
+        tg.push_text("no mention at all", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(GROUP) == ["I heard."]
+
+
+async def test_other_bots_are_not_answered_unless_allowed(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Hi, bot."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)):
+        last = tg.push_text("@fake_bot hi", chat_id=GROUP, user_id=99, chat_type="group", is_bot=True)
+        await handled(tg, last)
+    assert tg.sent(GROUP) == [] and llm.requests == []
+    async with running(write_config(tmp_path, llm, tg, telegram={"allow_bots": True})) as d:
+        tg.push_text("@fake_bot hi again", chat_id=GROUP, user_id=99, chat_type="group", is_bot=True)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(GROUP) == ["Hi, bot."]
+
+
+async def test_a_member_cannot_reset_a_group_but_an_admin_can(tmp_path, llm, tg):
+    tg.member_status[(GROUP, 8)] = "administrator"
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("/reset", chat_id=GROUP, user_id=7, chat_type="group")
+        await tg.wait_for("sendMessage")
+        tg.push_text("/reset@fake_bot", chat_id=GROUP, user_id=8, chat_type="group")
+        await tg.wait_for("sendMessage", n=2)
+    refused, done = tg.sent(GROUP)
+    assert refused == NOT_ADMIN_TEXT and done.startswith("Fresh start")
+    assert [c.params["user_id"] for c in tg.calls if c.method == "getChatMember"] == [7, 8]
+
+
+async def test_privacy_mode_is_reported_once_at_start(tmp_path, llm, tg, caplog):
+    caplog.set_level(logging.WARNING, logger="adapters.telegram.adapter")
+    async with running(write_config(tmp_path, llm, tg)):
+        pass
+    notes = [r for r in caplog.records if r.msg == PRIVACY_NOTE]
+    assert len(notes) == 1 and "Group Privacy" in notes[0].getMessage()
+    caplog.clear()
+    tg.get_me["can_read_all_group_messages"] = True
+    async with running(write_config(tmp_path, llm, tg)):
+        pass
+    assert not [r for r in caplog.records if r.msg == PRIVACY_NOTE]
