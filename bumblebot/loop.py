@@ -33,6 +33,7 @@ stored as if the user had written them.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import re
@@ -206,6 +207,8 @@ class LoopLimits:
     max_messages: int = 4
     #: a reflex completion cut at ``max_tokens`` is asked again once with this budget
     escalate_tokens: int | None = None
+    #: a reflex turn: a step that said something and ran no work tool ends the turn
+    one_reply: bool = False
 
 
 @dataclass(slots=True)
@@ -406,9 +409,11 @@ class TurnState:
     async def say(self, text: str, *, call_id: str | None = None) -> DeliveryReport:
         """Deliver a ``say``: not at all when it (nearly) repeats what this turn said, or when
         the turn already sent :attr:`LoopLimits.max_messages` messages (issue 9)."""
-        text = strip_reasoning(text)  # reasoning never reaches the user, on any path
+        text = for_the_user(text)
         if not text:
-            return DeliveryReport(delivered=False, error="nothing to say after removing reasoning")
+            return DeliveryReport(
+                delivered=False, dropped="not sent: nothing left after removing reasoning and engine notes"
+            )
         if self.undeliverable:
             return DeliveryReport(delivered=False, error=self.undeliverable)
         async with self._order:  # checked under the lock: two equal says of one step count too
@@ -577,7 +582,15 @@ class AgentLoop:
                     state.on_user(steer)
                     nudge = None
             request, estimate = await requests.build(nudge)
-            completion = await self._complete_fitting(request, nudge, requests, schemas, limits)
+            try:
+                completion = await self._complete_fitting(request, nudge, requests, schemas, limits)
+            except ContextTooLong:
+                if not state.delivered:
+                    raise  # nothing got through: the turn fails with the "too long" note
+                # the turn's own steps filled the window after it had answered: stop here; the
+                # next turn starts from compacted history (issue 9)
+                stop_reason = "context_full"
+                break
             step = StepTrace(
                 step=len(trace.steps) + 1,
                 finish_reason=completion.finish_reason,
@@ -602,14 +615,21 @@ class AgentLoop:
             said_before = len(state.delivered)
 
             if completion.tool_calls:
-                calls = [_fit_say(_unique_id(c, used_ids), limits) for c in completion.tool_calls]
+                fitted = [_fit_call(_unique_id(c, used_ids), limits) for c in completion.tool_calls]
+                calls = [call for call, _ in fitted]
+                unusable = {call.id: error for call, error in fitted if error is not None}
                 message = Message(role="assistant", content=completion.content, tool_calls=[c.to_api() for c in calls])
                 await port.record(message)  # before any side effect: a crash from here on is resumable
                 state.on_assistant(message)
                 plan = state.plan(calls)
                 turn.lost = False
-                failed = await self._run_calls(port, state, plan, ctx, limits, step)
+                failed = await self._run_calls(port, state, plan, ctx, limits, step, unusable)
                 state.step_done(said_before, plan, cut=hit_length)
+                said_now = state.delivered[said_before:]
+                if limits.one_reply and said_now and not all(progress_note(t) for t in said_now) and not any(
+                    allowed and self.toolbox.kind(call.name) is ToolKind.WORK for call, allowed in plan
+                ):
+                    turn.end_requested = True  # a reflex turn is one reply (docs/cognition.md)
                 if turn.end_requested:
                     turn.end_requested = False
                     if not turn.lost:  # a message that did not get out must not end the turn
@@ -621,7 +641,7 @@ class AgentLoop:
                 continue
 
             # A completion without tool calls: the endpoint did not force tools.
-            text = _fit_text(completion.content.strip(), limits)
+            text = _fit_text(for_the_user(completion.content.strip()), limits)
             if text and not turn.undeliverable and not self._suppressed(text, state):
                 await turn.reply(text)  # recorded with its outbox row; counts the step
             else:
@@ -631,6 +651,12 @@ class AgentLoop:
             state.step_done(said_before, [], cut=hit_length)
             ended_by = "text"
 
+        if not state.delivered and stop_reason in ("step_cap", "looping", "end_turn", "final_reply") and not turn.undeliverable:
+            # nothing reached the user: ask once more, without tools, for a plain answer
+            text = await self._last_chance(requests, limits)
+            if text:
+                await turn.reply(text)
+                stop_reason += "+last_chance"
         note = None
         if stop_reason.endswith("+unfinished") and unmet is not None:
             note = UNFINISHED_MESSAGE.format(why=f" ({_clip(unmet.reason, 120)})" if unmet.reason else "")
@@ -645,6 +671,19 @@ class AgentLoop:
             # crash from here on finishes the turn instead of sending the note again
             await turn.reply(note, note=True, closing=stop_reason)
         return LoopResult(messages=port.transcript, stop_reason=stop_reason, delivered=list(state.delivered))
+
+    async def _last_chance(self, requests: RequestBuilder, limits: LoopLimits) -> str:
+        """One tool-less completion asking for a plain answer, for a turn about to end with
+        nothing said (a weak model that only looped on tools); ``""`` when that fails too."""
+        try:
+            request, _ = await requests.build(LAST_CHANCE_NUDGE)
+            completion = await self.llm.complete(
+                request, model=limits.model, max_tokens=limits.max_tokens, temperature=limits.temperature
+            )
+        except Exception as exc:  # the honest note is sent instead
+            log.info("last-chance reply failed: %s", exc)
+            return ""
+        return _fit_text(for_the_user(completion.content.strip()), limits)
 
     @staticmethod
     def _suppressed(text: str, state: LoopState) -> bool:
@@ -684,17 +723,23 @@ class AgentLoop:
         ctx: ToolContext,
         limits: LoopLimits,
         step: StepTrace,
+        unusable: dict[str, str] | None = None,
     ) -> list[str]:
         """Run a step's calls concurrently, recording each result as it completes; returns the
-        names of the calls that failed."""
+        names of the calls that failed. A call in ``unusable`` (id -> why) is not run: its
+        result is that error."""
         budget = _StepBudget(limits.max_tool_result_chars, len(plan))
+        unusable = unusable or {}
 
         async def one(call: ToolCall, allowed: bool) -> tuple[ToolResult, float]:
             call_ctx = ToolContext(
                 workspace=ctx.workspace, data_dir=ctx.data_dir, turn=ctx.turn,
                 conversation=ctx.conversation, call_id=call.id, extras=ctx.extras,
             )
-            result, seconds = await self._execute(call, allowed, call_ctx, limits)
+            if call.id in unusable:
+                result, seconds = ToolResult.error(unusable[call.id]), 0.0
+            else:
+                result, seconds = await self._execute(call, allowed, call_ctx, limits)
             result = budget.fit(result)
             await port.record(
                 Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=result.ok)
@@ -795,10 +840,36 @@ class AgentLoop:
         return result, time.monotonic() - started
 
 
+LAST_CHANCE_NUDGE = (
+    "[Same turn] No tools now. Write your answer to the user's last message as plain text."
+)
+
 LENGTH_ADVICE = (
     "Your last replies hit the length limit three times in a row. Put long output in a file with "
     "write_file, then say() a short summary and where the file is."
 )
+
+
+#: Words of the engine's own notes (:func:`post_tool_nudge`, the gate's nudges) that a weak
+#: model copies into what it says; a sentence holding one never reaches the user.
+_ENGINE_ECHO = re.compile(
+    r"same turn|tool results are ready|already told the user|do not repeat\)|call more tools"
+    r"|end_turn\(\)|say\(\) to talk|^failed: [a-z_, ]+\.?$",
+    re.IGNORECASE,
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def for_the_user(text: str) -> str:
+    """``text`` as it may reach the user: reasoning removed, sentences that echo the engine's
+    notes ("[Same turn] Tool results are ready…", copied by weak models) dropped, and HTML
+    character references some models emit (``I&#39;m``) decoded outside code. Linear time."""
+    text = strip_reasoning(text)
+    if _ENGINE_ECHO.search(text):
+        text = " ".join(s for s in _SENTENCE_END.split(text) if not _ENGINE_ECHO.search(s)).strip()
+    if "&" in text and "`" not in text:
+        text = html.unescape(text)
+    return text
 
 
 def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
@@ -870,19 +941,31 @@ def _fit_text(text: str, limits: LoopLimits) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _fit_say(call: ToolCall, limits: LoopLimits) -> ToolCall:
-    """A ``say`` longer than the step's budget allowed (a server that ignored ``max_tokens``)
-    is cut to it before it is recorded or sent: one reply must not outgrow the window."""
-    if call.name != "say" or len(call.arguments) <= _reply_chars(limits):
-        return call
+def _fit_call(call: ToolCall, limits: LoopLimits) -> tuple[ToolCall, str | None]:
+    """The call as it is recorded and run, and why it cannot run (``None``: it can).
+
+    Arguments that are not a JSON object (garbage, or cut off at the token budget) are recorded
+    as ``{}`` and the call is not run: strict endpoints (vLLM) refuse a history holding invalid
+    arguments for every later request, and a server that ignored ``max_tokens`` must not grow
+    the transcript past the window with them. A ``say`` longer than the step's budget allowed
+    is cut to it before it is recorded or sent: one reply must not outgrow the window.
+    """
     try:
-        args = json.loads(call.arguments)
-    except ValueError:
-        return call
-    if not isinstance(args, dict) or not isinstance(args.get("text"), str):
-        return call
-    args["text"] = _fit_text(args["text"], limits)
-    return ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False))
+        args = json.loads(call.arguments or "{}")
+    except ValueError as exc:
+        problem = f"not valid JSON ({exc.msg})"
+    else:
+        if isinstance(args, dict):
+            if call.name == "say" and len(call.arguments) > _reply_chars(limits) and isinstance(args.get("text"), str):
+                args["text"] = _fit_text(args["text"], limits)
+                return ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False)), None
+            return call, None
+        problem = f"a JSON {type(args).__name__}, not an object"
+    error = (
+        f"Not run: the arguments of {call.name} were {problem}; they began {_clip(call.arguments, 80)!r}. "
+        "Call it again with a JSON object of its parameters, and keep it short."
+    )
+    return ToolCall(id=call.id, name=call.name, arguments="{}"), error
 
 
 def _cut_short(completion: Completion) -> bool:

@@ -395,6 +395,7 @@ class TurnRunner:
             max_tokens=min(cap, cfg.reflex_max_tokens) if reflex else deliberate,
             max_messages=cfg.max_messages_per_turn,
             escalate_tokens=deliberate if reflex else None,
+            one_reply=reflex,
             model=self.llm.reflex_model if reflex else self.llm.model,
             thinking=not reflex,
             tool_timeout_s=cfg.tool_timeout_s,

@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from conftest import TOKEN
-from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, text, tool_calls
+from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, is_last_chance, text, tool_calls
 
 
 def judges_say_done(llm: FakeOpenAI) -> None:
-    """Answer every unscripted judge/classifier request with DONE; loop requests stay strict."""
+    """Answer every unscripted judge/classifier request with DONE; loop requests stay strict,
+    and so does the loop's last try for a plain answer (it fails, so the honest note comes)."""
 
     def default(request: dict[str, Any]) -> Reply:
+        if is_last_chance(request):
+            return error(500, "unscripted last-chance request")
         if is_aux(request):
             return text("DONE: the reply is adequate")
         return error(500, "unscripted loop request")

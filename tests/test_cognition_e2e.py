@@ -206,7 +206,8 @@ async def test_text_beside_tool_calls_is_private_and_repeated_final_is_not_resen
     llm.push(tool_calls(("say", {"text": "the answer is 4"}), content="let me think... secret reasoning"), when=is_loop)
     llm.push(text("The answer is 4."), when=is_loop)  # a plain final that repeats the say
     async with running(config(tmp_path, llm, tg)):
-        tg.push_text("what is 2+2?", chat_id=1)
+        # deliberate (a reflex turn would end at its first say): the plain final comes next
+        tg.push_text("Explain step by step how Python computes 2+2 and what the result is.", chat_id=1)
         await tg.wait_for("sendMessage")
         await llm.wait_for_requests(3)
     assert tg.sent(1) == ["the answer is 4"]

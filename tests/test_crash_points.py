@@ -33,7 +33,7 @@ import pytest
 
 from conftest import TOKEN, write_config
 from fakes.discord_server import FakeDiscord
-from fakes.openai_server import FakeOpenAI, Reply, error, is_loop, text, tool_calls
+from fakes.openai_server import FakeOpenAI, Reply, error, is_last_chance, is_loop, text, tool_calls
 from fakes.telegram_server import FakeTelegram
 
 from bumblebot.config import Secrets, load_settings
@@ -143,6 +143,8 @@ def careful_model(request: dict[str, Any]) -> Reply:
 def looping_model(request: dict[str, Any]) -> Reply:
     """Lists the same directory without a word until the loop stops it (it is looping); the
     daemon's stop note is then the only message."""
+    if is_last_chance(request):
+        return error(500, "no plain answer either")
     if not is_loop(request):
         return text("DONE: fine")
     return tool_calls(("list_directory", {"path": "."}))
@@ -151,6 +153,8 @@ def looping_model(request: dict[str, Any]) -> Reply:
 def silent_model(request: dict[str, Any]) -> Reply:
     """Only ever ends its turn without a word: the gate pushes twice, then the daemon's
     fallback note answers."""
+    if is_last_chance(request):
+        return error(500, "no plain answer either")
     return tool_calls(("end_turn", {})) if is_loop(request) else text("DONE: fine")
 
 

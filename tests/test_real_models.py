@@ -286,3 +286,98 @@ async def test_a_fact_remembered_in_one_chat_never_reaches_another(tmp_path, llm
     assert "Ada's door code is 4711" in by_chat[101][-1]  # the own chat knows it next turn
     assert all("The shop opens at 9." in c for c in by_chat[101] + by_chat[202])  # global: everywhere
     assert "4711" not in (tmp_path / "data" / "knowledge.md").read_text()
+
+
+# -- garbage and overlong output ---------------------------------------------------------------
+
+
+async def test_garbage_arguments_are_not_run_and_never_stored(tmp_path, llm, tg):
+    """Regression (real SmolLM2 run): a server that ignored max_tokens returned a say of ~1,900
+    tokens of broken JSON; it stayed in the transcript, and the next step was over the window.
+    Strict endpoints (vLLM) also refuse every later request of a history with such arguments."""
+    judges_say_done(llm)
+    garbage = '{"text": "' + "la " * 3000  # cut off mid-string: not JSON
+    llm.push(Reply(message={"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_bad", "type": "function", "function": {"name": "say", "arguments": garbage}},
+        {"id": "call_list", "type": "function", "function": {"name": "list_directory", "arguments": "[1, 2]"}},
+    ]}, finish_reason="tool_calls"), when=is_loop)
+    llm.push(say("Here is the real answer."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("tell me something", chat_id=91)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(91) == ["Here is the real answer."]
+    second = loop_requests(llm)[1]
+    [bad_say] = tool_result(second, "say")[:1]
+    assert "not valid JSON" in bad_say["error"] and "la la" in bad_say["error"]
+    assert "a JSON list, not an object" in tool_result(second, "list_directory")[0]["error"]
+    assert "la " * 40 not in json.dumps(second["messages"])  # the quote in the error is 80 characters
+    import sqlite3
+
+    stored = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT tool_calls FROM messages WHERE tool_calls IS NOT NULL").fetchall()
+    for (calls,) in stored:
+        for call in json.loads(calls):
+            assert isinstance(json.loads(call["function"]["arguments"]), dict)
+
+
+async def test_a_turn_that_fills_the_window_after_answering_ends_quietly(tmp_path, llm, tg):
+    """Regression (real SmolLM2 run): a turn that had answered, then kept going until the
+    window was full, told the user "this conversation got too long" after its answer."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Done: notes.txt has your list."})), when=is_loop)
+    llm.push(error(400, "This model's maximum context length is 4096 tokens"), when=is_loop)
+    llm.push(error(400, "This model's maximum context length is 4096 tokens"), when=is_loop)
+    llm.push(say("Next answer."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("make my notes", chat_id=92)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("and now?", chat_id=92)
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(92) == ["Done: notes.txt has your list.", "Next answer."]
+    import sqlite3
+
+    rows = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT status, json_extract(trace, '$.stop_reason') FROM turns ORDER BY id").fetchall()
+    assert rows[0] == ("done", "context_full")
+
+
+# -- what the real SmolLM2 run showed: floods, echoed engine notes, tool loops ------------------
+
+
+async def test_a_reflex_turn_is_one_reply_even_when_the_model_never_ends_it(tmp_path, llm, tg):
+    """Regression (real run): "hi" got four near-identical greetings, one per step, until the
+    message cap; the model never called end_turn."""
+    judges_say_done(llm)
+    greetings = iter(["Hello Alice, how are you today?", "How are you today, Alice?", "Hello again!", "Hi!"])
+    llm.default = lambda r: tool_calls(("say", {"text": next(greetings)})) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=93)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(93) == ["Hello Alice, how are you today?"]
+    assert len(loop_requests(llm)) == 1
+
+
+def test_echoed_engine_notes_and_html_references_never_reach_the_user():
+    from bumblebot.loop import for_the_user, post_tool_nudge
+
+    nudge = post_tool_nudge(["say"], ["Hello"])
+    assert for_the_user(nudge) == ""
+    assert for_the_user("Same turn, tool results are ready. Failed: say. I&#39;m fine, thanks!") == "I'm fine, thanks!"
+    assert for_the_user("Use `a &amp; b` in code") == "Use `a &amp; b` in code"  # code is left alone
+    for hostile in ("a" * 200_000 + " same turn", "failed: " + "a, " * 60_000 + "!", "x. " * 80_000):
+        for_the_user(hostile)  # linear: a super-linear pattern would hang here
+
+
+async def test_a_model_that_only_loops_on_tools_still_gets_a_plain_answer_out(tmp_path, llm, tg):
+    """Regression (real run): "hello there!" got "Sorry, I got stuck" after the model listed an
+    empty directory four times; one tool-less request gets the answer out instead."""
+    from fakes.openai_server import is_last_chance
+
+    llm.push(text("Hello! Nice to meet you."), when=is_last_chance)
+    llm.default = lambda r: tool_calls(("list_directory", {"path": "."})) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello there!", chat_id=94)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(94) == ["Hello! Nice to meet you."]
+    [last] = [r for r in llm.requests if is_last_chance(r)]
+    assert "tools" not in last and "tool_choice" not in last

@@ -247,7 +247,7 @@ async def test_final_reply_after_say_only_talk_is_suppressed(tmp_path, llm, tg):
     llm.push(tool_calls(("say", {"text": "The answer is 42."})), when=is_loop)
     llm.push(text("Anything else I can help you with today?"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)):
-        tg.push_text("the answer?", chat_id=14)
+        tg.push_text("Explain in detail, step by step, how the build pipeline works.", chat_id=14)  # deliberate: a reflex turn ends at its first say
         await tg.wait_for("sendMessage")
         await llm.wait_for_requests(3)
     assert tg.sent(14) == ["The answer is 42."]
@@ -282,7 +282,7 @@ async def test_the_same_say_in_two_steps_reaches_the_user_once(tmp_path, llm, tg
     llm.push(tool_calls(("say", {"text": "Hello there!"})), when=is_loop)
     llm.push(say("hello  there!"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("hi", chat_id=15)
+        tg.push_text("Explain in detail, step by step, how the build pipeline works.", chat_id=15)  # deliberate: a reflex turn ends at its first say
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
     assert tg.sent(15) == ["Hello there!"]
@@ -458,7 +458,7 @@ async def test_a_rate_limited_say_outlasting_the_tool_timeout_is_not_cut_off(tmp
     tg.fail_next("sendMessage", 429, retry_after_body(2))
     config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "tool_timeout_s": 1})
     async with running(config) as d:
-        tg.push_text("go", chat_id=27)
+        tg.push_text("Explain in detail, step by step, how the build pipeline works.", chat_id=27)  # deliberate: a reflex turn ends at its first say
         await d.engine.wait_for_turns(1, timeout=20)
         pending = await d.store.outbox_pending()
     result = [m["content"] for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"][0]

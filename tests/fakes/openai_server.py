@@ -100,6 +100,13 @@ def is_loop(request: Request) -> bool:
     return bool(request.get("tools"))
 
 
+def is_last_chance(request: Request) -> bool:
+    """Predicate: the loop's tool-less last try for a plain answer (``LAST_CHANCE_NUDGE``)."""
+    return not is_loop(request) and any(
+        "No tools now. Write your answer" in _content_text(m.get("content")) for m in request.get("messages", [])
+    )
+
+
 def is_aux(request: Request) -> bool:
     """Predicate: the request offers no tools (an auxiliary call such as compaction)."""
     return not is_loop(request)
