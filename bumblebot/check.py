@@ -152,11 +152,10 @@ def _groups_line(tg: Any, me: dict[str, Any]) -> str:
         return f"{mode}; the bot cannot be added to groups (BotFather: Allow Groups)"
     if me.get("can_read_all_group_messages"):
         return f"{mode}; privacy mode off: it reads every group message (group_context: {tg.group_context})"
-    return (
-        f"{mode}; privacy mode on: in groups it only sees mentions, replies to it and commands, so "
-        "group_context has nothing to show (BotFather: /mybots, Bot Settings, Group Privacy, Turn off; "
-        "then re-add the bot to each group)"
-    )
+    hint = "(BotFather: /mybots, Bot Settings, Group Privacy, Turn off; then re-add the bot to each group)"
+    if tg.respond_in_groups == "always":
+        return f"{mode}, but privacy mode is on: it only sees mentions, replies to it and commands {hint}"
+    return f"{mode}; privacy mode on: in groups it only sees mentions, replies to it and commands, so group_context has nothing to show {hint}"
 
 
 def _describe(result: Any) -> str:

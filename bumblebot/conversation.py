@@ -67,6 +67,13 @@ def merge_text(entries: list[JournalEntry], background: Sequence[Inbound] = ()) 
     return "\n\n".join(parts)
 
 
+async def background_of(store: Store, entries: list[JournalEntry]) -> list[Inbound]:
+    """The group background for a turn (or a steering message) taking ``entries``: what came
+    in unaddressed before the last of them and after what an earlier turn took."""
+    last = max(entries, key=lambda e: e.id)
+    return await store.background(last.inbound.chat, last.id, last.inbound.background)
+
+
 class Session:
     """One session of a conversation: active history, summary, compaction counters.
 
@@ -216,7 +223,7 @@ class Turn:
     async def steer(self, entries: list[JournalEntry]) -> Message:
         """Take messages that arrived mid-turn into this turn (one user message), durably:
         after a crash they are answered by the resumed turn, not by a new one."""
-        message = Message(role="user", content=merge_text(entries))
+        message = Message(role="user", content=merge_text(entries, await background_of(self._store, entries)))
         await self._store.record(
             self.conversation.id, self.session.number, self.id, [message], journal_ids=[e.id for e in entries]
         )
@@ -302,9 +309,7 @@ class Conversation:
     async def begin_turn(self, entries: list[JournalEntry], state: dict[str, Any]) -> Turn:
         """Start a turn answering ``entries`` in the current session (checkpoint 0: the turn
         row and the user message)."""
-        first = entries[0]
-        background = await self._store.background(self.chat, first.id, first.inbound.background)
-        user = Message(role="user", content=merge_text(entries, background))
+        user = Message(role="user", content=merge_text(entries, await background_of(self._store, entries)))
         session = self.session
         turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state)
         self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)

@@ -306,6 +306,11 @@ class Engine:
         ``migrate_to_chat_id``): its conversation, facts and pending work continue there, and
         a loaded actor is re-keyed. ``False`` when there was nothing to move or ``new``
         already had a conversation (then both stay as they are)."""
+        if self._memory is not None:  # first: a crash after the database move must not strand it
+            try:
+                self._memory.move(old.key, new.key)
+            except OSError as exc:
+                log.warning("could not move the facts of %s to %s: %s", old.key, new.key, exc)
         async with self._actor_lock:  # no actor of ``new`` can be created meanwhile
             if not await self._store.move_chat(old, new):
                 log.info("%s: nothing to move to %s (no history, or the new chat has its own)", old.key, new.key)
@@ -316,11 +321,6 @@ class Engine:
                     del self._actors[key]
                     actor.conversation.moved_to(ChatRef(new.platform, new.chat_id, chat.thread_id))
                     self._actors[actor.key] = actor
-        if self._memory is not None:
-            try:
-                self._memory.move(old.key, new.key)
-            except OSError as exc:
-                log.warning("could not move the facts of %s to %s: %s", old.key, new.key, exc)
         log.info("conversation %s moved to %s", old.key, new.key)
         return True
 

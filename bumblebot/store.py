@@ -508,29 +508,50 @@ class Store:
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> bool:
         """Re-key ``old``'s conversations to ``new``'s chat id (Telegram's group → supergroup
-        migration): history, summary and sessions continue there, and so do its journal
-        entries and pending outbox rows. Returns ``False`` (changing nothing) when ``old`` has
-        no conversation or ``new`` already has one."""
+        migration): history, summary and sessions continue there, and so do the journal
+        entries still to answer or to show as background, and pending outbox rows.
+
+        Moved journal entries get the message id ``<old chat id>:<message id>``: a supergroup
+        numbers its messages afresh, and a new message must never look like a duplicate of an
+        old one. Settled entries stay with the old id (the history is in ``messages``).
+
+        Returns ``False`` (changing nothing) when ``new`` already has a conversation of its own
+        while ``old`` has one too, or when there was nothing to move.
+        """
+        platform = old.platform.value
         async with self.transaction() as db:
-            async with db.execute(
-                "SELECT 1 FROM conversations WHERE platform = ? AND chat_id = ?", (new.platform.value, new.chat_id)
-            ) as cur:
-                if await cur.fetchone() is not None:
-                    return False
-            cur = await db.execute(
-                "UPDATE conversations SET chat_id = ? WHERE platform = ? AND chat_id = ?",
-                (new.chat_id, old.platform.value, old.chat_id),
-            )
-            if cur.rowcount == 0:
+            async def exists(chat_id: str) -> bool:
+                async with db.execute(
+                    "SELECT 1 FROM conversations WHERE platform = ? AND chat_id = ?", (platform, chat_id)
+                ) as cur:
+                    return await cur.fetchone() is not None
+
+            has_old = await exists(old.chat_id)
+            if has_old and await exists(new.chat_id):
                 return False
-            where = (new.chat_id, old.platform.value, old.chat_id)
-            # what is still to answer, send or see as background goes with it (a message id
-            # the new chat already used stays behind: OR IGNORE)
-            await db.execute("UPDATE OR IGNORE journal SET chat_id = ? WHERE platform = ? AND chat_id = ?", where)
-            await db.execute(
-                "UPDATE outbox SET chat_id = ? WHERE platform = ? AND chat_id = ? AND status = 'pending'", where
+            changed = 0
+            if has_old:
+                cur = await db.execute(
+                    "UPDATE conversations SET chat_id = ? WHERE platform = ? AND chat_id = ?",
+                    (new.chat_id, platform, old.chat_id),
+                )
+                changed += cur.rowcount
+            # background already shown to a turn stays behind: only what came after the last
+            # entry a turn took (per thread) moves, with the pending entries
+            cur = await db.execute(
+                "UPDATE journal SET chat_id = ?, message_id = ? || ':' || message_id"
+                " WHERE platform = ? AND chat_id = ? AND (status = 'pending' OR (background = 1 AND id > COALESCE("
+                "(SELECT MAX(j.id) FROM journal j WHERE j.platform = journal.platform AND j.chat_id = journal.chat_id"
+                " AND j.thread_id = journal.thread_id AND j.turn_id IS NOT NULL), 0)))",
+                (new.chat_id, old.chat_id, platform, old.chat_id),
             )
-            return True
+            changed += cur.rowcount
+            cur = await db.execute(
+                "UPDATE outbox SET chat_id = ? WHERE platform = ? AND chat_id = ? AND status = 'pending'",
+                (new.chat_id, platform, old.chat_id),
+            )
+            changed += cur.rowcount
+            return changed > 0
 
     async def journal_entry(self, journal_id: int) -> JournalEntry | None:
         row = await self._one("SELECT * FROM journal WHERE id = ?", (journal_id,))

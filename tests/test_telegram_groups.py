@@ -307,3 +307,127 @@ async def test_privacy_mode_is_reported_once_at_start(tmp_path, llm, tg, caplog)
     async with running(write_config(tmp_path, llm, tg)):
         pass
     assert not [r for r in caplog.records if r.msg == PRIVACY_NOTE]
+
+
+# -- review findings (regressions) -------------------------------------------------------------
+
+
+async def test_service_messages_are_neither_answered_nor_background(tmp_path, llm, tg):
+    """Regression: in ``always`` mode a member joining got "I can only read text messages"."""
+    judges_say_done(llm)
+    llm.push(say("Hi Dan."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, telegram={"respond_in_groups": "always"})
+    async with running(config) as d:
+        chat = {"id": GROUP, "type": "group", "title": "Test Group"}
+        carol = {"id": 9, "is_bot": False, "first_name": "Carol"}
+        for extra in ({"new_chat_members": [carol]}, {"new_chat_title": "Renamed"}):
+            tg.push_update({"update_id": tg.next_update_id, "message": {
+                "message_id": 9000 + tg.next_update_id, "date": 0, "chat": chat, "from": carol, **extra}})
+        tg.push_text("hello all", chat_id=GROUP, user_id=10, chat_type="group", first_name="Dan")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(GROUP) == ["Hi Dan."]
+    assert db(tmp_path).execute("SELECT COUNT(*) FROM journal").fetchone() == (1,)
+
+
+async def test_an_anonymous_admin_may_reset_the_group(tmp_path, llm, tg):
+    """Regression: a message sent as the group asked getChatMember about the group's id."""
+    async with running(write_config(tmp_path, llm, tg)):
+        update = tg.push_text("/reset", chat_id=GROUP, user_id=1087968824, chat_type="group",
+                              first_name="Group", is_bot=True)
+        update["message"]["sender_chat"] = {"id": GROUP, "type": "group", "title": "Test Group"}
+        await tg.wait_for("sendMessage")
+    assert tg.sent(GROUP)[0].startswith("Fresh start")
+    assert not [c for c in tg.calls if c.method == "getChatMember"]
+
+
+async def test_background_arriving_during_a_turn_reaches_the_steered_message(tmp_path, llm, tg):
+    """Regression: chatter between a turn's first message and one steered into it was shown to
+    neither that turn nor the next."""
+    from support import Gate
+    from fakes.openai_server import tool_calls
+
+    judges_say_done(llm)
+    hang = Gate(tool_calls(("think", {"thought": "reading"})))
+    llm.push(hang, when=is_loop)
+    llm.push(say("Code is 4711."), when=lambda r: is_loop(r) and "4711" in contents(r))
+    config = write_config(tmp_path, llm, tg)
+    async with running(config) as d:
+        tg.push_text("@fake_bot Explain in detail, step by step, how the door works.", chat_id=GROUP,
+                     user_id=7, chat_type="group")
+        await hang.entered.wait()
+        tg.push_text("the server room code is 4711", chat_id=GROUP, user_id=8, chat_type="group", first_name="Bob")
+        tg.push_text("@fake_bot and the code?", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        hang.release.set()
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(GROUP) == ["Code is 4711."]
+
+
+async def test_a_migration_never_makes_new_supergroup_messages_look_like_duplicates(tmp_path, llm, tg):
+    """Regression: the old group's journal rows took the new chat's message ids, so a
+    supergroup message with a reused id was dropped as a duplicate."""
+    judges_say_done(llm)
+    llm.push(say("Noted, Zed."), when=is_loop)
+    llm.push(say("You are Zed."), when=is_loop)
+    supergroup = -100700
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("@fake_bot my name is Zed", chat_id=GROUP, user_id=7, chat_type="group", message_id=3)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("we meet on friday", chat_id=GROUP, user_id=8, chat_type="group", first_name="Bob", message_id=4)
+        tg.push_migration(GROUP, supergroup)
+        tg.push_text("@fake_bot who am I and when do we meet?", chat_id=supergroup, user_id=7,
+                     chat_type="supergroup", message_id=3)
+        await d.engine.wait_for_turns(2)
+    assert [t for t, _ in sends(tg, supergroup)] == ["You are Zed."]
+    second = contents(loop_requests(llm)[1])
+    assert "my name is Zed" in second and "[Bob]: we meet on friday" in second
+
+
+async def test_a_group_the_bot_only_listened_to_keeps_its_background_when_it_migrates(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("On Friday."), when=is_loop)
+    supergroup = -100701
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("we meet on friday", chat_id=GROUP, user_id=8, chat_type="group", first_name="Bob")
+        tg.push_migration(GROUP, supergroup)
+        tg.push_text("@fake_bot when do we meet?", chat_id=supergroup, user_id=7, chat_type="supergroup")
+        await d.engine.wait_for_turns(1)
+    assert "[Bob]: we meet on friday" in contents(loop_requests(llm)[0])
+
+
+async def test_a_migration_moves_the_groups_facts_file(tmp_path, llm, tg):
+    from bumblebot.knowledge import conversation_file_name
+
+    judges_say_done(llm)
+    llm.push(say("Hi."), when=is_loop)
+    supergroup = -100702
+    facts = tmp_path / "data" / "knowledge"
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("@fake_bot hi", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_for_turns(1)
+        facts.mkdir(parents=True, exist_ok=True)
+        (facts / conversation_file_name(f"telegram:{GROUP}")).write_text("## Team\nThe team ships on Fridays.\n")
+        last = tg.push_text("@otherbot unrelated", chat_id=supergroup, user_id=7, chat_type="supergroup")
+        tg.push_migration(GROUP, supergroup)
+        await handled(tg, last)
+        await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset") or 0) >= tg.next_update_id)
+    assert not (facts / conversation_file_name(f"telegram:{GROUP}")).exists()
+    assert "ships on Fridays" in (facts / conversation_file_name(f"telegram:{supergroup}")).read_text()
+
+
+async def test_only_a_real_reply_or_mention_of_the_bot_addresses_it(tmp_path, llm, tg):
+    """A topic's messages all "reply" to the topic's first message, a reply thread in a plain
+    group is not a topic, and a text_mention of someone else is not of the bot."""
+    judges_say_done(llm)
+    llm.push(say("Yes, in the thread."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("chatting in a topic", chat_id=FORUM, user_id=7, chat_type="supergroup", is_forum=True,
+                     thread_id=30)
+        tg.push_text("Bob, look", chat_id=GROUP, user_id=7, chat_type="group",
+                     entities=[{"type": "text_mention", "offset": 0, "length": 3,
+                                "user": {"id": 8, "is_bot": False, "first_name": "Bob"}}])
+        tg.push_text("@fake_bot in a reply thread", chat_id=-600, user_id=7, chat_type="supergroup", thread_id=55)
+        await d.engine.wait_for_turns(1)
+    assert sends(tg, FORUM) == [] and sends(tg, GROUP) == []
+    assert sends(tg, -600) == [("Yes, in the thread.", None)]  # no topic outside a forum
+    assert db(tmp_path).execute("SELECT chat_id, thread_id FROM conversations").fetchall() == [("-600", "")]

@@ -46,7 +46,7 @@ from telegram.error import (
 from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
 from adapters.bots import BotTurnBudget
-from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
+from adapters.telegram.policy import MANAGING_COMMANDS, MessageFacts, Verdict, command_target, decide, may_manage
 from bumblebot.adapter import Adapter, Intake
 from bumblebot.config import TelegramSettings
 from bumblebot.errors import AdapterError, DeliveryFailed
@@ -151,6 +151,8 @@ class TelegramAdapter(Adapter):
             .build()
         )
         self.app.add_handler(MessageHandler(filters.StatusUpdate.MIGRATE, self._on_migrate))
+        # joins, pins, title changes, topic creation: not speech; never answered or kept
+        self.app.add_handler(MessageHandler(filters.StatusUpdate.ALL, self._on_service))
         self.app.add_handler(CommandHandler([c.command for c in COMMANDS], self._on_command))
         self.app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, self._on_text))
         self.app.add_handler(MessageHandler(filters.COMMAND, self._on_unknown_command))
@@ -399,7 +401,12 @@ class TelegramAdapter(Adapter):
         name = message.text.split()[0].lstrip("/").split("@")[0].lower()
         private = inbound.chat_kind is ChatKind.PRIVATE
         user_id = int(inbound.sender_id)
-        status = None if private else await self._member_status(int(inbound.chat.chat_id), user_id)
+        status = None
+        if not private and name in MANAGING_COMMANDS:
+            if message.sender_chat is not None and message.sender_chat.id == message.chat.id:
+                status = "administrator"  # an anonymous admin of this group writes as the group
+            else:
+                status = await self._member_status(int(inbound.chat.chat_id), user_id)
         if not may_manage(name, private=private, user_id=user_id, admin_status=status, settings=self.settings):
             await self.intake.answer(inbound, NOT_ADMIN_TEXT, kv=self._take_kv())
             return
@@ -438,6 +445,10 @@ class TelegramAdapter(Adapter):
         if inbound is None:
             return
         await self.intake.answer(inbound, UNSUPPORTED_TEXT, kv=self._take_kv())
+
+    async def _on_service(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """A service message (a member joined, a pin, a new topic…): nobody spoke. Nothing is
+        journaled; the poller moves the offset past it."""
 
     async def _on_migrate(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """A group became a supergroup: its conversation continues under the new id. Telegram
