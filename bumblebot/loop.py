@@ -677,6 +677,9 @@ class AgentLoop:
         nothing said (a weak model that only looped on tools); ``""`` when that fails too."""
         try:
             request, _ = await requests.build(LAST_CHANCE_NUDGE)
+            # without the tool rounds: a weak model shown them only writes another call as text,
+            # and some servers refuse tool messages in a request that offers no tools
+            request = [m for m in request if m["role"] != "tool" and not m.get("tool_calls")]
             completion = await self.llm.complete(
                 request, model=limits.model, max_tokens=limits.max_tokens, temperature=limits.temperature
             )
@@ -860,11 +863,19 @@ _ENGINE_ECHO = re.compile(
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
+#: Plain text that is a tool call in disguise (``functions.list_directory: { }``, a
+#: ``<tool_call>`` block, a bare ``{"name": …}`` object): never an answer for the user.
+_CALL_AS_TEXT = re.compile(r"^\s*(?:functions\.\w+\s*[:(]|<tool_call>|\{\s*\"(?:name|function)\"\s*:)", re.IGNORECASE)
+
+
 def for_the_user(text: str) -> str:
-    """``text`` as it may reach the user: reasoning removed, sentences that echo the engine's
-    notes ("[Same turn] Tool results are ready…", copied by weak models) dropped, and HTML
-    character references some models emit (``I&#39;m``) decoded outside code. Linear time."""
+    """``text`` as it may reach the user: reasoning removed, a tool call written out as text
+    dropped whole, sentences that echo the engine's notes ("[Same turn] Tool results are
+    ready…", copied by weak models) dropped, and HTML character references some models emit
+    (``I&#39;m``) decoded outside code. Linear time."""
     text = strip_reasoning(text)
+    if _CALL_AS_TEXT.match(text):
+        return ""
     if _ENGINE_ECHO.search(text):
         text = " ".join(s for s in _SENTENCE_END.split(text) if not _ENGINE_ECHO.search(s)).strip()
     if "&" in text and "`" not in text:

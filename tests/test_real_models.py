@@ -364,6 +364,9 @@ def test_echoed_engine_notes_and_html_references_never_reach_the_user():
     assert for_the_user(nudge) == ""
     assert for_the_user("Same turn, tool results are ready. Failed: say. I&#39;m fine, thanks!") == "I'm fine, thanks!"
     assert for_the_user("Use `a &amp; b` in code") == "Use `a &amp; b` in code"  # code is left alone
+    # what SmolLM2 wrote when asked for plain text after tool rounds
+    assert for_the_user("functions.list_directory: { }") == ""
+    assert for_the_user('{"name": "say", "arguments": {"text": "hi"}}') == ""
     for hostile in ("a" * 200_000 + " same turn", "failed: " + "a, " * 60_000 + "!", "x. " * 80_000):
         for_the_user(hostile)  # linear: a super-linear pattern would hang here
 
@@ -381,3 +384,19 @@ async def test_a_model_that_only_loops_on_tools_still_gets_a_plain_answer_out(tm
     assert tg.sent(94) == ["Hello! Nice to meet you."]
     [last] = [r for r in llm.requests if is_last_chance(r)]
     assert "tools" not in last and "tool_choice" not in last
+    assert not [m for m in last["messages"] if m["role"] == "tool" or m.get("tool_calls")]
+
+
+async def test_a_last_try_that_only_writes_a_call_as_text_is_not_sent(tmp_path, llm, tg):
+    """Regression (real run): the tool-less last try answered "functions.list_directory: { }",
+    which reached the user."""
+    from fakes.openai_server import is_last_chance
+
+    from bumblebot.loop import LOOPING_MESSAGE
+
+    llm.push(text("functions.list_directory: { }"), when=is_last_chance)
+    llm.default = lambda r: tool_calls(("list_directory", {"path": "."})) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello there!", chat_id=95)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(95) == [LOOPING_MESSAGE]
