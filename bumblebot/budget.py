@@ -94,6 +94,20 @@ class ContextBudget:
         leaves less, :data:`ESTIMATE_MARGIN` of :meth:`limit`."""
         return int(min(self.window() * self.threshold_ratio, self.limit(reply_tokens) * ESTIMATE_MARGIN))
 
+    async def refused(self, prompt_tokens: int | None, estimate: int) -> None:
+        """The endpoint refused a request estimated at ``estimate`` tokens as too long, having
+        counted ``prompt_tokens``: the scale jumps to that ratio (plus 5%) at once, without
+        smoothing. A chat whose every request is refused sends no usage to learn from, so a
+        lagging scale would keep it dead (issue 9 review)."""
+        if not prompt_tokens or estimate <= 0:
+            return
+        ratio = prompt_tokens / estimate * 1.05
+        if ratio > self.scale:
+            self.scale = min(MAX_SCALE, ratio)
+            if self._save is not None and self.key:
+                self._saved = self.scale
+                await self._save(self.key, f"{self.scale:.4f}")
+
     async def observe(self, prompt_tokens: int | None, estimate: int) -> None:
         """The endpoint reported ``prompt_tokens`` for a request estimated at ``estimate``."""
         if not prompt_tokens or estimate <= 0:

@@ -294,9 +294,9 @@ class CompactionOutcome:
     estimate_after: int = 0
 
 
-async def _flush(chunk: list[Message], knowledge: KnowledgeFile, complete: Complete) -> list[str]:
+async def _flush(chunk: list[Message], knowledge: KnowledgeFile, complete: Complete, max_tokens: int) -> list[str]:
     titles = await asyncio.to_thread(knowledge.titles)
-    text = await complete(flush_request(chunk, titles), FLUSH_MAX_TOKENS, FLUSH_TEMPERATURE)
+    text = await complete(flush_request(chunk, titles), max_tokens, FLUSH_TEMPERATURE)
     items = parse_flush(text)
     return await asyncio.to_thread(knowledge.append_sections, items)
 
@@ -397,7 +397,8 @@ async def compact(
                 and len(serialize(chunk)) >= MIN_FLUSH_CHARS
             ):
                 try:
-                    out.flushed = await _flush(chunk, knowledge, complete)
+                    # its reply budget shares the window with the chunk, like the summary's
+                    out.flushed = await _flush(chunk, knowledge, complete, min(FLUSH_MAX_TOKENS, max_out))
                 except Exception as exc:  # best effort (spec): record and go on
                     errors.append(f"flush: {type(exc).__name__}: {exc}")
             if not chunk or (total() <= target and not (force and first)):

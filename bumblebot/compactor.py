@@ -111,6 +111,10 @@ class Compactor:
         if not force and state.next_retry_at > time.time():
             return await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
         window, limit = self.budget.window(), self.budget.limit(reply_tokens)  # limit: the reply budget left out
+        # forced (refused, /compact, or still over the request limit after a normal pass):
+        # nothing is protected but the last exchange, or a small window with long messages
+        # leaves no middle to summarise and the chat dies (issue 9 review)
+        emergency = force
         # a small window: the fixed part alone can exceed the target share, so the target
         # counts from the room left after it (else every compaction runs all its passes)
         target_ratio = self.cfg.compaction_target_ratio
@@ -125,8 +129,8 @@ class Compactor:
             max_context_tokens=window,
             threshold_ratio=self.cfg.compaction_threshold_ratio,
             target_ratio=target_ratio,
-            protect_first_n=self.cfg.compaction_protect_first_n,
-            protect_last_n=self._protected_tail(session.history, limit),
+            protect_first_n=0 if emergency else self.cfg.compaction_protect_first_n,
+            protect_last_n=MIN_TAIL if emergency else self._protected_tail(session.history, limit),
             max_passes=self.cfg.compaction_max_passes,
             flush=self.cfg.compaction_flush_to_knowledge,
             force=force,
@@ -154,6 +158,12 @@ class Compactor:
             pruned = await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
             if pruned:
                 entry["pruned"] += pruned["pruned"]
+        if not force and not outcome.summary_failed and estimate(session, fixed_tokens, turn_messages) > self.budget.limit(reply_tokens):
+            # the protected head and tail left too little to summarise: one forced pass (a
+            # failed summary instead keeps every message and backs off, as the spec asks)
+            again = await self.maybe_compact(session, fixed_tokens, turn_messages, force=True, reply_tokens=reply_tokens)
+            if again is not None:
+                entry["forced"] = again
         return entry
 
     def _protected_tail(self, history: list[Message], limit: int) -> int:

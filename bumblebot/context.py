@@ -88,6 +88,11 @@ class Requests(RequestBuilder):
     async def observe_usage(self, prompt_tokens: int | None, estimate: int) -> None:
         await self._budget.observe(prompt_tokens, estimate)
 
+    async def observe_refusal(self, prompt_tokens: int | None) -> None:
+        """The last request built was refused as too long after the endpoint counted
+        ``prompt_tokens`` (see ``ContextBudget.refused``)."""
+        await self._budget.refused(prompt_tokens, self.last_estimate)
+
     def _note(self, entries: list[dict[str, Any] | None]) -> None:
         for entry in entries:
             if entry and (entry.get("passes") or entry.get("pruned") or entry.get("error")):

@@ -69,7 +69,15 @@ class ModelTimeout(ModelUnavailable):
 
 
 class ContextTooLong(ModelError):
-    """The endpoint rejected the request because the prompt exceeds its context window."""
+    """The endpoint rejected the request because the prompt exceeds its context window.
+
+    ``prompt_tokens``: what the endpoint counted for the prompt, when its message says
+    (vLLM and OpenAI: "… you requested 5169 tokens (4145 in the messages, …)"), else ``None``.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, prompt_tokens: int | None = None) -> None:
+        super().__init__(message, status=status)
+        self.prompt_tokens = prompt_tokens
 
 
 class AdapterError(BumblebotError):

@@ -41,6 +41,8 @@ from bumblebot.reasoning import strip_reasoning
 
 log = logging.getLogger(__name__)
 
+#: The prompt's size in a context-length refusal (vLLM, OpenAI): "(4145 in the messages".
+_PROMPT_COUNT_RE = re.compile(r"\((\d{1,9}) in the messages")
 _CONTEXT_RE = re.compile(
     r"context.{0,20}(length|window|too long)|maximum context|too many tokens|prompt is too long"
     r"|exceeds? (the )?(model'?s? )?(max|context)"
@@ -502,7 +504,11 @@ class LLM:
             return ModelTimeout(f"the model endpoint did not answer within {self.settings.timeout_s:g} s")
         if isinstance(exc, openai.APIStatusError):
             if exc.status_code in (400, 413) and self._is_context_error(exc):
-                return ContextTooLong(f"the prompt is too long for the model: {exc.message}", status=exc.status_code)
+                counted = _PROMPT_COUNT_RE.search(str(exc.message))
+                return ContextTooLong(
+                    f"the prompt is too long for the model: {exc.message}", status=exc.status_code,
+                    prompt_tokens=int(counted.group(1)) if counted else None,
+                )
             if exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500:
                 return ModelUnavailable(
                     f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code,

@@ -22,9 +22,11 @@ resumed after a crash rebuilds it with :meth:`LoopState.replay` and goes on:
   and goes on.
 
 Limits: tool continuation rounds are clamped to [0, 16]; steps are capped at
-``max(6, min(25, 6 + rounds))``; the same call (tool and arguments) may not run a third time in a
-row; after 3 consecutive length-limited completions the model is told to use ``write_file``.
-Hitting a cap ends the turn with an honest short message, never silence.
+``max(6, min(25, 6 + rounds))``; a work tool called in three consecutive steps is refused from
+the third (spec, "Repeat guard"); three steps in a row that bring nothing new stop a looping
+model; after 3 consecutive length-limited completions the model is told to use ``write_file``.
+A turn that ends with nothing said gets one tool-less try for a plain answer, then an honest
+short message, never silence. A reflex turn ends at its first real reply.
 
 Internal nudges (post-tool, gate) live only in the request of the next step: they are never
 stored as if the user had written them.
@@ -172,6 +174,9 @@ _PROGRESS_CUES = (
     "hang on", "on it", "checking", "looking into", "looking it up", "thinking", "working on",
     "i'll", "i will", "i'm going to", "bear with me",
 )
+#: Cues that announce work only when they open the message ("I'll check"), not when they close
+#: an answer ("I'm great! I'll be around all day.").
+_FUTURE_CUES = frozenset({"i'll", "i will", "i'm going to"})
 #: A message longer than this is content, whatever cue it has.
 PROGRESS_NOTE_CHARS = 100
 
@@ -181,8 +186,16 @@ def progress_note(text: str) -> bool:
     message with a progress cue (:data:`_PROGRESS_CUES`). Linear in the text."""
     if progress_only(text):
         return True
-    norm = _norm(text)
-    return len(norm) <= PROGRESS_NOTE_CHARS and any(cue in norm for cue in _PROGRESS_CUES)
+    norm = _norm(text).replace("let me know", "")
+    if len(norm) > PROGRESS_NOTE_CHARS:
+        return False
+    # the cue opens the message or its last sentence ("Good question! Let me check."): an
+    # answer that merely contains "I'll" somewhere ("I'm great! I'll be around") is content
+    last = _SENTENCE_END.split(norm.rstrip(" .!"))[-1].lstrip(" \"'*-")
+    if any(norm.lstrip(" \"'*-").startswith(cue) for cue in _PROGRESS_CUES):
+        return True
+    # a closing "Let me check." after a greeting is a note; a closing "I'll be around" is not
+    return any(last.startswith(cue) for cue in _PROGRESS_CUES if cue not in _FUTURE_CUES)
 
 
 def _say_text(arguments: str) -> str:
@@ -477,6 +490,9 @@ class RequestBuilder:
     async def observe_usage(self, prompt_tokens: int | None, estimate: int) -> None:
         """The endpoint reported ``prompt_tokens`` for a request we estimated at ``estimate``."""
 
+    async def observe_refusal(self, prompt_tokens: int | None) -> None:
+        """The last request built was refused as too long; the endpoint counted ``prompt_tokens``."""
+
 
 class _StepBudget:
     """One step's results share ``max_tool_result_chars`` (each is already capped alone):
@@ -599,7 +615,6 @@ class AgentLoop:
                 estimate=estimate,
                 tool_choice=completion.tool_choice,
             )
-            trace.steps.append(_fields(step))
             await port.answered()
             await requests.observe_usage(completion.prompt_tokens, estimate)
             if _cut_short(completion) and limits.escalate_tokens and limits.escalate_tokens > limits.max_tokens:
@@ -609,6 +624,7 @@ class AgentLoop:
                 completion = await self._complete(request, schemas, limits)
                 step.finish_reason, step.escalated = completion.finish_reason, True
                 step.completion_tokens = completion.completion_tokens
+            trace.steps.append(_fields(step))
             hit_length = completion.hit_length
             length_stalls = length_stalls + 1 if hit_length else 0
             nudge = None
@@ -642,7 +658,8 @@ class AgentLoop:
 
             # A completion without tool calls: the endpoint did not force tools.
             text = _fit_text(for_the_user(completion.content.strip()), limits)
-            if text and not turn.undeliverable and not self._suppressed(text, state):
+            capped = len(state.delivered) >= limits.max_messages
+            if text and not turn.undeliverable and not capped and not self._suppressed(text, state):
                 await turn.reply(text)  # recorded with its outbox row; counts the step
             else:
                 state.steps += 1
@@ -657,6 +674,12 @@ class AgentLoop:
             if text:
                 await turn.reply(text)
                 stop_reason += "+last_chance"
+        if (
+            stop_reason in ("step_cap", "looping") and state.delivered and state.work_ok == 0
+            and all(progress_note(t) for t in state.delivered)
+        ):
+            stop_reason += "+unfinished"  # only promises got out before it stopped (issue 9 review)
+            unmet = unmet or GateDecision(done=False, reason="", nudge=None, judge=None)
         note = None
         if stop_reason.endswith("+unfinished") and unmet is not None:
             note = UNFINISHED_MESSAGE.format(why=f" ({_clip(unmet.reason, 120)})" if unmet.reason else "")
@@ -681,12 +704,14 @@ class AgentLoop:
             # and some servers refuse tool messages in a request that offers no tools
             request = [m for m in request if m["role"] != "tool" and not m.get("tool_calls")]
             completion = await self.llm.complete(
-                request, model=limits.model, max_tokens=limits.max_tokens, temperature=limits.temperature
+                request, model=limits.model, max_tokens=min(limits.max_tokens, LAST_CHANCE_MAX_TOKENS),
+                temperature=limits.temperature,
             )
         except Exception as exc:  # the honest note is sent instead
             log.info("last-chance reply failed: %s", exc)
             return ""
-        return _fit_text(for_the_user(completion.content.strip()), limits)
+        text = for_the_user(completion.content.strip())
+        return text if len(text) <= LAST_CHANCE_MAX_TOKENS * 4 else text[: LAST_CHANCE_MAX_TOKENS * 4 - 1].rstrip() + "…"
 
     @staticmethod
     def _suppressed(text: str, state: LoopState) -> bool:
@@ -712,8 +737,9 @@ class AgentLoop:
         """One completion; a context-length refusal compacts (or prunes) and retries once."""
         try:
             return await self._complete(request, schemas, limits)
-        except ContextTooLong:
+        except ContextTooLong as exc:
             # spec/issue: compact (or prune) and retry once; a second refusal ends the turn
+            await requests.observe_refusal(exc.prompt_tokens)  # estimates were low: learn now
             await requests.shrink()
             request, _ = await requests.build(nudge)
             return await self._complete(request, schemas, limits)
@@ -843,6 +869,8 @@ class AgentLoop:
         return result, time.monotonic() - started
 
 
+#: The last try is a short plain answer (servers that ignore ``max_tokens`` are cut to it).
+LAST_CHANCE_MAX_TOKENS = 512
 LAST_CHANCE_NUDGE = (
     "[Same turn] No tools now. Write your answer to the user's last message as plain text."
 )
@@ -856,11 +884,13 @@ LENGTH_ADVICE = (
 #: Words of the engine's own notes (:func:`post_tool_nudge`, the gate's nudges) that a weak
 #: model copies into what it says; a sentence holding one never reaches the user.
 _ENGINE_ECHO = re.compile(
-    r"same turn|tool results are ready|already told the user|do not repeat\)|call more tools"
-    r"|end_turn\(\)|say\(\) to talk|^failed: [a-z_, ]+\.?$",
+    r"\[same turn\]|^same turn[,:.]|tool results are ready|already told the user \(do not repeat\)"
+    r"|call more tools, say\(\)|no tools now\. write your answer"
+    r"|^failed: (?:say|[a-z]+_[a-z_]+)(?:, (?:say|[a-z]+_[a-z_]+))*\.?$",
     re.IGNORECASE,
 )
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+#: Splits text into sentences, keeping each separator (so line breaks survive).
+_SENTENCE_END = re.compile(r"(?<=[.!?])([ \t]+)")
 
 
 #: Plain text that is a tool call in disguise (``functions.list_directory: { }``, a
@@ -877,7 +907,15 @@ def for_the_user(text: str) -> str:
     if _CALL_AS_TEXT.match(text):
         return ""
     if _ENGINE_ECHO.search(text):
-        text = " ".join(s for s in _SENTENCE_END.split(text) if not _ENGINE_ECHO.search(s)).strip()
+        lines = []
+        for line in text.split("\n"):
+            parts = _SENTENCE_END.split(line)  # sentence, separator, sentence, …
+            kept = [parts[i] + (parts[i + 1] if i + 1 < len(parts) else "")
+                    for i in range(0, len(parts), 2) if not _ENGINE_ECHO.search(parts[i])]
+            if not kept and line.strip():
+                continue  # a line that was only an echo goes entirely
+            lines.append("".join(kept).rstrip())
+        text = "\n".join(lines).strip()
     if "&" in text and "`" not in text:
         text = html.unescape(text)
     return text
@@ -967,9 +1005,11 @@ def _fit_call(call: ToolCall, limits: LoopLimits) -> tuple[ToolCall, str | None]
         problem = f"not valid JSON ({exc.msg})"
     else:
         if isinstance(args, dict):
-            if call.name == "say" and len(call.arguments) > _reply_chars(limits) and isinstance(args.get("text"), str):
-                args["text"] = _fit_text(args["text"], limits)
-                return ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False)), None
+            if call.name == "say" and isinstance(args.get("text"), str):
+                clean = _fit_text(strip_reasoning(args["text"]), limits)  # history never keeps reasoning
+                if clean != args["text"]:
+                    args["text"] = clean
+                    return ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False)), None
             return call, None
         problem = f"a JSON {type(args).__name__}, not an object"
     error = (

@@ -204,6 +204,11 @@ async def test_a_say_cut_by_the_reflex_budget_is_asked_again_with_the_deliberate
     assert first["max_tokens"] == 512 and second["max_tokens"] == 2048
     assert first["messages"] == second["messages"]  # the same request, nothing run in between
     assert tg.sent(98) == ["Hi! So, about that: here is the whole answer."]
+    import sqlite3
+
+    [(trace,)] = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute("SELECT trace FROM turns").fetchall()
+    step = json.loads(trace)["steps"][0]
+    assert step["escalated"] is True and step["finish_reason"] == "tool_calls"  # regression: traced before the retry
 
 
 # -- repeat guard and reasoning ----------------------------------------------------------------
@@ -362,7 +367,13 @@ def test_echoed_engine_notes_and_html_references_never_reach_the_user():
 
     nudge = post_tool_nudge(["say"], ["Hello"])
     assert for_the_user(nudge) == ""
-    assert for_the_user("Same turn, tool results are ready. Failed: say. I&#39;m fine, thanks!") == "I'm fine, thanks!"
+    assert for_the_user("Same turn, tool results are ready. I&#39;m fine, thanks!") == "I'm fine, thanks!"
+    # ordinary English stays, and so do line breaks (issue 9 review)
+    chess = "In chess you can't move two pieces in the same turn."
+    assert for_the_user(chess) == chess
+    listing = "Line one.\nLine two.\n- item: same turn rules\n- item two"
+    assert for_the_user(listing) == listing
+    assert for_the_user("Sure.\n[Same turn] Tool results are ready.\nThe file is saved.") == "Sure.\nThe file is saved."
     assert for_the_user("Use `a &amp; b` in code") == "Use `a &amp; b` in code"  # code is left alone
     # what SmolLM2 wrote when asked for plain text after tool rounds
     assert for_the_user("functions.list_directory: { }") == ""
@@ -400,3 +411,120 @@ async def test_a_last_try_that_only_writes_a_call_as_text_is_not_sent(tmp_path, 
         tg.push_text("hello there!", chat_id=95)
         await d.engine.wait_for_turns(1)
     assert tg.sent(95) == [LOOPING_MESSAGE]
+
+
+# -- issue 9 review: long messages, denser tokenizers, reasoning in arguments, promises -------
+
+
+def tokenizer_fake(window: int, reply: Any, chars_per_token: float) -> Any:
+    """A server whose tokenizer counts ``chars_per_token`` characters a token: it refuses a
+    prompt plus ``max_tokens`` over ``window`` the way vLLM words it, and reports honest usage."""
+    import time as _time
+
+    def endpoint(request: dict[str, Any]) -> Reply:
+        prompt = int((len(json.dumps(request["messages"])) + len(json.dumps(request.get("tools", [])))) / chars_per_token)
+        asked = int(request.get("max_tokens", 0))
+        if prompt + asked > window:
+            return error(400, f"This model's maximum context length is {window} tokens. However, you requested "
+                              f"{prompt + asked} tokens ({prompt} in the messages, {asked} in the completion).")
+        answer = reply(request)
+        message = dict(answer.message or {})
+        if not message.get("tool_calls"):
+            message.pop("tool_calls", None)
+        return Reply(body={
+            "id": "chatcmpl-t", "object": "chat.completion", "created": int(_time.time()), "model": request["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": answer.finish_reason, "logprobs": None}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": 10, "total_tokens": prompt + 10},
+        })
+
+    return endpoint
+
+
+def _chatty(answer: str) -> Any:
+    from bumblebot.compaction import SUMMARY_HEADINGS
+
+    summary = "\n".join(f"## {h}\n- the user keeps telling me about the garden" for h in SUMMARY_HEADINGS)
+
+    def reply(request: dict[str, Any]) -> Reply:
+        if is_aux(request):
+            if "durable facts" in contents(request):
+                return text("[]")
+            if "You compact the history" in contents(request):
+                return text(summary)
+            return text("DONE: fine")
+        return say(answer)
+
+    return reply
+
+
+async def test_long_messages_at_a_4096_window_keep_going(tmp_path, llm, tg):
+    """Regression (review): 1,500-2,000-character messages at 4096 died of "too long": the
+    protected head and tail left no middle to summarise."""
+    llm.default = tokenizer_fake(4096, _chatty("Nice garden! " * 20), 4.0)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 4096})
+    async with running(config) as d:
+        for i in range(8):
+            tg.push_text(f"m{i} " + ("garden tomatoes basil " * 200)[:2000], chat_id=81)
+            await d.engine.wait_for_turns(i + 1, timeout=30)
+    sent = tg.sent(81)
+    assert len(sent) == 8 and all(t.startswith("Nice garden!") for t in sent), sent
+
+
+async def test_a_tokenizer_denser_than_the_estimate_is_learned_from_its_refusal(tmp_path, llm, tg):
+    """Regression (review): a server counting 3 characters a token refused every request from
+    turn 5 on; with no usage to learn from, the chat stayed dead."""
+    llm.default = tokenizer_fake(4096, _chatty("Köln ist alt. " * 30), 3.0)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 4096})
+    async with running(config) as d:
+        for i in range(10):
+            text_ = f"Frage {i}: " + "Erzähl mir mehr über die Geschichte der Stadt Köln und ihre Brücken. " * 8
+            tg.push_text(text_, chat_id=82)
+            await d.engine.wait_for_turns(i + 1, timeout=30)
+        scale = d.runner.budget.scale
+    assert not any("too long" in t for t in tg.sent(82)) and len(tg.sent(82)) == 10
+    assert scale > 1.3
+
+
+async def test_reasoning_inside_say_is_never_stored(tmp_path, llm, tg):
+    import sqlite3
+
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "<think>the user is Ada, secret plan</think>Hello!"}), ("end_turn", {})),
+             when=is_loop)
+    llm.push(tool_calls(("say", {"text": "The user wants X.</think>Here you go!"}), ("end_turn", {})), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello there friend", chat_id=83)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("give me X", chat_id=83)
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(83) == ["Hello!", "Here you go!"]
+    stored = json.dumps(sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT content, tool_calls FROM messages").fetchall())
+    assert "secret plan" not in stored and "The user wants X" not in stored
+
+
+def test_an_answer_that_ends_with_a_cue_is_not_a_progress_note():
+    from bumblebot.loop import progress_note
+
+    assert not progress_note("Hey! I'm good, thanks. Let me know if you need anything!")
+    assert not progress_note("I'm great! I'll be around all day.")
+    assert progress_note("Good question! Let me check.")
+    assert progress_note("On it!") and progress_note("I'll look that up.")
+
+
+async def test_promises_that_end_by_looping_get_the_honest_message(tmp_path, llm, tg):
+    """Regression (review): a turn that only promised and then looped ended without saying the
+    work was not done."""
+    from bumblebot.loop import UNFINISHED_MESSAGE
+
+    def reply(request: dict[str, Any]) -> Reply:
+        if is_aux(request):
+            return text("CONTINUE: the file was never written")
+        return tool_calls(("say", {"text": "On it! Writing the file now."}))  # repeats, never ends
+
+    llm.default = reply
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("write hello.py that prints hi", chat_id=84)
+        await d.engine.wait_for_turns(1)
+    sent = tg.sent(84)
+    assert sent[0] == "On it! Writing the file now." and sent[-1] == UNFINISHED_MESSAGE.format(why="")
