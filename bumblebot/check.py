@@ -54,7 +54,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         api_key=secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None,
     )
     forcing, fallback = await forcing_mode(settings, base_url)
-    forced_now = False
+    forced_now = probe_ran = False
     try:
         for model in dict.fromkeys([llm.model, llm.reflex_model]):
             await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
@@ -65,6 +65,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
             tools=[PING_TOOL],
         )
         forced_now = probe.tool_choice == "required"
+        probe_ran = True
         if probe.tool_calls:
             how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
             _line(True, "tool calls", f"{llm.model} called a tool, {how}")
@@ -78,6 +79,10 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         await llm.aclose()
     if fallback is not None and forced_now:
         forcing += "; the endpoint accepts tool_choice=required now, so the daemon switches back at its next re-try"
+    elif fallback is None and not forced_now and probe_ran:
+        # what the daemon remembers says "required", but this endpoint just refused it
+        forcing = ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
+                   "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
     _line(True, "tool forcing", forcing)
 
     tg = settings.telegram

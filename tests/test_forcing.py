@@ -217,6 +217,17 @@ async def test_check_says_required_when_nothing_is_remembered(tmp_path, capsys):
     assert "[ok] tool forcing: required\n" in capsys.readouterr().out
 
 
+async def test_check_does_not_claim_required_when_the_endpoint_refuses_it(tmp_path, capsys):
+    """Regression (review): against llama.cpp (500 on required) check printed "called a tool,
+    with tool_choice=auto" and then "tool forcing: required"."""
+    async with FakeOpenAI(reject_tool_choice_required=500) as server:
+        answer_with_ping(server)
+        assert await run_check(tmp_path, server) == []
+    out = capsys.readouterr().out
+    assert "with tool_choice=auto" in out and "[ok] tool forcing: required\n" not in out
+    assert "refused tool_choice=required just now" in out
+
+
 async def test_check_says_auto_since_when_and_why(tmp_path, capsys):
     async with FakeOpenAI(reject_tool_choice_required=400) as server:
         answer_with_ping(server)
