@@ -641,8 +641,8 @@ class AgentLoop:
                 turn.lost = False
                 failed = await self._run_calls(port, state, plan, ctx, limits, step, unusable)
                 state.step_done(said_before, plan, cut=hit_length)
-                said_now = state.delivered[said_before:]
-                if limits.one_reply and said_now and not all(progress_note(t) for t in said_now) and not any(
+                # the gate still judges the ending: a hollow "On it!" is sent back to work
+                if limits.one_reply and len(state.delivered) > said_before and not any(
                     allowed and self.toolbox.kind(call.name) is ToolKind.WORK for call, allowed in plan
                 ):
                     turn.end_requested = True  # a reflex turn is one reply (docs/cognition.md)
@@ -885,7 +885,7 @@ LENGTH_ADVICE = (
 #: model copies into what it says; a sentence holding one never reaches the user.
 _ENGINE_ECHO = re.compile(
     r"\[same turn\]|^same turn[,:.]|tool results are ready|already told the user \(do not repeat\)"
-    r"|call more tools, say\(\)|no tools now\. write your answer"
+    r"|call more tools, say\(\)|no tools now\.|write your answer to the user's last message"
     r"|^failed: (?:say|[a-z]+_[a-z_]+)(?:, (?:say|[a-z]+_[a-z_]+))*\.?$",
     re.IGNORECASE,
 )

@@ -377,6 +377,7 @@ def test_echoed_engine_notes_and_html_references_never_reach_the_user():
     assert for_the_user("Use `a &amp; b` in code") == "Use `a &amp; b` in code"  # code is left alone
     # what SmolLM2 wrote when asked for plain text after tool rounds
     assert for_the_user("functions.list_directory: { }") == ""
+    assert for_the_user("Write your answer to the user's last message as plain text.") == ""  # the last try, echoed
     assert for_the_user('{"name": "say", "arguments": {"text": "hi"}}') == ""
     for hostile in ("a" * 200_000 + " same turn", "failed: " + "a, " * 60_000 + "!", "x. " * 80_000):
         for_the_user(hostile)  # linear: a super-linear pattern would hang here
