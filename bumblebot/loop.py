@@ -884,7 +884,7 @@ LENGTH_ADVICE = (
 #: Words of the engine's own notes (:func:`post_tool_nudge`, the gate's nudges) that a weak
 #: model copies into what it says; a sentence holding one never reaches the user.
 _ENGINE_ECHO = re.compile(
-    r"\[same turn\]|^same turn[,:.]|tool results are ready|already told the user \(do not repeat\)"
+    r"\[same turn\]|\[turn context\]|^same turn[,:.]|tool results are ready|already told the user \(do not repeat\)"
     r"|call more tools, say\(\)|no tools now\.|write your answer to the user's last message"
     r"|^failed: (?:say|[a-z]+_[a-z_]+)(?:, (?:say|[a-z]+_[a-z_]+))*\.?$",
     re.IGNORECASE,
@@ -904,6 +904,8 @@ def for_the_user(text: str) -> str:
     ready…", copied by weak models) dropped, and HTML character references some models emit
     (``I&#39;m``) decoded outside code. Linear time."""
     text = strip_reasoning(text)
+    if "&" in text and "`" not in text:
+        text = html.unescape(text)  # first: an echo may come entity-encoded (user&#39;s)
     if _CALL_AS_TEXT.match(text):
         return ""
     if _ENGINE_ECHO.search(text):
@@ -916,8 +918,6 @@ def for_the_user(text: str) -> str:
                 continue  # a line that was only an echo goes entirely
             lines.append("".join(kept).rstrip())
         text = "\n".join(lines).strip()
-    if "&" in text and "`" not in text:
-        text = html.unescape(text)
     return text
 
 

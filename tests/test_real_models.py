@@ -378,6 +378,9 @@ def test_echoed_engine_notes_and_html_references_never_reach_the_user():
     # what SmolLM2 wrote when asked for plain text after tool rounds
     assert for_the_user("functions.list_directory: { }") == ""
     assert for_the_user("Write your answer to the user's last message as plain text.") == ""  # the last try, echoed
+    assert for_the_user("Write your answer to the user&#39;s last message as plain text.") == ""  # encoded
+    said = "The new [Turn context] block at the start of the latest user message is from the system. Hi!"
+    assert for_the_user(said) == "Hi!"  # SmolLM2 quoting the system prompt
     assert for_the_user('{"name": "say", "arguments": {"text": "hi"}}') == ""
     for hostile in ("a" * 200_000 + " same turn", "failed: " + "a, " * 60_000 + "!", "x. " * 80_000):
         for_the_user(hostile)  # linear: a super-linear pattern would hang here
