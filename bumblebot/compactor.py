@@ -79,7 +79,9 @@ class Compactor:
     ) -> list[dict[str, Any]]:
         """The endpoint refused the prompt as too long: force a compaction, then prune even the
         protected tail's tool outputs. Returns the trace entries of what ran."""
-        entries = [await self.maybe_compact(session, fixed_tokens, turn_messages, force=True, reply_tokens=reply_tokens)]
+        entries = [await self.maybe_compact(
+            session, fixed_tokens, turn_messages, force=True, emergency=True, reply_tokens=reply_tokens
+        )]
         entries.append(
             await self._prune_only(session, fixed_tokens, turn_messages, always=True, everything=True, reply_tokens=reply_tokens)
         )
@@ -92,6 +94,7 @@ class Compactor:
         turn_messages: list[Message],
         *,
         force: bool = False,
+        emergency: bool = False,
         reply_tokens: int | None = None,
     ) -> dict[str, Any] | None:
         """Compact when the request estimate exceeds the threshold (or ``force``).
@@ -111,10 +114,10 @@ class Compactor:
         if not force and state.next_retry_at > time.time():
             return await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
         window, limit = self.budget.window(), self.budget.limit(reply_tokens)  # limit: the reply budget left out
-        # forced (refused, /compact, or still over the request limit after a normal pass):
-        # nothing is protected but the last exchange, or a small window with long messages
-        # leaves no middle to summarise and the chat dies (issue 9 review)
-        emergency = force
+        # ``emergency`` (refused, or still over the request limit after a normal pass): no
+        # protected tail, or a small window with long messages leaves no middle
+        # to summarise and the chat dies (issue 9 review); the turn's own messages stay as
+        # they are. ``/compact`` forces a pass with the usual boundaries.
         # a small window: the fixed part alone can exceed the target share, so the target
         # counts from the room left after it (else every compaction runs all its passes)
         target_ratio = self.cfg.compaction_target_ratio
@@ -129,8 +132,9 @@ class Compactor:
             max_context_tokens=window,
             threshold_ratio=self.cfg.compaction_threshold_ratio,
             target_ratio=target_ratio,
-            protect_first_n=0 if emergency else self.cfg.compaction_protect_first_n,
-            protect_last_n=MIN_TAIL if emergency else self._protected_tail(session.history, limit),
+            # the head stays: the summary is rendered right after it (``Requests``)
+            protect_first_n=self.cfg.compaction_protect_first_n,
+            protect_last_n=0 if emergency else self._protected_tail(session.history, limit),
             max_passes=self.cfg.compaction_max_passes,
             flush=self.cfg.compaction_flush_to_knowledge,
             force=force,
@@ -161,7 +165,9 @@ class Compactor:
         if not force and not outcome.summary_failed and estimate(session, fixed_tokens, turn_messages) > self.budget.limit(reply_tokens):
             # the protected head and tail left too little to summarise: one forced pass (a
             # failed summary instead keeps every message and backs off, as the spec asks)
-            again = await self.maybe_compact(session, fixed_tokens, turn_messages, force=True, reply_tokens=reply_tokens)
+            again = await self.maybe_compact(
+                session, fixed_tokens, turn_messages, force=True, emergency=True, reply_tokens=reply_tokens
+            )
             if again is not None:
                 entry["forced"] = again
         return entry

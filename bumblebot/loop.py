@@ -641,8 +641,9 @@ class AgentLoop:
                 turn.lost = False
                 failed = await self._run_calls(port, state, plan, ctx, limits, step, unusable)
                 state.step_done(said_before, plan, cut=hit_length)
-                # the gate still judges the ending: a hollow "On it!" is sent back to work
-                if limits.one_reply and len(state.delivered) > said_before and not any(
+                said_now = state.delivered[said_before:]
+                # "On it!" is a promise, not the reply: the turn goes on (the gate's own check)
+                if limits.one_reply and said_now and not all(progress_only(t) for t in said_now) and not any(
                     allowed and self.toolbox.kind(call.name) is ToolKind.WORK for call, allowed in plan
                 ):
                     turn.end_requested = True  # a reflex turn is one reply (docs/cognition.md)
@@ -702,7 +703,7 @@ class AgentLoop:
             request, _ = await requests.build(LAST_CHANCE_NUDGE)
             # without the tool rounds: a weak model shown them only writes another call as text,
             # and some servers refuse tool messages in a request that offers no tools
-            request = [m for m in request if m["role"] != "tool" and not m.get("tool_calls")]
+            request = _plain_conversation(request)
             completion = await self.llm.complete(
                 request, model=limits.model, max_tokens=min(limits.max_tokens, LAST_CHANCE_MAX_TOKENS),
                 temperature=limits.temperature,
@@ -884,13 +885,15 @@ LENGTH_ADVICE = (
 #: Words of the engine's own notes (:func:`post_tool_nudge`, the gate's nudges) that a weak
 #: model copies into what it says; a sentence holding one never reaches the user.
 _ENGINE_ECHO = re.compile(
-    r"\[same turn\]|\[turn context\]|^same turn[,:.]|tool results are ready|already told the user \(do not repeat\)"
-    r"|call more tools, say\(\)|no tools now\.|write your answer to the user's last message"
-    r"|^failed: (?:say|[a-z]+_[a-z_]+)(?:, (?:say|[a-z]+_[a-z_]+))*\.?$",
+    r"\[same turn\]|\[turn context\]|tool results are ready(?:\.(?:\s|$)|;)|already told the user \(do not repeat\)"
+    r"|call more tools, say\(\)|no tools now\.|write your answer to the user's last message",
     re.IGNORECASE,
 )
 #: Splits text into sentences, keeping each separator (so line breaks survive).
 _SENTENCE_END = re.compile(r"(?<=[.!?])([ \t]+)")
+#: The few character references models emit in chat text (a doubled ``&amp;`` first).
+_HTML_REF = re.compile(r"&(?:amp;)?(#39|#x27|#34|quot|apos|amp);")
+_HTML_CHARS = {"#39": "'", "#x27": "'", "#34": '"', "quot": '"', "apos": "'", "amp": "&"}
 
 
 #: Plain text that is a tool call in disguise (``functions.list_directory: { }``, a
@@ -905,27 +908,59 @@ def for_the_user(text: str) -> str:
     (``I&#39;m``) decoded outside code. Linear time."""
     text = strip_reasoning(text)
     if "&" in text and "`" not in text:
-        text = html.unescape(text)  # first: an echo may come entity-encoded (user&#39;s)
+        # first: an echo may come encoded (user&#39;s). Only the references models emit, and
+        # not in URLs ("?a=1&copy=2" must stay as it is)
+        text = " ".join(
+            word if "://" in word else _HTML_REF.sub(lambda m: _HTML_CHARS[m.group(1)], word)
+            for word in text.split(" ")
+        )
     if _CALL_AS_TEXT.match(text):
         return ""
     if _ENGINE_ECHO.search(text):
-        lines = []
+        lines, fenced = [], False
         for line in text.split("\n"):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            if fenced or not _ENGINE_ECHO.search(line):
+                lines.append(line)
+                continue
             parts = _SENTENCE_END.split(line)  # sentence, separator, sentence, …
             kept = [parts[i] + (parts[i + 1] if i + 1 < len(parts) else "")
                     for i in range(0, len(parts), 2) if not _ENGINE_ECHO.search(parts[i])]
-            if not kept and line.strip():
-                continue  # a line that was only an echo goes entirely
-            lines.append("".join(kept).rstrip())
+            if kept:
+                lines.append("".join(kept).rstrip())  # an echo-only line goes entirely
         text = "\n".join(lines).strip()
     return text
 
 
+def _plain_conversation(request: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``request`` without tool rounds, for a tool-less request: what ``say`` delivered becomes
+    plain assistant text, other calls and all results go, and neighbours of one role are
+    merged (templates that demand alternation, Mistral and Gemma, refuse two in a row)."""
+    out: list[dict[str, Any]] = []
+    for m in request:
+        if m["role"] == "tool":
+            continue
+        if m.get("tool_calls"):
+            said = [_say_text(c["function"].get("arguments") or "") for c in m["tool_calls"]
+                    if c.get("function", {}).get("name") == "say"]
+            if not any(said):
+                continue
+            m = {"role": "assistant", "content": "\n\n".join(t for t in said if t)}
+        last = out[-1] if out else None
+        if (last is not None and last["role"] == m["role"] and m["role"] in ("user", "assistant")
+                and isinstance(last.get("content"), str) and isinstance(m.get("content"), str)):
+            out[-1] = {**last, "content": f"{last['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
+    return out
+
+
 def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
     """The short note after a tool round (spec, "Post-tool nudge")."""
-    parts = ["[Same turn] Tool results are ready."]
-    if failed:
-        parts.append("Failed: " + ", ".join(dict.fromkeys(failed)) + ".")
+    # failures share the marked sentence: a weak model that echoes it echoes the marker too
+    failures = f"; failed: {', '.join(dict.fromkeys(failed))}" if failed else ""
+    parts = [f"[Same turn] Tool results are ready{failures}."]
     if delivered:
         told = "; ".join(f'"{_clip(t, 80)}"' for t in delivered[-3:])
         parts.append(f"Already told the user (do not repeat): {told}.")

@@ -20,12 +20,17 @@ from __future__ import annotations
 TAGS = ("think", "thinking", "reasoning")
 
 
+#: ASCII case folding that keeps every position: ``str.lower`` turns "İ" into two characters,
+#: and offsets found in the folded copy would cut the original in the wrong place.
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def strip_reasoning(text: str) -> str:
     """``text`` without its reasoning (module docstring), stripped of surrounding space."""
     if not text:
         return ""
     out = text
-    lower = out.lower()
+    lower = out.translate(_ASCII_LOWER)  # same length as out: positions carry over
     for tag in TAGS:
         opening, closing = f"<{tag}>", f"</{tag}>"
         # lone closing tags: everything up to the last one before any opening tag is reasoning
@@ -44,7 +49,7 @@ def strip_reasoning(text: str) -> str:
         if pieces:
             pieces.append(out[at:])
             out = "".join(pieces)
-            lower = out.lower()
+            lower = out.translate(_ASCII_LOWER)
         # an unclosed block that opens the text
         if lower.lstrip().startswith(opening):
             return ""

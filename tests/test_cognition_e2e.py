@@ -304,7 +304,7 @@ async def test_post_tool_nudge_names_failures_and_only_delivered_messages(tmp_pa
         await tg.wait_for("sendMessage", n=3)
     requests = loop_requests(llm)
     nudge1 = requests[1]["messages"][-1]["content"]
-    assert "Failed: read_file" in nudge1 and '"alpha"' in nudge1
+    assert "failed: read_file" in nudge1 and '"alpha"' in nudge1
     nudge2 = requests[2]["messages"][-1]["content"]
     assert "beta" not in nudge2 and '"alpha"' in nudge2  # a failed say is not "already told"
 

@@ -58,7 +58,7 @@ def test_repeats_said_catches_echoes_and_pro_forma_only():
 
 def test_post_tool_nudge_lists_failures_once_and_last_three_told():
     nudge = post_tool_nudge(["read_file", "read_file", "fetch_url"], ["a", "b", "c", "d"])
-    assert "Failed: read_file, fetch_url." in nudge
+    assert "ready; failed: read_file, fetch_url." in nudge
     assert '"b"; "c"; "d"' in nudge and '"a"' not in nudge
 
 

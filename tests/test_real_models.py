@@ -532,3 +532,71 @@ async def test_promises_that_end_by_looping_get_the_honest_message(tmp_path, llm
         await d.engine.wait_for_turns(1)
     sent = tg.sent(84)
     assert sent[0] == "On it! Writing the file now." and sent[-1] == UNFINISHED_MESSAGE.format(why="")
+
+
+# -- second review of the fixes ------------------------------------------------------------------
+
+
+def test_user_text_keeps_urls_test_names_and_plain_sentences():
+    from bumblebot.loop import for_the_user, post_tool_nudge
+    from bumblebot.reasoning import strip_reasoning
+
+    url = "see https://x.com/?q=x&region=us&copy=2 ok"
+    assert for_the_user(url) == url  # html.unescape made "®ion" and "©" of it
+    for kept in ("Failed: test_login, test_logout.", "Same turn, different story: I fixed it.",
+                 "Tool results are ready: 3 files, a.py b.py c.py", "line one  \nline two",
+                 "```\n[Same turn] Tool results are ready.\n```"):
+        assert for_the_user(kept) == kept
+    assert for_the_user(post_tool_nudge(["read_file"], ["hi"])) == ""  # failures ride in the marked sentence
+    assert strip_reasoning("İİİİ <think>secret</think> answer here") == "İİİİ  answer here"
+
+
+async def test_a_reflex_promise_is_not_the_reply(tmp_path, llm, tg):
+    """Regression (second review): the one-reply rule ended "hi" at say("On it!") whenever the
+    judge said DONE."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "On it!"})), when=is_loop)
+    llm.push(say("Hi there, hello!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=85)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(85) == ["On it!", "Hi there, hello!"]
+
+
+async def test_the_last_try_keeps_what_was_said_and_alternates_roles(tmp_path, llm, tg):
+    """Regression (second review): the last try dropped every earlier answer given by say and
+    sent three user messages in a row, which alternation-strict templates refuse."""
+    from fakes.openai_server import is_last_chance
+
+    judges_say_done(llm)
+    llm.push(say("First answer."), when=is_loop)
+    llm.push(text("Plain answer."), when=is_last_chance)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello there!", chat_id=86)
+        await d.engine.wait_for_turns(1)
+        llm.default = lambda r: tool_calls(("list_directory", {"path": "."})) if is_loop(r) else (
+            error(500, "unscripted") if is_last_chance(r) else text("DONE: fine"))
+        llm.push(text("Plain answer."), when=is_last_chance)
+        tg.push_text("and now?", chat_id=86)
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(86) == ["First answer.", "Plain answer."]
+    [last] = [r for r in llm.requests if is_last_chance(r)]
+    roles = [m["role"] for m in last["messages"]]
+    assert all(a != b for a, b in zip(roles[1:], roles[2:])), roles  # user and assistant alternate
+    assert any(m["role"] == "assistant" and "First answer." in m["content"] for m in last["messages"])
+
+
+async def test_the_turn_after_a_too_long_one_is_answered(tmp_path, llm, tg):
+    """Regression (second review): the forced pass kept the oversized message in its protected
+    tail, so the next turn was refused too."""
+    llm.default = tokenizer_fake(4096, _chatty("Answer. " + "w " * 40), 4.0)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 4096})
+    async with running(config) as d:
+        for i in range(4):
+            tg.push_text(f"q{i} " + "tell me more " * 60, chat_id=87)
+            await d.engine.wait_for_turns(i + 1, timeout=20)
+        tg.push_text("big " + "lorem ipsum dolor " * 500, chat_id=87)
+        await d.engine.wait_for_turns(5, timeout=30)
+        tg.push_text("short follow-up", chat_id=87)
+        await d.engine.wait_for_turns(6, timeout=30)
+    assert "too long" in tg.sent(87)[4] and tg.sent(87)[5].startswith("Answer.")
