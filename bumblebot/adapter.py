@@ -21,6 +21,10 @@ from bumblebot.events import ChatRef, Inbound, Platform
 
 log = logging.getLogger(__name__)
 
+#: Commands that change a shared conversation for everyone in it (a group, a guild channel):
+#: adapters let only the chat's administrators, and allowlisted users, run them there.
+MANAGING_COMMANDS = frozenset({"reset", "compact"})
+
 
 class Intake(Protocol):
     """What an adapter may ask of the engine (``bumblebot.engine.Engine`` implements it).

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bumblebot.actor import ConversationActor, Progress
@@ -112,8 +112,8 @@ class Engine:
             if entry.turn_id in resumed or (platforms is not None and entry.inbound.chat.platform not in platforms):
                 continue
             await self._dispatch(entry)
-        self._spawn(self._sweep_outbox(), "bumblebot:outbox")
-        self._spawn(self._housekeeping(), "bumblebot:housekeeping")
+        self._spawn(self._every(OUTBOX_SWEEP_S, self.sweep_outbox, "outbox sweep"), "bumblebot:outbox")
+        self._spawn(self._every(HOUSEKEEPING_S, self.prune, "housekeeping"), "bumblebot:housekeeping")
 
     def mark_ready(self) -> None:
         """Adapters are connected: let turns run (resumed and recovered ones first)."""
@@ -151,14 +151,16 @@ class Engine:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _sweep_outbox(self) -> None:
+    async def _every(self, seconds: float, job: Callable[[], Awaitable[Any]], what: str) -> None:
+        """Run ``job`` once the engine is ready and then every ``seconds``; a failure is logged
+        and the next run goes ahead."""
         await self._ready.wait()
         while True:
             try:
-                await self.sweep_outbox()
+                await job()
             except Exception:
-                log.exception("outbox sweep failed")
-            await asyncio.sleep(OUTBOX_SWEEP_S)
+                log.exception("%s failed", what)
+            await asyncio.sleep(seconds)
 
     async def sweep_outbox(self, now: float | None = None) -> int:
         """One sweep: expire what waited too long, then one attempt at every other pending row.
@@ -195,16 +197,6 @@ class Engine:
                 entry.id, entry.chat.key, _hours(now - created_at), entry.attempts, entry.last_error or "none",
             )
         return len(expired)
-
-    async def _housekeeping(self) -> None:
-        """Retention, once the engine is ready and then every :data:`HOUSEKEEPING_S`."""
-        await self._ready.wait()
-        while True:
-            try:
-                await self.prune()
-            except Exception:
-                log.exception("housekeeping failed")
-            await asyncio.sleep(HOUSEKEEPING_S)
 
     async def prune(self, now: float | None = None) -> Pruned:
         """Drop settled journal and outbox rows and finished turns' traces older than

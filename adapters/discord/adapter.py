@@ -49,10 +49,10 @@ import discord.http
 import yarl
 from discord import app_commands
 
-from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.bots import BotTurnBudget
+from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.discord.policy import MessageFacts, Verdict, decide, parse_command
-from bumblebot.adapter import Adapter, Intake
+from bumblebot.adapter import MANAGING_COMMANDS, Adapter, Intake
 from bumblebot.config import DiscordSettings
 from bumblebot.errors import AdapterError, DeliveryFailed
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
@@ -74,8 +74,6 @@ REFERENCE_FETCH_TIMEOUT_S = 5.0
 REFUSAL_TEXT = "Sorry, this bot is private."
 NOT_HERE_TEXT = "I don't answer in this channel."
 NOT_MANAGER_TEXT = "Only members who can manage messages here can do that."
-#: Commands that change a guild channel's shared conversation.
-MANAGING_COMMANDS = frozenset({"reset", "compact"})
 NO_PINGS = discord.AllowedMentions.none()
 SLASH_COMMANDS = {
     "reset": "Start a fresh conversation",

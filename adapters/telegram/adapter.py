@@ -29,6 +29,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+
 import telegramify_markdown
 from telegram import BotCommand, Message, MessageEntity, Update
 from telegram.constants import ChatAction, ChatType
@@ -43,11 +44,18 @@ from telegram.error import (
     TelegramError,
     TimedOut,
 )
-from telegram.ext import Application, ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
+from telegram.ext import (
+    Application,
+    ApplicationBuilder,
+    CommandHandler,
+    ContextTypes,
+    MessageHandler,
+    filters,
+)
 
 from adapters.bots import BotTurnBudget
-from adapters.telegram.policy import MANAGING_COMMANDS, MessageFacts, Verdict, command_target, decide, may_manage
-from bumblebot.adapter import Adapter, Intake
+from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
+from bumblebot.adapter import MANAGING_COMMANDS, Adapter, Intake
 from bumblebot.config import TelegramSettings
 from bumblebot.errors import AdapterError, DeliveryFailed
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform

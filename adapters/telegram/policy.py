@@ -30,12 +30,11 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from bumblebot.adapter import MANAGING_COMMANDS
 from bumblebot.config import TelegramSettings
 
-__all__ = ["MANAGING_COMMANDS", "MessageFacts", "Verdict", "command_target", "decide", "may_manage"]
+__all__ = ["MessageFacts", "Verdict", "command_target", "decide", "may_manage"]
 
-#: Commands that change the shared conversation of a group.
-MANAGING_COMMANDS = frozenset({"reset", "compact"})
 #: Statuses of ``getChatMember`` that administer a chat (Bot API ``ChatMember``).
 ADMIN_STATUSES = frozenset({"creator", "administrator"})
 _COMMAND = re.compile(r"/(?P<name>[A-Za-z0-9_]{1,32})(?:@(?P<bot>[A-Za-z0-9_]{1,64}))?(?=\s|$)")
