@@ -7,10 +7,14 @@ delivered by ``say`` plus the final reply). Only *work* tools count for groundin
 1. cheap heuristics: nothing visible at all; a plain-text ending that is only progress chatter
    ("on it", "let me check") with no successful work tool (an explicit ``end_turn`` always goes
    to the judge below, as the spec asks);
-2. if work tools ran (even if they all failed: the reply must then report the failure), or the
+2. a reflex chat turn (``GateInput.chat_reflex``: the router sent it to reflex, so it is casual
+   chat that asks for no work) where no work tool ran, the user did not demand tools and the
+   visible reply is not progress chatter ends with no judge: the router already decided that
+   (issue 11, a deliberate refinement of the spec, docs/cognition.md section 5);
+3. if work tools ran (even if they all failed: the reply must then report the failure), or the
    user demanded tool grounding: the **grounding judge** (reflex model, ``DONE:``/``CONTINUE:``)
    checks the visible reply reflects the tool results;
-3. otherwise (no work tool ran): the **action-adequacy judge** decides, from intent and in any
+4. otherwise (no work tool ran): the **action-adequacy judge** decides, from intent and in any
    language, whether tangible work was asked for and only promised. This runs on ``end_turn``
    too.
 
@@ -93,6 +97,9 @@ class GateInput:
     ended_by: str = "end_turn"  # or "text"
     last_hit_length: bool = False
     continues_so_far: int = 0
+    #: the router sent this turn to reflex and no later message joined it: casual chat whose
+    #: input asks for no work, so a plain reply needs no adequacy judge
+    chat_reflex: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +255,10 @@ class CompletionGate:
                 nudge="You only announced work. Do it now with the work tools (for example write_file or "
                 "read_file), then say() what the tools returned, or tell the user plainly that you cannot.",
             )
-        if inp.work_calls > 0 or user_demands_tools(inp.user_text):
+        demanded = user_demands_tools(inp.user_text)
+        if inp.chat_reflex and inp.work_calls == 0 and not demanded and not progress_only(visible):
+            return GateDecision(True, "reflex chat turn: no judge (router decided)")
+        if inp.work_calls > 0 or demanded:
             return await self._ask("grounding", grounding_messages(inp), grounding=True)
         return await self._ask("adequacy", adequacy_messages(inp), grounding=False)
 

@@ -386,7 +386,10 @@ class LoopState:
             self.work_ok += int(result.ok)
             self.previews.append(Preview(call.name, result.ok, result.content[:PREVIEW_CHARS]))
 
-    def gate_input(self, ended_by: str, hit_length: bool, continues: int) -> GateInput:
+    def gate_input(self, ended_by: str, hit_length: bool, continues: int, *, reflex: bool = False) -> GateInput:
+        """What the gate judges. ``reflex``: the router sent the turn to reflex; it stays a
+        reflex chat turn for the gate only while no mid-turn message joined the input the
+        router saw (a steered "and write it to a file" was never routed)."""
         return GateInput(
             user_text="\n".join(self.user_texts),
             visible=list(self.delivered),
@@ -396,6 +399,7 @@ class LoopState:
             ended_by=ended_by,
             last_hit_length=hit_length,
             continues_so_far=continues,
+            chat_reflex=reflex and len(self.user_texts) == 1,
         )
 
 
@@ -571,7 +575,7 @@ class AgentLoop:
         while True:
             if ended_by is not None:  # the model ended its turn: may it?
                 capped = gate_continues >= MAX_GATE_CONTINUES
-                decision = await self.gate.check(state.gate_input(ended_by, hit_length, gate_continues))
+                decision = await self.gate.check(state.gate_input(ended_by, hit_length, gate_continues, reflex=limits.one_reply))
                 trace.gate.append(_gate_entry(len(trace.steps), decision))
                 if decision.done:
                     stop_reason = "end_turn" if ended_by == "end_turn" else "final_reply"

@@ -1,9 +1,16 @@
 """Routing a turn to the reflex or the deliberate profile (spec: cognition.md, "Routing").
 
-Heuristic first (:func:`heuristic`); when it is uncertain, one classifier call on the reflex
-model labels the input CHAT, GROUNDED, EXACT or DEEP and only CHAT stays reflex (:func:`route`).
-Automation and autonomous input, and entities with ``always_deliberate``, are always
-deliberate and never reach the classifier.
+Heuristic first (:func:`heuristic`); only when it is uncertain (80 to 200 characters with no
+cue either way), one classifier call on the reflex model labels the input CHAT, GROUNDED,
+EXACT or DEEP and only CHAT stays reflex (:func:`route`). Automation and autonomous input, and
+entities with ``always_deliberate``, are always deliberate and never reach the classifier.
+
+The spec's reflex profile is for input that is "short, non-technical, and low-intensity", and
+for slang, simple reactions and brief questions under 80 characters. The deliberate cues
+(code, identity, file, research, emotional) say what is technical or intense; input under 80
+characters with none of them is reflex (``brief``), so a plain chat turn costs no classifier
+call (issue 11). A greeting with a name or a few words ("hello Sam", "hi bumblebot how are
+you") is reflex by the ``greeting`` rule whatever its length.
 
 Unlike the reference router (reference-study 2.1), every word and phrase matches on word
 boundaries, case-insensitively: "report" is not "repo", "glove" is not "love", "lollipop" is
@@ -22,14 +29,21 @@ rule                  route       when
 ``code``              deliberate  code fences, stack traces, coding words ("fix", "python")
 ``identity``          deliberate  who/what the entity is or can do ("what's your name?")
 ``file``              deliberate  file names with extensions, "readme", "repo", "workspace"...
-``research``          deliberate  "search", "look up", "latest", "news", "compare", URLs
+``research``          deliberate  "search", "look up", "latest", "news", "compare", URLs, live
+                                  data ("weather", "forecast", "exchange rate", "stock price")
 ``emotional``         deliberate  emotionally deep words ("grief", "lonely", "love")
 ``long``              deliberate  over 200 characters
+``greeting``          reflex      a greeting opening ("hello", "good morning", "thanks") and at
+                                  most 4 more words ("hello Sam", "hi bumblebot how are you")
 ``casual``            reflex      slang or a casual reaction ("wagwan", "lol"), up to 120 chars,
                                   not a question
 ``reaction``          reflex      a tiny question or exclamation ("WHAT?", "really?"), <= 18 chars
-(uncertain)           ``None``    everything else, e.g. a question under 80 chars with no cue
+``brief``             reflex      under 80 characters (a brief question or remark, no cue)
+(uncertain)           ``None``    everything else: 80 to 200 characters with no cue
 ====================  ==========  ===============================================================
+
+Every rule is linear in the length of the input: the cue patterns are alternations of fixed
+words on word boundaries, and the greeting opening is a look-up of the first two words.
 """
 
 from __future__ import annotations
@@ -104,6 +118,8 @@ TINY_CHARS = 4  # under this many characters → reflex
 CASUAL_MAX_CHARS = 120
 REACTION_MAX_CHARS = 18
 LONG_CHARS = 200  # over this many characters → deliberate
+BRIEF_CHARS = 80  # under this many characters, with no deliberate cue → reflex
+GREETING_EXTRA_WORDS = 4  # a greeting opening followed by at most this many words → reflex
 
 GREETINGS = (
     "hi", "hii", "hello", "hey", "heya", "hiya", "howdy", "yo", "sup", "hi there", "hey there",
@@ -112,6 +128,13 @@ GREETINGS = (
     "ok", "okay", "k", "kk", "ok thanks", "okay thanks", "ok cool", "got it", "sure", "yes", "no",
     "yep", "yup", "nope", "np", "no problem", "bye", "goodbye", "bye bye", "see you", "see ya",
     "cya", "later", "lol", "lmao", "haha", "hahaha", "nice", "cool", "great", "awesome",
+)  # fmt: skip
+#: Openings of a greeting followed by a name or a few words ("hello Sam", "good morning Alice!").
+GREETING_OPENINGS = (
+    "hi", "hii", "hello", "hey", "heya", "hiya", "howdy", "yo", "sup", "hi there", "hey there",
+    "hello there", "good morning", "good afternoon", "good evening", "good night", "gm", "gn",
+    "morning", "evening", "greetings", "thanks", "thank you", "thx", "ty", "cheers", "bye",
+    "goodbye", "night", "see you", "see ya", "cya",
 )  # fmt: skip
 CASUAL_WORDS = (
     "wagwan", "wag1", "sup", "wassup", "whatsup", "nm", "nmu", "nuthin", "nothin", "chillin",
@@ -147,7 +170,8 @@ FILE_EXTENSIONS = (
 RESEARCH_WORDS = (
     "search", "look up", "look it up", "lookup", "google", "latest", "news", "headlines",
     "compare", "comparison", "research", "sources", "cite", "citation", "wikipedia",
-    "fact check", "fact-check",
+    "fact check", "fact-check", "weather", "forecast", "exchange rate", "stock price",
+    "share price",
 )  # fmt: skip
 EMOTIONAL_WORDS = (
     "afraid", "scared", "terrified", "fear", "grief", "grieve", "grieving", "mourning", "death",
@@ -186,6 +210,7 @@ _RESEARCH = _words(RESEARCH_WORDS)
 _URL = re.compile(r"\bhttps?://\S+|\bwww\.\S+|" + _NAME_RUN + r"(?:com|org|net|io|dev|ai)\b", re.I)
 _EMOTIONAL = _words(EMOTIONAL_WORDS)
 _GREETINGS = frozenset(GREETINGS)
+_GREETING_OPENINGS = frozenset(GREETING_OPENINGS)
 _NOT_WORD = re.compile(r"[^\w\s']+")
 _WORD_CHAR = re.compile(r"[^\W_]")
 
@@ -230,12 +255,32 @@ def heuristic(
                 return RouteDecision(Route.DELIBERATE, f"{rule}: {m.group(0)!r}")
     if len(stripped) > LONG_CHARS:
         return RouteDecision(Route.DELIBERATE, f"long: {len(stripped)} chars")
+    if greeting := _greeting_opening(normalised):
+        opening, more = greeting
+        return RouteDecision(Route.REFLEX, f"greeting: {opening!r} and {more} more word(s)")
     question = "?" in stripped
     if len(stripped) <= CASUAL_MAX_CHARS and not question:
         if m := _CASUAL.search(stripped) or _LAUGH.search(stripped):
             return RouteDecision(Route.REFLEX, f"casual: {m.group(0)!r}")
     if len(stripped) <= REACTION_MAX_CHARS and (question or "!" in stripped):
         return RouteDecision(Route.REFLEX, "reaction: tiny question or exclamation")
+    if len(stripped) < BRIEF_CHARS:
+        return RouteDecision(Route.REFLEX, f"brief: {len(stripped)} chars, no cue")
+    return None
+
+
+def _greeting_opening(normalised: str) -> tuple[str, int] | None:
+    """The greeting ``normalised`` opens with and how many words follow it, when at most
+    :data:`GREETING_EXTRA_WORDS` do ("hello sam" → ``("hello", 1)``), else ``None``.
+
+    ``normalised`` is lowercased, with punctuation turned into single spaces; the split stops
+    after 6 pieces, so the work is linear in its length."""
+    words = normalised.split(" ", GREETING_EXTRA_WORDS + 2)  # never more than 7 pieces
+    for size in (2, 1):  # the longer opening first: "good morning" before "good"
+        opening = " ".join(words[:size])
+        if len(words) >= size and opening in _GREETING_OPENINGS:
+            more = len(words) - size
+            return (opening, more) if more <= GREETING_EXTRA_WORDS else None
     return None
 
 

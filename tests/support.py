@@ -13,6 +13,13 @@ from typing import Any
 from conftest import TOKEN
 from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, is_last_chance, text, tool_calls
 
+#: A chat input the router's heuristic cannot place (80 to 200 characters, no cue either way):
+#: only such input reaches the classifier (issue 11).
+UNCLEAR = (
+    "so my sister and I were arguing last night about whether a tomato counts as a fruit "
+    "or a vegetable, who is right?"
+)
+
 
 def judges_say_done(llm: FakeOpenAI) -> None:
     """Answer every unscripted judge/classifier request with DONE; loop requests stay strict,

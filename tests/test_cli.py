@@ -175,7 +175,8 @@ async def test_restart_after_a_crash_resumes_with_what_was_already_said(tmp_path
     hang = Gate(say("never"))
     llm.push(hang, when=is_loop)
     config = write_config(tmp_path, llm, tg)
-    await kill_inside_model_call(config, tmp_path, tg, hang, "do the two parts", 23)
+    # deliberate ("file"): a reflex turn would end at its first say (one reply)
+    await kill_inside_model_call(config, tmp_path, tg, hang, "do the two parts of the file", 23)
     llm.push(say("and part two"), when=is_loop)
     proc = await start_daemon(config, tmp_path)
     try:

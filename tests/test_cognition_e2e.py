@@ -11,6 +11,7 @@ import sqlite3
 from conftest import running, write_config
 from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
 from support import (
+    UNCLEAR,
     Gate,
     contents,
     is_adequacy_judge,
@@ -46,14 +47,60 @@ async def test_hi_is_reflex_without_classifier(tmp_path, llm, tg):
     async with running(config(tmp_path, llm, tg)) as d:
         tg.push_text("hi", chat_id=1)
         await tg.wait_for("sendMessage")
-        await llm.wait_for_requests(2)
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
     assert not [r for r in llm.requests if is_classifier(r)]
+    assert len(llm.requests) == 1  # no classifier, no judge (issue 11)
     first = loop_requests(llm)[0]
     assert first["max_tokens"] == 512 and first["model"] == "reflex-model"
     assert "reasoning_effort" not in first  # thinking off on reflex
     assert trace["route"] == "reflex"
+    no_violations(llm)
+
+
+async def test_a_plain_greeting_makes_exactly_one_model_request(tmp_path, llm, tg):
+    """Issue 11, "A plain greeting makes exactly one model request": a greeting with a name
+    is reflex by the heuristic (no classifier) and its reply ends the turn with no judge."""
+    judges_say_done(llm)
+    llm.push(say("Hi! I'm doing well, thanks."), when=is_loop)
+    async with running(config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello Sam", chat_id=1)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    assert len(llm.requests) == 1
+    assert loop_requests(llm) == llm.requests
+    assert tg.sent(1) == ["Hi! I'm doing well, thanks."]
+    assert trace["route"] == "reflex" and trace["route_reason"].startswith("greeting:")
+    assert [(g["done"], g["judge"]) for g in trace["gate"]] == [(True, None)]
+    assert trace["gate"][0]["reason"] == "reflex chat turn: no judge (router decided)"
+    assert trace["stop_reason"] == "end_turn"
+    no_violations(llm)
+
+
+async def test_a_brief_chat_question_is_one_request_and_a_deliberate_turn_keeps_its_judge(
+    tmp_path, llm, tg
+):
+    """A brief chat question (reflex, "brief") costs one request; a deliberate turn in the same
+    chat, answered without work tools, still gets its adequacy judge."""
+    judges_say_done(llm)
+    llm.push(say("Tea, mostly."), when=is_loop_with("coffee or tea"))
+    llm.push(say("Let's plan it step by step."), when=is_loop_with("how bees communicate"))
+    async with running(config(tmp_path, llm, tg)) as d:
+        tg.push_text("do you prefer coffee or tea?", chat_id=1)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        assert len(llm.requests) == 1
+        tg.push_text("help me research how bees communicate", chat_id=1)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
+        second, first = [t["trace"] for t in await d.store.recent_turns()][:2]
+    assert first["route"] == "reflex" and first["route_reason"].startswith("brief:")
+    assert second["route"] == "deliberate" and second["route_reason"].startswith("research:")
+    judges = [r for r in llm.requests if is_adequacy_judge(r)]
+    assert len(judges) == 1 and "how bees communicate" in contents(judges[0])
+    assert [g["judge"] for g in second["gate"]] == ["adequacy"]
+    assert len(llm.requests) == 3  # the chat turn's one, the deliberate turn's loop and judge
     no_violations(llm)
 
 
@@ -79,11 +126,10 @@ async def test_long_technical_question_is_deliberate_with_thinking(tmp_path, llm
 async def test_uncertain_input_asks_the_classifier_once(tmp_path, llm, tg):
     judges_say_done(llm)
     llm.push(text("CHAT"), when=is_classifier)
-    llm.push(say("probably sunny"), when=is_loop)
+    llm.push(say("a fruit, botanically"), when=is_loop)
     async with running(config(tmp_path, llm, tg)) as d:
-        tg.push_text("how's lisbon weather tomorrow?", chat_id=1)
+        tg.push_text(UNCLEAR, chat_id=1)
         await tg.wait_for("sendMessage")
-        await llm.wait_for_requests(3)
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
     classifier = [r for r in llm.requests if is_classifier(r)]
@@ -92,6 +138,7 @@ async def test_uncertain_input_asks_the_classifier_once(tmp_path, llm, tg):
     assert "tools" not in classifier[0]
     assert loop_requests(llm)[0]["max_tokens"] == 512  # CHAT stays reflex
     assert trace["classifier_label"] == "CHAT"
+    assert len(llm.requests) == 2  # classifier and loop: a reflex chat reply needs no judge
 
 
 async def test_failed_classifier_goes_deliberate(tmp_path, llm, tg):
@@ -99,8 +146,9 @@ async def test_failed_classifier_goes_deliberate(tmp_path, llm, tg):
     llm.push(error(500, "classifier down"), when=is_classifier)
     llm.push(say("let me think"), when=is_loop)
     async with running(config(tmp_path, llm, tg)):
-        tg.push_text("how's lisbon weather tomorrow?", chat_id=1)
+        tg.push_text(UNCLEAR, chat_id=1)
         await tg.wait_for("sendMessage")
+    assert len([r for r in llm.requests if is_classifier(r)]) == 1
     assert loop_requests(llm)[0]["max_tokens"] == 2048
 
 
@@ -269,7 +317,7 @@ async def test_a_turn_that_said_something_ends_at_the_cap_without_the_stop_messa
         step = ("read_file", {"path": f"f{i}.txt"}) if i % 2 else ("list_directory", {"path": f"d{i}"})
         llm.push(tool_calls(step), when=is_loop)
     async with running(config(tmp_path, llm, tg, tool_continuation_rounds=0)) as d:
-        tg.push_text("dig deeper", chat_id=1)
+        tg.push_text("dig deeper into the files", chat_id=1)  # deliberate ("file"): no one-reply end
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
     assert tg.sent(1) == ["Here is what I found so far: it is sunny."]

@@ -477,7 +477,8 @@ async def test_kill_after_a_delivered_say_never_repeats_it(
     llm.push(hang, when=is_loop)
     config = write_config(tmp_path, llm, tg)
 
-    await kill_inside_model_call(config, tmp_path, tg, hang, "tell me in two parts", chat)
+    # deliberate ("file"): a reflex turn would end at its first say (one reply)
+    await kill_inside_model_call(config, tmp_path, tg, hang, "tell me about the readme in two parts", chat)
     assert tg.sent(chat) == ["first part"], "step 1's say was not delivered before the kill"
 
     restarted_at = len(llm.requests)

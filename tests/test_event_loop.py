@@ -157,6 +157,14 @@ def test_router_cues_are_linear_on_hyphen_runs(value):
     assert heuristic(value) is not None
 
 
+@pytest.mark.parametrize(
+    "value", ["hello " * 20_000, "hi" + " a" * 50_000, "good morning " + "sam " * 30_000, "hey " + "x" * 100_000]
+)
+def test_router_greeting_and_brief_rules_are_linear(value):
+    assert finishes("bumblebot.router:heuristic", value)  # every one is "long": deliberate
+    assert heuristic(value).reason.startswith("long: ")
+
+
 def test_router_still_finds_file_names_and_domains():
     assert heuristic("open my-notes.md please").reason == "file: 'my-notes.md'"
     assert heuristic("what's on foo-bar.com today").reason == "research: 'foo-bar.com'"
@@ -182,7 +190,9 @@ async def test_another_chat_is_answered_while_the_pathological_text_is_judged(tm
     llm.push(answer_a, when=is_loop_with("question from chat A"))
     llm.push(say("hi B!"), when=is_loop_with("hello from chat B"))
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("question from chat A: what is the answer?", chat_id=1)
+        # deliberate ("research"), so its reply goes to the adequacy judge (a reflex chat
+        # reply would end with no judge, issue 11)
+        tg.push_text("question from chat A: research what the answer is", chat_id=1)
         await tg.wait_for("sendMessage", timeout=5, predicate=lambda p: int(p["chat_id"]) == 2)
         await tg.wait_for("sendMessage", timeout=5, predicate=lambda p: int(p["chat_id"]) == 1)
         await d.engine.wait_for_turns(2)

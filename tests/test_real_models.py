@@ -334,7 +334,7 @@ async def test_a_turn_that_fills_the_window_after_answering_ends_quietly(tmp_pat
     llm.push(error(400, "This model's maximum context length is 4096 tokens"), when=is_loop)
     llm.push(say("Next answer."), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("make my notes", chat_id=92)
+        tg.push_text("make my notes file", chat_id=92)  # deliberate ("file"): it goes on after its say
         await d.engine.wait_for_turns(1)
         tg.push_text("and now?", chat_id=92)
         await d.engine.wait_for_turns(2)

@@ -247,7 +247,7 @@ async def test_final_reply_after_say_only_talk_is_suppressed(tmp_path, llm, tg):
     llm.push(tool_calls(("say", {"text": "The answer is 42."})), when=is_loop)
     llm.push(text("Anything else I can help you with today?"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)):
-        tg.push_text("Explain in detail, step by step, how the build pipeline works.", chat_id=14)  # deliberate: a reflex turn ends at its first say
+        tg.push_text("Explain in detail, step by step, how the build pipeline in the repo works.", chat_id=14)  # deliberate: a reflex turn ends at its first say
         await tg.wait_for("sendMessage")
         await llm.wait_for_requests(3)
     assert tg.sent(14) == ["The answer is 42."]
@@ -272,7 +272,8 @@ async def test_a_new_answer_after_a_say_is_delivered_on_endpoints_without_forcin
         llm.push(tool_calls(("say", {"text": "Good question! Let me think."})), when=is_loop)
         llm.push(text("The capital of Australia is Canberra."), when=is_loop)
         async with running(write_config(tmp_path, llm, tg)):
-            tg.push_text("capital of Australia?", chat_id=21)
+            # deliberate ("research"): a reflex turn would end at its first say
+            tg.push_text("look up the capital of Australia", chat_id=21)
             await tg.wait_for("sendMessage", n=2)
     assert tg.sent(21) == ["Good question! Let me think.", "The capital of Australia is Canberra."]
 
@@ -282,7 +283,7 @@ async def test_the_same_say_in_two_steps_reaches_the_user_once(tmp_path, llm, tg
     llm.push(tool_calls(("say", {"text": "Hello there!"})), when=is_loop)
     llm.push(say("hello  there!"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("Explain in detail, step by step, how the build pipeline works.", chat_id=15)  # deliberate: a reflex turn ends at its first say
+        tg.push_text("Explain in detail, step by step, how the build pipeline in the repo works.", chat_id=15)  # deliberate: a reflex turn ends at its first say
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
     assert tg.sent(15) == ["Hello there!"]
@@ -458,7 +459,7 @@ async def test_a_rate_limited_say_outlasting_the_tool_timeout_is_not_cut_off(tmp
     tg.fail_next("sendMessage", 429, retry_after_body(2))
     config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "tool_timeout_s": 1})
     async with running(config) as d:
-        tg.push_text("Explain in detail, step by step, how the build pipeline works.", chat_id=27)  # deliberate: a reflex turn ends at its first say
+        tg.push_text("Explain in detail, step by step, how the build pipeline in the repo works.", chat_id=27)  # deliberate: a reflex turn ends at its first say
         await d.engine.wait_for_turns(1, timeout=20)
         pending = await d.store.outbox_pending()
     result = [m["content"] for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"][0]

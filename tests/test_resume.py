@@ -378,7 +378,7 @@ async def test_restarts_while_waiting_out_an_outage_do_not_use_up_the_resumes(tm
 
 async def test_a_key_the_endpoint_echoes_never_reaches_the_database(tmp_path, llm, tg):
     """Regression: a classifier error quoting the API key was stored in turns.state."""
-    from support import is_classifier
+    from support import UNCLEAR, is_classifier
 
     key = "sk-test-key-not-real-000000"
     llm.push(error(401, f"Incorrect API key provided: {key}."), when=is_classifier)
@@ -386,7 +386,7 @@ async def test_a_key_the_endpoint_echoes_never_reaches_the_database(tmp_path, ll
     llm.push(say("answered anyway"), when=is_loop)
     config = write_config(tmp_path, llm, tg, cognition={"classifier": True})
     async with running(config) as d:
-        tg.push_text("is this a question", chat_id=81)
+        tg.push_text(UNCLEAR, chat_id=81)  # only unclear input reaches the classifier
         await d.engine.wait_for_turns(1)
     dump = "\n".join(db(tmp_path).iterdump())
     assert "Incorrect API key" in dump and key not in dump
@@ -467,7 +467,7 @@ async def test_the_outage_clock_restarts_when_the_endpoint_answered_in_between(t
     llm.default = lambda request: next(script) if is_loop(request) else text("DONE: fine")
     config = write_config(tmp_path, llm, tg, engine={"outage_limit_s": 4.0, "shutdown_grace_s": 5})
     async with running(config) as d:
-        tg.push_text("two parts please", chat_id=84)
+        tg.push_text("write it in two parts please", chat_id=84)  # deliberate ("code"): not one reply
         await d.engine.wait_for_turns(1, timeout=30)
     notice, *rest = tg.sent(84)
     assert "reachable" in notice and rest == ["part one", "part two"]  # one notice, no give-up

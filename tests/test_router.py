@@ -31,6 +31,14 @@ class RecordingClassifier:
         return self.reply
 
 
+#: Unclear input: between 80 and 200 characters, no cue either way (the classifier decides).
+UNCLEAR = (
+    "so my sister and I were arguing last night about whether a tomato counts as a fruit "
+    "or a vegetable, who is right?"
+)
+assert 80 <= len(UNCLEAR) <= 200
+
+
 def rule(decision: RouteDecision | None) -> str | None:
     return None if decision is None else decision.reason.split(":")[0]
 
@@ -94,7 +102,7 @@ async def test_unknown_source_is_rejected():
     ],
 )
 async def test_uncertain_input_asks_the_classifier_once(reply, expected_route, expected_label):
-    text = "how's lisbon weather tomorrow?"
+    text = UNCLEAR
     assert heuristic(text) is None
     classify = RecordingClassifier(reply=reply)
     decision = await route(text, classify=classify)
@@ -106,7 +114,7 @@ async def test_uncertain_input_asks_the_classifier_once(reply, expected_route, e
 
 async def test_classifier_exception_routes_deliberate_with_the_error():
     classify = RecordingClassifier(error=TimeoutError("reflex model timed out"))
-    decision = await route("how's lisbon weather tomorrow?", classify=classify)
+    decision = await route(UNCLEAR, classify=classify)
     assert len(classify.calls) == 1
     assert decision.route is Route.DELIBERATE
     assert decision.label is None
@@ -114,7 +122,7 @@ async def test_classifier_exception_routes_deliberate_with_the_error():
 
 
 async def test_uncertain_without_classifier_is_deliberate():
-    decision = await route("how's lisbon weather tomorrow?", classify=None)
+    decision = await route(UNCLEAR, classify=None)
     assert decision.route is Route.DELIBERATE
     assert rule(decision) == "uncertain"
 
@@ -181,21 +189,94 @@ def test_heuristic_rules(text, expected_rule, expected_route):
 @pytest.mark.parametrize(
     "text",
     [
-        "how's lisbon weather tomorrow?",
         "what did you have for breakfast today?",
         "I lost my glove",
-        "lol what are you up to this weekend?",  # a question: slang alone does not decide it
+        "lol what are you up to this weekend?",  # a question: "casual" does not take it, "brief" does
+        "how was your day",
+        "do you prefer cats or dogs?",
+        "x" * 79,
     ],
 )
-def test_short_inputs_without_cues_are_uncertain(text):
+async def test_brief_inputs_without_cues_are_reflex_without_classifier(text):
+    """Spec: brief questions under 80 characters go reflex (issue 11: one request a turn)."""
+    assert rule(heuristic(text)) == "brief"
+    classify = RecordingClassifier(reply="DEEP")
+    decision = await route(text, classify=classify)
+    assert decision.route is Route.REFLEX
+    assert classify.calls == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hello Sam",
+        "hey there buddy",
+        "good morning Alice!",
+        "hi bumblebot how are you",
+        "Thanks, see you tomorrow!",
+        # a greeting with a long name is still a greeting, past the 80 characters of "brief"
+        "Good evening, Professor Maximilianus Featherstonehaughington Cholmondeleyworthington!",
+    ],
+)
+async def test_a_greeting_with_a_name_or_a_few_words_is_reflex_without_classifier(text):
+    assert len(text) < 80 or text.startswith("Good evening, Professor")
+    classify = RecordingClassifier(reply="GROUNDED")
+    decision = await route(text, classify=classify)
+    assert decision.route is Route.REFLEX
+    assert rule(decision) == "greeting"
+    assert classify.calls == []
+
+
+def test_a_greeting_opening_takes_at_most_four_more_words():
+    assert heuristic("hello there my dear old friend").reason == (
+        "greeting: 'hello there' and 4 more word(s)"
+    )
+    # five more words: not the greeting rule (short, so "brief" takes it)
+    assert rule(heuristic("hello there my dear old friend Sam")) == "brief"
+    # and past 80 characters without a cue, the classifier decides
+    text = "hey " + "what do you think " * 5
+    assert len(text) > 80 and heuristic(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected_rule"),
+    [
+        ("hello, who are you?", "identity"),
+        ("hi, can you fix my python script?", "code"),
+        ("hey Sam, check the readme", "file"),
+        ("good morning! any news today?", "research"),
+        ("hi, I feel so lonely", "emotional"),
+        ("how's lisbon weather tomorrow?", "research"),  # live data: not a brief chat
+        ("what's the exchange rate of the euro", "research"),
+    ],
+)
+async def test_deliberate_cues_win_over_greeting_and_brief(text, expected_rule):
+    classify = RecordingClassifier(reply="CHAT")
+    decision = await route(text, classify=classify)
+    assert decision.route is Route.DELIBERATE
+    assert rule(decision) == expected_rule
+    assert classify.calls == []
+
+
+@pytest.mark.parametrize("length", [80, 140, 200])
+async def test_unclear_input_of_80_to_200_characters_reaches_the_classifier(length):
+    text = ("tell me what you honestly think about pineapple on pizza " * 4)[:length]
     assert heuristic(text) is None
+    classify = RecordingClassifier(reply="CHAT")
+    decision = await route(text, classify=classify)
+    assert classify.calls == [classifier_messages(text)]
+    assert decision.route is Route.REFLEX and decision.label is Label.CHAT
+
+
+def test_over_200_characters_is_deliberate_without_cue():
+    assert rule(heuristic("tell me what you think " * 9)) == "long"
 
 
 def test_cues_match_whole_words_case_insensitively():
     assert rule(heuristic("I need to DEBUG this")) == "code"
-    assert rule(heuristic("the runway was wet today")) is None  # "run" is not "runway"
+    assert rule(heuristic("the runway was wet today")) == "brief"  # "run" is not "runway"
     assert rule(heuristic("a cool breeze")) == "casual"
-    assert rule(heuristic("coolant levels look fine")) is None
+    assert rule(heuristic("coolant levels look fine")) == "brief"  # "cool" is not "coolant"
 
 
 # --- classifier prompt and parsing -------------------------------------------------------------

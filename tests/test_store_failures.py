@@ -106,7 +106,7 @@ async def test_a_failed_steering_write_does_not_lose_the_steered_message(tmp_pat
     llm.default = model
     async with running(write_config(tmp_path, llm, tg)) as d:
         failed = fail_once(d.store, "record", lambda *a, **k: bool(k.get("journal_ids")))
-        tg.push_text("Explain in detail, step by step, part one of the plan.", chat_id=63)  # deliberate
+        tg.push_text("Explain in detail, step by step, part one of the plan in the readme.", chat_id=63)  # deliberate ("file")
         await asyncio.wait_for(hang.entered.wait(), 10)
         tg.push_text("two", chat_id=63)
         await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)

@@ -6,19 +6,19 @@ import asyncio
 import sqlite3
 
 from conftest import TOKEN, running, write_config
-from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
+from fakes.openai_server import FakeOpenAI, is_loop, text
 from support import Gate, contents, judges_say_done, loop_requests, say
 
 from bumblebot.llm import ForcingFallback
 
 
 async def test_say_then_end_turn_reaches_send_message_with_typing(tmp_path, llm, tg):
-    llm.push(say("hey you"), when=is_loop)
-    llm.push(text("DONE: chat"), when=is_aux)
-    async with running(write_config(tmp_path, llm, tg)):
+    llm.push(say("hey you"), when=is_loop)  # no judge is scripted: a reflex chat reply needs none
+    async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("hi", chat_id=1001)
         await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "hey you")
-        await llm.wait_for_requests(2)
+        await d.engine.wait_for_turns(1)
+    assert len(llm.requests) == 1
     assert tg.sent(1001) == ["hey you"]
     assert [c for c in tg.calls if c.method == "sendChatAction" and c.params.get("action") == "typing"]
     first = loop_requests(llm)[0]
@@ -32,10 +32,10 @@ async def test_history_survives_a_restart(tmp_path, llm, tg):
     judges_say_done(llm)
     config = write_config(tmp_path, llm, tg)
     llm.push(say("nice to meet you, Ada"), when=is_loop)
-    async with running(config):
+    async with running(config) as d:
         tg.push_text("my name is Ada", chat_id=7)
         await tg.wait_for("sendMessage")
-        await llm.wait_for_requests(2)
+        await d.engine.wait_for_turns(1)  # finished before the stop
     llm.push(say("you are Ada"), when=is_loop)
     async with running(config):
         tg.push_text("what's my name?", chat_id=7)
@@ -188,7 +188,7 @@ async def test_delivery_retries_after_rate_limit(tmp_path, llm, tg):
     async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("hi", chat_id=8)
         await tg.wait_for("sendMessage", n=2)
-        await llm.wait_for_requests(2)
+        await d.engine.wait_for_turns(1)
         rows = await d.store._all("SELECT status, attempts FROM outbox")
     # first attempt refused with 429, second delivered; nothing sent a third time
     assert tg.sent(8) == ["after the pause", "after the pause"]
