@@ -3,8 +3,8 @@
 Messages that arrive while a turn runs wait in the conversation's inbox; in ``steer`` mode the
 running turn takes them at its next step boundary, otherwise the next turn takes them all at
 once (several waiting messages merge into one turn). A turn the last process left running is
-resumed before anything else. A turn suspended by a model outage is retried after its backoff,
-holding no turn slot meanwhile; new messages wait for it (in ``steer`` mode it takes them when
+resumed before anything else. A turn suspended by a model outage is retried after its backoff;
+new messages wait for it (in ``steer`` mode it takes them when
 it goes on). An actor idle for ``engine.idle_unload_s`` ends (its conversation's memory goes
 with it); the next message loads the conversation again from SQLite.
 """
@@ -12,7 +12,6 @@ with it); the next message loads the conversation again from SQLite.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -59,7 +58,6 @@ class ConversationActor:
     Args:
         conversation: the conversation (its state and inbox).
         runner: runs, resumes and retries turns.
-        slots: the engine-wide cap on turns running at once.
         ready: set once the adapters are connected; no turn runs before.
         idle_unload_s: the actor ends after this long with nothing to do, seconds.
         progress: counts finished turns.
@@ -70,14 +68,12 @@ class ConversationActor:
         conversation: Conversation,
         runner: TurnRunner,
         *,
-        slots: asyncio.Semaphore,
         ready: asyncio.Event,
         idle_unload_s: float,
         progress: Progress,
     ) -> None:
         self.conversation = conversation
         self._runner = runner
-        self._slots = slots
         self._ready = ready
         self._idle_unload_s = idle_unload_s
         self._progress = progress
@@ -141,7 +137,7 @@ class ConversationActor:
                 await self._recover()
             elif self._suspended is not None:
                 suspended = self._suspended
-                if await self._sleep(suspended.retry_in, early=suspended.recovered):
+                if await self._sleep(suspended.retry_in, early=suspended.recovered, stop=suspended.turn.stop):
                     return
                 self._suspended = None
                 await self._turn(lambda: self._runner.retry(conversation, suspended))
@@ -166,14 +162,16 @@ class ConversationActor:
                         self.closed = True  # before any await: intake sees it at once
                         return
 
-    async def _sleep(self, seconds: float, early: asyncio.Event | None = None) -> bool:
+    async def _sleep(
+        self, seconds: float, early: asyncio.Event | None = None, stop: asyncio.Event | None = None
+    ) -> bool:
         """Wait ``seconds`` unless stopped, or until ``early`` is set (then after a jitter of at
-        most :data:`EARLY_JITTER_S`, so waiting conversations do not all retry at once);
-        ``True`` when stopped."""
+        most :data:`EARLY_JITTER_S`, so waiting conversations do not all retry at once), or
+        ``stop`` is (``/stop``: at once); ``True`` when the actor is stopped."""
         self._wake.clear()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        while not self._stopping and loop.time() < deadline:
+        while not self._stopping and loop.time() < deadline and not (stop is not None and stop.is_set()):
             if early is not None and early.is_set():
                 deadline = min(deadline, loop.time() + random.uniform(0, EARLY_JITTER_S))
                 early = None
@@ -189,22 +187,32 @@ class ConversationActor:
             self._wake.clear()
         return self._stopping
 
+    def stop_turn(self) -> bool:
+        """``/stop``: the running turn (or the one waiting out an outage) stops at once: its
+        model call is aborted, tools still running are cancelled, what it delivered stays, and
+        its history records that it was stopped (``AgentLoop``). ``False`` when there is none."""
+        turn = self.conversation.turn
+        if turn is None or turn.stop.is_set() or not (self.busy or self._suspended is not None):
+            return False
+        turn.stop.set()
+        self._wake.set()  # a suspended turn is retried now, and ends as stopped
+        return True
+
     async def _turn(self, work: Callable[[], Awaitable[Outcome]]) -> None:
-        """Run one turn in a slot (messages keep merging into the inbox until it is free)."""
+        """Run one turn (messages keep merging into the inbox meanwhile)."""
         outcome: Outcome | None = None
-        async with self._slots:
-            self.busy = True
-            try:
-                outcome = await work()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # a write under the turn failed (the database): the turn is half-recorded and
-                # nothing else may run in this conversation before it is read back and resumed
-                log.exception("turn in %s could not be recorded; recovering in %.0f s", self.key, RECOVER_FIRST_S)
-                self._recover_in = RECOVER_FIRST_S
-            finally:
-                self.busy = False
+        self.busy = True
+        try:
+            outcome = await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # a write under the turn failed (the database): the turn is half-recorded and
+            # nothing else may run in this conversation before it is read back and resumed
+            log.exception("turn in %s could not be recorded; recovering in %.0f s", self.key, RECOVER_FIRST_S)
+            self._recover_in = RECOVER_FIRST_S
+        finally:
+            self.busy = False
         if isinstance(outcome, Suspended):
             self._suspended = outcome
         elif isinstance(outcome, Finished):

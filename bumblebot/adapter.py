@@ -73,6 +73,38 @@ class Intake(Protocol):
         """Store a value for :meth:`cursor`."""
 
 
+class Typing:
+    """A typing indicator being kept alive: paused while the first words of a reply are on
+    screen (issue 11: typing shows until the first words), resumed when the turn waits on the
+    model again."""
+
+    def __init__(self) -> None:
+        self._running = asyncio.Event()
+        self._running.set()
+        self._paused = asyncio.Event()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def pause(self) -> None:
+        self._running.clear()
+        self._paused.set()
+
+    def resume(self) -> None:
+        if self.paused:
+            self._paused.clear()
+            self._running.set()
+
+    async def wait_resumed(self) -> None:
+        await self._running.wait()
+
+    async def wait_paused(self, timeout: float) -> None:
+        """Sleep ``timeout`` seconds, or less if paused meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._paused.wait(), timeout)
+
+
 class Adapter(ABC):
     """A platform connection.
 
@@ -115,25 +147,53 @@ class Adapter(ABC):
             DeliveryFailed: with ``retryable`` and ``retry_after`` set by the platform's answer.
         """
 
+    def stream_interval_s(self, chat: ChatRef) -> float | None:
+        """Least seconds between two edits of a streamed message in ``chat`` by the platform's
+        rules; ``None`` (the default) when the platform shows no streamed text there."""
+        return None
+
+    async def send_preview(self, chat: ChatRef, text: str, *, key: str) -> str:
+        """Show ``text`` (plain, cut to one message) as a new message with a Stop button where the
+        platform has buttons; return its id. Raises :class:`~bumblebot.errors.DeliveryFailed`."""
+        raise NotImplementedError
+
+    async def edit_preview(self, chat: ChatRef, message_id: str, text: str, *, final: bool = False) -> None:
+        """Show ``text`` (plain, cut to one message) in the preview ``message_id``; ``final``
+        removes its Stop button. Raises :class:`~bumblebot.errors.DeliveryFailed`."""
+        raise NotImplementedError
+
+    async def finish_preview(self, chat: ChatRef, message_id: str, chunk: Any, *, key: str) -> str:
+        """Replace the preview ``message_id`` by the first chunk of the final text (formatted,
+        without the Stop button); returns the id of the message showing it: a new one (sent
+        with ``key``) when the preview is gone. Raises :class:`~bumblebot.errors.DeliveryFailed`."""
+        raise NotImplementedError
+
+    async def delete_message(self, chat: ChatRef, message_id: str) -> None:
+        """Delete one of the bot's messages. Raises :class:`~bumblebot.errors.DeliveryFailed`."""
+        raise NotImplementedError
+
     @abstractmethod
     async def send_typing(self, chat: ChatRef) -> None:
         """Show a typing indicator once (platforms expire it after ~5 s)."""
 
     @contextlib.asynccontextmanager
-    async def typing(self, chat: ChatRef, interval_s: float = 4.5) -> AsyncIterator[None]:
-        """Keep a typing indicator alive for the duration of the ``async with`` block."""
+    async def typing(self, chat: ChatRef, interval_s: float = 4.5) -> AsyncIterator[Typing]:
+        """Keep a typing indicator alive for the duration of the ``async with`` block, except
+        while it is paused (:class:`Typing`)."""
+        handle = Typing()
 
         async def refresh() -> None:
             while True:
+                await handle.wait_resumed()
                 try:
                     await self.send_typing(chat)
                 except Exception as exc:  # typing is cosmetic; never fail a turn for it
                     log.debug("typing indicator failed for %s: %s", chat.key, exc)
-                await asyncio.sleep(interval_s)
+                await handle.wait_paused(interval_s)
 
         task = asyncio.create_task(refresh(), name=f"bumblebot:{chat.key}:typing")
         try:
-            yield
+            yield handle
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

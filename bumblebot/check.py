@@ -59,13 +59,22 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         for model in dict.fromkeys([llm.model, llm.reflex_model]):
             await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
             _line(True, f"model {model}", f"answered at {base_url}")
+        streams = settings.delivery.streaming == "on"
         probe = await llm.complete(
             [{"role": "user", "content": "Call the ping tool now."}],
             max_tokens=64,
             tools=[PING_TOOL],
+            on_say=(lambda index, text: None) if streams else None,  # streamed, as turns are
         )
         forced_now = probe.tool_choice == "required"
         probe_ran = True
+        if not streams:
+            streaming = "off (delivery.streaming)"
+        elif probe.streamed:
+            streaming = "on: the endpoint streams tool calls"
+        else:
+            why = await llm.stream_fallback() or "the endpoint did not stream"
+            streaming = f"whole messages: {why}"
         if probe.tool_calls:
             how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
             _line(True, "tool calls", f"{llm.model} called a tool, {how}")
@@ -84,6 +93,8 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         forcing = ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
                    "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
     _line(True, "tool forcing", forcing)
+    if probe_ran:
+        _line(True, "streaming", streaming)
 
     tg = settings.telegram
     if tg.enabled:

@@ -21,8 +21,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from bumblebot.errors import ConfigError
 
@@ -82,6 +95,36 @@ class LLMSettings(_Section):
         "'auto' by itself and remembers it",
     )
     thinking: ThinkingSettings = Field(default_factory=ThinkingSettings, description="thinking control")
+    max_concurrent_requests: int = Field(
+        64, ge=1,
+        description="requests in flight to this endpoint at once (turns, judges, the classifier, "
+        "summaries); the only cap on concurrency",
+    )
+
+
+def _on_off(value: Any) -> Any:
+    """YAML 1.1 reads bare ``on``/``off`` as booleans; take them back as text."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+class DeliverySettings(_Section):
+    """How replies reach the chat."""
+
+    streaming: Literal["on", "off"] = Field(
+        "on",
+        description="show the text of a say call while the model is still writing it (one message "
+        "edited in place); endpoints that cannot stream fall back to whole messages by themselves",
+    )
+    stream_edit_interval_s: float = Field(
+        1.0, ge=0.2, le=10,
+        description="least time between two edits of a streamed message in a private chat, seconds "
+        "(groups and guild channels: at least 3 s, Telegram's 20 messages a minute)",
+    )
+
+    @field_validator("streaming", mode="before")
+    @classmethod
+    def _streaming_on_off(cls, value: Any) -> Any:
+        return _on_off(value)
 
 
 class TelegramSettings(_Section):
@@ -202,7 +245,9 @@ class ToolsSettings(_Section):
 
 class EngineSettings(_Section):
     idle_unload_s: float = Field(600.0, gt=0, description="unload a conversation idle this long, seconds")
-    max_concurrent_turns: int = Field(8, ge=1, description="turns running at once across conversations")
+    max_concurrent_turns: int | None = Field(
+        None, ge=1, description="deprecated and ignored: use llm.max_concurrent_requests"
+    )
     shutdown_grace_s: float = Field(30.0, ge=0, description="time in-flight turns get on stop, seconds")
     typing_interval_s: float = Field(4.5, gt=0, description="typing indicator refresh, seconds")
     outage_limit_s: float = Field(
@@ -241,6 +286,7 @@ class Settings(BaseSettings):
     def _upper_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     discord: DiscordSettings = Field(default_factory=DiscordSettings)
     cognition: CognitionSettings = Field(default_factory=CognitionSettings)

@@ -20,6 +20,8 @@ conversation a new session at once while the running turn finishes in the old on
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -28,7 +30,14 @@ from typing import Any
 from bumblebot.compaction import CompactionOutcome, summary_message
 from bumblebot.events import ChatKind, ChatRef, Inbound
 from bumblebot.messages import Message
-from bumblebot.store import CompactionState, ConversationRecord, JournalEntry, OutboxEntry, RunningTurn, Store
+from bumblebot.store import (
+    CompactionState,
+    ConversationRecord,
+    JournalEntry,
+    OutboxEntry,
+    RunningTurn,
+    Store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +187,9 @@ class Turn:
         self.entries = entries
         self.transcript = transcript
         self.state = state
+        #: set by ``/stop``; the agent loop ends the turn at once (in memory only: a turn a
+        #: crash cut off is resumed, a stop needs the process that runs it)
+        self.stop = asyncio.Event()
 
     @property
     def chat(self) -> ChatRef:
@@ -197,6 +209,15 @@ class Turn:
         await self._store.record(
             self.conversation.id, self.session.number, self.id, [message], state=self.state, trace=trace
         )
+        self._append(message)
+
+    async def record_all(self, messages: list[Message]) -> None:
+        """Checkpoint several messages (and the state) in one transaction."""
+        await self._store.record(self.conversation.id, self.session.number, self.id, messages, state=self.state)
+        for message in messages:
+            self._append(message)
+
+    def _append(self, message: Message) -> None:
         if message.role == "tool":
             self._insert_result(message)
         else:
@@ -231,18 +252,40 @@ class Turn:
         self.transcript.append(message)
         return message
 
-    async def speak(self, text: str, *, tool_call_id: str | None = None, shown: Message | None = None) -> OutboxEntry:
+    async def speak(
+        self, text: str, *, tool_call_id: str | None = None, shown: Message | None = None,
+        stream: OutboxEntry | None = None,
+    ) -> OutboxEntry:
         """Queue ``text`` for the user in the outbox. ``shown`` is the assistant message that
         shows it in the history (a plain-text reply, a daemon note), written in the same
         transaction; a ``say`` call is its own record (its assistant message is already stored).
+        ``stream`` is the streaming row (:meth:`open_stream`) that showed it being written.
         """
         entry = await self._store.speak(
             self.conversation.id, self.session.number, self.id, self.chat, text,
-            tool_call_id=tool_call_id, message=shown, state=self.state,
+            tool_call_id=tool_call_id, message=shown, state=self.state, stream=stream,
         )
         if shown is not None:
             self.transcript.append(shown)
         return entry
+
+    async def open_stream(self) -> OutboxEntry:
+        """A streaming outbox row for a ``say`` being written: the one this turn left open
+        when it was cut off (a crash, an outage mid-stream), so its preview is taken over and
+        never shown twice, else a new one."""
+        for entry in await self._store.outbox_for_turn(self.id):
+            if entry.streaming and entry.status == "pending":
+                return entry
+        return await self._store.open_stream(self.conversation.id, self.id, self.chat)
+
+    async def stream_previewed(self, entry: OutboxEntry, preview_id: str) -> OutboxEntry:
+        """The platform message ``preview_id`` shows the streaming row ``entry`` now."""
+        await self._store.stream_previewed(entry.id, preview_id)
+        return dataclasses.replace(entry, preview_id=preview_id)
+
+    async def settle_stream(self, entry: OutboxEntry, *, status: str, text: str | None = None, error: str | None = None) -> None:
+        """Close a streaming row that no ``say`` took over (see ``Store.settle_stream``)."""
+        await self._store.settle_stream(entry.id, status=status, text=text, error=error)
 
     async def save_state(self) -> None:
         await self._store.record(self.conversation.id, self.session.number, self.id, [], state=self.state)

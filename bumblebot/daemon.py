@@ -150,6 +150,11 @@ class Daemon:
         """Start the loop watchdog, open the store and build every part (no adapter yet)."""
         await self.watchdog.start()  # first: it watches everything after it
         settings, store = self.settings, self.store
+        if settings.engine.max_concurrent_turns is not None:
+            log.warning(
+                "engine.max_concurrent_turns is no longer used and is ignored: concurrency is capped only by "
+                "llm.max_concurrent_requests (%d)", settings.llm.max_concurrent_requests,
+            )
         await store.open()
         base_url = effective_base_url(settings, self.secrets)
         self.llm = llm = LLM(
@@ -196,6 +201,7 @@ class Daemon:
             budget=budget,
             toolbox=toolbox,
             redact=lambda value: redact_values(value, secrets),
+            streaming=settings.delivery,
         )
         self.engine = Engine(settings.engine, store, self.runner, delivery, prompts, memory)
         return self.engine

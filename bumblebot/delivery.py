@@ -3,7 +3,9 @@
 The row is written before the first send (by the turn, together with the assistant message
 that shows it, or by :meth:`Delivery.send` for messages outside a turn). The text is split by
 the adapter and sent chunk by chunk; the platform ids of sent chunks are recorded, so a retry
-resumes after the last sent chunk and never repeats one. Each chunk carries an idempotency key
+resumes after the last sent chunk and never repeats one. A row whose text was streamed has a
+``preview_id``: its first chunk is an edit of that message (``Adapter.finish_preview``), not a
+new one (``bumblebot/preview.py``). Each chunk carries an idempotency key
 (``<database id>-<outbox id>.<chunk>``, the database id being random per data directory):
 platforms that honour one (Discord's ``nonce`` with
 ``enforce_nonce``) drop a repeat sent after a crash. Transient failures are retried here (the
@@ -19,7 +21,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from bumblebot.adapter import Adapter
+from bumblebot.adapter import Adapter, Typing
 from bumblebot.errors import DeliveryFailed
 from bumblebot.events import ChatRef, Platform
 from bumblebot.store import OutboxEntry, Store
@@ -54,15 +56,28 @@ class Delivery:
         self._adapters[adapter.platform] = adapter
 
     @contextlib.asynccontextmanager
-    async def typing(self, chat: ChatRef, interval_s: float) -> AsyncIterator[None]:
+    async def typing(self, chat: ChatRef, interval_s: float) -> AsyncIterator[Typing]:
         """A typing indicator in ``chat`` for the duration of the block (none if its platform
-        is not connected)."""
+        is not connected); the handle pauses and resumes it."""
         adapter = self._adapters.get(chat.platform)
         if adapter is None:
-            yield
+            yield Typing()
             return
-        async with adapter.typing(chat, interval_s):
-            yield
+        async with adapter.typing(chat, interval_s) as handle:
+            yield handle
+
+    def preview_target(self, chat: ChatRef) -> tuple[Adapter, float] | None:
+        """The adapter that can stream into ``chat`` and its least seconds between edits there,
+        ``None`` when it cannot (not connected, or a platform without streamed messages)."""
+        adapter = self._adapters.get(chat.platform)
+        interval = adapter.stream_interval_s(chat) if adapter is not None else None
+        return None if adapter is None or interval is None else (adapter, interval)
+
+    async def preview_key(self, outbox_id: int) -> str:
+        """The idempotency key of the preview send of outbox row ``outbox_id``."""
+        if self._prefix is None:
+            self._prefix = await self.store.instance_id()
+        return f"{self._prefix}-{outbox_id}.p"
 
     async def send(self, conversation_id: int, chat: ChatRef, text: str) -> DeliveryReport:
         """Record ``text`` (outside any turn: a command's answer, a refusal) and deliver it."""
@@ -97,7 +112,11 @@ class Delivery:
         for attempt in range(attempts):
             try:
                 for index in range(len(sent), len(chunks)):
-                    sent.append(await adapter.send_chunk(entry.chat, chunks[index], key=f"{self._prefix}-{entry.id}.{index}"))
+                    key = f"{self._prefix}-{entry.id}.{index}"
+                    if index == 0 and entry.preview_id is not None:  # the streamed preview becomes it
+                        sent.append(await adapter.finish_preview(entry.chat, entry.preview_id, chunks[0], key=key))
+                    else:
+                        sent.append(await adapter.send_chunk(entry.chat, chunks[index], key=key))
                     if len(chunks) > 1:  # a crash mid-message must not resend earlier chunks
                         await self.store.outbox_chunks_sent(entry.id, sent)
             except DeliveryFailed as exc:

@@ -44,8 +44,8 @@ HOUSEKEEPING_S = 24 * 3600.0
 DAY_S = 86400.0
 REFUSED_KEY = "{platform}.refused:{user_id}"
 HELP_TEXT = (
-    "Talk to me normally. Commands: /reset starts a fresh conversation, "
-    "/status shows context usage, /compact compacts the conversation now."
+    "Talk to me normally. Commands: /stop stops the answer I'm working on, /reset starts a fresh "
+    "conversation, /status shows context usage, /compact compacts the conversation now."
 )
 
 
@@ -76,7 +76,6 @@ class Engine:
         self._runner = runner
         self._delivery = delivery
         self._prompts = prompts
-        self._slots = asyncio.Semaphore(settings.max_concurrent_turns)
         self._ready = asyncio.Event()
         self._actors: dict[str, ConversationActor] = {}
         self._actor_lock = asyncio.Lock()
@@ -349,7 +348,6 @@ class Engine:
                 actor = ConversationActor(
                     conversation,
                     self._runner,
-                    slots=self._slots,
                     ready=self._ready,
                     idle_unload_s=self.settings.idle_unload_s,
                     progress=self.progress,
@@ -368,7 +366,10 @@ class Engine:
     # -- commands -----------------------------------------------------------------------------
 
     async def command(self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None) -> str | None:
-        """Answer a command (``/start``, ``/reset``, ``/status``, ``/compact``, ``/help``).
+        """Answer a command (``/start``, ``/stop``, ``/reset``, ``/status``, ``/compact``, ``/help``).
+
+        ``/stop`` is handled here, outside the conversation's actor: it cancels the turn running
+        there (its model call is aborted; see ``TurnRunner``), whatever the turn is waiting on.
 
         The command message is journaled first (with ``kv``, e.g. Telegram's next offset), so a
         redelivered command is not run twice.
@@ -382,6 +383,11 @@ class Engine:
             return self._prompts.entity.start_text()
         if name == "help":
             return HELP_TEXT
+        if name == "stop":
+            running = self._actors.get(inbound.chat.key)
+            if running is None or not running.stop_turn():
+                return "Nothing to stop: I'm not working on anything here."
+            return "Stopped."
         if name not in ("reset", "status", "compact"):
             return f"Unknown command /{name}. Try /help."
         actor = await self._actor(inbound.chat)

@@ -15,6 +15,14 @@ server, vLLM, OpenRouter):
 * Assistant messages are always sent with ``content: ""``, never ``null``.
 * Reasoning text (``<think>…</think>``, a lone ``</think>``, ``reasoning_content`` fields) is
   stripped by :func:`bumblebot.reasoning.strip_reasoning` and never reaches the user.
+* Streaming (``delivery.streaming``): a request with a ``say`` listener is sent with
+  ``stream: true``, and the text of each ``say`` call is reported as its arguments arrive
+  (:class:`~bumblebot.streaming.JsonStringField`). An endpoint that refuses a streamed request
+  that it answers unstreamed, or whose streamed tool calls come out broken (arguments that are
+  not JSON, calls written as text) where the unstreamed answer is sound, is switched to whole
+  answers; that is remembered in ``kv`` ``llm.stream:<base_url>`` (:data:`STREAM_RETRY_S`).
+* At most ``llm.max_concurrent_requests`` requests are in flight at once (turns, judges, the
+  classifier and summaries alike); nothing else caps concurrency.
 
 Errors are translated here, once: :class:`~bumblebot.errors.ModelTimeout`,
 :class:`~bumblebot.errors.ContextTooLong` and :class:`~bumblebot.errors.ModelError`.
@@ -22,6 +30,7 @@ Errors are translated here, once: :class:`~bumblebot.errors.ModelTimeout`,
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import logging
@@ -32,12 +41,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import openai
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from bumblebot.config import LLMSettings
 from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
 from bumblebot.reasoning import strip_reasoning
+from bumblebot.streaming import JsonStringField
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +82,30 @@ FORCING_RETRY_S = 6 * 3600.0
 #: Longest refusal message kept as the fallback's reason, characters.
 _REASON_CHARS = 200
 _STATUS_PREFIX = re.compile(r"^Error code: \d+(?: - )?")  # the openai client's own prefix
+#: Seconds before an endpoint that could not stream is given a streamed request again.
+STREAM_RETRY_S = 24 * 3600.0
+#: Statuses of a streamed request that say nothing about streaming: never retried unstreamed.
+_NOT_ABOUT_STREAMING = frozenset({401, 403, 408, 409, 429})
+#: A tool call written out as text (a server that streams calls badly).
+_CALL_AS_TEXT = re.compile(r"<tool_call>|^\s*\{\s*\"name\"\s*:")
+#: Streamed answers whose unstreamed re-check came out just as broken before re-checks stop:
+#: the model writes broken calls, the stream is not to blame.
+STREAM_CHECKS = 3
+
+#: ``on_say(index, text)``: the text so far of the ``say`` call at position ``index`` of a
+#: completion being streamed. Called synchronously from the stream: it must not block.
+SayListener = Callable[[int, str], None]
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One tool call the model asked for. ``arguments`` is the raw JSON text."""
+    """One tool call the model asked for. ``arguments`` is the raw JSON text; ``index`` is its
+    position in a streamed completion (what a :data:`SayListener` was told), else ``None``."""
 
     id: str
     name: str
     arguments: str
+    index: int | None = field(default=None, compare=False)
 
     def to_api(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -104,6 +130,7 @@ class Completion:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     tool_choice: str | None = None
+    streamed: bool = False
 
     @property
     def hit_length(self) -> bool:
@@ -153,6 +180,14 @@ class CapabilityMemory:
 def tool_choice_key(base_url: str) -> str:
     """The ``kv`` key of the tool_choice fallback of the endpoint at ``base_url``."""
     return f"llm.tool_choice:{base_url}"
+
+
+def stream_key(base_url: str) -> str:
+    """The ``kv`` key recording that the endpoint at ``base_url`` gets whole answers.
+
+    Its value is JSON ``{"mode": "off", "reason": str, "since": float}`` (epoch seconds).
+    """
+    return f"llm.stream:{base_url}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +333,8 @@ class LLM:
         self._forcing_strikes = 0
         self._auto_requests = 0  # tool requests under the fallback since its timer started
         self._probing = False  # one request at a time tries "required" again
+        self._slots = asyncio.Semaphore(settings.max_concurrent_requests)
+        self._stream_checks = 0  # unstreamed re-checks that found the model, not the stream, broken
 
     @property
     def model(self) -> str:
@@ -334,6 +371,7 @@ class LLM:
         temperature: float | None = None,
         tools: list[dict[str, Any]] | None = None,
         thinking: bool = False,
+        on_say: SayListener | None = None,
     ) -> Completion:
         """One chat completion.
 
@@ -345,6 +383,9 @@ class LLM:
             tools: tool schemas; when given, tool forcing applies (``llm.tool_choice`` or the
                 remembered fallback).
             thinking: request thinking (per ``llm.thinking``); reasoning is always stripped.
+            on_say: stream the completion and report the text of each ``say`` call as it
+                grows (:data:`SayListener`); the completion returned is the same as unstreamed.
+                Ignored while the endpoint is remembered as unable to stream.
 
         Raises:
             ModelTimeout: no answer within ``llm.timeout_s`` (after the client's retries).
@@ -367,7 +408,7 @@ class LLM:
             params["tools"] = tools
             params["tool_choice"] = choice
         try:
-            response = await self._create(params)
+            response = await self._create(params, on_say)
         except openai.APIStatusError as exc:
             if choice != "required" or exc.status_code not in (400, 422, 500):
                 raise self._translate(exc) from exc
@@ -379,7 +420,7 @@ class LLM:
             )
             params["tool_choice"] = choice = "auto"
             try:
-                response = await self._create(params)
+                response = await self._create(params, on_say)
             except openai.APIError as exc2:
                 raise self._translate(exc2) from exc2
             if probing:
@@ -396,6 +437,11 @@ class LLM:
         finally:
             if probing:  # answered either way, or inconclusive (an outage): the next one decides
                 self._probing = False
+        if isinstance(response, Completion):
+            return Completion(
+                response.content, response.tool_calls, response.finish_reason, response.prompt_tokens,
+                response.completion_tokens, choice, streamed=True,
+            )
         return self._normalise(response, choice)
 
     async def _tool_choice(self) -> tuple[str, bool]:
@@ -489,11 +535,157 @@ class LLM:
         )
         return completion.content
 
-    async def _create(self, params: dict[str, Any]) -> ChatCompletion:
+    async def _create(self, params: dict[str, Any], on_say: SayListener | None = None) -> ChatCompletion | Completion:
+        """Send one request: streamed when ``on_say`` is given and the endpoint streams
+        (a :class:`Completion` comes back), else whole (a ``ChatCompletion``)."""
+        if on_say is None or not await self.streams():
+            return await self._post(params)
+        try:
+            streamed = await self._post_streamed(params, on_say)
+        except openai.APIStatusError as exc:
+            if exc.status_code in _NOT_ABOUT_STREAMING or self._is_context_error(exc):
+                raise
+            response = await self._post(params)  # the same request, whole: if it fails too, not our business
+            await self._stream_refused(f"a streamed request was refused ({_refusal(exc)}); an unstreamed one was answered")
+            return response
+        broken = self._broken_stream(streamed, params)
+        if broken is None or self._stream_checks >= STREAM_CHECKS:
+            return streamed
+        response = await self._post(params)
+        whole = self._normalise(response, params.get("tool_choice"))
+        if self._broken_stream(whole, params) is None:
+            await self._stream_refused(f"streamed tool calls came out broken ({broken}); the unstreamed answer did not")
+        else:
+            self._stream_checks += 1  # the model's own mess; after a few, stop paying for checks
+        return response
+
+    async def _post(self, params: dict[str, Any]) -> ChatCompletion:
         # The request is already in wire form; ``client.post`` sends it as is. The typed
         # ``chat.completions.create`` re-walks every message and tool schema through the SDK's
         # TypedDict transformer, which cost ~18 ms of CPU per step here (bench/bench_turn.py).
-        return await self._client.post("/chat/completions", cast_to=ChatCompletion, body=params)
+        async with self._slots:
+            return await self._client.post("/chat/completions", cast_to=ChatCompletion, body=params)
+
+    async def _post_streamed(self, params: dict[str, Any], on_say: SayListener) -> Completion:
+        """One streamed request, read to the end; ``on_say`` hears each ``say`` call's text.
+
+        Raises:
+            openai.APIError: the endpoint refused the request or sent an error event.
+            ModelTimeout, ModelUnavailable: the stream stalled or broke off.
+        """
+        body = {**params, "stream": True, "stream_options": {"include_usage": True}}
+        content: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish: str | None = None
+        usage: Any = None
+        async with self._slots:
+            stream = await self._client.post(
+                "/chat/completions", cast_to=ChatCompletion, body=body, stream=True,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            )
+            try:
+                async for chunk in stream:
+                    usage = getattr(chunk, "usage", None) or usage
+                    for choice in chunk.choices or ():
+                        delta = choice.delta
+                        if delta is not None and delta.content:
+                            content.append(delta.content)
+                        for part in (delta.tool_calls if delta is not None else None) or ():
+                            self._take_call_part(calls, part, on_say)
+                        finish = choice.finish_reason or finish
+            except httpx.TimeoutException as exc:
+                raise ModelTimeout(f"the model endpoint stopped streaming for {self.settings.timeout_s:g} s") from exc
+            except httpx.HTTPError as exc:
+                raise ModelUnavailable(f"the stream from the model endpoint at {self.base_url} broke off: {exc}") from exc
+            finally:
+                await stream.close()
+        tool_calls = [
+            ToolCall(
+                id=c["id"] or f"call_{uuid.uuid4().hex[:12]}", name=c["name"], arguments="".join(c["args"]) or "{}",
+                index=index,
+            )
+            for index, c in sorted(calls.items()) if c["name"]
+        ]
+        return Completion(
+            content=strip_reasoning("".join(content)),
+            tool_calls=tool_calls,
+            finish_reason=finish or "stop",
+            prompt_tokens=getattr(usage, "prompt_tokens", None),
+            completion_tokens=getattr(usage, "completion_tokens", None),
+        )
+
+    @staticmethod
+    def _take_call_part(calls: dict[int, dict[str, Any]], part: Any, on_say: SayListener) -> None:
+        """Add one streamed fragment of a tool call (keyed by ``index``) and report the text
+        of a ``say`` call that grew."""
+        index = part.index if isinstance(part.index, int) else max(calls, default=0)
+        call = calls.setdefault(index, {"id": "", "name": "", "args": [], "reader": None, "said": ""})
+        call["id"] = call["id"] or part.id or ""
+        fn = part.function
+        if fn is None:
+            return
+        call["name"] = call["name"] or fn.name or ""
+        if not fn.arguments:
+            return
+        call["args"].append(fn.arguments)
+        if call["name"] != "say":
+            return
+        reader = call["reader"]
+        if reader is None:
+            reader = call["reader"] = JsonStringField("text")
+            reader.feed("".join(call["args"][:-1]))
+        text = reader.feed(fn.arguments)
+        if text != call["said"]:
+            call["said"] = text
+            on_say(index, text)
+
+    @staticmethod
+    def _broken_stream(completion: Completion, params: dict[str, Any]) -> str | None:
+        """Why a streamed completion looks like the stream garbled it, or ``None``."""
+        if not params.get("tools"):
+            return None
+        for call in completion.tool_calls:
+            try:
+                json.loads(call.arguments)
+            except ValueError:
+                return f"arguments of {call.name} are not JSON"
+        if not completion.tool_calls and _CALL_AS_TEXT.search(completion.content):
+            return "tool calls arrived as text"
+        return None
+
+    async def streams(self) -> bool:
+        """Whether the endpoint gets streamed requests (not remembered as unable to, or the
+        memory is older than :data:`STREAM_RETRY_S`)."""
+        raw = await self.capabilities.get(stream_key(self.base_url))
+        if not raw:
+            return True
+        try:
+            since = float(json.loads(raw).get("since") or 0)
+        except (ValueError, AttributeError, TypeError):
+            since = 0.0
+        if self._clock() - since >= STREAM_RETRY_S:
+            await self.capabilities.clear(stream_key(self.base_url))
+            log.info("endpoint %s: trying streamed requests again", self.base_url)
+            return True
+        return False
+
+    async def stream_fallback(self) -> str | None:
+        """Why the endpoint gets whole answers instead of streams, ``None`` while it streams."""
+        raw = await self.capabilities.get(stream_key(self.base_url))
+        if not raw:
+            return None
+        try:
+            return str(json.loads(raw).get("reason") or "reason not recorded")
+        except (ValueError, AttributeError):
+            return "reason not recorded"
+
+    async def _stream_refused(self, reason: str) -> None:
+        value = json.dumps({"mode": "off", "reason": reason, "since": self._clock()}, ensure_ascii=False)
+        await self.capabilities.set(stream_key(self.base_url), value)
+        log.warning(
+            "endpoint %s: %s; replies are sent whole from now on (streaming is tried again in %s)",
+            self.base_url, reason, _duration(STREAM_RETRY_S),
+        )
 
     @staticmethod
     def _is_context_error(exc: openai.APIStatusError) -> bool:

@@ -35,7 +35,6 @@ stored as if the user had written them.
 from __future__ import annotations
 
 import asyncio
-import html
 import json
 import logging
 import re
@@ -49,12 +48,19 @@ from typing import Any, Protocol, TypeVar
 
 from bumblebot.compaction import cap_tool_result
 from bumblebot.errors import ContextTooLong
-from bumblebot.gate import MAX_GATE_CONTINUES, CompletionGate, GateDecision, GateInput, Preview, progress_only
-from bumblebot.llm import LLM, Completion, ToolCall
-from bumblebot.reasoning import strip_reasoning
+from bumblebot.gate import (
+    MAX_GATE_CONTINUES,
+    CompletionGate,
+    GateDecision,
+    GateInput,
+    Preview,
+    progress_only,
+)
+from bumblebot.llm import LLM, Completion, SayListener, ToolCall
 from bumblebot.messages import Message
+from bumblebot.reasoning import strip_reasoning
 from bumblebot.store import OutboxEntry
-from bumblebot.toolkit import DeliveryReport, ToolContext, Toolbox, ToolKind, ToolResult
+from bumblebot.toolkit import DeliveryReport, Toolbox, ToolContext, ToolKind, ToolResult
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -260,6 +266,9 @@ class TurnPort(Protocol):
     """
 
     transcript: list[Message]
+    #: set by ``/stop``: the turn ends at once (the model call is aborted, running tools are
+    #: cancelled; what was delivered stays)
+    stop: asyncio.Event
 
     async def take_steering(self) -> list[Message]:
         """Messages that arrived during the turn (steer mode), already recorded in it."""
@@ -280,6 +289,25 @@ class TurnPort(Protocol):
 
     async def answered(self) -> None:
         """The model answered a completion (an outage, if there was one, is over)."""
+
+    def on_say(self) -> SayListener | None:
+        """Where the text of ``say`` calls goes while a completion is streamed (shown in the
+        chat as it is written, ``bumblebot/preview.py``); ``None``: nothing is streamed."""
+        return None
+
+    def bind_say(self, index: int, call_id: str) -> None:
+        """The ``say`` streamed at position ``index`` is the recorded call ``call_id``: its
+        delivery takes the streamed message over."""
+
+    async def settle_previews(self) -> None:
+        """The step is over: streamed text no ``say`` took over is taken down."""
+
+    def waiting(self) -> None:
+        """The turn waits on the model again (the typing indicator shows)."""
+
+    async def stopped(self) -> None:
+        """Record that the user stopped the turn (``/stop``), with what of it they saw, as the
+        turn's end."""
 
 
 class LoopState:
@@ -516,6 +544,40 @@ class _StepBudget:
         return result
 
 
+class Stopped(Exception):
+    """``/stop`` came while the loop waited (:func:`_unless_stopped`)."""
+
+
+async def _unless_stopped(stop: asyncio.Event, coro: Coroutine[Any, Any, _T]) -> _T:
+    """Await ``coro`` unless ``stop`` is set first: then it is cancelled (an HTTP request is
+    aborted, a tool's process is stopped the way its timeout stops it) and :class:`Stopped`
+    is raised. A ``coro`` that completes as the stop comes keeps its result."""
+    if stop.is_set():
+        coro.close()
+        raise Stopped
+    task = asyncio.ensure_future(coro)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # we are cancelled ourselves (a shutdown): so is the call
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        return await task  # it may finish anyway, catching the cancellation
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # a shutdown came meanwhile
+    except Exception as exc:  # what the cancelled call raised on its way out
+        log.debug("a call stopped by /stop raised %s", type(exc).__name__)
+    raise Stopped
+
+
 async def _all_or_none(coros: list[Coroutine[Any, Any, _T]]) -> list[_T]:
     """Run ``coros`` concurrently; their results in order. When one raises (a result that
     could not be recorded), the others are cancelled and waited for before its error is
@@ -571,11 +633,27 @@ class AgentLoop:
         used_ids = requests.call_ids()
         ended_by, nudge = await self._close_interrupted(port, state)
         hit_length = False
+        listener = port.on_say()
 
+        def on_say(index: int, text: str) -> None:
+            # nothing is shown that could not be sent as the reply (the turn's message cap)
+            if listener is not None and not turn.undeliverable and len(state.delivered) < limits.max_messages:
+                listener(index, text)
+
+        stop = port.stop
         while True:
+            if stop.is_set():
+                stop_reason = "stopped"
+                break
             if ended_by is not None:  # the model ended its turn: may it?
                 capped = gate_continues >= MAX_GATE_CONTINUES
-                decision = await self.gate.check(state.gate_input(ended_by, hit_length, gate_continues, reflex=limits.one_reply))
+                try:
+                    decision = await _unless_stopped(
+                        stop, self.gate.check(state.gate_input(ended_by, hit_length, gate_continues, reflex=limits.one_reply))
+                    )
+                except Stopped:
+                    stop_reason = "stopped"
+                    break
                 trace.gate.append(_gate_entry(len(trace.steps), decision))
                 if decision.done:
                     stop_reason = "end_turn" if ended_by == "end_turn" else "final_reply"
@@ -602,8 +680,14 @@ class AgentLoop:
                     state.on_user(steer)
                     nudge = None
             request, estimate = await requests.build(nudge)
+            port.waiting()
             try:
-                completion = await self._complete_fitting(request, nudge, requests, schemas, limits)
+                completion = await _unless_stopped(stop, self._complete_fitting(
+                    request, nudge, requests, schemas, limits, on_say if listener is not None else None
+                ))
+            except Stopped:
+                stop_reason = "stopped"
+                break
             except ContextTooLong:
                 if not state.delivered:
                     raise  # nothing got through: the turn fails with the "too long" note
@@ -625,7 +709,13 @@ class AgentLoop:
                 # a reply cut by the reflex budget: ask again once with the deliberate one,
                 # before anything of it is run or delivered (issue 9)
                 limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
-                completion = await self._complete(request, schemas, limits)
+                try:
+                    completion = await _unless_stopped(
+                        stop, self._complete(request, schemas, limits, on_say if listener is not None else None)
+                    )
+                except Stopped:
+                    stop_reason = "stopped"
+                    break
                 step.finish_reason, step.escalated = completion.finish_reason, True
                 step.completion_tokens = completion.completion_tokens
             trace.steps.append(_fields(step))
@@ -641,9 +731,13 @@ class AgentLoop:
                 message = Message(role="assistant", content=completion.content, tool_calls=[c.to_api() for c in calls])
                 await port.record(message)  # before any side effect: a crash from here on is resumable
                 state.on_assistant(message)
+                for streamed, call in zip(completion.tool_calls, calls, strict=True):
+                    if streamed.index is not None and call.name == "say" and call.id not in unusable:
+                        port.bind_say(streamed.index, call.id)
                 plan = state.plan(calls)
                 turn.lost = False
                 failed = await self._run_calls(port, state, plan, ctx, limits, step, unusable)
+                await port.settle_previews()
                 state.step_done(said_before, plan, cut=hit_length)
                 said_now = state.delivered[said_before:]
                 # "On it!" is a promise, not the reply: the turn goes on (the gate's own check)
@@ -662,6 +756,7 @@ class AgentLoop:
                 continue
 
             # A completion without tool calls: the endpoint did not force tools.
+            await port.settle_previews()  # a say streamed before an escalation asked again
             text = _fit_text(for_the_user(completion.content.strip()), limits)
             capped = len(state.delivered) >= limits.max_messages
             if text and not turn.undeliverable and not capped and not self._suppressed(text, state):
@@ -673,6 +768,9 @@ class AgentLoop:
             state.step_done(said_before, [], cut=hit_length)
             ended_by = "text"
 
+        if stop_reason == "stopped":
+            await port.stopped()  # what was delivered stays; nothing more is said
+            return LoopResult(messages=port.transcript, stop_reason=stop_reason, delivered=list(state.delivered))
         if not state.delivered and stop_reason in ("step_cap", "looping", "end_turn", "final_reply") and not turn.undeliverable:
             # nothing reached the user: ask once more, without tools, for a plain answer
             text = await self._last_chance(requests, limits)
@@ -738,16 +836,17 @@ class AgentLoop:
         requests: RequestBuilder,
         schemas: list[dict[str, Any]],
         limits: LoopLimits,
+        on_say: SayListener | None = None,
     ) -> Completion:
         """One completion; a context-length refusal compacts (or prunes) and retries once."""
         try:
-            return await self._complete(request, schemas, limits)
+            return await self._complete(request, schemas, limits, on_say)
         except ContextTooLong as exc:
             # spec/issue: compact (or prune) and retry once; a second refusal ends the turn
             await requests.observe_refusal(exc.prompt_tokens)  # estimates were low: learn now
             await requests.shrink()
             request, _ = await requests.build(nudge)
-            return await self._complete(request, schemas, limits)
+            return await self._complete(request, schemas, limits, on_say)
 
     async def _run_calls(
         self,
@@ -772,8 +871,13 @@ class AgentLoop:
             )
             if call.id in unusable:
                 result, seconds = ToolResult.error(unusable[call.id]), 0.0
-            else:
+            elif call.name in UNTIMED:  # a delivery is never cut off halfway (see _execute)
                 result, seconds = await self._execute(call, allowed, call_ctx, limits)
+            else:
+                try:
+                    result, seconds = await _unless_stopped(port.stop, self._execute(call, allowed, call_ctx, limits))
+                except Stopped:
+                    result, seconds = ToolResult.error(STOPPED_RESULT), 0.0
             result = budget.fit(result)
             await port.record(
                 Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=result.ok)
@@ -834,7 +938,10 @@ class AgentLoop:
                 state.on_result(call, result)
         return len(open_calls)
 
-    async def _complete(self, request: list[dict[str, Any]], schemas: list[dict[str, Any]], limits: LoopLimits) -> Completion:
+    async def _complete(
+        self, request: list[dict[str, Any]], schemas: list[dict[str, Any]], limits: LoopLimits,
+        on_say: SayListener | None = None,
+    ) -> Completion:
         return await self.llm.complete(
             request,
             model=limits.model,
@@ -842,6 +949,7 @@ class AgentLoop:
             temperature=limits.temperature,
             tools=schemas,
             thinking=limits.thinking,
+            on_say=on_say,
         )
 
     async def _execute(
@@ -873,6 +981,11 @@ class AgentLoop:
             result = ToolResult(cap_tool_result(result.content, limits.max_tool_result_chars), ok=result.ok)
         return result, time.monotonic() - started
 
+
+#: The result of a tool call ``/stop`` cut off.
+STOPPED_RESULT = "Stopped: the user stopped this turn (/stop) before the call finished."
+#: What history keeps of a stopped turn, after what the user saw of it.
+STOPPED_NOTE = "[The user stopped this turn with /stop; it ended here.]"
 
 #: The last try is a short plain answer (servers that ignore ``max_tokens`` are cut to it).
 LAST_CHANCE_MAX_TOKENS = 512

@@ -186,6 +186,13 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE journal ADD COLUMN context_limit INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX journal_by_chat ON journal (platform, chat_id, thread_id, id);
     """,
+    # 5: streaming (issue 11). A row is ``streaming`` while the model is still writing its
+    # text (no sweep sends it); ``preview_id`` is the platform message showing it meanwhile,
+    # which the final text replaces by an edit.
+    """
+    ALTER TABLE outbox ADD COLUMN streaming INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN preview_id TEXT;
+    """,
 )
 
 #: Rows changed per transaction by :meth:`Store.prune` and :meth:`Store.expire_outbox`: each
@@ -222,6 +229,11 @@ class OutboxEntry:
     attempts: int
     last_error: str | None
     tool_call_id: str | None = None
+    #: the platform message showing this row's text while it was streamed (edited into the
+    #: first chunk when the row is delivered), ``None`` if none was shown
+    preview_id: str | None = None
+    #: the model is still writing the text: not to be sent by any sweep
+    streaming: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -636,18 +648,62 @@ class Store:
         tool_call_id: str | None = None,
         message: Message | None = None,
         state: dict[str, Any] | None = None,
+        stream: OutboxEntry | None = None,
     ) -> OutboxEntry:
         """Queue ``text`` for delivery in the outbox and, when it shows as an assistant message
         of its own (a plain-text reply, a daemon note), record ``message`` in the same
         transaction: what the user will see and what the entity remembers are one fact. The
-        turn's ``state`` is saved with it (a note that ends the turn says so there)."""
+        turn's ``state`` is saved with it (a note that ends the turn says so there).
+
+        ``stream`` is the turn's streaming row (:meth:`open_stream`) that showed this text as
+        it was written: it becomes the message (its preview is edited into the final text)
+        instead of a new row."""
         async with self.transaction() as db:
-            outbox_id = await _insert_outbox(db, conversation_id, turn_id, chat, text, tool_call_id)
+            if stream is None:
+                outbox_id = await _insert_outbox(db, conversation_id, turn_id, chat, text, tool_call_id)
+                preview_id = None
+            else:
+                outbox_id, preview_id = stream.id, stream.preview_id
+                await db.execute(
+                    "UPDATE outbox SET text=?, tool_call_id=?, streaming=0 WHERE id=?", (text, tool_call_id, outbox_id)
+                )
             if message is not None:
                 await _insert_messages(db, conversation_id, session, turn_id, [message])
             if state is not None:
                 await db.execute("UPDATE turns SET state=? WHERE id=?", (_json(state), turn_id))
-        return OutboxEntry(outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id)
+        return OutboxEntry(
+            outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id, preview_id
+        )
+
+    async def open_stream(self, conversation_id: int, turn_id: int, chat: ChatRef) -> OutboxEntry:
+        """A row for a ``say`` whose text is still being streamed (``streaming``, no text yet);
+        :meth:`speak` with ``stream=`` turns it into the message."""
+        async with self.transaction() as db:
+            cur = await db.execute(
+                "INSERT INTO outbox (conversation_id, turn_id, platform, chat_id, thread_id, text, streaming,"
+                " created_at) VALUES (?, ?, ?, ?, ?, '', 1, ?)",
+                (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, time.time()),
+            )
+            assert cur.lastrowid is not None
+        return OutboxEntry(cur.lastrowid, conversation_id, turn_id, chat, "", "pending", [], 0, None, streaming=True)
+
+    async def stream_previewed(self, outbox_id: int, preview_id: str) -> None:
+        """The platform message ``preview_id`` now shows the streaming row ``outbox_id``."""
+        async with self.transaction() as db:
+            await db.execute("UPDATE outbox SET preview_id=? WHERE id=?", (preview_id, outbox_id))
+
+    async def settle_stream(self, outbox_id: int, *, status: str, text: str | None = None, error: str | None = None) -> None:
+        """Close a streaming row without a ``say`` to show: ``failed`` (its preview was taken
+        down, or never shown) or ``sent`` (``/stop``: the ``text`` shown so far stays, as
+        the row's message)."""
+        async with self.transaction() as db:
+            await db.execute(
+                "UPDATE outbox SET status=?, streaming=0, text=COALESCE(?, text), last_error=?,"
+                " platform_message_ids=CASE WHEN ?='sent' AND preview_id IS NOT NULL"
+                " THEN json_array(preview_id) ELSE platform_message_ids END,"
+                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
+                (status, text, error, status, status, time.time(), outbox_id),
+            )
 
     async def upgrade_turn(self, conversation_id: int, session: int, turn_id: int, messages: list[Message], state: dict[str, Any]) -> None:
         """Give a legacy turn (see :meth:`running_turns`) its session, state and first messages."""
@@ -780,7 +836,7 @@ class Store:
         return None if row is None else self._outbox_entry(row)
 
     async def outbox_pending(self) -> list[OutboxEntry]:
-        rows = await self._all("SELECT * FROM outbox WHERE status='pending' ORDER BY id")
+        rows = await self._all("SELECT * FROM outbox WHERE status='pending' AND streaming=0 ORDER BY id")
         return [self._outbox_entry(r) for r in rows]
 
     async def outbox_for_turn(self, turn_id: int) -> list[OutboxEntry]:
@@ -899,6 +955,8 @@ class Store:
             attempts=int(r["attempts"]),
             last_error=r["last_error"],
             tool_call_id=r["tool_call_id"],
+            preview_id=r["preview_id"],
+            streaming=bool(r["streaming"]),
         )
 
     # -- compaction ---------------------------------------------------------------------------

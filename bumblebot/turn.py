@@ -31,16 +31,31 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from bumblebot.adapter import Typing
 from bumblebot.budget import REPLY_SHARE, ContextBudget
 from bumblebot.compactor import Compactor
-from bumblebot.config import CognitionSettings, EngineSettings
+from bumblebot.config import CognitionSettings, DeliverySettings, EngineSettings
 from bumblebot.context import Requests
 from bumblebot.conversation import Conversation, Session, Turn
 from bumblebot.delivery import Delivery
 from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
-from bumblebot.llm import LLM
-from bumblebot.loop import AgentLoop, LoopLimits, LoopTrace, TurnPort, max_steps
-from bumblebot.messages import MESSAGE_OVERHEAD_TOKENS, Message, estimate_text_tokens, estimate_tools
+from bumblebot.llm import LLM, SayListener
+from bumblebot.loop import (
+    STOPPED_NOTE,
+    AgentLoop,
+    LoopLimits,
+    LoopTrace,
+    TurnPort,
+    for_the_user,
+    max_steps,
+)
+from bumblebot.messages import (
+    MESSAGE_OVERHEAD_TOKENS,
+    Message,
+    estimate_text_tokens,
+    estimate_tools,
+)
+from bumblebot.preview import LivePreview
 from bumblebot.prompt import PromptBuilder, TurnInfo
 from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, route
 from bumblebot.store import JournalEntry, OutboxEntry, RunningTurn
@@ -155,7 +170,8 @@ class OutageWatch:
 
 class TurnIO(TurnPort):
     """The loop's view of one turn: it records through the :class:`Turn`, delivers through
-    :class:`Delivery`, and takes messages that arrive mid-turn from the conversation's inbox."""
+    :class:`Delivery`, streams ``say`` text into the chat (:class:`LivePreview`), and takes
+    messages that arrive mid-turn from the conversation's inbox."""
 
     def __init__(
         self,
@@ -166,6 +182,7 @@ class TurnIO(TurnPort):
         *,
         steer: bool,
         trace: Callable[[], dict[str, Any]],
+        stream_interval_s: float | None = None,
     ) -> None:
         self._conversation = conversation
         self._turn = turn
@@ -174,6 +191,13 @@ class TurnIO(TurnPort):
         self._steer = steer
         self._trace = trace
         self.transcript = turn.transcript
+        self.stop = turn.stop
+        #: the typing indicator of the running turn (``TurnRunner._drive`` sets it)
+        self.typing = Typing()
+        target = delivery.preview_target(turn.chat) if stream_interval_s is not None else None
+        self._target = None if target is None else (target[0], max(target[1], stream_interval_s or 0.0))
+        self._streaming: dict[int, LivePreview] = {}  # this step's, by stream position
+        self._bound: dict[str, LivePreview] = {}  # by the say call that takes them over
 
     async def take_steering(self) -> list[Message]:
         # after /reset the running turn belongs to the old session: new messages wait for the next
@@ -185,7 +209,59 @@ class TurnIO(TurnPort):
         await self._turn.record(message, trace=self._trace() if message.role == "assistant" else None)
 
     async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
-        return await self._delivery.deliver(await self._turn.speak(text, tool_call_id=tool_call_id))
+        live = self._bound.pop(tool_call_id, None) if tool_call_id else None
+        stream = await live.take() if live is not None else None
+        return await self._delivery.deliver(await self._turn.speak(text, tool_call_id=tool_call_id, stream=stream))
+
+    def on_say(self) -> SayListener | None:
+        return None if self._target is None else self._preview
+
+    def _preview(self, index: int, text: str) -> None:
+        live = self._streaming.get(index)
+        if live is None:
+            assert self._target is not None
+            adapter, interval = self._target
+            live = self._streaming[index] = LivePreview(
+                self._turn, adapter, interval_s=interval, key=self._delivery.preview_key,
+                on_shown=self.typing.pause, clean=for_the_user,
+            )
+        live.update(text)
+
+    def bind_say(self, index: int, call_id: str) -> None:
+        live = self._streaming.pop(index, None)
+        if live is not None:
+            self._bound[call_id] = live
+
+    def _previews(self) -> list[LivePreview]:
+        live = [*self._streaming.values(), *self._bound.values()]
+        self._streaming.clear()
+        self._bound.clear()
+        return live
+
+    async def settle_previews(self) -> None:
+        for live in self._previews():
+            await live.withdraw()
+
+    async def pause_previews(self) -> None:
+        """The turn waits (an outage) or the process stops: previews stay as they are, their
+        rows open for the turn's next stream to take over."""
+        for live in self._previews():
+            await live.pause()
+
+    async def keep_previews(self) -> list[str]:
+        """``/stop``: what the previews show stays; returns those texts."""
+        return [text for live in self._previews() if (text := await live.keep())]
+
+    def waiting(self) -> None:
+        self.typing.resume()
+
+    async def stopped(self) -> None:
+        shown = await self.keep_previews()
+        # what the user saw of a say that was still being written, then the fact of the stop;
+        # recorded with the turn's end, so a crash from here on finishes the turn
+        self._turn.state["closing"] = {"status": "done", "stop_reason": "stopped"}
+        messages = [Message(role="assistant", content=text) for text in shown]
+        await self._turn.record_all([*messages, Message(role="assistant", content=STOPPED_NOTE, note=True)])
 
     async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:
         if closing is not None:
@@ -218,6 +294,7 @@ class TurnRunner:
         budget: the context window.
         toolbox: the tools offered (their schemas are part of every request's fixed size).
         redact: removes secrets from a trace before it is stored.
+        streaming: the ``delivery`` settings (``None``: nothing is streamed).
     """
 
     def __init__(
@@ -233,8 +310,10 @@ class TurnRunner:
         budget: ContextBudget,
         toolbox: Toolbox,
         redact: Callable[[Any], Any],
+        streaming: DeliverySettings | None = None,
     ) -> None:
         self.cfg = cognition
+        self.streaming = streaming
         self.engine_cfg = engine
         self.prompts = prompts
         self.llm = llm
@@ -329,9 +408,11 @@ class TurnRunner:
         return await self._drive(conversation, turn, running.trace)
 
     def _io(self, conversation: Conversation, turn: Turn, trace: Callable[[], dict[str, Any]] = dict) -> TurnIO:
+        streams = self.streaming is not None and self.streaming.streaming == "on"
         return TurnIO(
             conversation, turn, self.delivery, self.outages,
             steer=self.cfg.mid_turn_messages == "steer", trace=trace,
+            stream_interval_s=self.streaming.stream_edit_interval_s if streams and self.streaming else None,
         )
 
     async def retry(self, conversation: Conversation, suspended: Suspended) -> Outcome:
@@ -435,18 +516,22 @@ class TurnRunner:
         io = self._io(conversation, turn, snapshot)
         try:
             requests = self._requests(turn.session, turn, self.compactor, limits)
-            async with self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s):
+            async with self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s) as typing:
+                io.typing = typing
                 result = await self.loop.run(io, requests, limits, trace, conversation=conversation.key)
         except asyncio.CancelledError:
             # a stop past the grace period: the turn stays running and is resumed at start,
-            # without counting as a crash
+            # without counting as a crash (a preview's row stays open for it to take over)
             state["active"] = False
             with contextlib.suppress(Exception):
+                await io.pause_previews()
                 await turn.save_state()
             raise
         except ModelUnavailable as exc:
+            await io.pause_previews()  # the retry's stream takes the shown text over
             return await self._outage(conversation, turn, exc, snapshot(error=str(exc)))
         except ModelError as exc:
+            await io.settle_previews()
             log.warning("turn %s in %s failed: %s", turn.id, conversation.key, exc)
             note = TOO_LONG if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
             return await self._end(conversation, turn, snapshot(error=str(exc)), "failed", "model_error", note, started)
@@ -455,6 +540,8 @@ class TurnRunner:
         except Exception:
             error_id = uuid.uuid4().hex[:8]
             log.exception("turn %s in %s crashed (error id %s)", turn.id, conversation.key, error_id)
+            with contextlib.suppress(Exception):
+                await io.settle_previews()
             await self.loop.abandon(io, f"internal error (id {error_id})")
             note = CRASHED.format(error_id=error_id)
             return await self._end(conversation, turn, snapshot(error_id=error_id), "failed", "crash", note, started)

@@ -59,6 +59,9 @@ def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None
         "telegram": {"enabled": tg is not None, "poll_timeout_s": 1},
         "cognition": {"classifier": False},
         "engine": {"shutdown_grace_s": 5},
+        # whole messages unless a test is about streaming (tests/test_streaming.py turns it on):
+        # with an instant fake model whether a preview gets out before the reply is a race
+        "delivery": {"streaming": "off"},
     }
     if tg is not None:
         config["telegram"].update(base_url=tg.base_url, base_file_url=tg.base_file_url)

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -75,7 +76,10 @@ REFUSAL_TEXT = "Sorry, this bot is private."
 NOT_HERE_TEXT = "I don't answer in this channel."
 NOT_MANAGER_TEXT = "Only members who can manage messages here can do that."
 NO_PINGS = discord.AllowedMentions.none()
+#: ``custom_id`` of the Stop button under a streamed message.
+STOP_ID = "bumblebot:stop"
 SLASH_COMMANDS = {
+    "stop": "Stop the answer in progress",
     "reset": "Start a fresh conversation",
     "status": "Context usage and compaction",
     "compact": "Compact the conversation now",
@@ -137,6 +141,19 @@ def chat_ref(channel: Any) -> ChatRef:
     return ChatRef(Platform.DISCORD, str(channel.id))
 
 
+class StopView(discord.ui.View):
+    """The Stop button under a streamed message: a persistent view (no timeout, a fixed
+    ``custom_id``), so a press reaches the adapter whichever message it is under."""
+
+    def __init__(self, on_press: Any) -> None:
+        super().__init__(timeout=None)
+        self._on_press = on_press
+
+    @discord.ui.button(label="Stop", style=discord.ButtonStyle.secondary, custom_id=STOP_ID)
+    async def stop_button(self, interaction: discord.Interaction, button: discord.ui.Button[Any]) -> None:
+        await self._on_press(interaction)
+
+
 class _Client(discord.Client):
     """discord.Client whose events go to the adapter."""
 
@@ -160,6 +177,7 @@ class _Client(discord.Client):
             )
 
     async def setup_hook(self) -> None:
+        self.add_view(self.adapter._stop_view)  # presses on any streamed message
         await self.adapter._sync_commands()
 
     async def on_ready(self) -> None:
@@ -197,6 +215,7 @@ class DiscordAdapter(Adapter):
         self.intake = intake
         self.settings = settings
         self._token = token
+        self._stop_view = StopView(self._on_stop_button)
         self.client = _Client(self)
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ready = asyncio.Event()
@@ -475,6 +494,32 @@ class DiscordAdapter(Adapter):
             for chunk in self.chunks(answer):
                 await interaction.followup.send(chunk, allowed_mentions=NO_PINGS)
 
+    async def _on_stop_button(self, interaction: discord.Interaction) -> None:
+        """A press of the Stop button: ``/stop`` from whoever pressed it, if they may talk to
+        the bot there; the answer is shown to them only (ephemeral)."""
+        user, channel = interaction.user, interaction.channel
+        if channel is None or interaction.channel_id is None:
+            return
+        is_dm = interaction.guild_id is None
+        ids = [interaction.channel_id]
+        if isinstance(channel, discord.Thread) and channel.parent_id is not None:
+            ids.append(channel.parent_id)
+        facts = MessageFacts(author_id=user.id, author_is_bot=user.bot, is_dm=is_dm, channel_ids=tuple(ids), mentioned=True)
+        bot_id = self.client.user.id if self.client.user else 0
+        if decide(facts, self.settings, bot_id) is not Verdict.ANSWER:
+            answer: str | None = REFUSAL_TEXT
+        else:
+            inbound = Inbound(
+                chat=chat_ref(channel), message_id=f"interaction:{interaction.id}", sender_id=str(user.id),
+                sender_name=user.display_name, text="/stop", chat_kind=ChatKind.PRIVATE if is_dm else ChatKind.GROUP,
+            )
+            answer = await self.intake.command(inbound, "stop")
+        with contextlib.suppress(discord.HTTPException):
+            if answer:
+                await interaction.response.send_message(answer, ephemeral=True, allowed_mentions=NO_PINGS)
+            else:
+                await interaction.response.defer()
+
     @staticmethod
     def _manages_messages(message: discord.Message) -> bool:
         author = message.author
@@ -502,29 +547,86 @@ class DiscordAdapter(Adapter):
         the first message instead of posting a second one when a retry repeats it."""
         if not text.strip():
             raise DeliveryFailed("refusing to send an empty Discord message", retryable=False)
+        async with self._refusals():
+            message = await self._channel(chat).send(text, allowed_mentions=NO_PINGS, nonce=_nonce(key))
+        return str(message.id)
+
+    def _channel(self, chat: ChatRef) -> discord.PartialMessageable:
         if self.client.is_closed():
             raise DeliveryFailed("the Discord client is not connected", retryable=True)
-        channel = self.client.get_partial_messageable(int(chat.thread_id or chat.chat_id))
+        return self.client.get_partial_messageable(int(chat.thread_id or chat.chat_id))
+
+    @contextlib.asynccontextmanager
+    async def _refusals(self) -> AsyncIterator[None]:
+        """Discord's errors as :class:`DeliveryFailed` (retryable or not, the chat unreachable)."""
         try:
-            message = await channel.send(text, allowed_mentions=NO_PINGS, nonce=_nonce(key))
+            yield
         except discord.RateLimited as exc:
-            raise DeliveryFailed(
-                "Discord rate limit", retryable=True, retry_after=exc.retry_after
-            ) from exc
+            raise DeliveryFailed("Discord rate limit", retryable=True, retry_after=exc.retry_after) from exc
         except discord.HTTPException as exc:
             retryable = exc.status == 429 or exc.status >= 500
             verb = "failed" if retryable else "refused the message"
             reason = f"Discord {verb}: {exc.status} {exc.text}"
             # 403 (no permission, DMs closed: 50007) and 404 (channel gone): nothing will get through
-            unreachable = exc.status in (403, 404)
+            unreachable = exc.status in (403, 404) and exc.code != UNKNOWN_MESSAGE
             raise DeliveryFailed(reason, retryable=retryable, chat_unreachable=unreachable) from exc
         except (aiohttp.ClientError, OSError, TimeoutError, RuntimeError) as exc:
             raise DeliveryFailed(f"Discord unreachable: {exc!r}", retryable=True) from exc
+
+    # -- streaming (issue 11): one message edited in place ---------------------------------------
+
+    def stream_interval_s(self, chat: ChatRef) -> float | None:
+        """Discord allows 5 edits per 5 s in a channel: one a second."""
+        return EDIT_INTERVAL_S
+
+    async def send_preview(self, chat: ChatRef, text: str, *, key: str) -> str:
+        async with self._refusals():
+            message = await self._channel(chat).send(
+                _preview_text(text), allowed_mentions=NO_PINGS, nonce=_nonce(key), view=self._stop_view
+            )
         return str(message.id)
+
+    async def edit_preview(self, chat: ChatRef, message_id: str, text: str, *, final: bool = False) -> None:
+        async with self._refusals():
+            await self._channel(chat).get_partial_message(int(message_id)).edit(
+                content=_preview_text(text), allowed_mentions=NO_PINGS, view=None if final else self._stop_view
+            )
+
+    async def finish_preview(self, chat: ChatRef, message_id: str, chunk: str, *, key: str) -> str:
+        """Edit the preview into the first chunk; a preview that is gone (deleted by a
+        moderator: 10008 Unknown Message) is replaced by a new message."""
+        try:
+            async with self._refusals():
+                await self._channel(chat).get_partial_message(int(message_id)).edit(
+                    content=chunk, allowed_mentions=NO_PINGS, view=None  # the Stop button goes
+                )
+        except DeliveryFailed as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, discord.NotFound) and cause.code == UNKNOWN_MESSAGE):
+                raise
+            log.info("Discord: the streamed message %s is gone; sending it anew", message_id)
+            return await self.send_chunk(chat, chunk, key=key)
+        return message_id
+
+    async def delete_message(self, chat: ChatRef, message_id: str) -> None:
+        async with self._refusals():
+            await self._channel(chat).get_partial_message(int(message_id)).delete()
 
     async def send_typing(self, chat: ChatRef) -> None:
         channel = self.client.get_partial_messageable(int(chat.thread_id or chat.chat_id))
         await channel.typing()
+
+
+#: Least seconds between edits of one streamed message (5 edits per 5 s per channel).
+EDIT_INTERVAL_S = 1.0
+#: JSON error code of a message that does not exist (any more).
+UNKNOWN_MESSAGE = 10008
+
+
+def _preview_text(text: str) -> str:
+    """A streamed text as one plain message, cut to Discord's 2000 characters."""
+    text = text.strip() or "…"
+    return text if len(text) <= DISCORD_LIMIT else text[: DISCORD_LIMIT - 1] + "…"
 
 
 def _nonce(key: str) -> str:

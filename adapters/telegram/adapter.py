@@ -27,11 +27,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 
 import telegramify_markdown
-from telegram import BotCommand, Message, MessageEntity, Update
+from telegram import (
+    BotCommand,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    Message,
+    MessageEntity,
+    Update,
+)
 from telegram.constants import ChatAction, ChatType
 from telegram.error import (
     BadRequest,
@@ -47,6 +55,7 @@ from telegram.error import (
 from telegram.ext import (
     Application,
     ApplicationBuilder,
+    CallbackQueryHandler,
     CommandHandler,
     ContextTypes,
     MessageHandler,
@@ -81,11 +90,23 @@ GENERAL_TOPIC_ID = 1
 QUOTE_CHARS = 200
 COMMANDS = [
     BotCommand("start", "About this bot"),
+    BotCommand("stop", "Stop the answer in progress"),
     BotCommand("reset", "Start a fresh conversation"),
     BotCommand("status", "Context usage and compaction"),
     BotCommand("compact", "Compact the conversation now"),
     BotCommand("help", "What I can do"),
 ]
+
+
+#: The Stop button under a message being streamed (``callback_data`` of the button).
+STOP_DATA = "bumblebot:stop"
+STOP_MARKUP = InlineKeyboardMarkup([[InlineKeyboardButton("Stop", callback_data=STOP_DATA)]])
+#: Least seconds between edits of one streamed message: about one message a second in a
+#: private chat, 20 a minute in a group (Bot API FAQ, "broadcasting to users").
+PRIVATE_EDIT_INTERVAL_S = 1.0
+GROUP_EDIT_INTERVAL_S = 3.0
+#: Updates asked of getUpdates: messages, and the Stop button's presses.
+ALLOWED_UPDATES = ["message", "callback_query"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +156,39 @@ def _seconds(value: int | float | timedelta) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
+def _preview_text(text: str) -> str:
+    """A streamed text as one plain message: cut to Telegram's limit (UTF-16 units)."""
+    text = text.strip() or "…"
+    if utf16_len(text) <= TELEGRAM_LIMIT:
+        return text
+    cut = TELEGRAM_LIMIT - 1
+    while utf16_len(text[:cut]) > TELEGRAM_LIMIT - 1:
+        cut -= max(1, (utf16_len(text[:cut]) - TELEGRAM_LIMIT + 1) // 2)
+    return text[:cut] + "…"
+
+
+@contextlib.asynccontextmanager
+async def _refusals() -> AsyncIterator[None]:
+    """Telegram's errors as :class:`DeliveryFailed` (retryable or not, the chat unreachable)."""
+    try:
+        yield
+    except RetryAfter as exc:
+        raise DeliveryFailed("Telegram rate limit", retryable=True, retry_after=_seconds(exc.retry_after)) from exc
+    except (TimedOut, NetworkError) as exc:
+        if isinstance(exc, BadRequest):
+            gone = "chat not found" in exc.message.lower()
+            raise DeliveryFailed(
+                f"Telegram refused the message: {exc.message}", retryable=False, chat_unreachable=gone
+            ) from exc
+        raise DeliveryFailed(f"Telegram unreachable: {exc.message}", retryable=True) from exc
+    except ChatMigrated as exc:
+        raise DeliveryFailed(f"chat moved to {exc.new_chat_id}", retryable=False, chat_unreachable=True) from exc
+    except Forbidden as exc:  # blocked by the user, kicked, deactivated
+        raise DeliveryFailed(f"Telegram refused the message: {exc.message}", retryable=False, chat_unreachable=True) from exc
+    except TelegramError as exc:
+        raise DeliveryFailed(f"Telegram refused the message: {exc.message}", retryable=False) from exc
+
+
 class TelegramAdapter(Adapter):
     """Connects the engine to one Telegram bot.
 
@@ -158,6 +212,7 @@ class TelegramAdapter(Adapter):
             .get_updates_read_timeout(settings.poll_timeout_s + 10)
             .build()
         )
+        self.app.add_handler(CallbackQueryHandler(self._on_stop_button, pattern=f"^{STOP_DATA}$"))
         self.app.add_handler(MessageHandler(filters.StatusUpdate.MIGRATE, self._on_migrate))
         # joins, pins, title changes, topic creation: not speech; never answered or kept
         self.app.add_handler(MessageHandler(filters.StatusUpdate.ALL, self._on_service))
@@ -221,7 +276,7 @@ class TelegramAdapter(Adapter):
         while True:
             try:
                 updates = await self.app.bot.get_updates(
-                    offset=offset, timeout=self.settings.poll_timeout_s, allowed_updates=["message"]
+                    offset=offset, timeout=self.settings.poll_timeout_s, allowed_updates=ALLOWED_UPDATES
                 )
                 backoff = 1.0
             except Conflict as exc:
@@ -422,6 +477,32 @@ class TelegramAdapter(Adapter):
         if answer:
             await self.intake.reply(inbound.chat, answer)
 
+    async def _on_stop_button(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """The Stop button of a streamed message: ``/stop`` from whoever pressed it, if they
+        may talk to the bot here; the answer shows as the button's notification."""
+        query = update.callback_query
+        if query is None or query.message is None or not isinstance(query.message, Message):
+            return
+        message, user = query.message, query.from_user
+        chat = message.chat
+        facts = MessageFacts(user.id, user.is_bot, chat.id, chat.type == ChatType.PRIVATE, True)
+        if decide(facts, self.settings, self.app.bot.id) is not Verdict.ANSWER:
+            with contextlib.suppress(TelegramError):
+                await query.answer(REFUSAL_TEXT)
+            return
+        inbound = Inbound(
+            chat=ChatRef(Platform.TELEGRAM, str(chat.id), self._topic(message)),
+            message_id=f"button:{query.id}",  # a press Telegram delivers twice is handled once
+            sender_id=str(user.id),
+            sender_name=user.full_name,
+            text="/stop",
+            chat_kind=ChatKind.PRIVATE if chat.type == ChatType.PRIVATE else ChatKind.GROUP,
+            update_id=update.update_id,
+        )
+        answer = await self.intake.command(inbound, "stop", kv=self._take_kv())
+        with contextlib.suppress(TelegramError):
+            await query.answer(answer or None)
+
     async def _member_status(self, chat_id: int, user_id: int) -> str | None:
         """``getChatMember``'s status of ``user_id`` (``None`` if Telegram would not say)."""
         try:
@@ -487,7 +568,7 @@ class TelegramAdapter(Adapter):
         """
         chat_id = int(chat.chat_id)
         thread = int(chat.thread_id) if chat.thread_id else None
-        try:
+        async with _refusals():
             try:
                 message = await self._send(chat_id, thread, chunk)
             except ChatMigrated as exc:
@@ -499,22 +580,63 @@ class TelegramAdapter(Adapter):
                     raise
                 log.warning("Telegram: topic %s of %s is gone; sending to the chat itself", thread, chat_id)
                 message = await self._send(chat_id, None, chunk)
-        except RetryAfter as exc:
-            raise DeliveryFailed("Telegram rate limit", retryable=True, retry_after=_seconds(exc.retry_after)) from exc
-        except (TimedOut, NetworkError) as exc:
-            if isinstance(exc, BadRequest):
-                gone = "chat not found" in exc.message.lower()
-                raise DeliveryFailed(
-                    f"Telegram refused the message: {exc.message}", retryable=False, chat_unreachable=gone
-                ) from exc
-            raise DeliveryFailed(f"Telegram unreachable: {exc.message}", retryable=True) from exc
-        except ChatMigrated as exc:
-            raise DeliveryFailed(f"chat moved to {exc.new_chat_id}", retryable=False, chat_unreachable=True) from exc
-        except Forbidden as exc:  # blocked by the user, kicked, deactivated
-            raise DeliveryFailed(f"Telegram refused the message: {exc.message}", retryable=False, chat_unreachable=True) from exc
-        except TelegramError as exc:
-            raise DeliveryFailed(f"Telegram refused the message: {exc.message}", retryable=False) from exc
         return str(message.message_id)
+
+    # -- streaming (issue 11): one message edited in place ---------------------------------------
+
+    def stream_interval_s(self, chat: ChatRef) -> float | None:
+        """One edit a second in a private chat, one per 3 s in a group (20 a minute)."""
+        return PRIVATE_EDIT_INTERVAL_S if int(chat.chat_id) > 0 else GROUP_EDIT_INTERVAL_S
+
+    async def send_preview(self, chat: ChatRef, text: str, *, key: str) -> str:
+        thread = int(chat.thread_id) if chat.thread_id else None
+        async with _refusals():
+            message = await self.app.bot.send_message(
+                chat_id=int(chat.chat_id), text=_preview_text(text), message_thread_id=thread, reply_markup=STOP_MARKUP
+            )
+        return str(message.message_id)
+
+    async def edit_preview(self, chat: ChatRef, message_id: str, text: str, *, final: bool = False) -> None:
+        async with _refusals():
+            try:
+                await self.app.bot.edit_message_text(
+                    _preview_text(text), chat_id=int(chat.chat_id), message_id=int(message_id),
+                    reply_markup=None if final else STOP_MARKUP,
+                )
+            except BadRequest as exc:
+                if "not modified" not in exc.message.lower():
+                    raise
+
+    async def finish_preview(self, chat: ChatRef, message_id: str, chunk: TelegramChunk, *, key: str) -> str:
+        """Edit the preview into the final, formatted first chunk. Without ``reply_markup`` the
+        edit takes the Stop button away (Bot API, editMessageText). A preview that is gone or
+        can no longer be edited is replaced by a new message."""
+        chat_id = int(chat.chat_id)
+        async with _refusals():
+            try:
+                try:
+                    await self.app.bot.edit_message_text(
+                        chunk.text, chat_id=chat_id, message_id=int(message_id), entities=chunk.entities or None
+                    )
+                except BadRequest as exc:
+                    if not chunk.entities or "entit" not in exc.message.lower():
+                        raise
+                    await self.app.bot.edit_message_text(chunk.text, chat_id=chat_id, message_id=int(message_id))
+            except BadRequest as exc:
+                reason = exc.message.lower()
+                if "not modified" in reason:
+                    return message_id
+                if "not found" not in reason and "can't be edited" not in reason:
+                    raise
+                log.info("Telegram: the streamed message %s in %s is gone (%s); sending it anew", message_id, chat_id, exc.message)
+                with contextlib.suppress(TelegramError):
+                    await self.app.bot.delete_message(chat_id, int(message_id))
+                return await self.send_chunk(chat, chunk, key=key)
+        return message_id
+
+    async def delete_message(self, chat: ChatRef, message_id: str) -> None:
+        async with _refusals():
+            await self.app.bot.delete_message(int(chat.chat_id), int(message_id))
 
     async def _send(self, chat_id: int, thread: int | None, chunk: TelegramChunk) -> Message:
         try:

@@ -621,6 +621,38 @@ class FakeDiscord:
         self._interactions[data["id"]] = {"payload": data, "acknowledged": False}
         return data
 
+    def component_payload(self, message_id: str | int, custom_id: str, *, user: JSON | None = None) -> JSON:
+        """An INTERACTION_CREATE ``d`` payload for a press of the button ``custom_id`` under the
+        stored message ``message_id`` (type 3, message component; component type 2, a button).
+        The interaction is remembered so its callback is accepted once."""
+        message = self._messages[str(message_id)]
+        user = user or self.human_user
+        cid = str(message["channel_id"])
+        channel = self._channels[cid]
+        gid = channel.get("guild_id")
+        data: JSON = {
+            "id": self.snowflake(), "application_id": self.application_id, "type": 3,
+            "token": f"itok-{uuid.uuid4().hex}", "version": 1,
+            "data": {"custom_id": custom_id, "component_type": 2},
+            "message": message, "channel_id": cid, "channel": channel,
+            "app_permissions": str(DEFAULT_EVERYONE_PERMISSIONS), "locale": "en-US",
+            "attachment_size_limit": 8 * 1024 * 1024, "entitlements": [],
+        }
+        if gid is not None:
+            data.update(guild_id=gid, guild_locale="en-US", context=0, authorizing_integration_owners={"0": gid})
+            data["member"] = {"user": user, "roles": [], "joined_at": iso_now(), "deaf": False, "mute": False,
+                              "flags": 0, "permissions": str(DEFAULT_EVERYONE_PERMISSIONS)}
+        else:
+            data.update(context=1, authorizing_integration_owners={"0": "0"}, user=user)
+        self._interactions[data["id"]] = {"payload": data, "acknowledged": False}
+        return data
+
+    async def press_button(self, message_id: str | int, custom_id: str, *, user: JSON | None = None) -> JSON:
+        """Dispatch a button press (:meth:`component_payload`); returns the payload."""
+        payload = self.component_payload(message_id, custom_id, user=user)
+        await self.dispatch("INTERACTION_CREATE", payload)
+        return payload
+
     # ------------------------------------------------------------------ gateway dispatch API
 
     async def dispatch(self, event_name: str, data: JSON) -> None:

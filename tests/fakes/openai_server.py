@@ -12,8 +12,19 @@ Usage::
         ...
         await llm.wait_for_requests(2)
 
-Endpoints: ``POST /v1/chat/completions`` (non-streaming) and ``GET /v1/models``. Error bodies
-follow OpenAI's shape ``{"error": {"message", "type", "code"}}``.
+Endpoints: ``POST /v1/chat/completions`` and ``GET /v1/models``. Error bodies follow OpenAI's
+shape ``{"error": {"message", "type", "code"}}``.
+
+Streaming: a request with ``"stream": true`` is answered as server-sent events, the way
+OpenAI streams (``chat.completion.chunk`` objects, tool-call arguments in fragments keyed by
+``index``, a usage chunk when ``stream_options.include_usage`` is set, then ``data: [DONE]``).
+A :class:`Reply` shapes its stream: ``stream_chars`` per fragment, ``stream_delay`` between
+chunks, ``stream_hold`` (an :class:`asyncio.Event` awaited after ``stream_hold_after``
+chunks), ``stream_cut_after`` (the connection drops after that many chunks) and
+``stream_mode`` for endpoints that stream tool calls badly (``"repeat_args"``: every fragment
+repeats the arguments so far; ``"text_calls"``: the calls arrive as content text).
+``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
+streaming do; ``streamed`` counts the streamed answers.
 """
 
 from __future__ import annotations
@@ -48,6 +59,12 @@ class Reply:
     body: dict[str, Any] | None = None
     delay: float = 0.0  # seconds awaited before answering (latency injection)
     headers: dict[str, str] | None = None  # extra response headers (e.g. Retry-After)
+    stream_chars: int = 6  # characters of content or arguments per streamed chunk
+    stream_delay: float = 0.0  # seconds between streamed chunks
+    stream_hold: asyncio.Event | None = None  # awaited once ``stream_hold_after`` chunks are out
+    stream_hold_after: int = 3
+    stream_cut_after: int | None = None  # drop the connection after this many chunks
+    stream_mode: str = "normal"  # "repeat_args" | "text_calls": a server that streams calls badly
 
 
 @dataclass
@@ -175,8 +192,13 @@ class FakeOpenAI:
     def __init__(self, models: Iterable[str] = ("test-model", "reflex-model"), *,
                  reject_tool_choice_required: int | None = None,
                  reject_null_content: bool = True, validate_sequence: bool = True,
-                 default: Callable[[Request], Any] | None = None) -> None:
+                 default: Callable[[Request], Any] | None = None,
+                 reject_stream: int | None = None) -> None:
         self.models = list(models)
+        self.reject_stream = reject_stream
+        self.streamed = 0
+        #: set each time a streamed answer has sent its first chunk
+        self.stream_started = asyncio.Event()
         self.reject_tool_choice_required = reject_tool_choice_required
         self.reject_null_content = reject_null_content
         self.validate_sequence = validate_sequence
@@ -232,7 +254,7 @@ class FakeOpenAI:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
         return web.json_response({"object": "list", "data": data})
 
-    async def _completions(self, http: web.Request) -> web.Response:
+    async def _completions(self, http: web.Request) -> web.StreamResponse:
         body: Request = await http.json()
         record = RequestRecord(time.monotonic(), dict(http.headers), body)
         async with self._arrived:
@@ -245,7 +267,36 @@ class FakeOpenAI:
         record.status = reply.status
         if reply.status != 200:
             return web.json_response(reply.body, status=reply.status, headers=reply.headers)
+        if body.get("stream"):
+            return await self._stream(http, body, reply)
         return web.json_response(reply.body or self._completion(body, reply))
+
+    async def _stream(self, http: web.Request, body: Request, reply: Reply) -> web.StreamResponse:
+        """Answer ``reply`` as server-sent events, chunk by chunk (module docstring)."""
+        full = self._completion(body, reply)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(http)
+        self.streamed += 1
+        sent = 0
+        for chunk in _chunks(full, reply):
+            if reply.stream_cut_after is not None and sent >= reply.stream_cut_after:
+                assert http.transport is not None
+                http.transport.close()  # the server died mid-stream
+                return response
+            if reply.stream_hold is not None and sent == reply.stream_hold_after:
+                await reply.stream_hold.wait()
+            elif sent and reply.stream_delay:
+                await asyncio.sleep(reply.stream_delay)
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            sent += 1
+            if sent == 1:
+                self.stream_started.set()
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {**_chunk_base(full), "choices": [], "usage": full["usage"]}
+            await response.write(f"data: {json.dumps(usage)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     async def _answer(self, body: Request) -> Reply:
         if self.reject_null_content and any(
@@ -254,6 +305,9 @@ class FakeOpenAI:
         reason = sequence_violation(body.get("messages", [])) if self.validate_sequence else None
         if reason:
             return self._violation(reason, body)
+        if self.reject_stream and body.get("stream"):
+            self.rejected.append(body)
+            return error(self.reject_stream, "stream: streaming is not supported by this server")
         if self.reject_tool_choice_required and body.get("tool_choice") == "required":
             self.rejected.append(body)
             status = self.reject_tool_choice_required
@@ -288,6 +342,49 @@ class FakeOpenAI:
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
         }
+
+
+def _chunk_base(full: dict[str, Any]) -> dict[str, Any]:
+    return {"id": full["id"], "object": "chat.completion.chunk", "created": full["created"], "model": full["model"]}
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), max(1, size))]
+
+
+def _chunks(full: dict[str, Any], reply: Reply) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a streamed ``full`` completion."""
+    choice = full["choices"][0]
+    message = choice["message"]
+    size = reply.stream_chars
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**_chunk_base(full), "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    content = message.get("content") or ""
+    calls = message.get("tool_calls") or []
+    if reply.stream_mode == "text_calls" and calls:
+        content += "".join(
+            f'<tool_call>{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}</tool_call>'
+            for c in calls
+        )
+        calls = []
+    out += [chunk({"content": piece}) for piece in _pieces(content, size)]
+    for index, call in enumerate(calls):
+        fn = call["function"]
+        out.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                          "function": {"name": fn["name"], "arguments": ""}}]}))
+        so_far = ""
+        for piece in _pieces(fn["arguments"], size):
+            so_far += piece
+            fragment = so_far if reply.stream_mode == "repeat_args" else piece
+            out.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}))
+    finish = choice["finish_reason"]
+    if reply.stream_mode == "text_calls" and finish == "tool_calls":
+        finish = "stop"
+    out.append(chunk({}, finish))
+    return out
 
 
 async def _resolve(reply: Any, body: Request) -> Reply:

@@ -106,7 +106,9 @@ class FakeTelegram:
             "deleteMessage": self._delete_message, "setMyCommands": self._set_my_commands,
             "getMyCommands": lambda p: self.commands.get(_scope_key(p), []),
             "deleteMyCommands": self._delete_my_commands,
+            "answerCallbackQuery": self._answer_callback_query,
         }
+        self.callback_answers: list[dict[str, Any]] = []  # answerCallbackQuery params
 
     # ---- test API -------------------------------------------------------------------------
     def push_update(self, update: dict[str, Any]) -> None:
@@ -180,6 +182,26 @@ class FakeTelegram:
             message = {"message_id": self._new_message_id(), "date": int(time.time()), "chat": chat,
                        "from": admin, field: value}
             self.push_update({"update_id": self.next_update_id, "message": message})
+
+    def push_callback_query(self, chat_id: int, message_id: int, data: str, user_id: int | None = None,
+                            first_name: str = "Alice") -> dict[str, Any]:
+        """Push a press of an inline button (``callback_data`` ``data``) under the bot's
+        message ``message_id`` in ``chat_id``; return the update."""
+        user = {"id": chat_id if user_id is None else user_id, "is_bot": False, "first_name": first_name}
+        message = self.messages.get((chat_id, message_id)) or {
+            "message_id": message_id, "date": int(time.time()), "from": BOT_USER, "text": "",
+            "chat": self._chats.get(chat_id, {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"})}
+        update = {"update_id": self.next_update_id,
+                  "callback_query": {"id": f"cq{self.next_update_id}", "from": user, "message": message,
+                                     "chat_instance": str(chat_id), "data": data}}
+        self.push_update(update)
+        return update
+
+    def shown(self, chat_id: int) -> list[str]:
+        """What the chat shows of the bot now: the current text of each of its messages there
+        (edits applied, deleted ones gone), oldest first."""
+        return [m["text"] for (chat, _), m in sorted(self.messages.items())
+                if chat == chat_id and m.get("from", {}).get("id") == BOT_USER["id"]]
 
     def fail_next(self, method: str, status: int, body: dict[str, Any], times: int = 1) -> None:
         """Answer the next ``times`` calls of ``method`` with ``status`` and ``body``."""
@@ -308,6 +330,8 @@ class FakeTelegram:
             # Bot API: the General topic takes no thread id, and non-forums have no topics
             return _error(400, bad_request_body("message thread not found"))
         message = self._bot_message(params, self._new_message_id())
+        if params.get("reply_markup"):
+            message["reply_markup"] = params["reply_markup"]
         if thread:
             message.update(message_thread_id=thread, is_topic_message=True)
         reply = params.get("reply_parameters") or {}
@@ -325,16 +349,25 @@ class FakeTelegram:
         old = self.messages.get(key)
         if old is None or old.get("from", {}).get("id") != BOT_USER["id"]:
             return _error(400, bad_request_body("message to edit not found"))
-        if old["text"] == params["text"]:
+        markup = params.get("reply_markup") or None  # an edit without one removes the keyboard
+        if old["text"] == params["text"] and old.get("reply_markup") == markup:
             return _error(400, bad_request_body(
                 "message is not modified: specified new message content and reply markup are "
                 "exactly the same as a current content and reply markup of the message"))
         message = {**old, "text": params["text"], "edit_date": int(time.time())}
+        message.pop("reply_markup", None)
+        if markup:
+            message["reply_markup"] = markup
         self.messages[key] = message
         return message
 
-    def _delete_message(self, params: dict[str, Any]) -> bool:
-        self.messages.pop((int(params["chat_id"]), int(params["message_id"])), None)
+    def _delete_message(self, params: dict[str, Any]) -> Any:
+        if self.messages.pop((int(params["chat_id"]), int(params["message_id"])), None) is None:
+            return _error(400, bad_request_body("message to delete not found"))
+        return True
+
+    def _answer_callback_query(self, params: dict[str, Any]) -> bool:
+        self.callback_answers.append(params)
         return True
 
     def _set_my_commands(self, params: dict[str, Any]) -> Any:

@@ -1,0 +1,188 @@
+"""A ``say`` being streamed: one platform message that shows its text as the model writes it.
+
+Exactly once (issue 11): before anything is shown, the turn opens a ``streaming`` outbox row
+(``Turn.open_stream``), and the platform id of the message showing the text is recorded on it
+as soon as it is known. When the ``say`` call is complete, the row *becomes* that call's
+message: ``Turn.speak(..., stream=row)``, and delivery edits the preview into the final,
+formatted text (``Delivery``). A crash or an outage mid-stream leaves the row open; the resumed
+turn's next stream takes it over (and its message), so the user never gets a second copy. A
+preview no ``say`` takes over (a call dropped as a repeat, an unusable call) is deleted.
+
+Pacing: edits of one message are at least ``interval_s`` apart; text that arrives meanwhile
+is coalesced, so only the latest is sent. A platform 429 pauses the preview for its
+``retry_after`` (up to :data:`MAX_PAUSE_S`) and intermediate text is dropped; the final text
+is always delivered through the outbox whatever happened to the preview. Edits never hold the
+model's stream up: :meth:`LivePreview.update` only records the text and wakes the pump task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from bumblebot.adapter import Adapter
+from bumblebot.errors import DeliveryFailed
+from bumblebot.store import OutboxEntry
+
+if TYPE_CHECKING:
+    from bumblebot.conversation import Turn
+
+log = logging.getLogger(__name__)
+
+#: Longest platform-requested pause a preview waits out, seconds (the final text goes through
+#: the outbox regardless).
+MAX_PAUSE_S = 30.0
+#: A preview starts once the text has this many characters (a word or two, not one letter).
+MIN_PREVIEW_CHARS = 8
+#: How long closing a preview waits for an edit in flight, seconds.
+CLOSE_WAIT_S = 10.0
+
+
+class LivePreview:
+    """One streamed ``say``: its outbox row and the message that shows it meanwhile.
+
+    Args:
+        turn: the turn that writes the row.
+        adapter: the platform (``send_preview``, ``edit_preview``, ``delete_message``).
+        interval_s: least seconds between two sends or edits.
+        key: idempotency key of the preview's send (Discord's nonce).
+        on_shown: called once, when the first text is visible (the typing indicator stops).
+        clean: what the user may see of the raw text (reasoning and engine notes removed);
+            applied when the text is shown, at most once per edit, not on every fragment.
+    """
+
+    def __init__(
+        self, turn: Turn, adapter: Adapter, *, interval_s: float, key: Callable[[int], Awaitable[str]],
+        on_shown: Callable[[], None] = lambda: None, clean: Callable[[str], str] = str.strip,
+    ) -> None:
+        self._clean = clean
+        self._turn = turn
+        self._adapter = adapter
+        self._interval_s = interval_s
+        self._key = key
+        self._on_shown = on_shown
+        self._latest = ""
+        self._raw_shown = ""  # the raw text behind what is shown
+        #: the text the platform shows now
+        self.shown = ""
+        self._changed = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._dead = False
+        self._quiet_until = 0.0  # loop time before which the platform asked for silence (a 429)
+        self.entry: OutboxEntry | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def update(self, text: str) -> None:
+        """The text so far (never blocks; the first call starts the pump)."""
+        self._latest = text
+        if self._task is None:
+            if len(text.strip()) < MIN_PREVIEW_CHARS:
+                return
+            self._task = asyncio.create_task(self._pump(), name="bumblebot:preview")
+        self._changed.set()
+
+    async def _pump(self) -> None:
+        try:
+            self.entry = await self._turn.open_stream()
+            while not self._closing.is_set() and not self._dead:
+                if self._latest == self._raw_shown:
+                    self._changed.clear()
+                    await _first(self._changed, self._closing)
+                    continue
+                raw = self._latest
+                text = self._clean(raw)
+                pause = await self._show(text) if text and text != self.shown else 0.0
+                self._raw_shown = raw
+                await _first(self._closing, timeout=max(self._interval_s, pause))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the preview is cosmetic; the final text goes through the outbox
+            log.exception("streaming preview failed in %s", self._turn.chat.key)
+            self._dead = True
+
+    async def _show(self, text: str) -> float:
+        """Send or edit the preview; returns the extra pause the platform asked for."""
+        assert self.entry is not None
+        chat = self._turn.chat
+        try:
+            if self.entry.preview_id is None:
+                message_id = await self._adapter.send_preview(chat, text, key=await self._key(self.entry.id))
+                self.entry = await self._turn.stream_previewed(self.entry, message_id)
+                self._on_shown()
+            else:
+                await self._adapter.edit_preview(chat, self.entry.preview_id, text)
+        except DeliveryFailed as exc:
+            if not exc.retryable:
+                log.info("streaming preview in %s stopped: %s", chat.key, exc)
+                self._dead = True
+                return 0.0
+            pause = min(exc.retry_after or self._interval_s, MAX_PAUSE_S)  # the latest text goes next
+            self._quiet_until = asyncio.get_running_loop().time() + pause
+            return pause
+        self.shown = text
+        return 0.0
+
+    async def _stop(self) -> None:
+        self._closing.set()
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_WAIT_S)
+        except TimeoutError:  # a platform call that hangs: give up on it
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def take(self) -> OutboxEntry | None:
+        """Stop previewing; the row (with the preview's message id) for ``Turn.speak``,
+        ``None`` when nothing was opened. After a 429 it returns once the platform's
+        ``retry_after`` is over, so the final edit does not land inside the flood window."""
+        await self._stop()
+        quiet = self._quiet_until - asyncio.get_running_loop().time()
+        if quiet > 0:
+            await asyncio.sleep(quiet)
+        return self.entry
+
+    async def pause(self) -> None:
+        """Stop previewing and leave the row open (an outage, a shutdown): the turn's next
+        stream, after the retry or the restart, takes it over."""
+        await self._stop()
+
+    async def withdraw(self) -> None:
+        """No ``say`` takes this text: delete the preview, then close the row (in that order:
+        a crash in between leaves an open row, whose message the next stream takes over)."""
+        await self._stop()
+        if self.entry is None:
+            return
+        if self.entry.preview_id is not None:
+            try:
+                await self._adapter.delete_message(self._turn.chat, self.entry.preview_id)
+            except Exception as exc:  # gone already, or too old to delete: it stays
+                log.info("could not delete a withdrawn preview in %s: %s", self._turn.chat.key, exc)
+        await self._turn.settle_stream(self.entry, status="failed", error="preview withdrawn")
+
+    async def keep(self) -> str:
+        """``/stop``: what is shown stays as it is; returns that text (``""``: nothing shown)."""
+        await self._stop()
+        if self.entry is None:
+            return ""
+        if self.entry.preview_id is None or not self.shown:
+            await self._turn.settle_stream(self.entry, status="failed", error="stopped before it was shown")
+            return ""
+        with contextlib.suppress(Exception):  # the Stop button goes; the text stays
+            await self._adapter.edit_preview(self._turn.chat, self.entry.preview_id, self.shown, final=True)
+        await self._turn.settle_stream(self.entry, status="sent", text=self.shown)
+        return self.shown
+
+
+async def _first(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Wait until one of ``events`` is set (or ``timeout`` seconds pass)."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

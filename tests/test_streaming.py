@@ -1,0 +1,310 @@
+"""Streamed replies (issue 11): the text of a ``say`` reaches the chat while the model still
+writes it, through the real openai client (SSE from the fake endpoint) and the real
+python-telegram-bot / discord.py clients against the fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+from conftest import running, write_config
+from fakes.openai_server import FakeOpenAI, is_loop
+from support import judges_say_done, say
+
+LONG = (
+    "Here is a longer answer that the model writes word by word, so that the chat can show "
+    "it while it is still being generated. It ends with this sentence."
+)
+
+
+def streaming_config(tmp_path, llm, tg, **sections):
+    return write_config(tmp_path, llm, tg, delivery={"streaming": "on", "stream_edit_interval_s": 0.2}, **sections)
+
+
+async def test_a_streamed_say_shows_text_before_the_stream_ends_and_ends_as_one_message(tmp_path, llm, tg):
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    reply = say(LONG)
+    reply.stream_hold, reply.stream_hold_after, reply.stream_chars = hold, 12, 4
+    llm.push(reply, when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)):
+        tg.push_text("tell me something long", chat_id=1001)
+        first = await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 1001)
+        # the model is still inside its stream: the chat already shows the start of the text
+        assert not hold.is_set()
+        partial = first[0].params["text"]
+        assert partial and LONG.startswith(partial) and partial != LONG
+        assert first[0].params.get("reply_markup")  # the Stop button
+        hold.set()
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == LONG and not p.get("reply_markup"))
+    assert tg.shown(1001) == [LONG]  # one message, the whole text, no Stop button left
+    assert len(tg.sent(1001)) == 1
+    assert llm.streamed == 1 and not llm.violations
+
+
+async def test_an_endpoint_that_rejects_stream_still_gets_answers(tmp_path, tg):
+    async with FakeOpenAI(reject_stream=400) as llm:
+        judges_say_done(llm)
+        llm.push(say(LONG), when=is_loop)
+        llm.push(say("and a second answer, whole"), when=is_loop)
+        config = streaming_config(tmp_path, llm, tg)
+        async with running(config):
+            tg.push_text("first question here", chat_id=1002)
+            await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == LONG)
+            tg.push_text("second question here", chat_id=1002)
+            await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "and a second answer, whole")
+        assert tg.shown(1002) == [LONG, "and a second answer, whole"]
+        # refused once, then remembered: the second turn asks for whole answers at once
+        streamed = [r for r in llm.requests if r.get("stream")]
+        assert len(streamed) == 1
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    (value,) = db.execute("SELECT value FROM kv WHERE key LIKE 'llm.stream:%'").fetchone()
+    assert "refused" in value
+
+
+async def test_a_crash_mid_stream_leaves_one_message_and_no_duplicate_after_the_restart(tmp_path, llm, tg):
+    from support import kill_daemon, start_daemon, stop_daemon
+
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    first = say(LONG)
+    first.stream_hold, first.stream_hold_after, first.stream_chars, first.stream_delay = hold, 30, 3, 0.03
+    llm.push(first, when=is_loop)
+    config = streaming_config(tmp_path, llm, tg)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text("tell me something long", chat_id=31)
+        # an edit of the preview: the daemon knows (and recorded) which message shows it
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("chat_id") == 31, timeout=20)
+        await kill_daemon(proc)  # dies mid-stream, with a partial preview on screen
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    hold.set()
+    assert len(tg.shown(31)) == 1 and tg.shown(31)[0] != LONG
+    again = "After the restart the whole answer is written again, into the same message."
+    llm.push(say(again), when=is_loop)
+    proc = await start_daemon(config, tmp_path)
+    await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == again, timeout=20)
+    assert await stop_daemon(proc) == 0
+    assert tg.shown(31) == [again]  # the resumed turn took the preview over: one message
+    assert len(tg.sent(31)) == 1
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    rows = db.execute("SELECT status, streaming, text FROM outbox").fetchall()
+    assert rows == [("sent", 0, again)]
+
+
+async def test_stop_aborts_the_running_model_call_and_history_records_it(tmp_path, llm, tg):
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    reply = say(LONG)
+    reply.stream_hold, reply.stream_hold_after, reply.stream_chars = hold, 12, 4
+    llm.push(reply, when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("tell me something long", chat_id=41)
+        preview = (await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 41))[0]
+        tg.push_text("/stop", chat_id=41)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Stopped.")
+        progress = daemon.engine.progress
+        await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=5)
+        assert not hold.is_set()  # the turn ended while the model was still "writing": aborted
+        shown = tg.shown(41)
+        partial = preview.params["text"]
+        assert shown[0].startswith(partial[:8]) and shown[0] != LONG and shown[1:] == ["Stopped."]
+        message = tg.messages[(41, min(k[1] for k in tg.messages if k[0] == 41 and tg.messages[k]["from"]["is_bot"]))]
+        assert "reply_markup" not in message  # the Stop button went with the stop
+        llm.push(say("fine, something else then"), when=is_loop)
+        tg.push_text("ok, another question", chat_id=41)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "fine, something else then")
+    hold.set()
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    (stop_reason,) = db.execute("SELECT json_extract(trace, '$.stop_reason') FROM turns ORDER BY id").fetchone()
+    assert stop_reason == "stopped"
+    history = [r[0] for r in db.execute("SELECT content FROM messages WHERE role='assistant' ORDER BY id")]
+    assert any("stopped this turn" in h for h in history)
+    last = [r for r in llm.requests if is_loop(r)][-1]
+    assert "stopped this turn" in str(last["messages"])  # the next turn knows
+
+
+async def test_discord_streams_by_editing_one_message(tmp_path, llm):
+    from fakes.discord_server import FakeDiscord
+
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    reply = say(LONG)
+    reply.stream_hold, reply.stream_hold_after, reply.stream_chars = hold, 12, 4
+    llm.push(reply, when=is_loop)
+    async with FakeDiscord() as dc:
+        section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+        config = write_config(tmp_path, llm, None, discord=section, delivery={"streaming": "on", "stream_edit_interval_s": 0.2})
+        async with running(config, telegram_token=None, discord_token=dc.token):
+            await dc.send_dm("tell me something long")
+            dm = dc.dm_channel_id()
+            [created] = await dc.wait_for_call("POST", f"/channels/{dm}/messages", status=200)
+            assert not hold.is_set()
+            partial = created.json["content"]
+            assert LONG.startswith(partial) and partial != LONG
+            hold.set()
+            await dc.wait_until(
+                lambda: [m["content"] for m in dc.created_messages(dm)] == [LONG], 5, "the preview edited into the whole text"
+            )
+        assert [m["content"] for m in dc.created_messages(dm)] == [LONG]  # one message, the whole text
+        assert len(dc.matching_calls("POST", f"/channels/{dm}/messages")) == 1
+        assert dc.server_errors == []
+
+
+async def test_the_stop_button_stops_the_turn(tmp_path, llm, tg):
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    reply = say(LONG)
+    reply.stream_hold, reply.stream_hold_after, reply.stream_chars = hold, 12, 4
+    llm.push(reply, when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("tell me something long", chat_id=42)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 42)
+        [(key, message)] = [(k, m) for k, m in tg.messages.items() if k[0] == 42 and m["from"]["is_bot"]]
+        assert message["reply_markup"]["inline_keyboard"][0][0]["text"] == "Stop"
+        data = message["reply_markup"]["inline_keyboard"][0][0]["callback_data"]
+        tg.push_callback_query(42, key[1], data)
+        await tg.wait_for("answerCallbackQuery")
+        progress = daemon.engine.progress
+        await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=5)
+        assert not hold.is_set()
+    hold.set()
+    assert tg.callback_answers[0].get("text") == "Stopped."
+    assert len(tg.shown(42)) == 1 and tg.shown(42)[0] != LONG  # what was shown stays, nothing more
+    assert "reply_markup" not in tg.messages[key]
+
+
+async def test_a_streamed_say_over_the_limit_ends_split_as_usual(tmp_path, llm, tg):
+    judges_say_done(llm)
+    words = " ".join(f"word{i}" for i in range(1400))  # ~11,000 characters: three messages
+    reply = say(words)
+    reply.stream_chars = 400
+    llm.push(reply, when=is_loop)
+    config = streaming_config(tmp_path, llm, tg, cognition={"classifier": False, "reflex_max_tokens": 4096, "deliberate_max_tokens": 4096})
+    async with running(config):
+        tg.push_text("tell me something long", chat_id=43)
+        await tg.wait_for("sendMessage", n=3, predicate=lambda p: p.get("chat_id") == 43, timeout=10)
+    from adapters.telegram.adapter import render_chunks
+
+    # the whole text once, split where a whole message would have been split
+    assert tg.shown(43) == [chunk.text for chunk in render_chunks(words)]
+    assert len(tg.shown(43)) == 3
+
+
+async def test_a_streamed_say_that_is_not_sent_is_taken_down(tmp_path, llm, tg):
+    """A say the turn drops (here: it repeats what the turn already said) was on screen while
+    it streamed; it must not stay there as a second copy."""
+    judges_say_done(llm)
+    llm.push(say(LONG, end=False), when=is_loop)
+    again = say(LONG + " ")
+    again.stream_delay, again.stream_chars = 0.02, 6
+    llm.push(again, when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("explain the python code in detail", chat_id=44)  # deliberate: two steps
+        progress = daemon.engine.progress
+        await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=10)
+    assert tg.shown(44) == [LONG]
+    assert any(c.method == "deleteMessage" for c in tg.calls)
+
+
+async def test_typing_shows_until_the_first_words(tmp_path, llm, tg):
+    judges_say_done(llm)
+    reply = say(LONG)
+    reply.stream_chars, reply.stream_delay = 3, 0.03  # about 1.5 s of writing
+    llm.push(reply, when=is_loop)
+    config = streaming_config(tmp_path, llm, tg, engine={"shutdown_grace_s": 5, "typing_interval_s": 0.2})
+    async with running(config):
+        tg.push_text("tell me something long", chat_id=45)
+        first = (await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 45))[0]
+        # two edits, 0.2 s apart at least: typing would have been refreshed meanwhile
+        await tg.wait_for("editMessageText", n=2, predicate=lambda p: p.get("chat_id") == 45)
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == LONG)
+    typing = [c for c in tg.calls if c.method == "sendChatAction"]
+    assert typing and typing[0].time < first.time  # it showed while the model was thinking
+    assert [c for c in typing if c.time > first.time] == []
+
+
+async def test_the_discord_stop_button_stops_the_turn(tmp_path, llm):
+    from fakes.discord_server import FakeDiscord
+
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    reply = say(LONG)
+    reply.stream_hold, reply.stream_hold_after, reply.stream_chars = hold, 12, 4
+    llm.push(reply, when=is_loop)
+    async with FakeDiscord() as dc:
+        section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+        config = write_config(tmp_path, llm, None, discord=section, delivery={"streaming": "on", "stream_edit_interval_s": 0.2})
+        async with running(config, telegram_token=None, discord_token=dc.token) as daemon:
+            await dc.send_dm("tell me something long")
+            dm = dc.dm_channel_id()
+            await dc.wait_for_call("POST", f"/channels/{dm}/messages", status=200)
+            [preview] = dc.created_messages(dm)
+            [button] = preview["components"][0]["components"]
+            assert button["label"] == "Stop"
+            await dc.press_button(preview["id"], button["custom_id"])
+            progress = daemon.engine.progress
+            await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=5)
+            assert not hold.is_set()
+            await dc.wait_until(lambda: not dc.message(preview["id"])["components"], 5, "the Stop button removed")
+        hold.set()
+        [answer] = dc.interaction_responses
+        assert answer["data"]["content"] == "Stopped." and answer["data"]["flags"] & 64  # only to the presser
+        [shown] = dc.created_messages(dm)
+        assert shown["content"] != LONG and LONG.startswith(shown["content"][:20])
+        assert dc.server_errors == []
+
+
+async def test_a_stream_that_breaks_off_is_retried_into_the_same_message(tmp_path, llm, tg):
+    from bumblebot.turn import OUTAGE_NOTICE
+
+    judges_say_done(llm)
+    broken = say(LONG)
+    broken.stream_chars, broken.stream_delay, broken.stream_cut_after = 3, 0.03, 30
+    llm.push(broken, when=is_loop)
+    again = "The endpoint is back and this is the whole answer, in the message that showed the first try."
+    llm.push(say(again), when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)):
+        tg.push_text("tell me something long", chat_id=47)
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == again, timeout=10)
+    assert tg.shown(47) == [again, OUTAGE_NOTICE]  # the answer took the first preview over
+    assert [t for t in tg.sent(47) if t != OUTAGE_NOTICE][0] != again  # it was a preview, edited
+
+
+async def test_a_429_on_an_edit_pauses_the_preview_and_the_final_text_still_arrives(tmp_path, llm, tg):
+    from fakes.telegram_server import retry_after_body
+
+    judges_say_done(llm)
+    reply = say(LONG)
+    reply.stream_chars, reply.stream_delay = 3, 0.02
+    llm.push(reply, when=is_loop)
+    tg.fail_next("editMessageText", 429, retry_after_body(1))
+    async with running(streaming_config(tmp_path, llm, tg)):
+        tg.push_text("tell me something long", chat_id=48)
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == LONG, timeout=10)
+    edits = [c for c in tg.calls if c.method == "editMessageText"]
+    # nothing was edited within the second Telegram asked for after the refused edit
+    assert all(e.time >= edits[0].time + 0.95 for e in edits[1:])
+    assert tg.shown(48) == [LONG]
+
+
+async def test_no_model_slot_is_held_while_a_delivery_waits_on_the_platform(tmp_path, llm, tg):
+    from fakes.telegram_server import retry_after_body
+
+    judges_say_done(llm)
+    llm.push(say("the answer for chat A, delivered late"), when=lambda r: is_loop(r) and "chat A" in str(r["messages"]))
+    llm.push(say("the answer for chat B"), when=lambda r: is_loop(r) and "chat B" in str(r["messages"]))
+    tg.fail_next("sendMessage", 429, retry_after_body(2))  # A's delivery waits 2 s inline
+    config = write_config(tmp_path, llm, tg, llm={"base_url": llm.base_url, "model": "test-model", "max_retries": 0,
+                                                  "timeout_s": 10, "max_concurrent_requests": 1})
+    async with running(config):
+        tg.push_text("question from chat A", chat_id=51)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 51)  # refused: waiting
+        tg.push_text("question from chat B", chat_id=52)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 52)
+        b_sent = [c for c in tg.calls if c.method == "sendMessage" and c.params.get("chat_id") == 52][0].time
+        await tg.wait_for("sendMessage", n=2, predicate=lambda p: p.get("chat_id") == 51, timeout=5)
+    a_retry = [c for c in tg.calls if c.method == "sendMessage" and c.params.get("chat_id") == 51][1].time
+    assert b_sent < a_retry  # B's turn got the one model slot while A's reply waited on Telegram
