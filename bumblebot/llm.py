@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx
 import openai
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletion
 
 from bumblebot.config import LLMSettings
 from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
@@ -270,6 +270,10 @@ def retry_after_s(value: str | None, now: float) -> float | None:
     if when.tzinfo is None:
         return None
     return max(0.0, when.timestamp() - now)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) else None
 
 
 def _refusal(exc: openai.APIStatusError) -> str:
@@ -579,20 +583,24 @@ class LLM:
         finish: str | None = None
         usage: Any = None
         async with self._slots:
+            # chunks come as plain dicts (``AsyncStream[object]``): building a typed object per
+            # chunk doubled the CPU of a streamed turn (bench/bench_chat.py)
             stream = await self._client.post(
                 "/chat/completions", cast_to=ChatCompletion, body=body, stream=True,
-                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+                stream_cls=openai.AsyncStream[object],
             )
             try:
                 async for chunk in stream:
-                    usage = getattr(chunk, "usage", None) or usage
-                    for choice in chunk.choices or ():
-                        delta = choice.delta
-                        if delta is not None and delta.content:
-                            content.append(delta.content)
-                        for part in (delta.tool_calls if delta is not None else None) or ():
+                    if not isinstance(chunk, dict):
+                        continue
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        if delta.get("content"):
+                            content.append(delta["content"])
+                        for part in delta.get("tool_calls") or ():
                             self._take_call_part(calls, part, on_say)
-                        finish = choice.finish_reason or finish
+                        finish = choice.get("finish_reason") or finish
             except httpx.TimeoutException as exc:
                 raise ModelTimeout(f"the model endpoint stopped streaming for {self.settings.timeout_s:g} s") from exc
             except httpx.HTTPError as exc:
@@ -610,31 +618,35 @@ class LLM:
             content=strip_reasoning("".join(content)),
             tool_calls=tool_calls,
             finish_reason=finish or "stop",
-            prompt_tokens=getattr(usage, "prompt_tokens", None),
-            completion_tokens=getattr(usage, "completion_tokens", None),
+            prompt_tokens=_int(usage.get("prompt_tokens")) if isinstance(usage, dict) else None,
+            completion_tokens=_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None,
         )
 
     @staticmethod
     def _take_call_part(calls: dict[int, dict[str, Any]], part: Any, on_say: SayListener) -> None:
-        """Add one streamed fragment of a tool call (keyed by ``index``) and report the text
-        of a ``say`` call that grew."""
-        index = part.index if isinstance(part.index, int) else max(calls, default=0)
+        """Add one streamed fragment of a tool call (a ``delta.tool_calls`` item, keyed by
+        ``index``) and report the text of a ``say`` call that grew."""
+        if not isinstance(part, dict):
+            return
+        index = part.get("index")
+        index = index if isinstance(index, int) else max(calls, default=0)
         call = calls.setdefault(index, {"id": "", "name": "", "args": [], "reader": None, "said": ""})
-        call["id"] = call["id"] or part.id or ""
-        fn = part.function
-        if fn is None:
+        call["id"] = call["id"] or str(part.get("id") or "")
+        fn = part.get("function")
+        if not isinstance(fn, dict):
             return
-        call["name"] = call["name"] or fn.name or ""
-        if not fn.arguments:
+        call["name"] = call["name"] or str(fn.get("name") or "")
+        arguments = fn.get("arguments")
+        if not isinstance(arguments, str) or not arguments:
             return
-        call["args"].append(fn.arguments)
+        call["args"].append(arguments)
         if call["name"] != "say":
             return
         reader = call["reader"]
         if reader is None:
             reader = call["reader"] = JsonStringField("text")
             reader.feed("".join(call["args"][:-1]))
-        text = reader.feed(fn.arguments)
+        text = reader.feed(arguments)
         if text != call["said"]:
             call["said"] = text
             on_say(index, text)
