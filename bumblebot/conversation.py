@@ -190,6 +190,8 @@ class Turn:
         #: set by ``/stop``; the agent loop ends the turn at once (in memory only: a turn a
         #: crash cut off is resumed, a stop needs the process that runs it)
         self.stop = asyncio.Event()
+        #: streaming rows this process already gave out (two streamed says never share one)
+        self._streams: set[int] = set()
 
     @property
     def chat(self) -> ChatRef:
@@ -274,9 +276,16 @@ class Turn:
         when it was cut off (a crash, an outage mid-stream), so its preview is taken over and
         never shown twice, else a new one."""
         for entry in await self._store.outbox_for_turn(self.id):
-            if entry.streaming and entry.status == "pending":
+            if entry.streaming and entry.status == "pending" and entry.id not in self._streams:
+                self._streams.add(entry.id)
                 return entry
-        return await self._store.open_stream(self.conversation.id, self.id, self.chat)
+        entry = await self._store.open_stream(self.conversation.id, self.id, self.chat)
+        self._streams.add(entry.id)
+        return entry
+
+    def release_stream(self, entry: OutboxEntry) -> None:
+        """A streaming row left open (an outage): the turn's next stream may take it over."""
+        self._streams.discard(entry.id)
 
     async def stream_previewed(self, entry: OutboxEntry, preview_id: str) -> OutboxEntry:
         """The platform message ``preview_id`` shows the streaming row ``entry`` now."""

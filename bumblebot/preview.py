@@ -150,6 +150,8 @@ class LivePreview:
         """Stop previewing and leave the row open (an outage, a shutdown): the turn's next
         stream, after the retry or the restart, takes it over."""
         await self._stop()
+        if self.entry is not None:
+            self._turn.release_stream(self.entry)
 
     async def withdraw(self) -> None:
         """No ``say`` takes this text: delete the preview, then close the row (in that order:

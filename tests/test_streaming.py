@@ -5,6 +5,7 @@ python-telegram-bot / discord.py clients against the fakes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 
 from conftest import running, write_config
@@ -308,3 +309,37 @@ async def test_no_model_slot_is_held_while_a_delivery_waits_on_the_platform(tmp_
         await tg.wait_for("sendMessage", n=2, predicate=lambda p: p.get("chat_id") == 51, timeout=5)
     a_retry = [c for c in tg.calls if c.method == "sendMessage" and c.params.get("chat_id") == 51][1].time
     assert b_sent < a_retry  # B's turn got the one model slot while A's reply waited on Telegram
+
+
+async def test_two_says_cut_off_by_a_crash_are_taken_over_by_two_streams(tmp_path, llm, tg):
+    """Two streamed says of one completion, both on screen when the process died: the resumed
+    turn's two says finish the two messages, one each, and nothing more is sent."""
+    from support import kill_daemon, start_daemon, stop_daemon
+
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    second = LONG.replace("longer", "second")
+    first = say(LONG, second)
+    first.stream_hold, first.stream_chars, first.stream_delay = hold, 4, 0.01
+    first.stream_hold_after = 2 + len(json.dumps({"text": LONG})) // 4 + 12  # into the second say
+    llm.push(first, when=is_loop)
+    config = streaming_config(tmp_path, llm, tg)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text("tell me two things", chat_id=53)
+        await tg.wait_for("sendMessage", n=2, predicate=lambda p: p.get("chat_id") == 53, timeout=20)
+        latest = max(mid for chat, mid in tg.messages if chat == 53)
+        # an edit of the second preview: the daemon recorded which message shows it
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("message_id") == latest, timeout=20)
+        await kill_daemon(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    hold.set()
+    one, two = "The first answer, written again after the restart.", "The second answer, also written again."
+    llm.push(say(one, two), when=is_loop)
+    proc = await start_daemon(config, tmp_path)
+    await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == two, timeout=20)
+    assert await stop_daemon(proc) == 0
+    assert sorted(tg.shown(53)) == sorted([one, two])
+    assert len(tg.sent(53)) == 2
