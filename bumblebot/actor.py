@@ -191,10 +191,8 @@ class ConversationActor:
         """``/stop``: the running turn (or the one waiting out an outage) stops at once: its
         model call is aborted, tools still running are cancelled, what it delivered stays, and
         its history records that it was stopped (``AgentLoop``). ``False`` when there is none."""
-        turn = self.conversation.turn
-        if turn is None or turn.stop.is_set() or not (self.busy or self._suspended is not None):
+        if not (self.busy or self._suspended is not None) or not self.conversation.request_stop():
             return False
-        turn.stop.set()
         self._wake.set()  # a suspended turn is retried now, and ends as stopped
         return True
 

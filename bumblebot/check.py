@@ -8,6 +8,7 @@ the database opened read-only, so it works next to a running daemon.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from typing import Any
@@ -17,7 +18,7 @@ import httpx
 from bumblebot.config import Secrets, Settings, effective_base_url
 from bumblebot.entity import Entity
 from bumblebot.errors import ModelError, StoreError
-from bumblebot.llm import LLM, ForcingFallback, tool_choice_key
+from bumblebot.llm import LLM, ForcingFallback, stream_key, tool_choice_key
 from bumblebot.store import Store
 
 PING_TOOL = {
@@ -54,6 +55,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         api_key=secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None,
     )
     forcing, fallback = await forcing_mode(settings, base_url)
+    remembered_whole = await _stored_kv(settings, stream_key(base_url))
     forced_now = probe_ran = False
     try:
         for model in dict.fromkeys([llm.model, llm.reflex_model]):
@@ -70,6 +72,11 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
         probe_ran = True
         if not streams:
             streaming = "off (delivery.streaming)"
+        elif remembered_whole:
+            why = _reason(remembered_whole)
+            streaming = f"whole messages: the daemon remembers that this endpoint could not stream ({why}); it tries again 24 h after that"
+            if probe.streamed:
+                streaming += "; it streamed just now, so the next try will switch streaming back on"
         elif probe.streamed:
             streaming = "on: the endpoint streams tool calls"
         else:
@@ -148,6 +155,24 @@ async def forcing_mode(settings: Settings, base_url: str, now: float | None = No
     if fallback is None:
         return "required", None
     return fallback.describe(time.time() if now is None else now), fallback
+
+
+async def _stored_kv(settings: Settings, key: str) -> str | None:
+    """A ``kv`` value of the daemon's database, opened read-only (``None``: none, or no database)."""
+    if not settings.db_path.is_file():
+        return None
+    try:
+        async with Store(settings.db_path, readonly=True) as store:
+            return await store.get_kv(key)
+    except (StoreError, sqlite3.Error):
+        return None
+
+
+def _reason(raw: str) -> str:
+    try:
+        return str(json.loads(raw).get("reason") or "reason not recorded")
+    except (ValueError, AttributeError):
+        return "reason not recorded"
 
 
 async def _get_json(url: str, headers: dict[str, str] | None = None) -> Any:

@@ -103,8 +103,17 @@ class LLMSettings(_Section):
 
 
 def _on_off(value: Any) -> Any:
-    """YAML 1.1 reads bare ``on``/``off`` as booleans; take them back as text."""
-    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    """YAML 1.1 reads bare ``on``/``off`` (and yes/no, true/false) as booleans, an env
+    override arrives as text: both are taken as ``on``/``off``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("on", "true", "yes", "1"):
+            return "on"
+        if word in ("off", "false", "no", "0"):
+            return "off"
+    return value
 
 
 class DeliverySettings(_Section):
@@ -117,8 +126,8 @@ class DeliverySettings(_Section):
     )
     stream_edit_interval_s: float = Field(
         1.0, ge=0.2, le=10,
-        description="least time between two edits of a streamed message in a private chat, seconds "
-        "(groups and guild channels: at least 3 s, Telegram's 20 messages a minute)",
+        description="least time between two edits of a streamed message, seconds; the platform's own "
+        "floor applies on top (Telegram: 1 s in a private chat, 3 s in a group; Discord: 1 s)",
     )
 
     @field_validator("streaming", mode="before")

@@ -192,6 +192,7 @@ class Turn:
         self.stop = asyncio.Event()
         #: streaming rows this process already gave out (two streamed says never share one)
         self._streams: set[int] = set()
+        self._stream_lock = asyncio.Lock()
 
     @property
     def chat(self) -> ChatRef:
@@ -275,22 +276,37 @@ class Turn:
         """A streaming outbox row for a ``say`` being written: the one this turn left open
         when it was cut off (a crash, an outage mid-stream), so its preview is taken over and
         never shown twice, else a new one."""
-        for entry in await self._store.outbox_for_turn(self.id):
-            if entry.streaming and entry.status == "pending" and entry.id not in self._streams:
-                self._streams.add(entry.id)
-                return entry
-        entry = await self._store.open_stream(self.conversation.id, self.id, self.chat)
-        self._streams.add(entry.id)
-        return entry
+        async with self._stream_lock:  # a row is never seen unclaimed by open_streams
+            for entry in await self._store.outbox_for_turn(self.id):
+                if entry.streaming and entry.status == "pending" and entry.id not in self._streams:
+                    self._streams.add(entry.id)
+                    return entry
+            entry = await self._store.open_stream(self.conversation.id, self.id, self.chat)
+            self._streams.add(entry.id)
+            return entry
 
     def release_stream(self, entry: OutboxEntry) -> None:
         """A streaming row left open (an outage): the turn's next stream may take it over."""
         self._streams.discard(entry.id)
 
-    async def stream_previewed(self, entry: OutboxEntry, preview_id: str) -> OutboxEntry:
-        """The platform message ``preview_id`` shows the streaming row ``entry`` now."""
-        await self._store.stream_previewed(entry.id, preview_id)
-        return dataclasses.replace(entry, preview_id=preview_id)
+    async def stream_previewed(self, entry: OutboxEntry, preview_id: str, shown: str) -> OutboxEntry:
+        """The platform message ``preview_id`` shows the streaming row ``entry`` now, with the
+        text ``shown`` (kept so that a preview left open can be kept or taken down later)."""
+        await self._store.stream_previewed(entry.id, preview_id, shown)
+        return dataclasses.replace(entry, preview_id=preview_id, text=shown)
+
+    async def open_streams(self) -> list[OutboxEntry]:
+        """Streaming rows of this turn that no stream of this process holds (left open by a
+        crash or an outage)."""
+        async with self._stream_lock:
+            return [
+                e for e in await self._store.outbox_for_turn(self.id)
+                if e.streaming and e.status == "pending" and e.id not in self._streams
+            ]
+
+    def claim_stream(self, entry: OutboxEntry) -> None:
+        """``entry`` (from :meth:`open_streams`) is taken over now."""
+        self._streams.add(entry.id)
 
     async def settle_stream(self, entry: OutboxEntry, *, status: str, text: str | None = None, error: str | None = None) -> None:
         """Close a streaming row that no ``say`` took over (see ``Store.settle_stream``)."""
@@ -326,6 +342,8 @@ class Conversation:
         self.turn: Turn | None = None
         #: journal entries waiting for a turn, oldest first (a running turn may take them)
         self.inbox: list[JournalEntry] = []
+        #: ``/stop`` came before the turn began (while it was routed): it stops at once
+        self.stop_pending = False
 
     @classmethod
     async def load(cls, store: Store, chat: ChatRef) -> Conversation:
@@ -365,6 +383,9 @@ class Conversation:
         session = self.session
         turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state)
         self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)
+        if self.stop_pending:  # /stop came while the turn was being routed
+            self.stop_pending = False
+            self.turn.stop.set()
         return self.turn
 
     async def resume_turn(self, running: RunningTurn, state: dict[str, Any]) -> Turn:
@@ -424,5 +445,19 @@ class Conversation:
         batch, self.inbox = self.inbox, []
         return batch
 
+    def request_stop(self) -> bool:
+        """``/stop``: the turn in progress stops (``Turn.stop``); a turn still being routed
+        (the classifier call) stops as soon as it begins. ``False`` when already asked."""
+        if self.turn is not None:
+            if self.turn.stop.is_set():
+                return False
+            self.turn.stop.set()
+            return True
+        if self.stop_pending:
+            return False
+        self.stop_pending = True
+        return True
+
     def turn_done(self) -> None:
         self.turn = None
+        self.stop_pending = False

@@ -9,8 +9,10 @@ delivered by ``say`` plus the final reply). Only *work* tools count for groundin
    to the judge below, as the spec asks);
 2. a reflex chat turn (``GateInput.chat_reflex``: the router sent it to reflex, so it is casual
    chat that asks for no work) where no work tool ran, the user did not demand tools and the
-   visible reply is not progress chatter ends with no judge: the router already decided that
-   (issue 11, a deliberate refinement of the spec, docs/cognition.md section 5);
+   visible reply promises no work (:func:`promises_work`: "I'll look into it", "let me
+   check") ends with no judge: the router already decided that (issue 11, a deliberate
+   refinement of the spec, docs/cognition.md section 5). A reply that promises work is the
+   adequacy judge's to weigh, as on a deliberate turn;
 3. if work tools ran (even if they all failed: the reply must then report the failure), or the
    user demanded tool grounding: the **grounding judge** (reflex model, ``DONE:``/``CONTINUE:``)
    checks the visible reply reflects the tool results;
@@ -109,6 +111,21 @@ class GateDecision:
     judge: str | None = None  # "grounding", "adequacy" or None (heuristic)
     nudge: str | None = None
     raw: str | None = None
+
+
+#: A reply that promises work ("I'll dig through your notes", "let me check"): a reflex turn
+#: that says this gets the adequacy judge after all (fixed phrases on word boundaries, one
+#: bounded lookahead: linear in the text).
+_PROMISES = re.compile(
+    r"\b(?:i'll|i will|i'm going to|i am going to|gonna|let me(?! know)|get back to you|one moment|one sec"
+    r"|give me a (?:sec|second|moment|minute)|working on (?:it|that)|on it|right away|will do)\b",
+    re.IGNORECASE,
+)
+
+
+def promises_work(text: str) -> bool:
+    """``text`` announces work still to come, in any of the forms of :data:`_PROMISES`."""
+    return bool(_PROMISES.search(text.replace("\u2019", "'")))
 
 
 def user_demands_tools(text: str) -> bool:
@@ -256,7 +273,7 @@ class CompletionGate:
                 "read_file), then say() what the tools returned, or tell the user plainly that you cannot.",
             )
         demanded = user_demands_tools(inp.user_text)
-        if inp.chat_reflex and inp.work_calls == 0 and not demanded and not progress_only(visible):
+        if inp.chat_reflex and inp.work_calls == 0 and not demanded and not promises_work(visible):
             return GateDecision(True, "reflex chat turn: no judge (router decided)")
         if inp.work_calls > 0 or demanded:
             return await self._ask("grounding", grounding_messages(inp), grounding=True)

@@ -92,8 +92,9 @@ _CALL_AS_TEXT = re.compile(r"<tool_call>|^\s*\{\s*\"name\"\s*:")
 #: the model writes broken calls, the stream is not to blame.
 STREAM_CHECKS = 3
 
-#: ``on_say(index, text)``: the text so far of the ``say`` call at position ``index`` of a
-#: completion being streamed. Called synchronously from the stream: it must not block.
+#: ``on_say(index, text)``: more text (appended to what came before) of the ``say`` call at
+#: position ``index`` of a completion being streamed. Called synchronously from the stream:
+#: it must not block.
 SayListener = Callable[[int, str], None]
 
 
@@ -180,6 +181,10 @@ class CapabilityMemory:
 def tool_choice_key(base_url: str) -> str:
     """The ``kv`` key of the tool_choice fallback of the endpoint at ``base_url``."""
     return f"llm.tool_choice:{base_url}"
+
+
+class _StreamDropped(ModelUnavailable):
+    """A streamed request got no answer at all: the connection closed before the first chunk."""
 
 
 def stream_key(base_url: str) -> str:
@@ -552,6 +557,19 @@ class LLM:
             response = await self._post(params)  # the same request, whole: if it fails too, not our business
             await self._stream_refused(f"a streamed request was refused ({_refusal(exc)}); an unstreamed one was answered")
             return response
+        except (openai.APIConnectionError, _StreamDropped) as exc:
+            # no answer at all to a streamed request: the endpoint may be down, or it may be
+            # one that drops streamed requests it cannot serve (llama-cpp-python does, for
+            # tool_choice "required"). One whole request tells them apart.
+            try:
+                response = await self._post(params)
+            except openai.APIConnectionError:
+                raise exc from None  # down: an outage, as it was
+            except openai.APIStatusError:
+                await self._stream_refused(f"a streamed request was dropped unanswered ({exc}); an unstreamed one was answered")
+                raise
+            await self._stream_refused(f"a streamed request was dropped unanswered ({exc}); an unstreamed one was answered")
+            return response
         broken = self._broken_stream(streamed, params)
         if broken is None or self._stream_checks >= STREAM_CHECKS:
             return streamed
@@ -582,6 +600,7 @@ class LLM:
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
         usage: Any = None
+        received = 0
         async with self._slots:
             # chunks come as plain dicts (``AsyncStream[object]``): building a typed object per
             # chunk doubled the CPU of a streamed turn (bench/bench_chat.py)
@@ -591,6 +610,7 @@ class LLM:
             )
             try:
                 async for chunk in stream:
+                    received += 1
                     if not isinstance(chunk, dict):
                         continue
                     usage = chunk.get("usage") or usage
@@ -604,7 +624,15 @@ class LLM:
             except httpx.TimeoutException as exc:
                 raise ModelTimeout(f"the model endpoint stopped streaming for {self.settings.timeout_s:g} s") from exc
             except httpx.HTTPError as exc:
+                if not received:
+                    raise _StreamDropped(f"the endpoint at {self.base_url} closed the stream before any answer: {exc}") from exc
                 raise ModelUnavailable(f"the stream from the model endpoint at {self.base_url} broke off: {exc}") from exc
+            except openai.APIStatusError:
+                raise
+            except openai.APIError as exc:  # an error event mid-stream (OpenRouter: a provider failed)
+                if self._is_context_error(exc):
+                    raise ContextTooLong(f"the prompt is too long for the model: {exc.message}") from exc
+                raise ModelUnavailable(f"the model endpoint reported an error mid-stream: {exc.message}") from exc
             finally:
                 await stream.close()
         tool_calls = [
@@ -617,7 +645,7 @@ class LLM:
         return Completion(
             content=strip_reasoning("".join(content)),
             tool_calls=tool_calls,
-            finish_reason=finish or "stop",
+            finish_reason=finish or "",
             prompt_tokens=_int(usage.get("prompt_tokens")) if isinstance(usage, dict) else None,
             completion_tokens=_int(usage.get("completion_tokens")) if isinstance(usage, dict) else None,
         )
@@ -630,7 +658,7 @@ class LLM:
             return
         index = part.get("index")
         index = index if isinstance(index, int) else max(calls, default=0)
-        call = calls.setdefault(index, {"id": "", "name": "", "args": [], "reader": None, "said": ""})
+        call = calls.setdefault(index, {"id": "", "name": "", "args": [], "reader": None})
         call["id"] = call["id"] or str(part.get("id") or "")
         fn = part.get("function")
         if not isinstance(fn, dict):
@@ -646,15 +674,16 @@ class LLM:
         if reader is None:
             reader = call["reader"] = JsonStringField("text")
             reader.feed("".join(call["args"][:-1]))
-        text = reader.feed(arguments)
-        if text != call["said"]:
-            call["said"] = text
-            on_say(index, text)
+        added = reader.feed(arguments)
+        if added:
+            on_say(index, added)
 
     @staticmethod
     def _broken_stream(completion: Completion, params: dict[str, Any]) -> str | None:
-        """Why a streamed completion looks like the stream garbled it, or ``None``."""
-        if not params.get("tools"):
+        """Why a streamed completion looks like the stream garbled it, or ``None``. Arguments
+        cut at the token budget (``length``), or by a stream that ended without a finish
+        reason, say nothing about the endpoint's streaming."""
+        if not params.get("tools") or completion.hit_length or completion.finish_reason == "":
             return None
         for call in completion.tool_calls:
             try:

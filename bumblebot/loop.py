@@ -634,11 +634,18 @@ class AgentLoop:
         ended_by, nudge = await self._close_interrupted(port, state)
         hit_length = False
         listener = port.on_say()
+        previewing: set[int] = set()  # says of the completion being streamed that are shown
 
         def on_say(index: int, text: str) -> None:
-            # nothing is shown that could not be sent as the reply (the turn's message cap)
-            if listener is not None and not turn.undeliverable and len(state.delivered) < limits.max_messages:
-                listener(index, text)
+            # nothing is shown that could not be sent (the turn's message cap, counting the
+            # says of this completion shown before this one)
+            if listener is None or turn.undeliverable:
+                return
+            if index not in previewing:
+                if len(state.delivered) + len(previewing) >= limits.max_messages:
+                    return
+                previewing.add(index)
+            listener(index, text)
 
         stop = port.stop
         while True:
@@ -681,6 +688,7 @@ class AgentLoop:
                     nudge = None
             request, estimate = await requests.build(nudge)
             port.waiting()
+            previewing.clear()
             try:
                 completion = await _unless_stopped(stop, self._complete_fitting(
                     request, nudge, requests, schemas, limits, on_say if listener is not None else None
@@ -740,10 +748,11 @@ class AgentLoop:
                 await port.settle_previews()
                 state.step_done(said_before, plan, cut=hit_length)
                 said_now = state.delivered[said_before:]
-                # "On it!" is a promise, not the reply: the turn goes on (the gate's own check)
-                if limits.one_reply and said_now and not all(progress_only(t) for t in said_now) and not any(
-                    allowed and self.toolbox.kind(call.name) is ToolKind.WORK for call, allowed in plan
-                ):
+                # "On it!" is a promise, not the reply: the turn goes on (the gate's own check);
+                # a turn that has done work is no plain chat reply any more: it ends as any does
+                if limits.one_reply and said_now and state.work_calls == 0 and not all(
+                    progress_only(t) for t in said_now
+                ) and not any(allowed and self.toolbox.kind(call.name) is ToolKind.WORK for call, allowed in plan):
                     turn.end_requested = True  # a reflex turn is one reply (docs/cognition.md)
                 if turn.end_requested:
                     turn.end_requested = False

@@ -64,8 +64,10 @@ class LivePreview:
         self._interval_s = interval_s
         self._key = key
         self._on_shown = on_shown
-        self._latest = ""
-        self._raw_shown = ""  # the raw text behind what is shown
+        self._parts: list[str] = []  # the raw text so far, in the pieces it came in
+        self._length = 0
+        self._version = 0  # pieces received; what is shown was built from ``_shown_version``
+        self._shown_version = 0
         #: the text the platform shows now
         self.shown = ""
         self._changed = asyncio.Event()
@@ -75,11 +77,20 @@ class LivePreview:
         self.entry: OutboxEntry | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def update(self, text: str) -> None:
-        """The text so far (never blocks; the first call starts the pump)."""
-        self._latest = text
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
+    def add(self, text: str, *, start: bool = False) -> None:
+        """More text (never blocks). The pump starts once there are
+        :data:`MIN_PREVIEW_CHARS` characters, or at once with ``start`` (a later say of the
+        same completion is streaming: this one is complete, and must show first)."""
+        if text:
+            self._parts.append(text)
+            self._length += len(text)
+            self._version += 1
         if self._task is None:
-            if len(text.strip()) < MIN_PREVIEW_CHARS:
+            if not start and self._length < MIN_PREVIEW_CHARS:
                 return
             self._task = asyncio.create_task(self._pump(), name="bumblebot:preview")
         self._changed.set()
@@ -88,14 +99,14 @@ class LivePreview:
         try:
             self.entry = await self._turn.open_stream()
             while not self._closing.is_set() and not self._dead:
-                if self._latest == self._raw_shown:
+                if self._version == self._shown_version:
                     self._changed.clear()
                     await _first(self._changed, self._closing)
                     continue
-                raw = self._latest
-                text = self._clean(raw)
+                version = self._version
+                text = self._clean("".join(self._parts))  # once per edit, not per piece
                 pause = await self._show(text) if text and text != self.shown else 0.0
-                self._raw_shown = raw
+                self._shown_version = version
                 await _first(self._closing, timeout=max(self._interval_s, pause))
         except asyncio.CancelledError:
             raise
@@ -110,7 +121,7 @@ class LivePreview:
         try:
             if self.entry.preview_id is None:
                 message_id = await self._adapter.send_preview(chat, text, key=await self._key(self.entry.id))
-                self.entry = await self._turn.stream_previewed(self.entry, message_id)
+                self.entry = await self._turn.stream_previewed(self.entry, message_id, text)
                 self._on_shown()
             else:
                 await self._adapter.edit_preview(chat, self.entry.preview_id, text)
@@ -151,6 +162,9 @@ class LivePreview:
         stream, after the retry or the restart, takes it over."""
         await self._stop()
         if self.entry is not None:
+            if self.shown and self.entry.preview_id is not None:
+                with contextlib.suppress(Exception):  # what is on screen, for a /stop meanwhile
+                    await self._turn.stream_previewed(self.entry, self.entry.preview_id, self.shown)
             self._turn.release_stream(self.entry)
 
     async def withdraw(self) -> None:

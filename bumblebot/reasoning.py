@@ -54,3 +54,21 @@ def strip_reasoning(text: str) -> str:
         if lower.lstrip().startswith(opening):
             return ""
     return out.strip()
+
+
+def shown_so_far(text: str) -> str:
+    """What of a reply still being written may be shown (a streamed preview): like
+    :func:`strip_reasoning`, and also nothing from an opening tag whose block has not closed
+    yet (it may be reasoning still coming), nor a partial tag at the very end (``"<thi"``).
+    Linear in the text."""
+    lower = text.translate(_ASCII_LOWER)
+    cut = len(text)
+    for tag in TAGS:
+        opening, closing = f"<{tag}>", f"</{tag}>"
+        start = lower.rfind(opening)
+        if start != -1 and lower.find(closing, start) == -1:
+            cut = min(cut, start)
+    tail = lower.rfind("<", max(0, cut - len("</reasoning>")), cut)
+    if tail != -1 and any(f"<{t}>".startswith(lower[tail:cut]) or f"</{t}>".startswith(lower[tail:cut]) for t in TAGS):
+        cut = tail
+    return strip_reasoning(text[:cut])

@@ -144,7 +144,8 @@ CASUAL_WORDS = (
     "dunno", "gonna", "wanna", "kinda", "dope", "aight", "ight",
 )  # fmt: skip
 CODE_WORDS = (
-    "write", "create", "fix", "debug", "run", "install", "deploy", "script", "function", "code",
+    "write", "create", "fix", "debug", "run it", "run this", "run that", "run the", "run my",
+    "run a", "run an", "install", "deploy", "script", "function", "code",
     "coding", "programming", "python", "javascript", "typescript", "java", "rust",
     "golang", "bash", "shell", "terminal", "command", "compile", "compiler", "bug", "error",
     "exception", "traceback", "stack trace", "api", "sql", "database", "regex", "git", "github",

@@ -687,10 +687,11 @@ class Store:
             assert cur.lastrowid is not None
         return OutboxEntry(cur.lastrowid, conversation_id, turn_id, chat, "", "pending", [], 0, None, streaming=True)
 
-    async def stream_previewed(self, outbox_id: int, preview_id: str) -> None:
-        """The platform message ``preview_id`` now shows the streaming row ``outbox_id``."""
+    async def stream_previewed(self, outbox_id: int, preview_id: str, shown: str) -> None:
+        """The platform message ``preview_id`` now shows the streaming row ``outbox_id``, with
+        the text ``shown``."""
         async with self.transaction() as db:
-            await db.execute("UPDATE outbox SET preview_id=? WHERE id=?", (preview_id, outbox_id))
+            await db.execute("UPDATE outbox SET preview_id=?, text=? WHERE id=?", (preview_id, shown, outbox_id))
 
     async def settle_stream(self, outbox_id: int, *, status: str, text: str | None = None, error: str | None = None) -> None:
         """Close a streaming row without a ``say`` to show: ``failed`` (its preview was taken

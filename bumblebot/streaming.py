@@ -35,9 +35,9 @@ class JsonStringField:
     Usage::
 
         reader = JsonStringField("text")
-        reader.feed('{"te')        # -> ""
+        reader.feed('{"te')        # -> "" (nothing new)
         reader.feed('xt": "Hel')   # -> "Hel"
-        reader.feed('lo\\\\n"}')   # -> "Hello\\n"
+        reader.feed('lo\\\\n"}')   # -> "lo\\n"
         reader.value                # "Hello\\n"; reader.complete is True
 
     Args:
@@ -66,12 +66,14 @@ class JsonStringField:
         return self._state == _DONE
 
     def feed(self, fragment: str) -> str:
-        """Read the next ``fragment`` of the arguments; returns the value so far."""
+        """Read the next ``fragment`` of the arguments; returns the text it added to the
+        value (``""``: none). Work is proportional to ``len(fragment)``."""
+        start = len(self._out)
         for ch in fragment:
             if self._state == _DONE:
                 break
             self._step(ch)
-        return self.value
+        return "".join(self._out[start:])
 
     def _step(self, ch: str) -> None:
         state = self._state

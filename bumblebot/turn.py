@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bumblebot.adapter import Typing
+from bumblebot.adapter import Adapter, Typing
 from bumblebot.budget import REPLY_SHARE, ContextBudget
 from bumblebot.compactor import Compactor
 from bumblebot.config import CognitionSettings, DeliverySettings, EngineSettings
@@ -56,6 +56,7 @@ from bumblebot.messages import (
     estimate_tools,
 )
 from bumblebot.preview import LivePreview
+from bumblebot.reasoning import shown_so_far
 from bumblebot.prompt import PromptBuilder, TurnInfo
 from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, route
 from bumblebot.store import JournalEntry, OutboxEntry, RunningTurn
@@ -168,6 +169,38 @@ class OutageWatch:
         self.told.clear()
 
 
+def _preview_text(text: str) -> str:
+    """What of a say still being written may be shown: no reasoning, not even one whose
+    block is still open, and nothing the user must not see (``for_the_user``)."""
+    return for_the_user(shown_so_far(text))
+
+
+async def keep_open_stream(turn: Turn, adapter: Adapter | None, entry: OutboxEntry) -> str:
+    """``/stop`` after an outage or a restart: a preview left open stays as it was last
+    shown (its Stop button removed); returns that text (``""``: nothing was shown)."""
+    if entry.preview_id is None or not entry.text:
+        await turn.settle_stream(entry, status="failed", error="stopped before it was shown")
+        return ""
+    if adapter is not None:
+        with contextlib.suppress(Exception):
+            await adapter.edit_preview(turn.chat, entry.preview_id, entry.text, final=True)
+    await turn.settle_stream(entry, status="sent", text=entry.text)
+    return entry.text
+
+
+async def drop_open_streams(turn: Turn, adapter: Adapter | None) -> None:
+    """The turn ends: a preview that a crash or an outage left open and nothing took over is
+    deleted (first), then its row closed."""
+    for entry in await turn.open_streams():
+        turn.claim_stream(entry)
+        if entry.preview_id is not None and adapter is not None:
+            try:
+                await adapter.delete_message(turn.chat, entry.preview_id)
+            except Exception as exc:  # gone already, or too old to delete
+                log.info("could not delete a preview left open in %s: %s", turn.chat.key, exc)
+        await turn.settle_stream(entry, status="failed", error="preview left open; taken down at the turn's end")
+
+
 class TurnIO(TurnPort):
     """The loop's view of one turn: it records through the :class:`Turn`, delivers through
     :class:`Delivery`, streams ``say`` text into the chat (:class:`LivePreview`), and takes
@@ -210,8 +243,22 @@ class TurnIO(TurnPort):
 
     async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
         live = self._bound.pop(tool_call_id, None) if tool_call_id else None
-        stream = await live.take() if live is not None else None
+        stream = await live.take() if live is not None else await self._orphan()
         return await self._delivery.deliver(await self._turn.speak(text, tool_call_id=tool_call_id, stream=stream))
+
+    async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:
+        if closing is not None:
+            self._turn.state["closing"] = {"status": "done", "stop_reason": closing}
+        stream = None if message.note else await self._orphan()
+        return await self._delivery.deliver(await self._turn.speak(message.content, shown=message, stream=stream))
+
+    async def _orphan(self) -> OutboxEntry | None:
+        """A streaming row a crash or an outage left open in this turn, for the reply about to
+        be sent to take over (its message is edited into the reply, never left half-written)."""
+        for entry in await self._turn.open_streams():
+            self._turn.claim_stream(entry)
+            return entry
+        return None
 
     def on_say(self) -> SayListener | None:
         return None if self._target is None else self._preview
@@ -221,11 +268,16 @@ class TurnIO(TurnPort):
         if live is None:
             assert self._target is not None
             adapter, interval = self._target
+            # says stream one after another: an earlier one too short to have started is
+            # complete now, and shows first (messages keep call order)
+            for earlier, other in self._streaming.items():
+                if earlier < index and not other.started:
+                    other.add("", start=True)
             live = self._streaming[index] = LivePreview(
                 self._turn, adapter, interval_s=interval, key=self._delivery.preview_key,
-                on_shown=self.typing.pause, clean=for_the_user,
+                on_shown=self.typing.pause, clean=_preview_text,
             )
-        live.update(text)
+        live.add(text)
 
     def bind_say(self, index: int, call_id: str) -> None:
         live = self._streaming.pop(index, None)
@@ -257,16 +309,15 @@ class TurnIO(TurnPort):
 
     async def stopped(self) -> None:
         shown = await self.keep_previews()
+        for entry in await self._turn.open_streams():  # left open by an outage: kept as shown
+            self._turn.claim_stream(entry)
+            shown.append(await keep_open_stream(self._turn, self._target[0] if self._target else None, entry))
+        shown = [text for text in shown if text]
         # what the user saw of a say that was still being written, then the fact of the stop;
         # recorded with the turn's end, so a crash from here on finishes the turn
         self._turn.state["closing"] = {"status": "done", "stop_reason": "stopped"}
         messages = [Message(role="assistant", content=text) for text in shown]
         await self._turn.record_all([*messages, Message(role="assistant", content=STOPPED_NOTE, note=True)])
-
-    async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:
-        if closing is not None:
-            self._turn.state["closing"] = {"status": "done", "stop_reason": closing}
-        return await self._delivery.deliver(await self._turn.speak(message.content, shown=message))
 
     async def outbox(self) -> list[OutboxEntry]:
         return await self._turn.outbox()
@@ -605,6 +656,8 @@ class TurnRunner:
     ) -> Outcome:
         trace["stop_reason"] = stop_reason
         trace["wall_s"] = round(time.monotonic() - started, 3)
+        target = self.delivery.preview_target(turn.chat)
+        await drop_open_streams(turn, target[0] if target else None)
         await turn.finish(status=status, trace=trace, journal_status="done" if status == "done" else "failed")
         conversation.turn_done()
         return Finished(status)

@@ -192,3 +192,27 @@ async def test_restart_after_a_crash_resumes_with_what_was_already_said(tmp_path
     assert tool_result(resumed, "say") == [{"delivered": True, "queued": False}]
     assert "part one is done" in contents(resumed)
     assert [m["role"] for m in resumed["messages"][1:]] == ["user", "assistant", "tool", "user"]
+
+
+async def test_check_says_when_the_daemon_sends_whole_messages(tmp_path, llm, tg):
+    """Review of issue 11: check said "streaming: on" while the daemon remembered the endpoint
+    could not stream."""
+    import json
+    import time
+
+    from bumblebot.llm import stream_key
+    from bumblebot.store import Store
+
+    judges_say_done(llm)
+    llm.push(tool_calls(("ping", {})), when=is_loop)
+    config = write_config(tmp_path, llm, tg, delivery={"streaming": "on"})
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        value = {"mode": "off", "reason": "a streamed request was refused (HTTP 400)", "since": time.time()}
+        await store.set_kv(stream_key(llm.base_url), json.dumps(value))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "check",
+        env=env_for(tmp_path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode() + err.decode()
+    assert b"streaming: whole messages: the daemon remembers" in out and b"HTTP 400" in out

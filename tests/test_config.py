@@ -175,3 +175,24 @@ def test_bare_off_in_yaml_means_off_and_nested_non_text_keys_are_named(tmp_path)
     path.write_text("telegram:\n  on: true\n")
     with pytest.raises(ConfigError, match=r"telegram\.True: keys must be text"):
         load_settings(path)
+
+
+@pytest.mark.parametrize(("yaml_value", "env_value", "expected"), [
+    ("on", None, "on"), ("off", None, "off"), ("no", None, "off"), ("true", None, "on"),
+    (None, "false", "off"), (None, "0", "off"), (None, "yes", "on"), (None, "ON", "on"),
+])
+def test_streaming_takes_the_usual_ways_of_saying_on_and_off(tmp_path, monkeypatch, yaml_value, env_value, expected):
+    """Review of issue 11: YAML accepted ``no``/``false`` (booleans to YAML 1.1) while the same
+    words in an env override were refused."""
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text(f"delivery: {{streaming: {yaml_value}}}\n" if yaml_value else "{}\n")
+    if env_value is not None:
+        monkeypatch.setenv("BUMBLEBOT_DELIVERY__STREAMING", env_value)
+    assert load_settings(path).delivery.streaming == expected
+
+
+def test_a_bad_streaming_value_names_the_key(tmp_path):
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text("delivery: {streaming: sometimes}\n")
+    with pytest.raises(ConfigError, match="delivery.streaming"):
+        load_settings(path)

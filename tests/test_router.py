@@ -309,3 +309,13 @@ def test_classifier_messages_ask_for_one_label_and_cut_the_input():
 )
 def test_parse_label(reply, expected):
     assert parse_label(reply) == expected
+
+
+def test_running_errands_is_not_code_but_running_a_script_is():
+    """Review of issue 11: "run" alone sent "I'm gonna run to the store" to the deliberate
+    model with its judge; running something still is code."""
+    errand = heuristic("I'm gonna run to the store, brb")
+    assert errand is not None and errand.route is Route.REFLEX
+    for text in ("can you run the tests", "run this for me", "please run my script"):
+        decision = heuristic(text)
+        assert decision is not None and decision.route is Route.DELIBERATE and decision.reason.startswith("code")

@@ -9,13 +9,24 @@ import json
 import sqlite3
 
 from conftest import running, write_config
-from fakes.openai_server import FakeOpenAI, is_loop
+from fakes.openai_server import FakeOpenAI, Reply, is_loop, text
 from support import judges_say_done, say
 
 LONG = (
     "Here is a longer answer that the model writes word by word, so that the chat can show "
     "it while it is still being generated. It ends with this sentence."
 )
+
+
+async def until_shown(tg, text: str, timeout: float = 10.0) -> None:
+    """Wait until a message shows ``text``: sent whole, or a preview edited into it."""
+    waits = [asyncio.ensure_future(tg.wait_for(method, predicate=lambda p: p.get("text") == text, timeout=timeout))
+             for method in ("sendMessage", "editMessageText")]
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for w in pending:
+        w.cancel()
+    if not any(w.exception() is None for w in done):
+        raise AssertionError(f"nothing showed {text!r} within {timeout} s")
 
 
 def streaming_config(tmp_path, llm, tg, **sections):
@@ -343,3 +354,173 @@ async def test_two_says_cut_off_by_a_crash_are_taken_over_by_two_streams(tmp_pat
     assert await stop_daemon(proc) == 0
     assert sorted(tg.shown(53)) == sorted([one, two])
     assert len(tg.sent(53)) == 2
+
+
+# -- regressions from the review of issue 11 -------------------------------------------------
+
+
+async def test_an_error_event_mid_stream_is_an_outage_not_a_refusal(tmp_path, llm, tg):
+    """OpenRouter sends ``data: {"error": …}`` when a provider fails mid-stream: the turn waits
+    it out like a 502 and answers, into the message that showed the first try."""
+    from bumblebot.turn import OUTAGE_NOTICE
+
+    judges_say_done(llm)
+    failing = say(LONG)
+    failing.stream_chars, failing.stream_delay, failing.stream_error_after = 3, 0.03, 30
+    llm.push(failing, when=is_loop)
+    again = "The provider is back and this is the whole answer, written into the first message."
+    llm.push(say(again), when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)):
+        tg.push_text("tell me something long", chat_id=61)
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == again, timeout=10)
+    assert tg.shown(61) == [again, OUTAGE_NOTICE]
+    assert not any("refused" in t for t in tg.sent(61))
+
+
+async def test_a_truncated_stream_or_a_reply_cut_at_the_budget_keeps_streaming_on(tmp_path, llm, tg):
+    judges_say_done(llm)
+    truncated = say(LONG)
+    truncated.stream_truncated = True
+    llm.push(truncated, when=is_loop)
+    llm.push(say("a whole answer after a cut-off one"), when=is_loop)
+    cut = Reply(message={"role": "assistant", "content": None, "tool_calls": [
+        {"id": "cut1", "type": "function", "function": {"name": "say", "arguments": '{"text": "Here is a longer ans'}}]},
+        finish_reason="length")
+    llm.push(cut, when=is_loop)  # the reflex budget ran out: asked again with the deliberate one
+    llm.push(say("the long answer, with the bigger budget"), when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("tell me something long", chat_id=62)
+        await until_shown(tg, "a whole answer after a cut-off one")
+        tg.push_text("and another long thing", chat_id=62)
+        await until_shown(tg, "the long answer, with the bigger budget")
+        assert await daemon.store.get_kv(f"llm.stream:{llm.base_url}") is None
+    loops = [r for r in llm.requests if is_loop(r)]
+    assert all(r.get("stream") for r in loops) and len(loops) == 4  # no whole re-check was paid for
+
+
+async def test_a_short_reply_after_a_restart_takes_the_half_written_preview_over(tmp_path, llm, tg):
+    from support import kill_daemon, start_daemon, stop_daemon
+
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    first = say(LONG)
+    first.stream_hold, first.stream_hold_after, first.stream_chars, first.stream_delay = hold, 30, 3, 0.03
+    llm.push(first, when=is_loop)
+    config = streaming_config(tmp_path, llm, tg)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text("tell me something long", chat_id=63)
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("chat_id") == 63, timeout=20)
+        await kill_daemon(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    hold.set()
+    llm.push(say("Done."), when=is_loop)  # too short to get a preview of its own
+    # the restart streams no more: the half-written preview is still finished, not left behind
+    config = write_config(tmp_path, llm, tg, delivery={"streaming": "off"})
+    proc = await start_daemon(config, tmp_path)
+    await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == "Done.", timeout=20)
+    assert await stop_daemon(proc) == 0
+    assert tg.shown(63) == ["Done."]
+    assert all("reply_markup" not in m for k, m in tg.messages.items() if k[0] == 63)
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT count(*) FROM outbox WHERE streaming=1").fetchone() == (0,)
+
+
+async def test_stop_while_waiting_out_an_outage_keeps_the_half_written_preview(tmp_path, llm, tg):
+    from bumblebot.turn import OUTAGE_NOTICE
+
+    judges_say_done(llm)
+    broken = say(LONG)
+    broken.stream_chars, broken.stream_delay, broken.stream_cut_after = 3, 0.03, 30
+    llm.push(broken, when=is_loop)
+    from fakes.openai_server import error
+
+    llm.default = lambda r: error(503, "still down") if is_loop(r) else text("DONE: fine")
+    async with running(streaming_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("tell me something long", chat_id=64)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == OUTAGE_NOTICE, timeout=10)
+        tg.push_text("/stop", chat_id=64)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Stopped.")
+        progress = daemon.engine.progress
+        await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=10)
+    preview = tg.shown(64)[0]
+    assert preview not in (LONG, OUTAGE_NOTICE) and LONG.startswith(preview[:20])
+    assert all("reply_markup" not in m for k, m in tg.messages.items() if k[0] == 64)
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT count(*) FROM outbox WHERE streaming=1").fetchone() == (0,)
+    history = [r[0] for r in db.execute("SELECT content FROM messages WHERE role='assistant' ORDER BY id")]
+    assert preview in history  # what the user saw is what the entity remembers
+
+
+async def test_a_short_say_before_a_long_one_keeps_its_place(tmp_path, llm, tg):
+    judges_say_done(llm)
+    reply = say("Sure!", LONG)
+    reply.stream_chars, reply.stream_delay = 4, 0.01
+    llm.push(reply, when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)):
+        tg.push_text("explain the python code in detail", chat_id=65)
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == LONG, timeout=10)
+    assert tg.shown(65) == ["Sure!", LONG]
+
+
+async def test_reasoning_inside_a_say_never_shows_while_it_streams(tmp_path, llm, tg):
+    judges_say_done(llm)
+    reply = say("Sure thing, here you go! <think>the user seems annoyed, keep the plan secret</think> It is done.")
+    reply.stream_chars, reply.stream_delay = 3, 0.02
+    llm.push(reply, when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)):
+        tg.push_text("tell me something long", chat_id=66)
+        await tg.wait_for("editMessageText", predicate=lambda p: "It is done." in p.get("text", ""), timeout=10)
+    shown = [c.params.get("text", "") for c in tg.calls if c.method in ("sendMessage", "editMessageText")]
+    assert shown and not any("annoyed" in t or "<thi" in t or "secret" in t for t in shown)
+
+
+async def test_says_over_the_message_cap_are_never_shown(tmp_path, llm, tg):
+    judges_say_done(llm)
+    texts = [f"Message number {i} of a model that talks far too much." for i in range(5)]
+    reply = say(*texts)
+    reply.stream_chars, reply.stream_delay = 6, 0.005
+    llm.push(reply, when=is_loop)
+    config = streaming_config(tmp_path, llm, tg, cognition={"classifier": False, "max_messages_per_turn": 2})
+    async with running(config) as daemon:
+        tg.push_text("explain the python code in detail", chat_id=67)
+        progress = daemon.engine.progress
+        await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=10)
+    assert tg.shown(67) == texts[:2]
+    assert len(tg.sent(67)) == 2 and not any(c.method == "deleteMessage" for c in tg.calls)
+
+
+async def test_stop_while_the_turn_is_being_routed_stops_it(tmp_path, llm, tg):
+    from support import UNCLEAR, Gate
+
+    judges_say_done(llm)
+    classifier = Gate(text("CHAT"))
+    llm.push(classifier, when=lambda r: not is_loop(r) and "You route chat messages" in str(r["messages"]))
+    config = streaming_config(tmp_path, llm, tg, cognition={"classifier": True})
+    async with running(config) as daemon:
+        tg.push_text(UNCLEAR, chat_id=68)
+        await asyncio.wait_for(classifier.entered.wait(), 5)
+        tg.push_text("/stop", chat_id=68)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 68)
+        classifier.release.set()
+        progress = daemon.engine.progress
+        await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=10)
+    assert tg.sent(68) == ["Stopped."]
+    assert not [r for r in llm.requests if is_loop(r)]  # the turn never asked the model
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT json_extract(trace, '$.stop_reason') FROM turns").fetchall() == [("stopped",)]
+
+
+async def test_a_work_promise_on_a_reflex_turn_is_judged(tmp_path, llm, tg):
+    from support import is_adequacy_judge
+
+    llm.push(say("Sure! I'll dig through your notes and get back to you with the password."), when=is_loop)
+    llm.push(text("CONTINUE: it only promised to look"), when=is_adequacy_judge)
+    llm.push(say("I can't see any notes of yours here, so I don't know the wifi password."), when=is_loop)
+    llm.push(text("DONE: honest"), when=is_adequacy_judge)
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("please go through my notes and find the wifi password", chat_id=69)
+        await tg.wait_for("sendMessage", n=2, predicate=lambda p: p.get("chat_id") == 69)
+    assert llm.pending == 0  # the promise went to the judge, which sent the turn back to work

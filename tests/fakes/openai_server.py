@@ -22,7 +22,10 @@ A :class:`Reply` shapes its stream: ``stream_chars`` per fragment, ``stream_dela
 chunks, ``stream_hold`` (an :class:`asyncio.Event` awaited after ``stream_hold_after``
 chunks), ``stream_cut_after`` (the connection drops after that many chunks) and
 ``stream_mode`` for endpoints that stream tool calls badly (``"repeat_args"``: every fragment
-repeats the arguments so far; ``"text_calls"``: the calls arrive as content text).
+repeats the arguments so far; ``"text_calls"``: the calls arrive as content text),
+``stream_error_after`` (an ``{"error": …}`` event after that many chunks, as OpenRouter sends
+when a provider fails mid-stream) and ``stream_truncated`` (the body ends after half the
+chunks, with no finish reason and no ``[DONE]``).
 ``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
 streaming do; ``streamed`` counts the streamed answers.
 """
@@ -65,6 +68,8 @@ class Reply:
     stream_hold_after: int = 3
     stream_cut_after: int | None = None  # drop the connection after this many chunks
     stream_mode: str = "normal"  # "repeat_args" | "text_calls": a server that streams calls badly
+    stream_error_after: int | None = None  # an error event (OpenRouter style) after this many chunks
+    stream_truncated: bool = False  # the body ends cleanly without a finish reason or [DONE]
 
 
 @dataclass
@@ -278,7 +283,15 @@ class FakeOpenAI:
         await response.prepare(http)
         self.streamed += 1
         sent = 0
-        for chunk in _chunks(full, reply):
+        chunks = _chunks(full, reply)
+        if reply.stream_truncated:
+            chunks = chunks[: max(1, len(chunks) // 2)]
+        for chunk in chunks:
+            if reply.stream_error_after is not None and sent >= reply.stream_error_after:
+                event = {"error": {"message": "Provider returned error", "code": 502}}
+                await response.write(f"data: {json.dumps(event)}\n\n".encode())
+                await response.write_eof()
+                return response
             if reply.stream_cut_after is not None and sent >= reply.stream_cut_after:
                 assert http.transport is not None
                 http.transport.close()  # the server died mid-stream
@@ -291,6 +304,9 @@ class FakeOpenAI:
             sent += 1
             if sent == 1:
                 self.stream_started.set()
+        if reply.stream_truncated:
+            await response.write_eof()
+            return response
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {**_chunk_base(full), "choices": [], "usage": full["usage"]}
             await response.write(f"data: {json.dumps(usage)}\n\n".encode())
