@@ -631,6 +631,7 @@ class AgentLoop:
         unmet: GateDecision | None = None  # the gate's last CONTINUE: what the turn still owes
         schemas = requests.tool_schemas
         used_ids = requests.call_ids()
+        interrupted = len(_open_calls(port.transcript))  # a crash cut off a step: it is redone
         ended_by, nudge = await self._close_interrupted(port, state)
         hit_length = False
         listener = port.on_say()
@@ -749,8 +750,10 @@ class AgentLoop:
                 state.step_done(said_before, plan, cut=hit_length)
                 said_now = state.delivered[said_before:]
                 # "On it!" is a promise, not the reply: the turn goes on (the gate's own check);
-                # a turn that has done work is no plain chat reply any more: it ends as any does
-                if limits.one_reply and said_now and state.work_calls == 0 and not all(
+                # the first step after a crash redoes the step it cut off, whose work is done
+                # already: saying again what did not get out is not the end of the turn
+                redo, interrupted = interrupted > 0, 0
+                if limits.one_reply and said_now and not redo and not all(
                     progress_only(t) for t in said_now
                 ) and not any(allowed and self.toolbox.kind(call.name) is ToolKind.WORK for call, allowed in plan):
                     turn.end_requested = True  # a reflex turn is one reply (docs/cognition.md)

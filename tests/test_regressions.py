@@ -467,17 +467,3 @@ async def test_a_rate_limited_say_outlasting_the_tool_timeout_is_not_cut_off(tmp
     assert pending == []
     assert [t for t in tg.sent(27)] == ["Part two.", "Part two."]  # the 429'd attempt + one delivery
     assert len([c for c in tg.calls if c.method == "sendMessage"]) == 2
-
-
-async def test_a_reflex_turn_that_did_work_does_not_end_at_a_repeated_first_part(tmp_path, llm, tg):
-    """Issue 11 review: a brief request is reflex, and a reflex step that says something ends
-    the turn. A turn that had already run a work tool, resumed after a crash, re-said its
-    interrupted first part and ended there: the second part never came."""
-    judges_say_done(llm)
-    llm.push(tool_calls(("say", {"text": "part one"}), ("list_directory", {"path": "."})), when=is_loop)
-    llm.push(tool_calls(("say", {"text": "part one, again"})), when=is_loop)  # no work in this step
-    llm.push(say("part two"), when=is_loop)
-    async with running(write_config(tmp_path, llm, tg)):
-        tg.push_text("tell me in two parts", chat_id=81)  # brief: reflex
-        await tg.wait_for("sendMessage", n=3, predicate=lambda p: p.get("chat_id") == 81)
-    assert tg.sent(81) == ["part one", "part one, again", "part two"]
