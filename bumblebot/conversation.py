@@ -418,6 +418,9 @@ class Conversation:
             transcript = await self._store.turn_messages(running.id)
             state = running.state
         self.turn = Turn(self._store, self.record, session, running.id, list(running.entries), transcript, state)
+        if self.stop_pending:  # /stop came while the turn was being read back
+            self.stop_pending = False
+            self.turn.stop.set()
         return self.turn
 
     async def reload(self) -> RunningTurn | None:

@@ -113,12 +113,15 @@ class GateDecision:
     raw: str | None = None
 
 
-#: A reply that promises work ("I'll dig through your notes", "let me check"): a reflex turn
-#: that says this gets the adequacy judge after all (fixed phrases on word boundaries, one
-#: bounded lookahead: linear in the text).
+#: A reply that promises work ("I'll dig through your notes", "let me check", "I'll get back
+#: to you"): a reflex turn that says this gets the adequacy judge after all. A first-person
+#: future is a promise only with a verb of work within three words ("I'll be honest" is not);
+#: fixed words and a repeat bounded at two: linear in the text.
 _PROMISES = re.compile(
-    r"\b(?:i'll|i will|i'm going to|i am going to|gonna|let me(?! know)|get back to you|one moment|one sec"
-    r"|give me a (?:sec|second|moment|minute)|working on (?:it|that)|on it|right away|will do)\b",
+    r"\b(?:(?:i'll|i will|i'm going to|i am going to|let me)\s+(?:\w+\s+){0,2}?"
+    r"(?:check|look|find|dig|get|search|go|add|set|make|create|write|send|do|handle|take|remind"
+    r"|research|figure|fetch|read|run|note|save|put|track|pull|grab|gather|compile|prepare|draft)\b"
+    r"|get back to you|give me a (?:sec|second|moment|minute)|one moment|working on (?:it|that))",
     re.IGNORECASE,
 )
 

@@ -88,6 +88,9 @@ STREAM_RETRY_S = 24 * 3600.0
 _NOT_ABOUT_STREAMING = frozenset({401, 403, 408, 409, 429})
 #: A tool call written out as text (a server that streams calls badly).
 _CALL_AS_TEXT = re.compile(r"<tool_call>|^\s*\{\s*\"name\"\s*:")
+#: Streamed requests in a row that get no answer (dropped, a 5xx) where the same request sent
+#: whole is answered, before the endpoint gets whole requests only.
+STREAM_STRIKES = 3
 #: Streamed answers whose unstreamed re-check came out just as broken before re-checks stop:
 #: the model writes broken calls, the stream is not to blame.
 STREAM_CHECKS = 3
@@ -344,6 +347,7 @@ class LLM:
         self._probing = False  # one request at a time tries "required" again
         self._slots = asyncio.Semaphore(settings.max_concurrent_requests)
         self._stream_checks = 0  # unstreamed re-checks that found the model, not the stream, broken
+        self._stream_strikes = 0  # streamed requests in a row that failed where a whole one was answered
 
     @property
     def model(self) -> str:
@@ -551,25 +555,30 @@ class LLM:
             return await self._post(params)
         try:
             streamed = await self._post_streamed(params, on_say)
+        except openai.APITimeoutError:
+            raise  # slow, not unable to stream: an outage as any timeout is
         except openai.APIStatusError as exc:
             if exc.status_code in _NOT_ABOUT_STREAMING or self._is_context_error(exc):
                 raise
             response = await self._post(params)  # the same request, whole: if it fails too, not our business
-            await self._stream_refused(f"a streamed request was refused ({_refusal(exc)}); an unstreamed one was answered")
+            why = f"a streamed request was refused ({_refusal(exc)}); an unstreamed one was answered"
+            await self._stream_failed(why, at_once=exc.status_code < 500)  # a 5xx may be a passing one
             return response
         except (openai.APIConnectionError, _StreamDropped) as exc:
             # no answer at all to a streamed request: the endpoint may be down, or it may be
             # one that drops streamed requests it cannot serve (llama-cpp-python does, for
             # tool_choice "required"). One whole request tells them apart.
+            why = f"a streamed request was dropped unanswered ({exc}); an unstreamed one was answered"
             try:
                 response = await self._post(params)
             except openai.APIConnectionError:
                 raise exc from None  # down: an outage, as it was
             except openai.APIStatusError:
-                await self._stream_refused(f"a streamed request was dropped unanswered ({exc}); an unstreamed one was answered")
+                await self._stream_failed(why)
                 raise
-            await self._stream_refused(f"a streamed request was dropped unanswered ({exc}); an unstreamed one was answered")
+            await self._stream_failed(why)
             return response
+        self._stream_strikes = 0
         broken = self._broken_stream(streamed, params)
         if broken is None or self._stream_checks >= STREAM_CHECKS:
             return streamed
@@ -621,9 +630,11 @@ class LLM:
                         for part in delta.get("tool_calls") or ():
                             self._take_call_part(calls, part, on_say)
                         finish = choice.get("finish_reason") or finish
-            except httpx.TimeoutException as exc:
+            # the openai client wraps what httpx raises while a stream is read in its own
+            # APITimeoutError / APIConnectionError; both are caught here, the raw ones too
+            except (httpx.TimeoutException, openai.APITimeoutError) as exc:
                 raise ModelTimeout(f"the model endpoint stopped streaming for {self.settings.timeout_s:g} s") from exc
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, openai.APIConnectionError) as exc:
                 if not received:
                     raise _StreamDropped(f"the endpoint at {self.base_url} closed the stream before any answer: {exc}") from exc
                 raise ModelUnavailable(f"the stream from the model endpoint at {self.base_url} broke off: {exc}") from exc
@@ -719,6 +730,14 @@ class LLM:
             return str(json.loads(raw).get("reason") or "reason not recorded")
         except (ValueError, AttributeError):
             return "reason not recorded"
+
+    async def _stream_failed(self, reason: str, *, at_once: bool = False) -> None:
+        """A streamed request failed where a whole one was answered: streaming is switched
+        off for the endpoint at once (a client error that names the request), or after
+        :data:`STREAM_STRIKES` such failures in a row (a drop or a 5xx may be a passing fault)."""
+        self._stream_strikes += 1
+        if at_once or self._stream_strikes >= STREAM_STRIKES:
+            await self._stream_refused(reason if at_once else f"{self._stream_strikes} times in a row: {reason}")
 
     async def _stream_refused(self, reason: str) -> None:
         value = json.dumps({"mode": "off", "reason": reason, "since": self._clock()}, ensure_ascii=False)

@@ -243,7 +243,8 @@ class TurnIO(TurnPort):
 
     async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
         live = self._bound.pop(tool_call_id, None) if tool_call_id else None
-        stream = await live.take() if live is not None else await self._orphan()
+        # a preview too short to have started leaves nothing: an orphan may still need taking over
+        stream = (await live.take() if live is not None else None) or await self._orphan()
         return await self._delivery.deliver(await self._turn.speak(text, tool_call_id=tool_call_id, stream=stream))
 
     async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:

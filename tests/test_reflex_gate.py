@@ -186,3 +186,23 @@ async def test_a_message_steered_into_a_reflex_turn_brings_the_judge_back(tmp_pa
     assert (workspace / "notes.txt").read_text() == "milk\n"
     assert tg.sent(72) == ["Hi Sam! Milk, noted.", "Saved notes.txt."]
     assert not llm.unscripted
+
+
+@pytest.mark.parametrize(("reply", "promises"), [
+    ("Sure! I'll dig through your notes and get back to you.", True),
+    ("Let me check that for you.", True),
+    ("I will look into it.", True),
+    ("Give me a sec.", True),
+    ("Pizza is great. Put some extra cheese on it!", False),
+    ("It is gonna rain tomorrow, take an umbrella.", False),
+    ("I'll be honest: I love pizza.", False),
+    ("I will always remember your party.", False),
+    ("Sure, will do.", False),
+    ("Let me know if you need anything else!", False),
+])
+def test_only_a_reply_that_promises_work_brings_the_judge_back(reply, promises):
+    """Second review of issue 11: bare "on it", "gonna", "I'll" made everyday chat cost a
+    judge request."""
+    from bumblebot.gate import promises_work
+
+    assert promises_work(reply) is promises

@@ -13,7 +13,7 @@ import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text, tool_calls
 
 from bumblebot.config import LLMSettings
-from bumblebot.errors import ModelUnavailable
+from bumblebot.errors import ModelTimeout, ModelUnavailable
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.streaming import JsonStringField
 
@@ -155,3 +155,49 @@ async def test_requests_in_flight_are_capped_by_max_concurrent_requests():
             release.set()
             assert await asyncio.gather(*calls) == ["ok"] * 8
             assert peak == 3
+
+
+# -- regressions from the second review of issue 11 --------------------------------------------
+
+
+async def test_a_stream_dropped_after_its_headers_is_answered_whole_and_remembered_after_three():
+    """llama-cpp-python's server sends its headers, then drops a stream it cannot serve; the
+    openai client reports that as a connection error while reading. Each turn is answered with
+    a whole request, and after three in a row the endpoint gets whole requests only."""
+    async with FakeOpenAI() as fake:
+        def answer(request):
+            reply = tool_calls(("say", {"text": "answered whole"}))
+            reply.stream_cut_after = 0
+            return reply
+
+        fake.default = answer
+        async with llm_for(fake) as llm:
+            for attempt in range(1, 5):
+                completion = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=64, tools=SAY, on_say=lambda i, t: None)
+                assert json.loads(completion.tool_calls[0].arguments) == {"text": "answered whole"}
+                remembered = await llm.stream_fallback()
+                assert (remembered is not None) == (attempt >= 3), attempt
+        assert [bool(r.get("stream")) for r in fake.requests] == [True, False] * 3 + [False]
+
+
+async def test_a_slow_first_byte_is_a_timeout_not_an_endpoint_that_cannot_stream():
+    async with FakeOpenAI() as fake:
+        fake.default = lambda request: Reply(message={"role": "assistant", "content": "late"}, delay=1.5)
+        async with llm_for(fake, timeout_s=0.5) as llm:
+            with pytest.raises(ModelTimeout):
+                await llm.complete([{"role": "user", "content": "hi"}], max_tokens=8, tools=SAY, on_say=lambda i, t: None)
+            assert await llm.stream_fallback() is None
+        assert all(r.get("stream") for r in fake.requests)  # never sent again whole
+
+
+async def test_one_passing_502_on_a_stream_does_not_turn_streaming_off():
+    from fakes.openai_server import error
+
+    async with FakeOpenAI() as fake:
+        fake.push(error(502, "bad gateway"), when=lambda r: bool(r.get("stream")))
+        fake.default = lambda request: tool_calls(("say", {"text": "fine"}))
+        async with llm_for(fake) as llm:
+            first = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=8, tools=SAY, on_say=lambda i, t: None)
+            second = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=8, tools=SAY, on_say=lambda i, t: None)
+            assert first.tool_calls and second.streamed
+            assert await llm.stream_fallback() is None

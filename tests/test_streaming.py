@@ -524,3 +524,20 @@ async def test_a_work_promise_on_a_reflex_turn_is_judged(tmp_path, llm, tg):
         tg.push_text("please go through my notes and find the wifi password", chat_id=69)
         await tg.wait_for("sendMessage", n=2, predicate=lambda p: p.get("chat_id") == 69)
     assert llm.pending == 0  # the promise went to the judge, which sent the turn back to work
+
+
+async def test_a_short_say_after_an_outage_edits_the_half_written_preview(tmp_path, llm, tg):
+    """Second review of issue 11: a retried say too short for a preview of its own sent a new
+    message and deleted the old preview, instead of finishing it."""
+    from bumblebot.turn import OUTAGE_NOTICE
+
+    judges_say_done(llm)
+    broken = say(LONG)
+    broken.stream_chars, broken.stream_delay, broken.stream_cut_after = 3, 0.03, 30
+    llm.push(broken, when=is_loop)
+    llm.push(say("Done."), when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)):
+        tg.push_text("tell me something long", chat_id=70)
+        await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == "Done.", timeout=10)
+    assert tg.shown(70) == ["Done.", OUTAGE_NOTICE]
+    assert not any(c.method == "deleteMessage" for c in tg.calls)
