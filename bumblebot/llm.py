@@ -646,6 +646,8 @@ class LLM:
                 raise ModelUnavailable(f"the model endpoint reported an error mid-stream: {exc.message}") from exc
             finally:
                 await stream.close()
+        if not received:  # headers, then nothing: llama-cpp-python, when its handler failed
+            raise _StreamDropped(f"the endpoint at {self.base_url} ended the stream without sending anything")
         tool_calls = [
             ToolCall(
                 id=c["id"] or f"call_{uuid.uuid4().hex[:12]}", name=c["name"], arguments="".join(c["args"]) or "{}",
@@ -703,6 +705,8 @@ class LLM:
                 return f"arguments of {call.name} are not JSON"
         if not completion.tool_calls and _CALL_AS_TEXT.search(completion.content):
             return "tool calls arrived as text"
+        if not completion.tool_calls and not completion.content.strip():
+            return "the answer came out empty"  # llama-cpp-python streams function calls as nothing
         return None
 
     async def streams(self) -> bool:

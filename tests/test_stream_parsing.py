@@ -84,7 +84,7 @@ async def test_say_text_is_reported_as_it_grows_and_the_completion_is_the_same()
             assert completion.prompt_tokens is not None  # the usage chunk was read
 
 
-@pytest.mark.parametrize("mode", ["repeat_args", "text_calls"])
+@pytest.mark.parametrize("mode", ["repeat_args", "text_calls", "empty"])
 async def test_an_endpoint_that_garbles_streamed_tool_calls_gets_whole_requests(mode):
     async with FakeOpenAI() as fake:
         good = {"text": "a sound answer"}
@@ -201,3 +201,31 @@ async def test_one_passing_502_on_a_stream_does_not_turn_streaming_off():
             second = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=8, tools=SAY, on_say=lambda i, t: None)
             assert first.tool_calls and second.streamed
             assert await llm.stream_fallback() is None
+
+
+async def test_an_endpoint_like_llama_cpp_python_gets_answers_from_the_first_request():
+    """The real llama-cpp-python server (chatml-function-calling): a streamed request with
+    tool_choice "required" ends after its headers with no data, a whole one fails with a bare 500, and
+    a streamed "auto" one comes back empty; only whole "auto" requests work. Every call must
+    still come back with the model's tool call (a real-model run answered nothing at all)."""
+    from fakes.openai_server import error
+
+    async with FakeOpenAI() as fake:
+        def answer(request):
+            reply = tool_calls(("say", {"text": "hello from the small model"}))
+            if request.get("tool_choice") == "required":
+                if not request.get("stream"):
+                    return error(500, "")
+                reply.stream_empty_body = True
+            elif request.get("stream"):
+                reply.stream_mode = "empty"
+            return reply
+
+        fake.default = answer
+        async with llm_for(fake) as llm:
+            for _ in range(4):
+                completion = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=64, tools=SAY, on_say=lambda i, t: None)
+                assert json.loads(completion.tool_calls[0].arguments) == {"text": "hello from the small model"}
+            assert await llm.stream_fallback() is not None
+        # once learned, each request is one whole request (forcing is left to its own 3 strikes)
+        assert not fake.requests[-1].get("stream")

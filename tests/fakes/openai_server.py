@@ -22,7 +22,8 @@ A :class:`Reply` shapes its stream: ``stream_chars`` per fragment, ``stream_dela
 chunks, ``stream_hold`` (an :class:`asyncio.Event` awaited after ``stream_hold_after``
 chunks), ``stream_cut_after`` (the connection drops after that many chunks) and
 ``stream_mode`` for endpoints that stream tool calls badly (``"repeat_args"``: every fragment
-repeats the arguments so far; ``"text_calls"``: the calls arrive as content text),
+repeats the arguments so far; ``"text_calls"``: the calls arrive as content text; ``"empty"``:
+nothing arrives but a finish reason, as llama-cpp-python streams function calls),
 ``stream_error_after`` (an ``{"error": …}`` event after that many chunks, as OpenRouter sends
 when a provider fails mid-stream) and ``stream_truncated`` (the body ends after half the
 chunks, with no finish reason and no ``[DONE]``).
@@ -70,6 +71,7 @@ class Reply:
     stream_mode: str = "normal"  # "repeat_args" | "text_calls": a server that streams calls badly
     stream_error_after: int | None = None  # an error event (OpenRouter style) after this many chunks
     stream_truncated: bool = False  # the body ends cleanly without a finish reason or [DONE]
+    stream_empty_body: bool = False  # headers, then a clean end with no data at all
 
 
 @dataclass
@@ -283,6 +285,9 @@ class FakeOpenAI:
         await response.prepare(http)
         self.streamed += 1
         sent = 0
+        if reply.stream_empty_body:  # llama-cpp-python when its handler raised after the headers
+            await response.write_eof()
+            return response
         chunks = _chunks(full, reply)
         if reply.stream_truncated:
             chunks = chunks[: max(1, len(chunks) // 2)]
@@ -380,6 +385,8 @@ def _chunks(full: dict[str, Any], reply: Reply) -> list[dict[str, Any]]:
     out = [chunk({"role": "assistant", "content": ""})]
     content = message.get("content") or ""
     calls = message.get("tool_calls") or []
+    if reply.stream_mode == "empty":  # llama-cpp-python's chatml-function-calling, streamed
+        return [out[0], chunk({}, "stop")]
     if reply.stream_mode == "text_calls" and calls:
         content += "".join(
             f'<tool_call>{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}</tool_call>'
