@@ -569,3 +569,36 @@ async def test_trace_only_reads_an_older_database(tmp_path, llm):
     _, err = await asyncio.wait_for(result.communicate(), 30)
     assert result.returncode == 0, err
     assert sqlite3.connect(data / "bumblebot.db").execute("PRAGMA user_version").fetchone() == (1,)
+
+
+async def test_a_reflex_turn_redoing_a_step_a_crash_cut_off_reaches_its_second_part(tmp_path, llm, tg):
+    """Issue 11: a brief request is reflex, and a reflex step that says something ends the
+    turn. A crash had cut off a step after its work tool ran and before its say got out; the
+    resumed step said that part again (and only that) and the turn ended there, so the second
+    part never came (tests/test_crash_points.py, two_parts, about one run in two)."""
+    judges_say_done(llm)
+    chat = ChatRef(Platform.TELEGRAM, "88")
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        journal_id = await store.journal(Inbound(chat, "1", "88", "Ann", "tell me in two parts", ChatKind.PRIVATE))
+        conversation = await store.conversation(chat)
+        state = {"route": "reflex", "route_reason": "brief: 20 chars, no cue", "resumes": 0, "active": True}
+        turn_id = await store.begin_turn(
+            conversation.id, conversation.session, [journal_id], Message(role="user", content="tell me in two parts"), state
+        )
+        step = Message(role="assistant", content="", tool_calls=[
+            {"id": "c1", "type": "function", "function": {"name": "say", "arguments": '{"text": "part one"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "list_directory", "arguments": '{"path": "."}'}},
+        ])
+        done = Message(role="tool", content="(empty)", tool_call_id="c2", name="list_directory", ok=True)
+        await store.record(conversation.id, conversation.session, turn_id, [step, done], state=state)
+        # the crash: list_directory's result is recorded, the say never reached the outbox
+
+    def model(request: dict[str, Any]) -> Any:
+        said = [r for r in tool_result(request, "say") if isinstance(r, dict) and r.get("delivered")]
+        return say("part two") if said else tool_calls(("say", {"text": "part one"}))
+
+    llm.default = lambda request: model(request) if is_loop(request) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await tg.wait_for("sendMessage", n=2, timeout=10)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(88) == ["part one", "part two"]
