@@ -88,10 +88,12 @@ STREAM_RETRY_S = 24 * 3600.0
 _NOT_ABOUT_STREAMING = frozenset({401, 403, 408, 409, 429})
 #: A tool call written out as text (a server that streams calls badly).
 _CALL_AS_TEXT = re.compile(r"<tool_call>|^\s*\{\s*\"name\"\s*:")
+EMPTY_ANSWER = "the answer came out empty"
 #: Streamed requests in a row that get no answer (dropped, a 5xx) where the same request sent
 #: whole is answered, before the endpoint gets whole requests only.
 STREAM_STRIKES = 3
-#: Streamed answers whose unstreamed re-check came out just as broken before re-checks stop:
+#: Streamed answers in a row whose unstreamed re-check came out just as broken before re-checks
+#: stop (a sound streamed answer starts the count again):
 #: the model writes broken calls, the stream is not to blame.
 STREAM_CHECKS = 3
 
@@ -574,20 +576,23 @@ class LLM:
             except openai.APIConnectionError:
                 raise exc from None  # down: an outage, as it was
             except openai.APIStatusError:
-                await self._stream_failed(why)
-                raise
+                raise  # not answered either: nothing says the stream was to blame
             await self._stream_failed(why)
             return response
-        self._stream_strikes = 0
         broken = self._broken_stream(streamed, params)
-        if broken is None or self._stream_checks >= STREAM_CHECKS:
+        if broken is None:
+            self._stream_checks = self._stream_strikes = 0
+            return streamed
+        if self._stream_checks >= STREAM_CHECKS:
             return streamed
         response = await self._post(params)
         whole = self._normalise(response, params.get("tool_choice"))
         if self._broken_stream(whole, params) is None:
-            await self._stream_refused(f"streamed tool calls came out broken ({broken}); the unstreamed answer did not")
+            why = f"streamed tool calls came out broken ({broken}); the unstreamed answer did not"
+            # garbled calls are the stream's format; an empty answer may be one unlucky sample
+            await self._stream_failed(why, at_once=broken != EMPTY_ANSWER)
         else:
-            self._stream_checks += 1  # the model's own mess; after a few, stop paying for checks
+            self._stream_checks += 1  # the model's own mess; after a few in a row, stop paying for checks
         return response
 
     async def _post(self, params: dict[str, Any]) -> ChatCompletion:
@@ -706,7 +711,7 @@ class LLM:
         if not completion.tool_calls and _CALL_AS_TEXT.search(completion.content):
             return "tool calls arrived as text"
         if not completion.tool_calls and not completion.content.strip():
-            return "the answer came out empty"  # llama-cpp-python streams function calls as nothing
+            return EMPTY_ANSWER  # llama-cpp-python streams function calls as nothing
         return None
 
     async def streams(self) -> bool:

@@ -631,7 +631,7 @@ class AgentLoop:
         unmet: GateDecision | None = None  # the gate's last CONTINUE: what the turn still owes
         schemas = requests.tool_schemas
         used_ids = requests.call_ids()
-        interrupted = len(_open_calls(port.transcript))  # a crash cut off a step: it is redone
+        interrupted = await self._lost_work(port)  # a crash cut off a step that lost something: redone
         ended_by, nudge = await self._close_interrupted(port, state)
         hit_length = False
         listener = port.on_say()
@@ -752,11 +752,13 @@ class AgentLoop:
                 # "On it!" is a promise, not the reply: the turn goes on (the gate's own check);
                 # the first step after a crash redoes the step it cut off, whose work is done
                 # already: saying again what did not get out is not the end of the turn
-                redo, interrupted = interrupted > 0, 0
+                redo, interrupted = interrupted, False
                 if limits.one_reply and said_now and not redo and not all(
                     progress_only(t) for t in said_now
                 ) and not any(allowed and self.toolbox.kind(call.name) is ToolKind.WORK for call, allowed in plan):
                     turn.end_requested = True  # a reflex turn is one reply (docs/cognition.md)
+                if limits.one_reply and len(state.delivered) >= limits.max_messages:
+                    turn.end_requested = True  # nothing more can be said: a reflex turn is over
                 if turn.end_requested:
                     turn.end_requested = False
                     if not turn.lost:  # a message that did not get out must not end the turn
@@ -906,6 +908,17 @@ class AgentLoop:
             if not result.ok:
                 failed.append(call.name)
         return failed
+
+    async def _lost_work(self, port: TurnPort) -> bool:
+        """A crash cut off a step that lost something: a work call, or a ``say`` that never got
+        out (a say already sent lost nothing)."""
+        open_calls = [_call(c) for c in _open_calls(port.transcript)]
+        if not open_calls:
+            return False
+        sent = {e.tool_call_id for e in await port.outbox() if e.tool_call_id and e.status == "sent"}
+        return any(
+            self.toolbox.kind(c.name) is ToolKind.WORK or (c.name == "say" and c.id not in sent) for c in open_calls
+        )
 
     async def _close_interrupted(self, port: TurnPort, state: LoopState) -> tuple[str | None, str | None]:
         """Resume: give the calls a crash cut off a result, and say what the last recorded

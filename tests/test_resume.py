@@ -602,3 +602,51 @@ async def test_a_reflex_turn_redoing_a_step_a_crash_cut_off_reaches_its_second_p
         await tg.wait_for("sendMessage", n=2, timeout=10)
         await d.engine.wait_for_turns(1)
     assert tg.sent(88) == ["part one", "part two"]
+
+
+async def test_a_crash_that_cut_off_only_a_delivered_say_gives_no_extra_reply(tmp_path, llm, tg):
+    """Third review of issue 11: the redo exception also applied when the cut-off step had
+    lost nothing (its say was sent), so a weak model greeted once more after the restart."""
+    judges_say_done(llm)
+    chat = ChatRef(Platform.TELEGRAM, "89")
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        journal_id = await store.journal(Inbound(chat, "1", "89", "Ann", "hello there friend", ChatKind.PRIVATE))
+        conversation = await store.conversation(chat)
+        state = {"route": "reflex", "route_reason": "greeting", "resumes": 0, "active": True}
+        turn_id = await store.begin_turn(
+            conversation.id, conversation.session, [journal_id], Message(role="user", content="hello there friend"), state
+        )
+        step = Message(role="assistant", content="", tool_calls=[
+            {"id": "c1", "type": "function", "function": {"name": "say", "arguments": '{"text": "Hello!"}'}}])
+        await store.record(conversation.id, conversation.session, turn_id, [step], state=state)
+        entry = await store.speak(conversation.id, conversation.session, turn_id, chat, "Hello!", tool_call_id="c1")
+        await store.outbox_progress(entry.id, status="sent", message_ids=["5"])  # it got out; then the crash
+    takes = iter(range(10))
+    llm.default = lambda r: tool_calls(("say", {"text": f"Hello again, take {next(takes)}!"})) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(89) == ["Hello again, take 0!"]  # one reply, as any reflex step
+
+
+async def test_a_redo_step_that_fills_the_message_cap_ends_the_reflex_turn(tmp_path, llm, tg):
+    """Third review of issue 11: a redo step that said more than the cap allows went on asking
+    the model, every later say capped, until the loop gave up as looping."""
+    judges_say_done(llm)
+    chat = ChatRef(Platform.TELEGRAM, "90")
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        journal_id = await store.journal(Inbound(chat, "1", "90", "Ann", "list my files", ChatKind.PRIVATE))
+        conversation = await store.conversation(chat)
+        state = {"route": "reflex", "route_reason": "brief", "resumes": 0, "active": True}
+        turn_id = await store.begin_turn(
+            conversation.id, conversation.session, [journal_id], Message(role="user", content="list my files"), state
+        )
+        step = Message(role="assistant", content="", tool_calls=[
+            {"id": "c1", "type": "function", "function": {"name": "list_directory", "arguments": '{"path": "."}'}}])
+        await store.record(conversation.id, conversation.session, turn_id, [step], state=state)  # cut off here
+    chatty = [("say", {"text": f"Here is file number {i}."}) for i in range(8)]
+    llm.default = lambda r: tool_calls(*chatty) if is_loop(r) else text("DONE: fine")
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_messages_per_turn": 3})
+    async with running(config) as d:
+        await d.engine.wait_for_turns(1)
+    assert len(tg.sent(90)) == 3
+    assert len(loop_requests(llm)) == 1

@@ -84,7 +84,7 @@ async def test_say_text_is_reported_as_it_grows_and_the_completion_is_the_same()
             assert completion.prompt_tokens is not None  # the usage chunk was read
 
 
-@pytest.mark.parametrize("mode", ["repeat_args", "text_calls", "empty"])
+@pytest.mark.parametrize("mode", ["repeat_args", "text_calls"])
 async def test_an_endpoint_that_garbles_streamed_tool_calls_gets_whole_requests(mode):
     async with FakeOpenAI() as fake:
         good = {"text": "a sound answer"}
@@ -229,3 +229,43 @@ async def test_an_endpoint_like_llama_cpp_python_gets_answers_from_the_first_req
             assert await llm.stream_fallback() is not None
         # once learned, each request is one whole request (forcing is left to its own 3 strikes)
         assert not fake.requests[-1].get("stream")
+
+
+async def test_an_endpoint_that_streams_empty_answers_gets_whole_requests_after_three():
+    """Third review of issue 11: one empty sample (a stream of only reasoning, an unlucky
+    draw) must not turn streaming off for a day; an endpoint that streams every call as
+    nothing (llama-cpp-python) is switched to whole requests after three in a row."""
+    async with FakeOpenAI() as fake:
+        def answer(request):
+            reply = tool_calls(("say", {"text": "a sound answer"}))
+            reply.stream_mode = "empty"
+            return reply
+
+        fake.default = answer
+        async with llm_for(fake) as llm:
+            for attempt in range(1, 5):
+                completion = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=64, tools=SAY, on_say=lambda i, t: None)
+                assert json.loads(completion.tool_calls[0].arguments) == {"text": "a sound answer"}
+                assert (await llm.stream_fallback() is not None) == (attempt >= 3), attempt
+        assert [bool(r.get("stream")) for r in fake.requests] == [True, False] * 3 + [False]
+
+
+async def test_a_dropped_stream_whose_whole_request_fails_too_is_no_strike():
+    """Third review of issue 11: an outage (streams dropped, whole requests answered 503) was
+    remembered as "cannot stream" after three calls."""
+    from fakes.openai_server import error
+
+    async with FakeOpenAI() as fake:
+        def answer(request):
+            if not request.get("stream"):
+                return error(503, "overloaded")
+            reply = text("never")
+            reply.stream_empty_body = True
+            return reply
+
+        fake.default = answer
+        async with llm_for(fake) as llm:
+            for _ in range(4):
+                with pytest.raises(ModelUnavailable):
+                    await llm.complete([{"role": "user", "content": "hi"}], max_tokens=8, tools=SAY, on_say=lambda i, t: None)
+            assert await llm.stream_fallback() is None
