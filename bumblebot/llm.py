@@ -572,11 +572,20 @@ class LLM:
             # tool_choice "required"). One whole request tells them apart.
             why = f"a streamed request was dropped unanswered ({exc}); an unstreamed one was answered"
             try:
-                response = await self._post(params)
+                try:
+                    response = await self._post(params)
+                except openai.APIConnectionError:
+                    # a server that aborted a stream can leave its kept-alive connection broken
+                    # (llama-cpp-python): one more try, on a fresh connection
+                    response = await self._post(params)
             except openai.APIConnectionError:
                 raise exc from None  # down: an outage, as it was
-            except openai.APIStatusError:
-                raise  # not answered either: nothing says the stream was to blame
+            except openai.APIStatusError as status:
+                # a 500 is the endpoint itself failing the request (llama-cpp-python refuses a
+                # forced tool call so): it is up, the stream is suspect; 502/503/504/429 are not
+                if status.status_code == 500:
+                    await self._stream_failed(why)
+                raise
             await self._stream_failed(why)
             return response
         broken = self._broken_stream(streamed, params)

@@ -269,3 +269,24 @@ async def test_a_dropped_stream_whose_whole_request_fails_too_is_no_strike():
                 with pytest.raises(ModelUnavailable):
                     await llm.complete([{"role": "user", "content": "hi"}], max_tokens=8, tools=SAY, on_say=lambda i, t: None)
             assert await llm.stream_fallback() is None
+
+
+async def test_a_dropped_stream_whose_whole_request_gets_a_500_is_a_strike():
+    """The real llama-cpp-python server answers a whole forced request with a bare 500 and
+    drops the streamed one: that endpoint is up, and after three it gets whole requests."""
+    from fakes.openai_server import error
+
+    async with FakeOpenAI() as fake:
+        def answer(request):
+            if not request.get("stream"):
+                return error(500, "")
+            reply = text("never")
+            reply.stream_empty_body = True
+            return reply
+
+        fake.default = answer
+        async with llm_for(fake) as llm:
+            for _ in range(3):
+                with pytest.raises(ModelUnavailable):
+                    await llm.complete([{"role": "user", "content": "hi"}], max_tokens=8, on_say=lambda i, t: None)
+            assert await llm.stream_fallback() is not None
