@@ -168,6 +168,7 @@ class Turn:
         entries: the journal entries it answers (messages taken mid-turn are added).
         transcript: the turn's messages so far; the first is the user message.
         state: resumable state, saved with each checkpoint (route, resumes, outage facts).
+        resumed: the turn was read back after a stop or a crash (rows it left open may wait).
     """
 
     def __init__(
@@ -179,6 +180,8 @@ class Turn:
         entries: list[JournalEntry],
         transcript: list[Message],
         state: dict[str, Any],
+        *,
+        resumed: bool = False,
     ) -> None:
         self._store = store
         self.conversation = conversation
@@ -193,6 +196,9 @@ class Turn:
         #: streaming rows this process already gave out (two streamed says never share one)
         self._streams: set[int] = set()
         self._stream_lock = asyncio.Lock()
+        #: a row may be open that no stream here holds (the turn was resumed, or an outage
+        #: paused one of its streams)
+        self._left_open = resumed
 
     @property
     def chat(self) -> ChatRef:
@@ -273,21 +279,31 @@ class Turn:
         return entry
 
     async def open_stream(self) -> OutboxEntry:
-        """A streaming outbox row for a ``say`` being written: the one this turn left open
-        when it was cut off (a crash, an outage mid-stream), so its preview is taken over and
-        never shown twice, else a new one."""
+        """A streaming outbox row for a ``say`` being written: one this turn left open when it
+        was cut off (a crash, an outage mid-stream), so its preview is taken over and never
+        shown twice, else a new one."""
         async with self._stream_lock:  # a row is never seen unclaimed by open_streams
-            for entry in await self._store.outbox_for_turn(self.id):
-                if entry.streaming and entry.status == "pending" and entry.id not in self._streams:
-                    self._streams.add(entry.id)
-                    return entry
+            for entry in await self._unclaimed():
+                self._streams.add(entry.id)
+                return entry
             entry = await self._store.open_stream(self.conversation.id, self.id, self.chat)
             self._streams.add(entry.id)
             return entry
 
+    async def _unclaimed(self) -> list[OutboxEntry]:
+        """Open streaming rows no stream of this process holds. Only a resumed turn, or one
+        whose stream an outage paused, can have any: other turns skip the read."""
+        if not self._left_open:
+            return []
+        return [
+            e for e in await self._store.outbox_for_turn(self.id)
+            if e.streaming and e.status == "pending" and e.id not in self._streams
+        ]
+
     def release_stream(self, entry: OutboxEntry) -> None:
         """A streaming row left open (an outage): the turn's next stream may take it over."""
         self._streams.discard(entry.id)
+        self._left_open = True
 
     async def stream_previewed(self, entry: OutboxEntry, preview_id: str, shown: str) -> OutboxEntry:
         """The platform message ``preview_id`` shows the streaming row ``entry`` now, with the
@@ -299,10 +315,7 @@ class Turn:
         """Streaming rows of this turn that no stream of this process holds (left open by a
         crash or an outage)."""
         async with self._stream_lock:
-            return [
-                e for e in await self._store.outbox_for_turn(self.id)
-                if e.streaming and e.status == "pending" and e.id not in self._streams
-            ]
+            return await self._unclaimed()
 
     def claim_stream(self, entry: OutboxEntry) -> None:
         """``entry`` (from :meth:`open_streams`) is taken over now."""
@@ -417,7 +430,9 @@ class Conversation:
         else:
             transcript = await self._store.turn_messages(running.id)
             state = running.state
-        self.turn = Turn(self._store, self.record, session, running.id, list(running.entries), transcript, state)
+        self.turn = Turn(
+            self._store, self.record, session, running.id, list(running.entries), transcript, state, resumed=True
+        )
         if self.stop_pending:  # /stop came while the turn was being read back
             self.stop_pending = False
             self.turn.stop.set()

@@ -443,23 +443,11 @@ class DiscordAdapter(Adapter):
 
     async def _on_slash_command(self, interaction: discord.Interaction, name: str) -> None:
         """Answer a slash command: the same gate and the same engine command as text."""
-        user = interaction.user
-        channel = interaction.channel
+        user, channel = interaction.user, interaction.channel
         if channel is None or interaction.channel_id is None:
             return
         is_dm = interaction.guild_id is None
-        ids = [interaction.channel_id]
-        if isinstance(channel, discord.Thread) and channel.parent_id is not None:
-            ids.append(channel.parent_id)
-        facts = MessageFacts(
-            author_id=user.id,
-            author_is_bot=user.bot,
-            is_dm=is_dm,
-            channel_ids=tuple(ids),
-            mentioned=True,
-        )
-        bot_id = self.client.user.id if self.client.user else 0
-        verdict = decide(facts, self.settings, bot_id)
+        verdict = self._interaction_verdict(interaction)
         if verdict is not Verdict.ANSWER:
             allowed = verdict is not Verdict.REFUSE and self._user_allowed(user.id)
             text = NOT_HERE_TEXT if allowed else REFUSAL_TEXT
@@ -494,6 +482,19 @@ class DiscordAdapter(Adapter):
             for chunk in self.chunks(answer):
                 await interaction.followup.send(chunk, allowed_mentions=NO_PINGS)
 
+    def _interaction_verdict(self, interaction: discord.Interaction) -> Verdict:
+        """The policy's verdict on an interaction (a slash command, a button press): as a
+        message addressed to the bot, from its user, in its channel (and a thread's parent)."""
+        channel = interaction.channel
+        ids = [interaction.channel_id or 0]
+        if isinstance(channel, discord.Thread) and channel.parent_id is not None:
+            ids.append(channel.parent_id)
+        facts = MessageFacts(
+            author_id=interaction.user.id, author_is_bot=interaction.user.bot,
+            is_dm=interaction.guild_id is None, channel_ids=tuple(ids), mentioned=True,
+        )
+        return decide(facts, self.settings, self.client.user.id if self.client.user else 0)
+
     async def _on_stop_button(self, interaction: discord.Interaction) -> None:
         """A press of the Stop button: ``/stop`` from whoever pressed it, if they may talk to
         the bot there; the answer is shown to them only (ephemeral)."""
@@ -501,12 +502,7 @@ class DiscordAdapter(Adapter):
         if channel is None or interaction.channel_id is None:
             return
         is_dm = interaction.guild_id is None
-        ids = [interaction.channel_id]
-        if isinstance(channel, discord.Thread) and channel.parent_id is not None:
-            ids.append(channel.parent_id)
-        facts = MessageFacts(author_id=user.id, author_is_bot=user.bot, is_dm=is_dm, channel_ids=tuple(ids), mentioned=True)
-        bot_id = self.client.user.id if self.client.user else 0
-        if decide(facts, self.settings, bot_id) is not Verdict.ANSWER:
+        if self._interaction_verdict(interaction) is not Verdict.ANSWER:
             answer: str | None = REFUSAL_TEXT
         else:
             inbound = Inbound(
