@@ -14,6 +14,14 @@ go to a temporary file that replaces the target, so a symlink swapped in after t
 is not written through. ``list_directory`` and ``search_files`` never descend into
 symlinked directories and skip symlinked files that resolve outside the workspace.
 
+PDFs: ``read_file`` on a file whose first bytes are a PDF's (:func:`bumblebot.documents.is_pdf`,
+whatever its name) returns the text pypdf extracts (:func:`bumblebot.documents.pdf_text`, at
+most :data:`PDF_MAX_PAGES` pages and :data:`PDF_MAX_CHARS` characters), after a first line
+saying so, and pages through it with the same ``offset_line``/``max_lines``/64 KiB rules as a
+text file. The extraction is cached per file (path, inode, mtime, size) in a small LRU
+(:data:`PDF_CACHE_ENTRIES` entries, :data:`PDF_CACHE_CHARS` characters in all), so paging
+through a PDF parses it once. The file is read through the same ``O_NOFOLLOW`` descriptor.
+
 Limits: ``read_file`` returns at most :data:`READ_CAP_BYTES` bytes and ``max_lines``
 lines; ``list_directory`` at most :data:`MAX_LIST_ENTRIES` entries; ``search_files`` at
 most :data:`MAX_SEARCH_MATCHES` matches, skipping binary files and files over
@@ -23,15 +31,20 @@ most :data:`MAX_SEARCH_MATCHES` matches, skipping binary files and files over
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import regex
 from pydantic import BaseModel, Field
 
+from bumblebot.documents import DocumentError, is_pdf, pdf_text
 from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
 
 from .registry import Tool, tool
@@ -41,6 +54,8 @@ __all__ = [
     "MAX_LIST_ENTRIES",
     "MAX_SEARCH_FILE_BYTES",
     "MAX_SEARCH_MATCHES",
+    "PDF_MAX_CHARS",
+    "PDF_MAX_PAGES",
     "READ_CAP_BYTES",
     "PathError",
     "PathEscapeError",
@@ -54,6 +69,13 @@ __all__ = [
 
 #: Most bytes one ``read_file`` call returns.
 READ_CAP_BYTES = 64 * 1024
+#: ``read_file`` extracts at most this many pages of a PDF.
+PDF_MAX_PAGES = 200
+#: ``read_file`` extracts at most this many characters of a PDF's text.
+PDF_MAX_CHARS = 1_000_000
+#: Most PDF extractions kept for paging, and most characters they hold together.
+PDF_CACHE_ENTRIES = 8
+PDF_CACHE_CHARS = 4_000_000
 #: Most entries one ``list_directory`` call returns.
 MAX_LIST_ENTRIES = 500
 #: Most matches one ``search_files`` call returns.
@@ -146,10 +168,10 @@ class ReadFileArgs(BaseModel):
     line_numbers: bool = Field(False, description="Prefix each line with its number")
 
 
-@tool(kind=ToolKind.WORK, brief="Read a text file of the workspace.")
+@tool(kind=ToolKind.WORK, brief="Read a text file (or a PDF's text) of the workspace.")
 async def read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolResult | str:
     """Read a text file from the workspace (at most 64 KiB per call; use offset_line to
-    continue)."""
+    continue). For a PDF, reads the text extracted from it, paged the same way."""
     return await _run(_read_sync, ctx.workspace, args)
 
 
@@ -163,38 +185,47 @@ def _read_sync(workspace: Path, args: ReadFileArgs) -> ToolResult | str:
         return ToolResult.error(f"{shown} is a directory; use list_directory")
     fd = os.open(target, os.O_RDONLY | _O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
-        if _is_binary(fh.read(_SNIFF_BYTES)):
+        head = fh.read(_SNIFF_BYTES)
+        if is_pdf(head):
+            return _read_pdf(fh, target, shown, args)
+        if _is_binary(head):
             size = os.fstat(fh.fileno()).st_size
             return ToolResult.error(f"{shown} is a binary file ({size} bytes); not shown")
         fh.seek(0)
-        line_no = 1
-        while line_no < args.offset_line:
-            chunk = fh.readline(READ_CAP_BYTES)
-            if not chunk:
-                return ToolResult.error(
-                    f"offset_line {args.offset_line} is past the end of {shown} "
-                    f"({line_no - 1} lines)"
-                )
-            if chunk.endswith(b"\n"):
-                line_no += 1
-        lines: list[bytes] = []
-        used = 0
-        cut_mid_line = more = False
-        while len(lines) < args.max_lines and used < READ_CAP_BYTES:
-            line = fh.readline(READ_CAP_BYTES - used)
-            if not line:
-                break
-            if not line.endswith(b"\n") and fh.read(1):
-                # the line does not fit: show it cut only if it is the first one
-                cut_mid_line = not lines
-                if cut_mid_line:
-                    lines.append(line)
-                more = True
-                break
-            used += len(line)
-            lines.append(line)
-        else:
-            more = bool(fh.read(1))
+        return _read_lines(fh, shown, args)
+
+
+def _read_lines(fh: BinaryIO, shown: str, args: ReadFileArgs) -> ToolResult | str:
+    """The window of ``fh`` (a binary stream at its start) that ``args`` asks for, with the
+    footer that says how to continue."""
+    line_no = 1
+    while line_no < args.offset_line:
+        chunk = fh.readline(READ_CAP_BYTES)
+        if not chunk:
+            return ToolResult.error(
+                f"offset_line {args.offset_line} is past the end of {shown} "
+                f"({line_no - 1} lines)"
+            )
+        if chunk.endswith(b"\n"):
+            line_no += 1
+    lines: list[bytes] = []
+    used = 0
+    cut_mid_line = more = False
+    while len(lines) < args.max_lines and used < READ_CAP_BYTES:
+        line = fh.readline(READ_CAP_BYTES - used)
+        if not line:
+            break
+        if not line.endswith(b"\n") and fh.read(1):
+            # the line does not fit: show it cut only if it is the first one
+            cut_mid_line = not lines
+            if cut_mid_line:
+                lines.append(line)
+            more = True
+            break
+        used += len(line)
+        lines.append(line)
+    else:
+        more = bool(fh.read(1))
     text = _format_lines(lines, args.offset_line, args.line_numbers)
     if not lines:
         return "(empty file)" if args.offset_line == 1 else f"(no lines after line {line_no - 1})"
@@ -208,6 +239,55 @@ def _read_sync(workspace: Path, args: ReadFileArgs) -> ToolResult | str:
         last = args.offset_line + len(lines) - 1
         text += f"\n[... showed lines {args.offset_line}-{last} of {shown}; {why}]"
     return text
+
+
+def _read_pdf(fh: BinaryIO, target: Path, shown: str, args: ReadFileArgs) -> ToolResult | str:
+    """``read_file`` on a PDF: its extracted text, paged like a text file."""
+    try:
+        text, pages, cut = _extract_pdf(fh, target)
+    except DocumentError as exc:
+        return ToolResult.error(f"{shown}: {exc}")
+    of = f"a PDF of {pages} page{'' if pages == 1 else 's'}"
+    if not text:
+        return f"{shown} is {of} with no extractable text; it may be scanned images"
+    note = ""
+    if cut:
+        note = (
+            f"; only its first {PDF_MAX_PAGES} pages were read"
+            if pages > PDF_MAX_PAGES
+            else f"; only its first {PDF_MAX_CHARS} characters were kept"
+        )
+    body = _read_lines(io.BytesIO(text.encode("utf-8")), shown, args)
+    if isinstance(body, ToolResult):
+        return body
+    return f"[text extracted from {of}{note}]\n{body}"
+
+
+_pdf_cache: OrderedDict[tuple[str, int, int, int, int], tuple[str, int, bool]] = OrderedDict()
+_pdf_cache_lock = threading.Lock()
+
+
+def _extract_pdf(fh: BinaryIO, target: Path) -> tuple[str, int, bool]:
+    """:func:`pdf_text` of the open PDF ``fh``, through the LRU cache.
+
+    Raises:
+        DocumentError: the PDF cannot be read (not cached: it is quick to find again).
+    """
+    st = os.fstat(fh.fileno())
+    key = (str(target), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    with _pdf_cache_lock:
+        if key in _pdf_cache:
+            _pdf_cache.move_to_end(key)
+            return _pdf_cache[key]
+    fh.seek(0)
+    result = pdf_text(fh, max_chars=PDF_MAX_CHARS, max_pages=PDF_MAX_PAGES)
+    with _pdf_cache_lock:
+        _pdf_cache[key] = result
+        total = sum(len(text) for text, _pages, _cut in _pdf_cache.values())
+        while len(_pdf_cache) > PDF_CACHE_ENTRIES or (total > PDF_CACHE_CHARS and len(_pdf_cache) > 1):
+            _old, (text, _pages, _cut) = _pdf_cache.popitem(last=False)
+            total -= len(text)
+    return result
 
 
 def _format_lines(lines: list[bytes], first: int, numbered: bool) -> str:
