@@ -30,13 +30,40 @@ Platform rules mimicked (source: Discord developer docs, "Gateway", "Message Res
   (counted as Python ``len``, i.e. code points) -> 400 code 50035.
 - A 429 that discord.py retries transparently needs a ``Via`` header and a JSON body with
   ``retry_after`` (seconds); see `FakeDiscord.fail_next_rate_limited`.
+
+Files ("Message Resource": attachment object, "Uploading Files"):
+
+- ``message_payload`` / ``send_dm`` / ``send_guild_message`` take ``attachments``: a list of
+  dicts ``{filename, data: bytes, content_type?, width?, height?, size?, duration_secs?,
+  waveform?, description?}`` (``size`` overrides ``len(data)``; ``waveform`` as bytes or
+  base64 text; an image's width/height are read from PNG/JPEG/GIF/WebP bytes when not
+  given). The fake builds real attachment objects ``{id, filename, size, url, proxy_url,
+  content_type, width, height, ...}`` (see `FakeDiscord.make_attachment`) whose ``url`` is
+  ``http://127.0.0.1:PORT/attachments/<channel>/<id>/<filename>`` and ``proxy_url``
+  ``.../media/attachments/...``; GET on either serves the bytes (404 unknown) and appends the
+  URL to ``downloads``. Dicts without ``data`` are passed through as attachment objects.
+  ``sticker_items=[{id, name, format_type}]`` and ``flags`` (e.g. `IS_VOICE_MESSAGE`) go on
+  the message as given.
+- Uploads: a multipart POST (``payload_json`` plus ``files[n]`` parts, as discord.py sends
+  ``channel.send(content, file=discord.File(...))``) to ``/channels/{id}/messages``, an
+  interaction callback or a webhook follow-up creates a message carrying real, downloadable
+  attachment objects (``content_type`` guessed from the filename when the part says
+  ``application/octet-stream``; ``description`` from ``payload_json.attachments``); each file
+  of a created message is appended to ``files_sent`` as ``{channel_id, filename, data,
+  content, content_type, description, message_id, route}`` (``route``: "channel",
+  "interaction", "webhook" or "edit"). A file over ``upload_limit`` (10 MiB) is refused with 413
+  code 40005 "Request entity too large". ``RecordedRequest.files`` entries carry ``field``,
+  ``filename``, ``size``, ``data`` and ``content_type``. An edit's ``attachments`` list keeps
+  only the listed existing attachments (by id), plus any new files.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
+import mimetypes
 import re
 import time
 import uuid
@@ -46,6 +73,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, Self
 
 from aiohttp import WSMsgType, web
+
+from .telegram_server import image_size
 
 JSON = dict[str, Any]
 
@@ -57,6 +86,10 @@ HUMAN_ID = "2000000000000000002"
 OTHER_BOT_ID = "3000000000000000003"
 
 INTENT_MESSAGE_CONTENT = 1 << 15
+IS_VOICE_MESSAGE = 1 << 13
+"""Message flag of a voice message (its one attachment has ``duration_secs``/``waveform``)."""
+UPLOAD_LIMIT = 10 * 1024 * 1024
+"""Default per-file upload limit for bots (10 MiB)."""
 
 PERM_ADD_REACTIONS = 0x40
 PERM_VIEW_CHANNEL = 0x400
@@ -205,12 +238,22 @@ class FakeDiscord:
         interaction_responses: bodies POSTed to interaction callbacks, with id and token.
         server_errors: exceptions raised inside the fake's handlers (answered as 400).
         app_commands: registered application commands, keyed by guild id (None = global).
+        files_sent: each file of each message the bot created (module docstring).
+        downloads: attachment URLs served (GET on ``url`` or ``proxy_url``), in order.
     """
 
     def __init__(
-        self, token: str = "TESTTOKEN", *, enforce_message_content_intent: bool = True
+        self,
+        token: str = "TESTTOKEN",
+        *,
+        enforce_message_content_intent: bool = True,
+        upload_limit: int = UPLOAD_LIMIT,
     ) -> None:
         self.token = token
+        self.upload_limit = upload_limit
+        self.files_sent: list[JSON] = []
+        self.downloads: list[str] = []
+        self._attachment_data: dict[tuple[str, str, str], bytes] = {}
         self.enforce_message_content_intent = enforce_message_content_intent
         self.bot_user: JSON = dict(BOT_USER)
         self.human_user: JSON = dict(HUMAN_USER)
@@ -272,6 +315,8 @@ class FakeDiscord:
         app = web.Application()
         app.router.add_get("/gateway", self._gateway)
         app.router.add_route("*", "/api/v10/{tail:.*}", self._rest)
+        for prefix in ("/attachments", "/media/attachments"):
+            app.router.add_get(prefix + "/{cid}/{aid}/{filename}", self._attachment)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -501,14 +546,20 @@ class FakeDiscord:
         message_id: str | int | None = None,
         referenced_message: JSON | None = None,
         *,
-        attachments: Sequence[JSON] = (),
+        attachments: Sequence[JSON] | None = (),
         embeds: Sequence[JSON] = (),
+        sticker_items: Sequence[JSON] | None = None,
+        flags: int = 0,
     ) -> JSON:
         """A MESSAGE_CREATE ``d`` payload (snowflakes as strings).
 
         Without ``guild_id`` it is a DM; with it, a guild message carrying ``member``.
         ``referenced_message`` (another payload) makes it a reply (type 19 with
         ``message_reference``). The message is stored so ``GET`` on it answers 200.
+        ``attachments``: dicts with ``filename`` and ``data`` become served attachment objects
+        (`make_attachment`); others are used as given. ``sticker_items``: ``{id, name,
+        format_type}`` dicts (``id`` defaults to a new snowflake, ``format_type`` to 1, PNG).
+        ``flags``: message flags, e.g. `IS_VOICE_MESSAGE`.
         """
         author = author or self.human_user
         cid = str(channel_id)
@@ -525,13 +576,21 @@ class FakeDiscord:
             "mention_everyone": False,
             "mentions": [dict(m) for m in mentions],
             "mention_roles": [],
-            "attachments": list(attachments),
+            "attachments": [
+                self.make_attachment(cid, **a) if "data" in a else dict(a)
+                for a in attachments or ()
+            ],
             "embeds": list(embeds),
             "components": [],
             "pinned": False,
             "type": 0,
-            "flags": 0,
+            "flags": int(flags),
         }
+        if sticker_items:
+            data["sticker_items"] = [
+                {"format_type": 1, **s, "id": str(s.get("id") or self.snowflake())}
+                for s in sticker_items
+            ]
         if gid is not None:
             data["guild_id"] = gid
             data["member"] = {
@@ -552,6 +611,61 @@ class FakeDiscord:
             data["referenced_message"] = referenced_message
         self._messages[data["id"]] = data
         return data
+
+    def make_attachment(
+        self,
+        channel_id: str | int,
+        filename: str,
+        data: bytes,
+        *,
+        content_type: str | None = None,
+        width: int | None = None,
+        height: int | None = None,
+        size: int | None = None,
+        duration_secs: float | None = None,
+        waveform: bytes | str | None = None,
+        description: str | None = None,
+        flags: int | None = None,
+    ) -> JSON:
+        """A Discord attachment object for ``data``, served by this fake at its ``url`` and
+        ``proxy_url``. A filename with characters other than letters, digits, ``.``, ``-``
+        and ``_`` is sanitised (``_``) and the original kept in ``title``, as Discord does.
+        ``content_type`` defaults to a guess from the filename; an image's ``width`` and
+        ``height`` default to those in its bytes (PNG, JPEG, GIF, WebP, BMP)."""
+        cid, aid = str(channel_id), self.snowflake()
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", filename) or "unknown"
+        content_type = content_type or mimetypes.guess_type(filename)[0]
+        self._attachment_data[(cid, aid, safe)] = bytes(data)
+        root = f"http://127.0.0.1:{self._port}"
+        attachment: JSON = {
+            "id": aid,
+            "filename": safe,
+            "size": len(data) if size is None else int(size),
+            "url": f"{root}/attachments/{cid}/{aid}/{safe}",
+            "proxy_url": f"{root}/media/attachments/{cid}/{aid}/{safe}",
+        }
+        if safe != filename:
+            attachment["title"] = filename
+        if content_type:
+            attachment["content_type"] = content_type
+        if (width is None or height is None) and (content_type or "").startswith("image/"):
+            found = image_size(bytes(data))
+            if found is not None:
+                width = found[0] if width is None else width
+                height = found[1] if height is None else height
+        if width is not None and height is not None:
+            attachment["width"], attachment["height"] = int(width), int(height)
+        if description is not None:
+            attachment["description"] = description
+        if duration_secs is not None:
+            attachment["duration_secs"] = duration_secs
+        if waveform is not None:
+            attachment["waveform"] = (
+                waveform if isinstance(waveform, str) else base64.b64encode(waveform).decode()
+            )
+        if flags is not None:
+            attachment["flags"] = int(flags)
+        return attachment
 
     def interaction_payload(
         self,
@@ -675,9 +789,12 @@ class FakeDiscord:
         *,
         message_id: str | int | None = None,
         referenced_message: JSON | None = None,
-        attachments: Sequence[JSON] = (),
+        attachments: Sequence[JSON] | None = (),
+        sticker_items: Sequence[JSON] | None = None,
+        flags: int = 0,
     ) -> JSON:
-        """Dispatch a DM from ``author`` (default the human) to the bot; returns the payload."""
+        """Dispatch a DM from ``author`` (default the human) to the bot; returns the payload.
+        ``attachments``/``sticker_items``/``flags`` as in `message_payload`."""
         author = author or self.human_user
         payload = self.message_payload(
             content,
@@ -686,6 +803,8 @@ class FakeDiscord:
             message_id=message_id,
             referenced_message=referenced_message,
             attachments=attachments,
+            sticker_items=sticker_items,
+            flags=flags,
         )
         await self.dispatch("MESSAGE_CREATE", payload)
         return payload
@@ -700,10 +819,14 @@ class FakeDiscord:
         *,
         message_id: str | int | None = None,
         referenced_message: JSON | None = None,
+        attachments: Sequence[JSON] | None = (),
+        sticker_items: Sequence[JSON] | None = None,
+        flags: int = 0,
     ) -> JSON:
         """Dispatch a guild message; returns the payload.
 
         ``mention_bot`` prefixes ``<@BOTID>`` to the content and puts the bot in ``mentions``.
+        ``attachments``/``sticker_items``/``flags`` as in `message_payload`.
         """
         mentions: list[JSON] = []
         if mention_bot:
@@ -717,6 +840,9 @@ class FakeDiscord:
             mentions=mentions,
             message_id=message_id,
             referenced_message=referenced_message,
+            attachments=attachments,
+            sticker_items=sticker_items,
+            flags=flags,
         )
         await self.dispatch("MESSAGE_CREATE", payload)
         return payload
@@ -1096,11 +1222,32 @@ class FakeDiscord:
                 if part.name == "payload_json":
                     body = json.loads(await part.text())  # type: ignore[union-attr]
                 else:
-                    data = await part.read()  # type: ignore[union-attr]
-                    files.append({"field": part.name, "filename": part.filename, "size": len(data)})
+                    data = bytes(await part.read())  # type: ignore[union-attr]
+                    files.append(
+                        {
+                            "field": part.name,
+                            "filename": part.filename,
+                            "size": len(data),
+                            "data": data,
+                            "content_type": part.headers.get("Content-Type"),
+                        }
+                    )
             return body, files
         text = await request.text()
         return (text or None), []
+
+    async def _attachment(self, request: web.Request) -> web.Response:
+        """GET an attachment's ``url``/``proxy_url`` (Discord's CDN): its bytes, or 404."""
+        m = request.match_info
+        data = self._attachment_data.get((m["cid"], m["aid"], m["filename"]))
+        try:
+            if data is None:
+                return web.Response(status=404, text="404: Not Found")
+            self.downloads.append(str(request.url.with_query(None)))
+            ctype = mimetypes.guess_type(m["filename"])[0] or "application/octet-stream"
+            return web.Response(body=data, headers={"Content-Type": ctype})
+        finally:
+            await self._notify()
 
     def _take_failure(self, method: str, path: str) -> web.Response | None:
         for rule in self._fail_rules:
@@ -1222,10 +1369,16 @@ class FakeDiscord:
 
     @staticmethod
     def _content_error(
-        body: JSON, files: list[JSON], *, require_something: bool = True
+        body: JSON,
+        files: list[JSON],
+        *,
+        require_something: bool = True,
+        upload_limit: int | None = None,
     ) -> web.Response | None:
         """Discord's send rules: not empty (50006), content at most 2000 characters (50035)."""
         content = body.get("content") or ""
+        if upload_limit and any(f["size"] > upload_limit for f in files):
+            return _error(413, 40005, "Request entity too large")
         if len(content) > MAX_CONTENT_LENGTH:
             return _form_error(
                 "content",
@@ -1238,6 +1391,49 @@ class FakeDiscord:
         if require_something and not content.strip() and not has_other:
             return _error(400, 50006, "Cannot send an empty message")
         return None
+
+    def _uploaded_attachments(self, channel_id: str, body: JSON, files: list[JSON]) -> list[JSON]:
+        """Attachment objects for uploaded ``files[n]`` parts (described in ``attachments``)."""
+        described = {
+            str(a.get("id")): a for a in body.get("attachments") or [] if isinstance(a, dict)
+        }
+        out = []
+        for index, f in enumerate(files):
+            match = re.fullmatch(r"files\[(\d+)\]", f.get("field") or "")
+            meta = described.get(match.group(1) if match else str(index), {})
+            ctype = f.get("content_type")
+            if ctype in (None, "application/octet-stream"):
+                ctype = mimetypes.guess_type(f["filename"] or "")[0]
+            extra = {
+                k: meta[k]
+                for k in ("description", "duration_secs", "waveform")
+                if meta.get(k) is not None
+            }
+            out.append(
+                self.make_attachment(
+                    channel_id,
+                    f.get("filename") or meta.get("filename") or "unknown",
+                    f.get("data", b""),
+                    content_type=ctype,
+                    **extra,
+                )
+            )
+        return out
+
+    def _record_files(self, message: JSON, files: list[JSON], route: str) -> None:
+        for f, attachment in zip(files, message["attachments"][-len(files) :] if files else []):
+            self.files_sent.append(
+                {
+                    "channel_id": message["channel_id"],
+                    "filename": f.get("filename"),
+                    "data": f.get("data", b""),
+                    "content": message.get("content", ""),
+                    "content_type": attachment.get("content_type"),
+                    "description": attachment.get("description"),
+                    "message_id": message["id"],
+                    "route": route,
+                }
+            )
 
     def _bot_message(self, channel_id: str, body: JSON, files: list[JSON]) -> JSON:
         """A message object authored by the bot, as Discord returns it from REST (no guild_id)."""
@@ -1253,16 +1449,7 @@ class FakeDiscord:
             "mention_everyone": False,
             "mentions": [],
             "mention_roles": [],
-            "attachments": [
-                {
-                    "id": self.snowflake(),
-                    "filename": f["filename"],
-                    "size": f["size"],
-                    "url": f"{self.api_base}/attachments/{mid}/{f['filename']}",
-                    "proxy_url": f"{self.api_base}/attachments/{mid}/{f['filename']}",
-                }
-                for f in files
-            ],
+            "attachments": self._uploaded_attachments(channel_id, body, files),
             "embeds": list(body.get("embeds") or []),
             "components": list(body.get("components") or []),
             "pinned": False,
@@ -1278,7 +1465,7 @@ class FakeDiscord:
         if cid not in self._channels:
             return _error(404, 10003, "Unknown Channel")
         body: JSON = req.body if isinstance(req.body, dict) else {}
-        error = self._content_error(body, req.files)
+        error = self._content_error(body, req.files, upload_limit=self.upload_limit)
         if error is not None:
             return error
         nonce = body.get("nonce")
@@ -1304,6 +1491,7 @@ class FakeDiscord:
             }
             message["referenced_message"] = referenced
         self._messages[message["id"]] = message
+        self._record_files(message, req.files, "channel")
         self._sent.append((cid, message["content"], message["id"]))
         if nonce is not None:
             self._nonces[(cid, str(nonce))] = message["id"]
@@ -1334,10 +1522,29 @@ class FakeDiscord:
         message = self._lookup(req)
         return _json_response(message) if message else _error(404, 10008, "Unknown Message")
 
-    def _apply_edit(self, message: JSON, body: JSON) -> web.Response | None:
-        error = self._content_error(body, [], require_something=False)
+    def _apply_edit(
+        self, message: JSON, body: JSON, files: list[JSON] | None = None
+    ) -> web.Response | None:
+        files = files or []
+        error = self._content_error(
+            body, files, require_something=False, upload_limit=self.upload_limit
+        )
         if error is not None:
             return error
+        if "attachments" in body or files:
+            listed = body.get("attachments")
+            kept = (
+                message.get("attachments", [])
+                if listed is None
+                else [
+                    a
+                    for a in message.get("attachments", [])
+                    if a["id"] in {str(x.get("id")) for x in listed if isinstance(x, dict)}
+                ]
+            )
+            message["attachments"] = kept + self._uploaded_attachments(
+                message["channel_id"], body, files
+            )
         for key in ("content", "embeds", "components", "flags"):
             if key in body:
                 message[key] = (
@@ -1358,7 +1565,9 @@ class FakeDiscord:
             return _error(404, 10008, "Unknown Message")
         if message["author"]["id"] != self.bot_user["id"]:
             return _error(403, 50005, "Cannot edit a message authored by another user")
-        error = self._apply_edit(message, req.body if isinstance(req.body, dict) else {})
+        error = self._apply_edit(message, req.body if isinstance(req.body, dict) else {}, req.files)
+        if error is None:
+            self._record_files(message, req.files, "edit")
         return error or _json_response(message)
 
     def _delete_message(self, req: _Req) -> web.Response:
@@ -1433,7 +1642,7 @@ class FakeDiscord:
             5,
         ):  # CHANNEL_MESSAGE_WITH_SOURCE, DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE
             if callback_type == 4:
-                error = self._content_error(data, req.files)
+                error = self._content_error(data, req.files, upload_limit=self.upload_limit)
                 if error is not None:
                     return error
             payload = known["payload"]
@@ -1450,6 +1659,7 @@ class FakeDiscord:
             if callback_type == 5:
                 message["flags"] = int(data.get("flags") or 0) | 128  # LOADING
             self._messages[message["id"]] = message
+            self._record_files(message, req.files, "interaction")
             self._originals[token] = message["id"]
         known["acknowledged"] = True
         if req.query.get("with_response") not in ("1", "true", "True"):
@@ -1486,11 +1696,12 @@ class FakeDiscord:
         if payload is None:
             return _error(404, 10015, "Unknown Webhook")
         body: JSON = req.body if isinstance(req.body, dict) else {}
-        error = self._content_error(body, req.files)
+        error = self._content_error(body, req.files, upload_limit=self.upload_limit)
         if error is not None:
             return error
         message = self._bot_message(payload["channel_id"], body, req.files)
         self._messages[message["id"]] = message
+        self._record_files(message, req.files, "webhook")
         return (
             _json_response(message)
             if req.query.get("wait") in ("1", "true", "True")
@@ -1506,7 +1717,9 @@ class FakeDiscord:
         if message is None:
             return _error(404, 10008, "Unknown Message")
         message["flags"] = int(message.get("flags") or 0) & ~128
-        error = self._apply_edit(message, req.body if isinstance(req.body, dict) else {})
+        error = self._apply_edit(message, req.body if isinstance(req.body, dict) else {}, req.files)
+        if error is None:
+            self._record_files(message, req.files, "edit")
         return error or _json_response(message)
 
     def _delete_webhook_message(self, req: _Req) -> web.Response:

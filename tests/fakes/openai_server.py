@@ -29,6 +29,33 @@ when a provider fails mid-stream) and ``stream_truncated`` (the body ends after 
 chunks, with no finish reason and no ``[DONE]``).
 ``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
 streaming do; ``streamed`` counts the streamed answers.
+
+Vision: content may be a list of parts (``{"type": "text", "text"}`` and ``{"type":
+"image_url", "image_url": {"url": "data:image/png;base64,..."}}``); :func:`mentions` reads the
+text parts and :func:`image_parts` returns a request's image URLs. ``reject_images(status=400,
+message=...)`` makes every chat-completions request with an ``image_url`` part answer that
+OpenAI error (``param`` names the part) without consuming a scripted reply, as a text-only
+model does; such requests are still in ``requests``/``request_log`` and also in ``rejected``
+and ``images_rejected``. ``accept_images()`` turns it off.
+
+Audio (a second instance serves a separate ``transcription_base_url`` just as well):
+
+- ``POST /v1/audio/transcriptions`` (multipart ``file``, ``model``, optional
+  ``response_format``/``language``/``prompt``/``temperature``): answers the next queued
+  transcript, ``push_transcript(text)``, or error, ``push_transcript_error(status,
+  message)``; with nothing queued, "fake transcript". ``response_format`` ``json`` (default)
+  answers ``{"text"}``, ``verbose_json`` adds ``task``/``language``/``duration``/
+  ``segments``, ``text``/``srt``/``vtt`` answer plain text. Records ``transcriptions``:
+  dicts ``{model, filename, data, content_type, response_format, language, prompt, headers,
+  status}``. A file over 25 MB answers 413; a missing ``file`` or ``model`` 400.
+- ``POST /v1/audio/speech`` (JSON ``{model, input, voice, response_format, ...}``): answers
+  audio bytes with the format's Content-Type (``mp3`` audio/mpeg, the default; ``opus``
+  audio/ogg, bytes starting ``b"OggS"``; ``aac`` audio/aac; ``flac`` audio/flac; ``wav``
+  audio/wav; ``pcm`` audio/pcm), or the bytes queued with ``push_speech(data)``. Records
+  ``speech_requests`` (the JSON bodies). ``fail_speech(status, message, times=1)`` fails the
+  next requests; ``input`` over 4096 characters, or no ``model``/``voice``/``input``,
+  answers 400.
+- ``wait_for_transcriptions(n)`` / ``wait_for_speech(n)`` wait for arrivals.
 """
 
 from __future__ import annotations
@@ -49,6 +76,19 @@ Predicate = Callable[[Request], bool]
 
 _call_ids = itertools.count(1)
 _completion_ids = itertools.count(1)
+MAX_TRANSCRIPTION_BYTES = 25 * 1024 * 1024  # audio/transcriptions: "File uploads are limited to 25 MB"
+MAX_SPEECH_INPUT = 4096  # audio/speech: "The maximum length is 4096 characters"
+IMAGE_REJECTION = "Invalid content type. image_url is only supported by certain models."
+# speech response_format -> (Content-Type, leading bytes of a plausible file)
+SPEECH_FORMATS = {
+    "mp3": ("audio/mpeg", b"ID3\x04\x00\x00\x00\x00\x00\x00\xff\xfb\x90\x00"),
+    "opus": ("audio/ogg", b"OggS\x00\x02" + b"\x00" * 20 + b"\x01\x13OpusHead\x01\x01"),
+    "aac": ("audio/aac", b"\xff\xf1\x50\x80\x02\x1f\xfc"),
+    "flac": ("audio/flac", b"fLaC\x00\x00\x00\x22"),
+    "wav": ("audio/wav", (b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00"
+                          b"\xc0\x5d\x00\x00\x80\xbb\x00\x00\x02\x00\x10\x00data\x00\x00\x00\x00")),
+    "pcm": ("audio/pcm", b"\x00\x00" * 16),
+}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 429: "rate_limit_error"}
 
@@ -144,11 +184,35 @@ def mentions(needle: str) -> Predicate:
 
 
 def _content_text(content: Any) -> str:
+    """The text of a message's content: a string, or the text parts of a list of parts."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "\n".join(str(p.get("text", "")) for p in content
+                         if isinstance(p, dict) and p.get("type", "text") in ("text", "input_text"))
     return ""
+
+
+def image_parts(request: Request) -> list[str]:
+    """The image URLs (usually ``data:image/...;base64,...``) of a request's ``image_url``
+    content parts, in message order."""
+    urls = []
+    for message in request.get("messages", []):
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                image = part.get("image_url")
+                urls.append(str(image.get("url", "") if isinstance(image, dict) else image))
+    return urls
+
+
+def _first_image_param(request: Request) -> str | None:
+    for i, message in enumerate(request.get("messages", [])):
+        content = message.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                return f"messages.[{i}].content.[{j}].type"
+    return None
 
 
 def sequence_violation(messages: list[dict[str, Any]]) -> str | None:
@@ -192,8 +256,9 @@ class FakeOpenAI:
     """Scripted chat-completions endpoint; see the module docstring.
 
     Recorded state: ``requests`` (every body, arrival order), ``request_log``
-    (:class:`RequestRecord`), ``unscripted``, ``rejected`` (tool_choice quirk) and
-    ``violations`` (``(reason, body)`` for null content / invalid sequence).
+    (:class:`RequestRecord`), ``unscripted``, ``rejected`` (tool_choice, stream and image
+    quirks), ``images_rejected`` and ``violations`` (``(reason, body)`` for null content /
+    invalid sequence); for audio ``transcriptions`` and ``speech_requests``.
     """
 
     def __init__(self, models: Iterable[str] = ("test-model", "reflex-model"), *,
@@ -215,6 +280,13 @@ class FakeOpenAI:
         self.unscripted: list[Request] = []
         self.rejected: list[Request] = []
         self.violations: list[tuple[str, Request]] = []
+        self.images_rejected: list[Request] = []
+        self.transcriptions: list[dict[str, Any]] = []
+        self.speech_requests: list[Request] = []
+        self._image_rejection: tuple[int, str] | None = None
+        self._transcripts: list[tuple[int, str]] = []  # (status, text or error message)
+        self._speech_audio: list[tuple[bytes, str | None]] = []
+        self._speech_failures: list[tuple[int, str]] = []
         self._script: list[tuple[Any, Predicate | None]] = []
         self._arrived = asyncio.Condition()
         self._runner: web.AppRunner | None = None
@@ -229,6 +301,50 @@ class FakeOpenAI:
         """Queue ``reply`` (a :class:`Reply` or a callable ``request -> reply``) for the first
         request matching ``when`` (any request if None)."""
         self._script.append((reply, when))
+
+    def reject_images(self, status: int = 400, message: str = IMAGE_REJECTION) -> None:
+        """From now on answer every chat-completions request holding an ``image_url`` part with
+        ``status`` and an OpenAI error ``message`` (a text-only model); scripts stay unused."""
+        self._image_rejection = (status, message)
+
+    def accept_images(self) -> None:
+        """Undo :meth:`reject_images`."""
+        self._image_rejection = None
+
+    def push_transcript(self, text: str) -> None:
+        """Queue the text of the next ``audio/transcriptions`` answer."""
+        self._transcripts.append((200, text))
+
+    def push_transcript_error(self, status: int, message: str = "fake transcription error") -> None:
+        """Queue an error (OpenAI error body) as the next ``audio/transcriptions`` answer."""
+        self._transcripts.append((status, message))
+
+    def push_speech(self, data: bytes, content_type: str | None = None) -> None:
+        """Queue the bytes (and optionally Content-Type) of the next ``audio/speech`` answer."""
+        self._speech_audio.append((data, content_type))
+
+    def fail_speech(self, status: int, message: str = "fake speech error", times: int = 1) -> None:
+        """Answer the next ``times`` ``audio/speech`` requests with ``status`` and an error."""
+        self._speech_failures.extend([(status, message)] * times)
+
+    async def wait_for_transcriptions(self, n: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Wait until ``n`` transcription requests arrived; return them. AssertionError on timeout."""
+        await self._wait_count(lambda: len(self.transcriptions), n, timeout, "transcription requests")
+        return list(self.transcriptions)
+
+    async def wait_for_speech(self, n: int = 1, timeout: float = 5.0) -> list[Request]:
+        """Wait until ``n`` speech requests arrived; return them. AssertionError on timeout."""
+        await self._wait_count(lambda: len(self.speech_requests), n, timeout, "speech requests")
+        return list(self.speech_requests)
+
+    async def _wait_count(self, count: Callable[[], int], n: int, timeout: float, what: str) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._arrived:
+                    await self._arrived.wait_for(lambda: count() >= n)
+        except TimeoutError:
+            raise AssertionError(f"FakeOpenAI: expected {n} {what} within {timeout}s, "
+                                 f"got {count()}") from None
 
     async def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[Request]:
         """Wait until at least ``n`` requests arrived; return them. AssertionError on timeout."""
@@ -245,6 +361,8 @@ class FakeOpenAI:
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcription)
+        app.router.add_post("/v1/audio/speech", self._speech)
         self._runner = web.AppRunner(app, shutdown_timeout=0.25, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
@@ -260,6 +378,79 @@ class FakeOpenAI:
     async def _models(self, _request: web.Request) -> web.Response:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
         return web.json_response({"object": "list", "data": data})
+
+    async def _transcription(self, http: web.Request) -> web.Response:
+        form = await http.post()
+        upload = form.get("file")
+        data, filename, ctype = b"", None, None
+        if isinstance(upload, web.FileField):
+            data, filename, ctype = upload.file.read(), upload.filename, upload.content_type
+        elif isinstance(upload, (str, bytes, bytearray)):
+            data = upload.encode() if isinstance(upload, str) else bytes(upload)
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        response_format = fields.get("response_format") or "json"
+        record: dict[str, Any] = {
+            "model": fields.get("model"), "filename": filename, "data": data,
+            "content_type": ctype, "response_format": response_format,
+            "language": fields.get("language"), "prompt": fields.get("prompt"),
+            "headers": dict(http.headers), "status": None}
+        async with self._arrived:
+            self.transcriptions.append(record)
+            self._arrived.notify_all()
+        if upload is None or not fields.get("model"):
+            missing = "file" if upload is None else "model"
+            status, text_ = 400, f"you must provide a {missing} parameter"
+        elif len(data) > MAX_TRANSCRIPTION_BYTES:
+            status = 413
+            text_ = f"Maximum content size limit ({MAX_TRANSCRIPTION_BYTES}) exceeded ({len(data)} bytes read)"
+        else:
+            status, text_ = self._transcripts.pop(0) if self._transcripts else (200, "fake transcript")
+        record["status"] = status
+        if status != 200:
+            return web.json_response(_error_body(status, text_), status=status)
+        if response_format in ("text", "srt", "vtt"):
+            if response_format == "srt":
+                text_ = f"1\n00:00:00,000 --> 00:00:01,000\n{text_}\n"
+            elif response_format == "vtt":
+                text_ = f"WEBVTT\n\n00:00:00.000 --> 00:00:01.000\n{text_}\n"
+            return web.Response(text=text_, content_type="text/plain")
+        if response_format == "verbose_json":
+            return web.json_response({
+                "task": "transcribe", "language": fields.get("language") or "english",
+                "duration": 1.0, "text": text_,
+                "segments": [{"id": 0, "seek": 0, "start": 0.0, "end": 1.0, "text": text_,
+                              "tokens": [], "temperature": 0.0, "avg_logprob": -0.1,
+                              "compression_ratio": 1.0, "no_speech_prob": 0.0}]})
+        return web.json_response({"text": text_, "usage": {"type": "duration", "seconds": 1}})
+
+    async def _speech(self, http: web.Request) -> web.Response:
+        body: Request = await http.json()
+        async with self._arrived:
+            self.speech_requests.append(body)
+            self._arrived.notify_all()
+        if self._speech_failures:
+            status, message = self._speech_failures.pop(0)
+            return web.json_response(_error_body(status, message), status=status)
+        missing = [k for k in ("model", "input", "voice") if not body.get(k)]
+        if missing:
+            return web.json_response(_error_body(400, f"Missing required parameter: '{missing[0]}'."),
+                                     status=400)
+        if len(str(body["input"])) > MAX_SPEECH_INPUT:
+            return web.json_response(_error_body(
+                400, f"[{{'type': 'string_too_long', 'loc': ('body', 'input'), 'msg': 'String "
+                     f"should have at most {MAX_SPEECH_INPUT} characters'}}]"), status=400)
+        fmt = body.get("response_format") or "mp3"
+        if fmt not in SPEECH_FORMATS:
+            return web.json_response(_error_body(
+                400, f"Invalid value: '{fmt}'. Supported values are: {', '.join(SPEECH_FORMATS)}."),
+                status=400)
+        ctype, header = SPEECH_FORMATS[fmt]
+        if self._speech_audio:
+            data, queued_type = self._speech_audio.pop(0)
+            ctype = queued_type or ctype
+        else:
+            data = header + str(body["input"]).encode()[:64]
+        return web.Response(body=data, headers={"Content-Type": ctype})
 
     async def _completions(self, http: web.Request) -> web.StreamResponse:
         body: Request = await http.json()
@@ -326,6 +517,14 @@ class FakeOpenAI:
         reason = sequence_violation(body.get("messages", [])) if self.validate_sequence else None
         if reason:
             return self._violation(reason, body)
+        param = _first_image_param(body) if self._image_rejection else None
+        if self._image_rejection and param:
+            self.rejected.append(body)
+            self.images_rejected.append(body)
+            status, message = self._image_rejection
+            error_body = _error_body(status, message)
+            error_body["error"]["param"] = param
+            return Reply(status=status, body=error_body)
         if self.reject_stream and body.get("stream"):
             self.rejected.append(body)
             return error(self.reject_stream, "stream: streaming is not supported by this server")
