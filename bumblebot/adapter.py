@@ -15,9 +15,14 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, ClassVar, Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
 
-from bumblebot.events import ChatRef, Inbound, Platform
+from bumblebot.errors import MediaError
+from bumblebot.events import Attachment, ChatRef, Inbound, Platform
+
+#: How a file is sent: a photo (shown inline), a document (a file to download), a voice message.
+FileKind = Literal["photo", "document", "voice"]
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +176,31 @@ class Adapter(ABC):
     async def delete_message(self, chat: ChatRef, message_id: str) -> None:
         """Delete one of the bot's messages. Raises :class:`~bumblebot.errors.DeliveryFailed`."""
         raise NotImplementedError
+
+    async def download(self, attachment: Attachment, dest: Path) -> int:
+        """Fetch a file of a message this adapter received into ``dest`` (created or replaced);
+        returns its size in bytes.
+
+        Raises:
+            MediaError: too big for the platform's or the configured limit, gone, or the
+                platform unreachable (``retryable``).
+        """
+        raise MediaError(f"{self.platform.value} messages carry no files")
+
+    def max_upload_bytes(self, chat: ChatRef, kind: FileKind) -> int | None:
+        """The largest file the platform takes in ``chat`` as ``kind``, bytes (``None``: it
+        takes no files)."""
+        return None
+
+    async def send_file(self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str) -> str:
+        """Send the file at ``path`` as ``kind`` with ``caption`` (plain text, maybe ``""``,
+        within :meth:`caption_limit`); returns the platform's message id. ``key`` as for
+        :meth:`send_chunk`. Raises :class:`~bumblebot.errors.DeliveryFailed`."""
+        raise NotImplementedError
+
+    def caption_limit(self) -> int:
+        """Longest caption of a file, characters (longer text goes in messages of its own)."""
+        return 0
 
     @abstractmethod
     async def send_typing(self, chat: ChatRef) -> None:

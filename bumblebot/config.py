@@ -100,6 +100,22 @@ class LLMSettings(_Section):
         description="requests in flight to this endpoint at once (turns, judges, the classifier, "
         "summaries); the only cap on concurrency",
     )
+    vision: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="send images to the model: auto (until the endpoint refuses them; that is "
+        "remembered per endpoint and model), on (always), off (never; the model is told a photo came)",
+    )
+    transcription_model: str = Field(
+        "whisper-1", description="speech-to-text model of voice notes and audio (POST /audio/transcriptions)"
+    )
+    transcription_base_url: str | None = Field(
+        None, description="base URL of the transcription endpoint (a local whisper server); default: base_url"
+    )
+
+    @field_validator("vision", mode="before")
+    @classmethod
+    def _vision_on_off(cls, value: Any) -> Any:
+        return _on_off(value)
 
 
 def _on_off(value: Any) -> Any:
@@ -136,6 +152,44 @@ class DeliverySettings(_Section):
         return _on_off(value)
 
 
+class MediaSettings(_Section):
+    """Photos, voice notes and files people send (issue 12)."""
+
+    image_max_side_px: int = Field(
+        1280, ge=64, le=8192,
+        description="longest side of an image given to the model, pixels: Telegram's largest photo "
+        "size within it is taken, larger images are scaled down",
+    )
+    image_max_bytes: int = Field(
+        4_000_000, ge=10_000, description="largest encoded image given to the model, bytes"
+    )
+    inline_chars: int = Field(
+        2000, ge=0,
+        description="characters of a text document or PDF shown to the model inline (the rest it "
+        "reads with read_file); 0: none",
+    )
+
+
+class VoiceSettings(_Section):
+    """Voice replies (text to speech)."""
+
+    reply: Literal["off", "mirror"] = Field(
+        "off",
+        description="mirror: a turn answering a voice note also sends its replies as voice messages "
+        "(POST /audio/speech, OGG/Opus)",
+    )
+    tts_model: str = Field("tts-1", description="text-to-speech model")
+    tts_voice: str = Field("alloy", description="the voice of the text-to-speech model")
+    max_chars: int = Field(
+        1500, ge=50, le=4096, description="longest text read out as one voice message, characters (the rest is cut)"
+    )
+
+    @field_validator("reply", mode="before")
+    @classmethod
+    def _reply_off(cls, value: Any) -> Any:
+        return "off" if value is False else value
+
+
 class TelegramSettings(_Section):
     """The Telegram adapter (python-telegram-bot, long polling)."""
 
@@ -157,6 +211,10 @@ class TelegramSettings(_Section):
         description="unaddressed group messages since the last turn shown as background (needs privacy mode off)",
     )
     allow_bots: bool = Field(False, description="answer other bots that address the bot (never itself)")
+    max_file_bytes: int = Field(
+        20 * 1024 * 1024, ge=1,
+        description="largest file downloaded, bytes; the Bot API serves at most 20 MB (getFile)",
+    )
 
 
 class DiscordSettings(_Section):
@@ -173,6 +231,10 @@ class DiscordSettings(_Section):
         default_factory=list, description="guild channel allowlist (empty = any channel)"
     )
     allow_bots: bool = Field(False, description="answer other bots (never itself)")
+    max_file_bytes: int = Field(
+        25 * 1024 * 1024, ge=1,
+        description="largest attachment downloaded, bytes (Discord lets users upload 10 MB, more with Nitro)",
+    )
 
     @field_validator("respond_in_guilds", mode="before")
     @classmethod
@@ -296,6 +358,8 @@ class Settings(BaseSettings):
         return value.upper() if isinstance(value, str) else value
     llm: LLMSettings = Field(default_factory=LLMSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    media: MediaSettings = Field(default_factory=MediaSettings)
+    voice: VoiceSettings = Field(default_factory=VoiceSettings)
     telegram: TelegramSettings = Field(default_factory=TelegramSettings)
     discord: DiscordSettings = Field(default_factory=DiscordSettings)
     cognition: CognitionSettings = Field(default_factory=CognitionSettings)
@@ -318,6 +382,11 @@ class Settings(BaseSettings):
     def workspace(self) -> Path:
         """The work tools' root directory."""
         return self.tools.workspace or self.data_dir / "workspace"
+
+    @property
+    def media_dir(self) -> Path:
+        """Where received images and voice replies are kept (``<data_dir>/media``)."""
+        return self.data_dir / "media"
 
     @property
     def db_path(self) -> Path:

@@ -9,6 +9,14 @@ A request is::
     this turn's messages (the first user message carries the [Turn context] preamble)
     [internal nudge, when the loop has one]
 
+Images (issue 12): a user message's images are sent as ``image_url`` parts (data URLs,
+:class:`~bumblebot.media.MediaFiles`) while the message is in the request's protected tail:
+this turn's messages and the last ``image_tail`` messages of the history
+(``cognition.history_compression.compaction_protect_last_n``). Older ones are named in the text
+only ("[Image 1280×960] (no longer shown)"), and so are all of them when the model cannot see
+images (``llm.vision``, or the endpoint refused them). Each image shown adds its
+:func:`~bumblebot.media.image_tokens` to the estimate; the messages' own estimates count text.
+
 Nothing here owns state: the history and summary are read from the turn's
 :class:`~bumblebot.conversation.Session`, the turn's messages from its transcript. The estimate
 is incremental: every :class:`~bumblebot.messages.Message` caches its own estimate and the
@@ -19,6 +27,7 @@ checked against the sequence invariant before it is sent.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bumblebot.budget import ContextBudget
@@ -26,6 +35,7 @@ from bumblebot.compaction import head_end
 from bumblebot.compactor import Compactor, estimate
 from bumblebot.conversation import Session, Turn
 from bumblebot.loop import LoopLimits, RequestBuilder
+from bumblebot.media import ImageRef, MediaFiles
 from bumblebot.messages import Message, estimate_text_tokens, estimate_tools
 from bumblebot.sequence import InvalidSequence, repair, validate
 
@@ -46,6 +56,9 @@ class Requests(RequestBuilder):
         budget: the window; it learns from the prompt tokens the endpoint reports.
         limits: the turn's profile; its completion budget is room the prompt must leave
             (read at each request: a reply cut by the reflex budget raises it).
+        media: where images are read from (``None``: images are named, never shown).
+        sees_images: whether the model sees images (``LLM.sees_images``), asked per request.
+        image_tail: how many of the last history messages show their images.
     """
 
     def __init__(
@@ -60,6 +73,9 @@ class Requests(RequestBuilder):
         compactor: Compactor | None,
         budget: ContextBudget,
         limits: LoopLimits | None = None,
+        media: MediaFiles | None = None,
+        sees_images: Callable[[str | None], Awaitable[bool]] | None = None,
+        image_tail: int = 12,
     ) -> None:
         self.system_prompt = system_prompt
         self.preamble = preamble
@@ -74,13 +90,29 @@ class Requests(RequestBuilder):
         self._limits = limits
         self.fixed_tokens = estimate_text_tokens(system_prompt) + 10 + tool_tokens + estimate_text_tokens(preamble)
         self.last_estimate = 0
+        self._media = media
+        self._sees_images = sees_images
+        self._image_tail = image_tail
+        self._sees = media is not None  # as the last request found; the estimate follows it
         #: trace entries of the compactions this turn ran
         self.compactions: list[dict[str, Any]] = []
 
     def estimate(self, nudge: str | None = None) -> int:
         """Estimated prompt tokens of the next request (spec heuristic)."""
         nudge_tokens = estimate_text_tokens(nudge) + 10 if nudge else 0
-        return estimate(self.session, self.fixed_tokens, self.transcript) + nudge_tokens
+        return estimate(self.session, self._fixed(), self.transcript) + nudge_tokens
+
+    def _tail(self) -> list[Message]:
+        """The messages whose images a request shows: the history's last ``image_tail`` and
+        this turn's."""
+        history = self.session.history
+        return [*history[max(0, len(history) - self._image_tail):], *self.transcript]
+
+    def _fixed(self) -> int:
+        """The fixed part of every request, plus the images it shows."""
+        if not self._sees:
+            return self.fixed_tokens
+        return self.fixed_tokens + sum(ImageRef.from_json(i).tokens for m in self._tail() for i in m.images or ())
 
     def call_ids(self) -> set[str]:
         return {cid for m in (*self.session.history, *self.transcript) if m.tool_calls for cid in m.tool_call_ids}
@@ -105,10 +137,10 @@ class Requests(RequestBuilder):
     async def shrink(self) -> None:
         if self._compactor is not None:
             reply = self.reply_tokens
-            self._note(await self._compactor.shrink(self.session, self.fixed_tokens, self.transcript, reply_tokens=reply))
+            self._note(await self._compactor.shrink(self.session, self._fixed(), self.transcript, reply_tokens=reply))
             if self._turn is not None:
                 self._note([await self._compactor.fit_turn(
-                    self.session, self.fixed_tokens, self._turn, force=True, reply_tokens=reply
+                    self.session, self._fixed(), self._turn, force=True, reply_tokens=reply
                 )])
 
     def messages(self) -> list[Message]:
@@ -123,13 +155,15 @@ class Requests(RequestBuilder):
         return out
 
     async def build(self, nudge: str | None) -> tuple[list[dict[str, Any]], int]:
+        if self._media is not None and self._sees_images is not None and any(m.images for m in self._tail()):
+            self._sees = await self._sees_images(self._limits.model if self._limits else None)
         if self._compactor is not None:
             reply = self.reply_tokens
             self._note([await self._compactor.maybe_compact(
-                self.session, self.fixed_tokens, self.transcript, reply_tokens=reply
+                self.session, self._fixed(), self.transcript, reply_tokens=reply
             )])
             if self._turn is not None:  # the turn's own growth, when compacting the history was not enough
-                self._note([await self._compactor.fit_turn(self.session, self.fixed_tokens, self._turn, reply_tokens=reply)])
+                self._note([await self._compactor.fit_turn(self.session, self._fixed(), self._turn, reply_tokens=reply)])
         sequence = self.messages()
         try:
             validate(sequence)
@@ -138,12 +172,29 @@ class Requests(RequestBuilder):
             sequence = repair(sequence)
         api: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt}]
         first_user = self.transcript[0] if self.transcript else None
+        shown = {id(m) for m in self._tail()} if self._sees else set()
         for m in sequence:
             d = m.to_api()
             if m is first_user:
                 d["content"] = f"{self.preamble}\n{m.content}"
+            if m.images:
+                d["content"] = await self._with_images(d["content"], m.images, show=id(m) in shown)
             api.append(d)
         if nudge:
             api.append({"role": "user", "content": nudge})
         self.last_estimate = self.estimate(nudge)
         return api, self.last_estimate
+
+    async def _with_images(self, text: str, images: list[dict[str, Any]], *, show: bool) -> Any:
+        """A user message's content with its images: text plus ``image_url`` parts when shown,
+        else the text saying why they are not."""
+        urls = []
+        if show and self._media is not None:
+            for raw in images:
+                url = await self._media.data_url(ImageRef.from_json(raw))
+                if url is not None:
+                    urls.append(url)
+        if not urls:
+            why = "no longer shown" if self._sees else "not shown: you cannot see images, only read the text"
+            return f"{text}\n({len(images)} image{'s' if len(images) != 1 else ''} {why})"
+        return [{"type": "text", "text": text}, *({"type": "image_url", "image_url": {"url": u}} for u in urls)]

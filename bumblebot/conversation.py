@@ -29,6 +29,7 @@ from typing import Any
 
 from bumblebot.compaction import CompactionOutcome, summary_message
 from bumblebot.events import ChatKind, ChatRef, Inbound
+from bumblebot.media import prepared
 from bumblebot.messages import Message
 from bumblebot.store import (
     CompactionState,
@@ -51,8 +52,10 @@ BACKGROUND_OPEN = "[Earlier in this chat, not addressed to you: background only,
 BACKGROUND_CLOSE = "[End of background]"
 
 
-def _one(inbound: Inbound) -> str:
-    text = inbound.text
+def _one(entry: JournalEntry) -> str:
+    inbound = entry.inbound
+    files = prepared(entry).text
+    text = f"{inbound.text}\n{files}" if inbound.text and files else inbound.text or files
     if inbound.quote:
         text = f"[Replying to {inbound.quote}]\n{text}"
     return f"[{inbound.speaker}]: {text}" if inbound.chat_kind is ChatKind.GROUP else text
@@ -63,15 +66,22 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def user_message(entries: list[JournalEntry], background: Sequence[Inbound] = ()) -> Message:
+    """The user message of a turn (or of messages taken mid-turn): :func:`merge_text`, with
+    the images of every entry (``bumblebot.media``) as references."""
+    images = [ref.to_json() for e in entries for ref in prepared(e).images]
+    return Message(role="user", content=merge_text(entries, background), images=images or None)
+
+
 def merge_text(entries: list[JournalEntry], background: Sequence[Inbound] = ()) -> str:
     """The user text of a turn: one message as is; in groups each part names its speaker, and a
     reply carries what it replies to (``[Replying to Name: text]``). ``background``: earlier
     group messages not addressed to the bot (issue 10, ``telegram.group_context``), put first
     between :data:`BACKGROUND_OPEN` and :data:`BACKGROUND_CLOSE`, each shortened to
     :data:`BACKGROUND_CHARS`."""
-    parts = [_one(e.inbound) for e in entries]
+    parts = [_one(e) for e in entries]
     if background:
-        lines = [f"[{b.speaker}]: {_short(b.text, BACKGROUND_CHARS)}" for b in background]
+        lines = [f"[{b.speaker}]: {_short(b.shown_text, BACKGROUND_CHARS)}" for b in background]
         parts.insert(0, "\n".join([BACKGROUND_OPEN, *lines, BACKGROUND_CLOSE]))
     return "\n\n".join(parts)
 
@@ -253,7 +263,7 @@ class Turn:
     async def steer(self, entries: list[JournalEntry]) -> Message:
         """Take messages that arrived mid-turn into this turn (one user message), durably:
         after a crash they are answered by the resumed turn, not by a new one."""
-        message = Message(role="user", content=merge_text(entries, await background_of(self._store, entries)))
+        message = user_message(entries, await background_of(self._store, entries))
         await self._store.record(
             self.conversation.id, self.session.number, self.id, [message], journal_ids=[e.id for e in entries]
         )
@@ -263,16 +273,17 @@ class Turn:
 
     async def speak(
         self, text: str, *, tool_call_id: str | None = None, shown: Message | None = None,
-        stream: OutboxEntry | None = None,
+        stream: OutboxEntry | None = None, attachment: dict[str, Any] | None = None,
     ) -> OutboxEntry:
         """Queue ``text`` for the user in the outbox. ``shown`` is the assistant message that
         shows it in the history (a plain-text reply, a daemon note), written in the same
         transaction; a ``say`` call is its own record (its assistant message is already stored).
         ``stream`` is the streaming row (:meth:`open_stream`) that showed it being written.
+        ``attachment`` is a file sent with it (``OutboxEntry.attachment``).
         """
         entry = await self._store.speak(
             self.conversation.id, self.session.number, self.id, self.chat, text,
-            tool_call_id=tool_call_id, message=shown, state=self.state, stream=stream,
+            tool_call_id=tool_call_id, message=shown, state=self.state, stream=stream, attachment=attachment,
         )
         if shown is not None:
             self.transcript.append(shown)
@@ -392,7 +403,7 @@ class Conversation:
     async def begin_turn(self, entries: list[JournalEntry], state: dict[str, Any]) -> Turn:
         """Start a turn answering ``entries`` in the current session (checkpoint 0: the turn
         row and the user message)."""
-        user = Message(role="user", content=merge_text(entries, await background_of(self._store, entries)))
+        user = user_message(entries, await background_of(self._store, entries))
         session = self.session
         turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state)
         self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)

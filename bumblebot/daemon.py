@@ -32,7 +32,9 @@ from bumblebot.knowledge import Memory
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.logs import redact_values
 from bumblebot.loop import AgentLoop
+from bumblebot.media import MediaFiles, MediaIntake
 from bumblebot.prompt import PromptBuilder
+from bumblebot.speech import Speech
 from bumblebot.store import Store
 from bumblebot.toolkit import ToolContext
 from bumblebot.turn import TurnRunner
@@ -129,6 +131,7 @@ class Daemon:
         self.store = Store(settings.db_path)
         self.engine: Engine | None = None
         self.llm: LLM | None = None
+        self.speech: Speech | None = None
         self.adapters: list[Adapter] = []
         self.watchdog = LoopWatchdog()  # logs event-loop stalls over 0.5 s
         self._stopped = False
@@ -139,7 +142,9 @@ class Daemon:
         if settings.telegram.enabled and secrets.telegram_bot_token:
             from adapters.telegram import TelegramAdapter
 
-            adapters.append(TelegramAdapter(engine, settings.telegram, secrets.telegram_bot_token.get_secret_value()))
+            adapters.append(TelegramAdapter(
+                engine, settings.telegram, secrets.telegram_bot_token.get_secret_value(), media=settings.media
+            ))
         if settings.discord.enabled and secrets.discord_bot_token:
             from adapters.discord import DiscordAdapter
 
@@ -177,8 +182,13 @@ class Daemon:
         await reap_orphans(settings)  # before any turn resumes: a cut-off command must not land later
         memory = Memory(settings.data_dir)
         prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
-        self.delivery = delivery = Delivery(store)
+        api_key = self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None
+        self.speech = speech = Speech(settings.llm, settings.voice, base_url=base_url, api_key=api_key)
+        self.delivery = delivery = Delivery(store, speech=speech, media_dir=settings.media_dir)
         settings.workspace.mkdir(parents=True, exist_ok=True)
+        self.media = MediaIntake(
+            settings.media, store=store, media_dir=settings.media_dir, workspace=settings.workspace.resolve(), speech=speech,
+        )
 
         async def judge(messages: list[dict[str, Any]]) -> str:
             return await llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0)
@@ -202,6 +212,9 @@ class Daemon:
             toolbox=toolbox,
             redact=lambda value: redact_values(value, secrets),
             streaming=settings.delivery,
+            media=self.media,
+            media_files=MediaFiles(settings.media_dir),
+            voice=settings.voice,
         )
         self.engine = Engine(settings.engine, store, self.runner, delivery, prompts, memory)
         return self.engine
@@ -218,6 +231,7 @@ class Daemon:
         await engine.start({a.platform for a in self.adapters})
         for adapter in self.adapters:
             self.delivery.register(adapter)
+            self.media.register(adapter)
             await adapter.start()
         engine.mark_ready()
 
@@ -240,6 +254,8 @@ class Daemon:
             await self._each_adapter("stop")
             if self.llm is not None:
                 await self.llm.aclose()
+            if self.speech is not None:
+                await self.speech.aclose()
             await self.store.close()
         finally:
             await self.watchdog.stop()  # last: it watched the whole stop

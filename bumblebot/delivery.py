@@ -12,6 +12,13 @@ platforms that honour one (Discord's ``nonce`` with
 only retry loop for sends) with exponential backoff or the platform's ``retry_after``; a
 message that still fails stays ``pending`` and the sweeper retries it later (and at start-up).
 A permanent refusal marks it ``failed``.
+
+A row with an ``attachment`` (issue 12) sends a file as well: a ``photo`` or ``document``
+(the ``send_file`` tool) goes as one message with the text as its caption, or after the text
+when the text is longer than the platform's caption limit; a ``voice`` (``voice.reply:
+mirror``) goes after the text's chunks, its speech made on the first attempt and kept as
+``<data_dir>/media/voice/<outbox id>.ogg``, so a retry sends the same file and never makes it
+twice. The file is the row's last part and counts in ``platform_message_ids`` like a chunk.
 """
 
 from __future__ import annotations
@@ -20,10 +27,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from bumblebot.adapter import Adapter, Typing
-from bumblebot.errors import DeliveryFailed
+from bumblebot.adapter import Adapter, FileKind, Typing
+from bumblebot.errors import DeliveryFailed, MediaError
 from bumblebot.events import ChatRef, Platform
+from bumblebot.speech import Speech
 from bumblebot.store import OutboxEntry, Store
 from bumblebot.toolkit import DeliveryReport
 
@@ -33,6 +44,14 @@ log = logging.getLogger(__name__)
 MAX_INLINE_WAIT_S = 30.0
 
 
+@dataclass(frozen=True, slots=True)
+class _File:
+    """The file part of an outbox row."""
+
+    kind: FileKind
+    caption: str
+
+
 class Delivery:
     """Sends outbox messages through the registered adapters.
 
@@ -40,10 +59,18 @@ class Delivery:
         store: the database.
         attempts: send attempts per message before leaving it pending.
         base_delay_s: first backoff delay, doubled per attempt, seconds.
+        speech: makes the voice of a row whose attachment is a ``voice`` (``None``: such rows
+            are sent as text only).
+        media_dir: ``<data_dir>/media``: where voice replies are kept.
     """
 
-    def __init__(self, store: Store, *, attempts: int = 3, base_delay_s: float = 0.5) -> None:
+    def __init__(
+        self, store: Store, *, attempts: int = 3, base_delay_s: float = 0.5, speech: Speech | None = None,
+        media_dir: Path | None = None,
+    ) -> None:
         self.store = store
+        self._speech = speech
+        self._media_dir = media_dir
         self.attempts = attempts
         self.base_delay_s = base_delay_s
         self._adapters: dict[Platform, Adapter] = {}
@@ -73,6 +100,12 @@ class Delivery:
         interval = adapter.stream_interval_s(chat) if adapter is not None else None
         return None if adapter is None or interval is None else (adapter, interval)
 
+    def upload_limit(self, chat: ChatRef, kind: FileKind) -> int | None:
+        """The largest file ``chat`` takes as ``kind``, bytes; ``None`` when it takes none (or
+        its platform is not connected)."""
+        adapter = self._adapters.get(chat.platform)
+        return None if adapter is None else adapter.max_upload_bytes(chat, kind)
+
     async def preview_key(self, outbox_id: int) -> str:
         """The idempotency key of the preview send of outbox row ``outbox_id``."""
         if self._prefix is None:
@@ -101,7 +134,7 @@ class Delivery:
         if self._prefix is None:
             self._prefix = await self.store.instance_id()
         try:
-            chunks = adapter.chunks(entry.text)
+            chunks = self._parts(adapter, entry)
         except Exception as exc:  # a bug in splitting must not be retried for ever
             log.exception("cannot split outbox message %s for %s", entry.id, entry.chat.key)
             error = f"cannot split the message: {type(exc).__name__}"
@@ -113,7 +146,10 @@ class Delivery:
             try:
                 for index in range(len(sent), len(chunks)):
                     key = f"{self._prefix}-{entry.id}.{index}"
-                    if index == 0 and entry.preview_id is not None:  # the streamed preview becomes it
+                    part = chunks[index]
+                    if isinstance(part, _File):
+                        sent.append(await self._send_file(adapter, entry, part, key))
+                    elif index == 0 and entry.preview_id is not None:  # the streamed preview becomes it
                         sent.append(await adapter.finish_preview(entry.chat, entry.preview_id, chunks[0], key=key))
                     else:
                         sent.append(await adapter.send_chunk(entry.chat, chunks[index], key=key))
@@ -121,6 +157,11 @@ class Delivery:
                         await self.store.outbox_chunks_sent(entry.id, sent)
             except DeliveryFailed as exc:
                 error = str(exc)
+                if not exc.retryable and isinstance(chunks[len(sent)], _File) and chunks[len(sent)].kind == "voice":
+                    # the words are out; a voice that cannot be made or sent does not undo them
+                    log.warning("voice reply to %s not sent: %s", entry.chat.key, error)
+                    await self.store.outbox_progress(entry.id, status="sent", message_ids=sent, error=error)
+                    return DeliveryReport(delivered=True)
                 if not exc.retryable:
                     log.warning("delivery to %s refused: %s", entry.chat.key, error)
                     await self.store.outbox_progress(entry.id, status="failed", message_ids=sent, error=error)
@@ -136,6 +177,43 @@ class Delivery:
         log.warning("delivery to %s failed for now, will retry: %s", entry.chat.key, error)
         await self.store.outbox_progress(entry.id, status="pending", message_ids=sent, error=error)
         return DeliveryReport(delivered=False, queued=True, error=error)
+
+    @staticmethod
+    def _parts(adapter: Adapter, entry: OutboxEntry) -> list[Any]:
+        """What a row sends, in order: text chunks, then its file if it has one."""
+        attachment = entry.attachment
+        if not attachment:
+            return list(adapter.chunks(entry.text))
+        kind: FileKind = attachment["kind"]
+        if kind == "voice":
+            return [*adapter.chunks(entry.text), _File("voice", "")]
+        text = entry.text.strip()
+        if len(text) <= adapter.caption_limit():
+            return [_File(kind, text)]
+        return [*adapter.chunks(text), _File(kind, "")]
+
+    async def _send_file(self, adapter: Adapter, entry: OutboxEntry, part: _File, key: str) -> str:
+        attachment = dict(entry.attachment or {})
+        path = attachment.get("path")
+        if part.kind == "voice" and not path:
+            path = str(await self._voice(entry))
+            attachment["path"] = path
+            await self.store.outbox_set_attachment(entry.id, attachment)
+        if not path or not Path(path).is_file():
+            raise DeliveryFailed(f"the file to send is gone: {path}", retryable=False)
+        return await adapter.send_file(entry.chat, Path(path), kind=part.kind, caption=part.caption, key=key)
+
+    async def _voice(self, entry: OutboxEntry) -> Path:
+        """The speech of a row's text, made once (kept by outbox id)."""
+        if self._speech is None or self._media_dir is None:
+            raise DeliveryFailed("no speech service is configured", retryable=False)
+        dest = self._media_dir / "voice" / f"{entry.id}.ogg"
+        if dest.is_file():
+            return dest
+        try:
+            return await self._speech.synthesize(entry.text, dest)
+        except MediaError as exc:
+            raise DeliveryFailed(f"the voice reply could not be made: {exc}", retryable=exc.retryable) from exc
 
     async def retry_pending(self, only: set[int] | None = None) -> int:
         """One attempt at every pending outbox message (or those of ``only``, row ids), never

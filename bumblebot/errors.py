@@ -11,10 +11,12 @@
     ├── AdapterError           a platform call failed
     │   └── DeliveryFailed     a message could not be delivered; ``retryable`` says if it may work later
     ├── StoreError             the database could not be opened or migrated
-    └── DataDirInUse           another process holds the data directory's lock
+    ├── DataDirInUse           another process holds the data directory's lock
+    └── MediaError             a file sent could not be fetched, read or transcribed (text for the user)
 
 Foreign errors (``openai``, ``telegram``, ``discord``) are translated into these in exactly one
-place per dependency (``bumblebot/llm.py`` and each adapter) and chained with ``from``.
+place per dependency and chained with ``from``: ``bumblebot/llm.py`` (chat completions),
+``bumblebot/speech.py`` (transcription and speech), each adapter.
 
 ``sqlite3.Error`` from the store during a turn is deliberately *not* translated or caught on
 the way: it means the turn's own record could not be written (a locked or failing database),
@@ -123,3 +125,14 @@ class DataDirInUse(BumblebotError):
             f"data directory {data_dir} is in use{by}; stop that process first, or give this one "
             "another data_dir"
         )
+
+
+class MediaError(BumblebotError):
+    """A file someone sent could not be fetched, read or transcribed, or a file to send could
+    not be made. ``str(exc)`` is written for the user ("the file is over the 20 MB limit");
+    ``retryable`` is ``True`` when trying again later may work (the platform or the
+    transcription endpoint was unreachable)."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable

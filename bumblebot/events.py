@@ -44,6 +44,57 @@ class ChatRef:
         return f"{base}:{self.thread_id}" if self.thread_id else base
 
 
+class AttachmentKind(StrEnum):
+    """What a file someone sent is to the engine (issue 12)."""
+
+    IMAGE = "image"  # a photo, or an image sent as a file: the model sees it
+    VOICE = "voice"  # a voice note: transcribed
+    AUDIO = "audio"  # an audio file: transcribed
+    DOCUMENT = "document"  # anything else: saved under <workspace>/inbox/
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file that came with an inbound message, before it is downloaded.
+
+    Args:
+        kind: how the engine treats it.
+        ref: the platform's handle to fetch it with (Telegram: the ``file_id``; Discord: the
+            attachment URL); only the adapter that made it understands it.
+        name: the file name as sent (untrusted; sanitised before it names a file), or ``""``.
+        mime: the MIME type the platform or the sender claims (a hint, not trusted).
+        size: bytes, when the platform says (``None``: unknown).
+        width: pixels, for images when known.
+        height: pixels, for images when known.
+        duration_s: seconds, for voice notes and audio when known.
+    """
+
+    kind: AttachmentKind
+    ref: str
+    name: str = ""
+    mime: str = ""
+    size: int | None = None
+    width: int | None = None
+    height: int | None = None
+    duration_s: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, "")}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Attachment:
+        return cls(
+            kind=AttachmentKind(str(data["kind"])), ref=str(data["ref"]), name=str(data.get("name", "")),
+            mime=str(data.get("mime", "")), size=_int(data.get("size")), width=_int(data.get("width")),
+            height=_int(data.get("height")),
+            duration_s=None if data.get("duration_s") is None else float(data["duration_s"]),  # type: ignore[arg-type]
+        )
+
+
+def _int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True, slots=True)
 class Inbound:
     """One accepted inbound message.
@@ -60,6 +111,8 @@ class Inbound:
         quote: the message this one replies to, as ``"Name: text"`` (shortened), or ``""``.
         background: in a group, how many earlier messages not addressed to the bot the turn
             answering this one may see as background (``telegram.group_context``); ``0``: none.
+        attachments: files that came with it (photos, voice notes, documents), not yet
+            downloaded; ``text`` is then the caption (maybe ``""``).
     """
 
     chat: ChatRef
@@ -72,6 +125,7 @@ class Inbound:
     update_id: int | None = None
     quote: str = ""
     background: int = 0
+    attachments: tuple[Attachment, ...] = ()
 
     @property
     def speaker(self) -> str:
@@ -79,6 +133,16 @@ class Inbound:
         input (a user-chosen name must not forge a ``[Turn context]`` or ``[Name]:`` line)."""
         cleaned = " ".join(self.sender_name.replace("[", "(").replace("]", ")").split())
         return cleaned[:64] or "?"
+
+    @property
+    def shown_text(self) -> str:
+        """The text, or what came instead of it (``"(a photo)"``, ``"(a voice message)"``): how
+        the message reads where its files are not shown (group background)."""
+        if self.text or not self.attachments:
+            return self.text
+        kind = self.attachments[0].kind
+        return {AttachmentKind.IMAGE: "(a photo)", AttachmentKind.VOICE: "(a voice message)",
+                AttachmentKind.AUDIO: "(an audio file)"}.get(kind, f"(a file: {self.attachments[0].name or 'unnamed'})")
 
     def storable(self) -> Inbound:
         """This message with lone UTF-16 surrogates (which SQLite and JSON encoders refuse,

@@ -21,6 +21,11 @@ server, vLLM, OpenRouter):
   that it answers unstreamed, or whose streamed tool calls come out broken (arguments that are
   not JSON, calls written as text) where the unstreamed answer is sound, is switched to whole
   answers; that is remembered in ``kv`` ``llm.stream:<base_url>`` (:data:`STREAM_RETRY_S`).
+* Images (``llm.vision: auto``): a request with ``image_url`` parts that the endpoint refuses
+  (400, 415, 422, or a 500 that names images) is sent again at once with the images replaced
+  by a note; when that one is answered, the model (by base URL and model name) is remembered
+  as unable to see images in ``kv`` ``llm.vision:<base_url>|<model>``, tried again after
+  :data:`VISION_RETRY_S`. ``on`` always sends them, ``off`` never.
 * At most ``llm.max_concurrent_requests`` requests are in flight at once (turns, judges, the
   classifier and summaries alike); nothing else caps concurrency.
 
@@ -96,6 +101,13 @@ STREAM_STRIKES = 3
 #: stop (a sound streamed answer starts the count again):
 #: the model writes broken calls, the stream is not to blame.
 STREAM_CHECKS = 3
+
+#: Seconds before a model remembered as unable to see images is sent one again.
+VISION_RETRY_S = 24 * 3600.0
+#: A 500 that is about the images of the request (llama.cpp server without a projector:
+#: "image input is not supported - hint: ... mmproj").
+_IMAGE_RE = re.compile(r"image|vision|multimodal|mmproj|content.{0,20}(type|part)", re.IGNORECASE)
+IMAGE_NOT_SHOWN = "(an image was here; it is not shown: this model cannot see images)"
 
 #: ``on_say(index, text)``: more text (appended to what came before) of the ``say`` call at
 #: position ``index`` of a completion being streamed. Called synchronously from the stream:
@@ -192,6 +204,33 @@ class _StreamDropped(ModelUnavailable):
     """A streamed request got no answer at all: the connection closed before the first chunk."""
 
 
+def vision_key(base_url: str, model: str) -> str:
+    """The ``kv`` key recording that ``model`` at ``base_url`` cannot see images: JSON
+    ``{"reason": str, "since": float}`` (epoch seconds)."""
+    return f"llm.vision:{base_url}|{model}"
+
+
+def has_images(messages: list[dict[str, Any]]) -> bool:
+    """Whether any message of a request carries an ``image_url`` part."""
+    return any(
+        isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+        for m in messages
+    )
+
+
+def without_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's messages with every ``image_url`` part replaced by
+    :data:`IMAGE_NOT_SHOWN` (content parts joined back into text)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = [p.get("text", "") if p.get("type") == "text" else IMAGE_NOT_SHOWN for p in content]
+            m = {**m, "content": "\n".join(t for t in texts if t)}
+        out.append(m)
+    return out
+
+
 def stream_key(base_url: str) -> str:
     """The ``kv`` key recording that the endpoint at ``base_url`` gets whole answers.
 
@@ -263,6 +302,16 @@ class ForcingFallback:
             left = self.checked_at + retry_s - now
             when = f"next within {_duration(left)}" if left > 0 else "next at the first tool request"
         return f"auto{since}: {self.reason}{retried}; {every} ({when})"
+
+
+def _about_images(exc: ModelError) -> bool:
+    """Whether a refusal of a request with images may be about the images: a 400, 415 or 422
+    (not a context-length one), or a 500 whose message names images."""
+    if isinstance(exc, ContextTooLong) or exc.status is None:
+        return False
+    if exc.status in (400, 415, 422):
+        return True
+    return exc.status == 500 and bool(_IMAGE_RE.search(str(exc)))
 
 
 def retry_after_s(value: str | None, now: float) -> float | None:
@@ -377,6 +426,36 @@ class LLM:
         """The remembered ``"auto"`` fallback of this endpoint, ``None`` while forcing is on."""
         return ForcingFallback.parse(await self.capabilities.get(self._tool_choice_key()))
 
+    async def sees_images(self, model: str | None = None) -> bool:
+        """Whether requests to ``model`` (default ``llm.model``) carry images: ``llm.vision``,
+        and under ``auto`` whether the endpoint has not refused them (within
+        :data:`VISION_RETRY_S`)."""
+        if self.settings.vision != "auto":
+            return self.settings.vision == "on"
+        key = vision_key(self.base_url, model or self.settings.model)
+        raw = await self.capabilities.get(key)
+        if not raw:
+            return True
+        try:
+            since = float(json.loads(raw).get("since") or 0)
+        except (ValueError, AttributeError, TypeError):
+            since = 0.0
+        if self._clock() - since >= VISION_RETRY_S:
+            await self.capabilities.clear(key)
+            log.info("endpoint %s: sending images to %s again", self.base_url, model or self.settings.model)
+            return True
+        return False
+
+    async def vision_refusal(self, model: str | None = None) -> str | None:
+        """Why ``model`` is remembered as unable to see images, ``None`` when it is not."""
+        raw = await self.capabilities.get(vision_key(self.base_url, model or self.settings.model))
+        if not raw:
+            return None
+        try:
+            return str(json.loads(raw).get("reason") or "reason not recorded")
+        except (ValueError, AttributeError):
+            return "reason not recorded"
+
     async def complete(
         self,
         messages: list[dict[str, Any]],
@@ -389,6 +468,10 @@ class LLM:
         on_say: SayListener | None = None,
     ) -> Completion:
         """One chat completion.
+
+        Messages may carry ``image_url`` parts: they are sent when the model sees images
+        (:meth:`sees_images`), else replaced by a note; under ``llm.vision: auto`` a refusal
+        of them is answered by the same request without them, and remembered.
 
         Args:
             messages: OpenAI-form messages (assistant ``content`` must not be ``None``).
@@ -409,6 +492,46 @@ class LLM:
             ModelError: any other failure, with the HTTP status when there was one.
         """
         model = model or self.settings.model
+        kwargs: dict[str, Any] = dict(
+            model=model, max_tokens=max_tokens, temperature=temperature, tools=tools, thinking=thinking, on_say=on_say
+        )
+        if not has_images(messages):
+            return await self._complete(messages, **kwargs)
+        if not await self.sees_images(model):
+            return await self._complete(without_images(messages), **kwargs)
+        if self.settings.vision == "on":
+            return await self._complete(messages, **kwargs)
+        try:
+            return await self._complete(messages, **kwargs)
+        except ModelError as exc:
+            if not _about_images(exc):
+                raise
+            refusal = exc
+        try:
+            completion = await self._complete(without_images(messages), **kwargs)
+        except ModelError:
+            raise refusal from None  # not the images' fault
+        reason = str(refusal)[:_REASON_CHARS]
+        value = json.dumps({"reason": reason, "since": self._clock()}, ensure_ascii=False)
+        await self.capabilities.set(vision_key(self.base_url, model), value)
+        log.warning(
+            "endpoint %s: model %s refused a request with images (%s) and answered it without them; "
+            "images are not sent to it from now on (tried again in %s)",
+            self.base_url, model, reason, _duration(VISION_RETRY_S),
+        )
+        return completion
+
+    async def _complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        model: str,
+        max_tokens: int,
+        temperature: float | None,
+        tools: list[dict[str, Any]] | None,
+        thinking: bool,
+        on_say: SayListener | None,
+    ) -> Completion:
         params: dict[str, Any] = {
             "model": model,
             "messages": messages,
@@ -427,6 +550,8 @@ class LLM:
         except openai.APIStatusError as exc:
             if choice != "required" or exc.status_code not in (400, 422, 500):
                 raise self._translate(exc) from exc
+            if has_images(messages) and _IMAGE_RE.search(str(exc.message)):
+                raise self._translate(exc) from exc  # the images, not forcing: complete() tells them apart
             if self._is_context_error(exc):
                 raise self._translate(exc) from exc
             log.warning(

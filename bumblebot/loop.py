@@ -279,6 +279,9 @@ class TurnPort(Protocol):
     async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
         """Deliver the text of a ``say`` call (the call itself is already recorded)."""
 
+    async def send_file(self, path: str, caption: str, kind: str, *, tool_call_id: str | None) -> DeliveryReport:
+        """Deliver a file (``send_file``) with its caption through the outbox."""
+
     async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:
         """Deliver an assistant message of its own (a plain-text reply, a daemon note),
         recorded together with its outbox row. ``closing`` is the stop reason when this note
@@ -484,6 +487,15 @@ class TurnState:
         message = Message(role="assistant", content=text, note=note)
         report = await self._port.reply(message, closing=closing)
         self._state.on_assistant(message)
+        self._note_unreachable(report)
+        return report
+
+    async def send_file(self, path: Any, caption: str, *, kind: str, call_id: str | None = None) -> DeliveryReport:
+        """A file for the user (``send_file``); its caption is cleaned like a ``say``."""
+        if self.undeliverable:
+            return DeliveryReport(delivered=False, error=self.undeliverable)
+        async with self._order:
+            report = await self._port.send_file(str(path), for_the_user(caption) if caption else "", kind, tool_call_id=call_id)
         self._note_unreachable(report)
         return report
 

@@ -52,6 +52,10 @@ class Message:
         note: ``True`` for an assistant message the daemon itself sent (an outage notice, a
             step-cap note): the user saw it, but the model did not say it, so it never counts
             as the entity's answer.
+        images: for user messages, the images that came with it, as references
+            (``bumblebot.media.ImageRef`` as JSON: ``{"path", "mime", "width", "height"}``, the
+            path relative to ``<data_dir>/media``); the bytes never live in the history. Not
+            counted in :attr:`tokens` (the request that shows them adds their cost).
     """
 
     role: Role
@@ -63,6 +67,7 @@ class Message:
     pruned: bool = False
     ok: bool | None = None
     note: bool = False
+    images: list[dict[str, Any]] | None = None
     _tokens: int | None = field(default=None, repr=False)
 
     @property
@@ -99,6 +104,7 @@ class Message:
             pruned=self.pruned if pruned is None else pruned,
             ok=self.ok,
             note=self.note,
+            images=self.images,
         )
 
     def with_clipped_calls(self, max_chars: int = CLIPPED_VALUE_CHARS) -> Message:

@@ -1,7 +1,7 @@
 """SQLite state through aiosqlite: conversations, history, compaction state, journal, turns, outbox.
 
 One file, ``<data_dir>/bumblebot.db``, in WAL mode with a 10 s busy timeout. Schema versions
-are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (4 now).
+are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (6 now).
 
 Tables:
 
@@ -46,7 +46,7 @@ from typing import Any
 import aiosqlite
 
 from bumblebot.errors import StoreError
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.events import Attachment, ChatKind, ChatRef, Inbound, Platform
 from bumblebot.messages import Message
 
 PRUNED_PLACEHOLDER = "[Old tool output cleared to save context space]"
@@ -193,6 +193,16 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE outbox ADD COLUMN streaming INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE outbox ADD COLUMN preview_id TEXT;
     """,
+    # 6: media (issue 12). An inbound message's files (``attachments``: what to fetch) and
+    # what fetching them gave (``media``: transcripts, saved paths, image references), so a
+    # restart never downloads or transcribes twice; a message's images (references to files
+    # under <data_dir>/media, never the bytes); a file or voice message to send.
+    """
+    ALTER TABLE journal ADD COLUMN attachments TEXT;
+    ALTER TABLE journal ADD COLUMN media TEXT;
+    ALTER TABLE messages ADD COLUMN images TEXT;
+    ALTER TABLE outbox ADD COLUMN attachment TEXT;
+    """,
 )
 
 #: Rows changed per transaction by :meth:`Store.prune` and :meth:`Store.expire_outbox`: each
@@ -211,10 +221,14 @@ class ConversationRecord:
 
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
+    """One journaled inbound message. ``media`` is what fetching its attachments gave
+    (``bumblebot.media.Prepared`` as JSON), ``None`` until they were fetched."""
+
     id: int
     inbound: Inbound
     status: str
     turn_id: int | None = None
+    media: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +248,10 @@ class OutboxEntry:
     preview_id: str | None = None
     #: the model is still writing the text: not to be sent by any sweep
     streaming: bool = False
+    #: a file to send with (or, for a ``document``/``photo``, as) this message:
+    #: ``{"kind": "photo"|"document"|"voice", "path": str|None, "name": str}``; a ``voice`` of
+    #: a reply has no path until its speech is made (``bumblebot.delivery``)
+    attachment: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,11 +505,12 @@ class Store:
             cur = await db.execute(
                 "INSERT OR IGNORE INTO journal (platform, chat_id, thread_id, message_id, update_id,"
                 " sender_id, sender_name, chat_kind, source, text, quote, background, context_limit, status,"
-                " received_at, done_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " received_at, done_at, attachments) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     c.platform.value, c.chat_id, c.thread_id, inbound.message_id, inbound.update_id,
                     inbound.sender_id, inbound.sender_name, inbound.chat_kind.value, inbound.source,
                     inbound.text, inbound.quote, int(background), inbound.background, status, now, None if status == "pending" else now,
+                    _json([a.to_json() for a in inbound.attachments]) if inbound.attachments else None,
                 ),
             )
             new_id = cur.lastrowid if cur.rowcount == 1 else None
@@ -582,8 +601,15 @@ class Store:
             chat_kind=ChatKind(r["chat_kind"]),
             source=r["source"],
             update_id=r["update_id"],
+            attachments=tuple(Attachment.from_json(a) for a in json.loads(r["attachments"] or "[]")),
         )
-        return JournalEntry(id=int(r["id"]), inbound=inbound, status=r["status"], turn_id=r["turn_id"])
+        media = json.loads(r["media"]) if r["media"] else None
+        return JournalEntry(id=int(r["id"]), inbound=inbound, status=r["status"], turn_id=r["turn_id"], media=media)
+
+    async def save_media(self, journal_id: int, media: dict[str, Any]) -> None:
+        """Record what fetching a message's attachments gave (``JournalEntry.media``)."""
+        async with self.transaction() as db:
+            await db.execute("UPDATE journal SET media=? WHERE id=?", (_json(media), journal_id))
 
     # -- turns: step checkpoints ---------------------------------------------------------------
     #
@@ -649,6 +675,7 @@ class Store:
         message: Message | None = None,
         state: dict[str, Any] | None = None,
         stream: OutboxEntry | None = None,
+        attachment: dict[str, Any] | None = None,
     ) -> OutboxEntry:
         """Queue ``text`` for delivery in the outbox and, when it shows as an assistant message
         of its own (a plain-text reply, a daemon note), record ``message`` in the same
@@ -657,22 +684,24 @@ class Store:
 
         ``stream`` is the turn's streaming row (:meth:`open_stream`) that showed this text as
         it was written: it becomes the message (its preview is edited into the final text)
-        instead of a new row."""
+        instead of a new row. ``attachment`` is a file to send with it (:attr:`OutboxEntry.attachment`)."""
         async with self.transaction() as db:
             if stream is None:
-                outbox_id = await _insert_outbox(db, conversation_id, turn_id, chat, text, tool_call_id)
+                outbox_id = await _insert_outbox(db, conversation_id, turn_id, chat, text, tool_call_id, attachment)
                 preview_id = None
             else:
                 outbox_id, preview_id = stream.id, stream.preview_id
                 await db.execute(
-                    "UPDATE outbox SET text=?, tool_call_id=?, streaming=0 WHERE id=?", (text, tool_call_id, outbox_id)
+                    "UPDATE outbox SET text=?, tool_call_id=?, streaming=0, attachment=? WHERE id=?",
+                    (text, tool_call_id, _json(attachment) if attachment else None, outbox_id),
                 )
             if message is not None:
                 await _insert_messages(db, conversation_id, session, turn_id, [message])
             if state is not None:
                 await db.execute("UPDATE turns SET state=? WHERE id=?", (_json(state), turn_id))
         return OutboxEntry(
-            outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id, preview_id
+            outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id, preview_id,
+            attachment=attachment,
         )
 
     async def open_stream(self, conversation_id: int, turn_id: int, chat: ChatRef) -> OutboxEntry:
@@ -832,6 +861,11 @@ class Store:
                 "UPDATE outbox SET platform_message_ids=? WHERE id=?", (json.dumps(message_ids), outbox_id)
             )
 
+    async def outbox_set_attachment(self, outbox_id: int, attachment: dict[str, Any]) -> None:
+        """Record the file made for a row's attachment (a reply's speech, once synthesised)."""
+        async with self.transaction() as db:
+            await db.execute("UPDATE outbox SET attachment=? WHERE id=?", (_json(attachment), outbox_id))
+
     async def outbox_entry(self, outbox_id: int) -> OutboxEntry | None:
         row = await self._one("SELECT * FROM outbox WHERE id=?", (outbox_id,))
         return None if row is None else self._outbox_entry(row)
@@ -958,6 +992,7 @@ class Store:
             tool_call_id=r["tool_call_id"],
             preview_id=r["preview_id"],
             streaming=bool(r["streaming"]),
+            attachment=json.loads(r["attachment"]) if r["attachment"] else None,
         )
 
     # -- compaction ---------------------------------------------------------------------------
@@ -1030,7 +1065,7 @@ class Store:
         )
 
 
-_MESSAGE_COLUMNS = "id, role, content, tool_calls, tool_call_id, name, pruned, ok, note"
+_MESSAGE_COLUMNS = "id, role, content, tool_calls, tool_call_id, name, pruned, ok, note, images"
 
 
 def _json(value: Any) -> str:
@@ -1052,6 +1087,7 @@ def _message(r: aiosqlite.Row) -> Message:
         pruned=bool(r["pruned"]),
         ok=None if r["ok"] is None else bool(r["ok"]),
         note=bool(r["note"]),
+        images=json.loads(r["images"]) if r["images"] else None,
     )
 
 
@@ -1089,11 +1125,12 @@ async def _insert_messages(
     for m in messages:
         cur = await db.execute(
             "INSERT INTO messages (conversation_id, session, turn_id, role, content, tool_calls,"
-            " tool_call_id, name, ok, note, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " tool_call_id, name, ok, note, created_at, images) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id, session, turn_id, m.role, m.content,
                 json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.name,
                 None if m.ok is None else int(m.ok), int(m.note), now,
+                json.dumps(m.images) if m.images else None,
             ),
         )
         m.id = cur.lastrowid
@@ -1101,12 +1138,13 @@ async def _insert_messages(
 
 async def _insert_outbox(
     db: aiosqlite.Connection, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str,
-    tool_call_id: str | None,
+    tool_call_id: str | None, attachment: dict[str, Any] | None = None,
 ) -> int:
     cur = await db.execute(
         "INSERT INTO outbox (conversation_id, turn_id, platform, chat_id, thread_id, text, tool_call_id,"
-        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, text, tool_call_id, time.time()),
+        " created_at, attachment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, text, tool_call_id, time.time(),
+         _json(attachment) if attachment else None),
     )
     assert cur.lastrowid is not None
     return cur.lastrowid

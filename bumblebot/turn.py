@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
 import sqlite3
 import time
@@ -34,12 +35,13 @@ from typing import Any
 from bumblebot.adapter import Adapter, Typing
 from bumblebot.budget import REPLY_SHARE, ContextBudget
 from bumblebot.compactor import Compactor
-from bumblebot.config import CognitionSettings, DeliverySettings, EngineSettings
+from bumblebot.config import CognitionSettings, DeliverySettings, EngineSettings, VoiceSettings
 from bumblebot.context import Requests
 from bumblebot.conversation import Conversation, Session, Turn
 from bumblebot.delivery import Delivery
 from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
 from bumblebot.llm import LLM, SayListener
+from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
 from bumblebot.loop import (
     STOPPED_NOTE,
     AgentLoop,
@@ -58,7 +60,7 @@ from bumblebot.messages import (
 from bumblebot.preview import LivePreview
 from bumblebot.reasoning import shown_so_far
 from bumblebot.prompt import PromptBuilder, TurnInfo
-from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, route
+from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, RouteDecision, route
 from bumblebot.store import JournalEntry, OutboxEntry, RunningTurn
 from bumblebot.toolkit import SCHEMA_LEVELS, DeliveryReport, Toolbox
 
@@ -94,6 +96,9 @@ TOO_LONG = (
 )
 MODEL_REFUSED = "My language model refused the request ({error}), so I couldn't answer this message."
 CRASHED = "Something went wrong on my side (error id {error_id}), so I couldn't answer this message."
+BLIND = "(The model I run on can't see images, so I only read the text that came with your picture.)"
+#: ``kv`` key: this conversation was told its images are not seen (:data:`BLIND`), once.
+BLIND_TOLD_KEY = "vision.told:{key}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +221,9 @@ class TurnIO(TurnPort):
         steer: bool,
         trace: Callable[[], dict[str, Any]],
         stream_interval_s: float | None = None,
+        prepare: Callable[[list[JournalEntry]], Any] | None = None,
     ) -> None:
+        self._prepare = prepare
         self._conversation = conversation
         self._turn = turn
         self._delivery = delivery
@@ -236,7 +243,34 @@ class TurnIO(TurnPort):
         # after /reset the running turn belongs to the old session: new messages wait for the next
         if not self._steer or self._turn.session is not self._conversation.session or not self._conversation.inbox:
             return []
-        return [await self._turn.steer(self._conversation.take_inbox())]
+        entries = self._conversation.take_inbox()
+        if self._prepare is not None:  # their files fetched first (recorded in the journal)
+            entries = await self._prepare(entries)
+        if any(prepared(e).voice for e in entries):
+            self._turn.state["voice_reply"] = self._turn.state.get("voice_reply", False) or self._voice_mirror
+        return [await self._turn.steer(entries)]
+
+    #: ``voice.reply: mirror``: replies to a voice note go out as voice too (set by the runner)
+    _voice_mirror = False
+
+    def _voice(self) -> dict[str, Any] | None:
+        """The attachment of a reply of a turn answering a voice note (``voice.reply: mirror``)."""
+        return {"kind": "voice", "path": None} if self._turn.state.get("voice_reply") else None
+
+    async def send_file(self, path: str, caption: str, kind: str, *, tool_call_id: str | None) -> DeliveryReport:
+        """The ``send_file`` tool: ``path`` (absolute, checked by the tool) as ``kind`` with
+        ``caption``, through the outbox."""
+        limit = self._delivery.upload_limit(self._turn.chat, kind)  # type: ignore[arg-type]
+        if limit is None:
+            return DeliveryReport(delivered=False, error="files cannot be sent to this chat")
+        size = os.path.getsize(path)
+        if size > limit:
+            return DeliveryReport(
+                delivered=False, error=f"the file is {size / 1048576:.1f} MB, over the {limit // 1048576} MB this chat takes",
+            )
+        attachment = {"kind": kind, "path": path, "name": os.path.basename(path)}
+        entry = await self._turn.speak(caption, tool_call_id=tool_call_id, attachment=attachment)
+        return await self._delivery.deliver(entry)
 
     async def record(self, message: Message) -> None:
         await self._turn.record(message, trace=self._trace() if message.role == "assistant" else None)
@@ -245,13 +279,17 @@ class TurnIO(TurnPort):
         live = self._bound.pop(tool_call_id, None) if tool_call_id else None
         # a preview too short to have started leaves nothing: an orphan may still need taking over
         stream = (await live.take() if live is not None else None) or await self._orphan()
-        return await self._delivery.deliver(await self._turn.speak(text, tool_call_id=tool_call_id, stream=stream))
+        entry = await self._turn.speak(text, tool_call_id=tool_call_id, stream=stream, attachment=self._voice())
+        return await self._delivery.deliver(entry)
 
     async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:
         if closing is not None:
             self._turn.state["closing"] = {"status": "done", "stop_reason": closing}
         stream = None if message.note else await self._orphan()
-        return await self._delivery.deliver(await self._turn.speak(message.content, shown=message, stream=stream))
+        voice = None if message.note else self._voice()
+        return await self._delivery.deliver(
+            await self._turn.speak(message.content, shown=message, stream=stream, attachment=voice)
+        )
 
     async def _orphan(self) -> OutboxEntry | None:
         """A streaming row a crash or an outage left open in this turn, for the reply about to
@@ -347,6 +385,10 @@ class TurnRunner:
         toolbox: the tools offered (their schemas are part of every request's fixed size).
         redact: removes secrets from a trace before it is stored.
         streaming: the ``delivery`` settings (``None``: nothing is streamed).
+        media: fetches the files of messages before a turn takes them (``None``: files are
+            only named).
+        media_files: where requests read images from (``None``: images are never shown).
+        voice: the ``voice`` settings (``reply: mirror`` answers voice notes by voice too).
     """
 
     def __init__(
@@ -363,7 +405,13 @@ class TurnRunner:
         toolbox: Toolbox,
         redact: Callable[[Any], Any],
         streaming: DeliverySettings | None = None,
+        media: MediaIntake | None = None,
+        media_files: MediaFiles | None = None,
+        voice: VoiceSettings | None = None,
     ) -> None:
+        self.media = media
+        self.media_files = media_files
+        self.voice = voice
         self.cfg = cognition
         self.streaming = streaming
         self.engine_cfg = engine
@@ -406,20 +454,40 @@ class TurnRunner:
         )
 
     async def run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
-        """A new turn answering ``entries``: route it, record its start, run it."""
-        turn = await conversation.begin_turn(entries, await self._start_state(entries))
+        """A new turn answering ``entries``: fetch their files, route it, record its start, run it.
+
+        Files that could not be used are told to the user first, in one note (recorded with
+        the turn's state, so a resumed turn never repeats it); when nothing is left for the
+        model to answer, that note ends the turn.
+        """
+        if self.media is not None:
+            entries = await self.media.prepare(entries)
+        state = await self._start_state(entries)
+        notices = [n for e in entries for n in prepared(e).notices]
+        if any(prepared(e).voice for e in entries) and self.voice is not None and self.voice.reply == "mirror":
+            state["voice_reply"] = True
+        turn = await conversation.begin_turn(entries, state)
+        if notices and not any(answerable(e) for e in entries):
+            return await self._end(conversation, turn, {}, "done", "files_unusable", "\n".join(notices))
+        if notices:
+            turn.state["file_notices"] = True
+            await self._note(turn, "\n".join(notices))
         return await self._drive(conversation, turn, {})
 
     async def _start_state(self, entries: list[JournalEntry]) -> dict[str, Any]:
         """A turn's first state: its route (spec, "Routing"), kept for every later resume."""
-        decision = await route(
-            "\n\n".join(e.inbound.text for e in entries),  # the words, not "[Speaker]: " prefixes
-            # during an outage the classifier would only fail slowly: the turn goes deliberate
-            # and reaches the outage notice at once
-            classify=self._classify if self.cfg.classifier and self.outages.down_since is None else None,
-            source=entries[-1].inbound.source,
-            always_deliberate=self.prompts.entity.always_deliberate,
-        )
+        if any(prepared(e).document for e in entries):  # reading a file is work
+            decision = RouteDecision(Route.DELIBERATE, "a document came")
+        else:
+            decision = await route(
+                # the words, not "[Speaker]: " prefixes; a voice note's are its transcript
+                "\n\n".join(filter(None, (w for e in entries for w in (e.inbound.text, prepared(e).spoken)))),
+                # during an outage the classifier would only fail slowly: the turn goes deliberate
+                # and reaches the outage notice at once
+                classify=self._classify if self.cfg.classifier and self.outages.down_since is None else None,
+                source=entries[-1].inbound.source,
+                always_deliberate=self.prompts.entity.always_deliberate,
+            )
         # a classifier error can echo the key back ("Incorrect API key provided: sk-…")
         return self.redact({
             "route": decision.route.value,
@@ -461,11 +529,14 @@ class TurnRunner:
 
     def _io(self, conversation: Conversation, turn: Turn, trace: Callable[[], dict[str, Any]] = dict) -> TurnIO:
         streams = self.streaming is not None and self.streaming.streaming == "on"
-        return TurnIO(
+        io = TurnIO(
             conversation, turn, self.delivery, self.outages,
             steer=self.cfg.mid_turn_messages == "steer", trace=trace,
             stream_interval_s=self.streaming.stream_edit_interval_s if streams and self.streaming else None,
+            prepare=self.media.prepare if self.media is not None else None,
         )
+        io._voice_mirror = self.voice is not None and self.voice.reply == "mirror"
+        return io
 
     async def retry(self, conversation: Conversation, suspended: Suspended) -> Outcome:
         """Try a suspended turn again (the endpoint may be back)."""
@@ -491,6 +562,9 @@ class TurnRunner:
             compactor=compactor,
             budget=self.budget,
             limits=limits,
+            media=self.media_files,
+            sees_images=self.llm.sees_images,
+            image_tail=self.cfg.history_compression.compaction_protect_last_n,
         )
 
     def between_turns(self, conversation: Conversation) -> Requests:
@@ -567,6 +641,7 @@ class TurnRunner:
 
         io = self._io(conversation, turn, snapshot)
         try:
+            await self._tell_blind(conversation, turn, limits.model)
             requests = self._requests(turn.session, turn, self.compactor, limits)
             async with self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s) as typing:
                 io.typing = typing
@@ -597,9 +672,23 @@ class TurnRunner:
             await self.loop.abandon(io, f"internal error (id {error_id})")
             note = CRASHED.format(error_id=error_id)
             return await self._end(conversation, turn, snapshot(error_id=error_id), "failed", "crash", note, started)
+        await self._tell_blind(conversation, turn, limits.model)  # the endpoint refused them just now
         return await self._finish(
             conversation, turn, snapshot(delivered=len(result.delivered)), "done", result.stop_reason, started
         )
+
+    async def _tell_blind(self, conversation: Conversation, turn: Turn, model: str) -> None:
+        """The turn carries images the model does not see: say so, once per conversation
+        (the mark is written before the note: a crash costs the note, never doubles it)."""
+        if self.media_files is None or not any(m.images for m in turn.transcript if m.role == "user"):
+            return
+        if await self.llm.sees_images(model):
+            return
+        key = BLIND_TOLD_KEY.format(key=conversation.key)
+        if await self.llm.capabilities.get(key):
+            return
+        await self.llm.capabilities.set(key, "1")
+        await self._note(turn, BLIND)
 
     async def _outage(self, conversation: Conversation, turn: Turn, exc: ModelUnavailable, trace: dict[str, Any]) -> Outcome:
         """The endpoint is down: tell the user once, keep the turn, retry later or give up."""

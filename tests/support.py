@@ -51,7 +51,10 @@ def contents(request: dict[str, Any]) -> str:
     """Every message content of a request, joined (for "does the model see X" checks)."""
     parts = []
     for m in request["messages"]:
-        parts.append(m.get("content") or "")
+        content = m.get("content") or ""
+        if isinstance(content, list):  # text and image_url parts: the text of it
+            content = "\n".join(p.get("text", "") for p in content if p.get("type") == "text")
+        parts.append(content)
         for call in m.get("tool_calls") or ():
             parts.append(call["function"]["arguments"])
     return "\n".join(parts)

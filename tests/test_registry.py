@@ -394,7 +394,7 @@ def test_build_registry_enables_what_is_configured(tmp_path: Path) -> None:
     assert workspace.is_dir()
     assert default.names() == [
         "say", "think", "wait", "end_turn",
-        "read_file", "write_file", "append_file", "list_directory", "search_files",
+        "read_file", "write_file", "append_file", "list_directory", "search_files", "send_file",
         "remember", "recall", "fetch_url",
     ]  # fmt: skip
     assert "run_command" not in default  # the shell is off unless asked for

@@ -238,7 +238,7 @@ async def test_typing_indicator_is_refreshed_until_the_turn_ends(tmp_path, llm, 
     assert not [t for t in asyncio.all_tasks() if t.get_name().endswith(":typing")]  # refresher gone
 
 
-async def test_a_photo_gets_a_clear_answer_not_silence(tmp_path, llm, tg):
+async def test_a_photo_telegram_will_not_hand_over_gets_a_clear_answer_not_silence(tmp_path, llm, tg):
     update = {
         "update_id": 900,
         "message": {
@@ -251,7 +251,8 @@ async def test_a_photo_gets_a_clear_answer_not_silence(tmp_path, llm, tg):
     async with running(write_config(tmp_path, llm, tg)) as d:
         await tg.wait_for("sendMessage")
         offset = await d.store.get_kv("telegram.offset")
-    assert tg.sent(51) == ["I can only read text messages for now; could you write it out?"]
+    # an unknown file_id: getFile refuses it; the user hears why, and no model call is made for nothing
+    assert tg.sent(51) == ["I couldn't use the image: Telegram would not hand it over (Invalid file_id)."]
     assert llm.requests == [] and offset == "901"
 
 

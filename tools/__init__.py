@@ -14,6 +14,7 @@ from .agency import AGENCY_TOOLS
 from .files import FILE_TOOLS
 from .knowledge import KNOWLEDGE_TOOLS
 from .registry import DEFAULT_MAX_RESULT_CHARS, Registry, Tool, cap_text, make_tool, tool
+from .sending import SENDING_TOOLS
 from .shell import COMMANDS_DIR, reap_orphaned_commands, shell_tools
 from .web import web_tools
 
@@ -66,14 +67,14 @@ def build_registry(
 
     Returns:
         A new :class:`Registry`: ``say``, ``think``, ``wait``, ``end_turn``, the file tools,
-        ``remember`` and ``recall``, then ``run_command`` and ``fetch_url`` when enabled.
+        ``send_file``, ``remember`` and ``recall``, then ``run_command`` and ``fetch_url`` when enabled.
 
     Raises:
         ValueError: for a non-positive limit.
         OSError: if the workspace cannot be created.
     """
     workspace.mkdir(parents=True, exist_ok=True)
-    tools: list[Tool] = [*AGENCY_TOOLS, *FILE_TOOLS, *KNOWLEDGE_TOOLS]
+    tools: list[Tool] = [*AGENCY_TOOLS, *FILE_TOOLS, *SENDING_TOOLS, *KNOWLEDGE_TOOLS]
     if shell_enabled:
         per_stream = min(shell_max_output_chars, max(100, (max_result_chars - 400) // 2))
         tools += shell_tools(max_timeout_s=shell_timeout_s, max_output_chars=per_stream)

@@ -24,6 +24,14 @@ anyone (field-bugs.md item 26). discord.py waits out rate limits up to 30 s itse
 one, a 5xx or a network error raises :class:`~bumblebot.errors.DeliveryFailed` with
 ``retryable=True`` and the outbox retries it later; 400/403/404 are permanent.
 
+Files (issue 12). Attachments are journaled as :class:`~bumblebot.events.Attachment`
+references (their URL) and fetched by the engine before the turn (:meth:`DiscordAdapter.download`,
+through discord.py's CDN request): ``image/*`` ones are images the model sees, voice messages
+(flag ``IS_VOICE_MESSAGE``) and ``audio/*`` are transcribed, the rest are documents. One over
+``discord.max_file_bytes`` gets one polite reply and is never downloaded. Stickers arrive as
+``[Sticker: name]``. The entity's files leave as attachments of a message (at most 10 MB, the
+upload limit of a server without boosts).
+
 Commands. ``/reset``, ``/status``, ``/compact`` and ``/help`` are registered as application
 (slash) commands (synced at start only when they changed) and recognised as text (``/status``
 in a DM, ``@bot /status`` in a guild); the engine answers both the same way.
@@ -39,8 +47,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -53,10 +63,10 @@ from discord import app_commands
 from adapters.bots import BotTurnBudget
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.discord.policy import MessageFacts, Verdict, decide, parse_command
-from bumblebot.adapter import MANAGING_COMMANDS, Adapter, Intake
+from bumblebot.adapter import MANAGING_COMMANDS, Adapter, FileKind, Intake
 from bumblebot.config import DiscordSettings
-from bumblebot.errors import AdapterError, DeliveryFailed
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
+from bumblebot.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
 from bumblebot.splitting import DISCORD_LIMIT, split_markdown, utf16_len
 
 log = logging.getLogger(__name__)
@@ -73,6 +83,12 @@ MAX_RATELIMIT_WAIT_S = 30.0
 #: Seconds a look-up of a replied-to message may take before it counts as "not the bot's".
 REFERENCE_FETCH_TIMEOUT_S = 5.0
 REFUSAL_TEXT = "Sorry, this bot is private."
+TOO_BIG_TEXT = (
+    "That file is too big for me: I can fetch files up to {limit} here, and {name} is {size}. "
+    "Could you send a smaller one, or paste the part that matters?"
+)
+#: The upload limit of a server without boosts (and of DMs), bytes.
+UPLOAD_LIMIT = 10 * 1024 * 1024
 NOT_HERE_TEXT = "I don't answer in this channel."
 NOT_MANAGER_TEXT = "Only members who can manage messages here can do that."
 NO_PINGS = discord.AllowedMentions.none()
@@ -343,7 +359,14 @@ class DiscordAdapter(Adapter):
                 return
             await self._answer_command(inbound, command)
             return
-        if not inbound.text:
+        if not inbound.text and not inbound.attachments:
+            return
+        limit = self.settings.max_file_bytes
+        big = next((a for a in inbound.attachments if a.size is not None and a.size > limit), None)
+        if big is not None:
+            await self.intake.answer(
+                inbound, TOO_BIG_TEXT.format(limit=_size(limit), name=big.name or "this one", size=_size(big.size or 0))
+            )
             return
         await self.intake.submit(inbound)
 
@@ -419,9 +442,10 @@ class DiscordAdapter(Adapter):
 
     def _inbound(self, message: discord.Message, chat: ChatRef, facts: MessageFacts) -> Inbound:
         text = readable_text(message.content, self._names(message))
-        attachments = [f"[attachment: {a.filename}]" for a in message.attachments]
-        text = "\n".join([text, *attachments]) if text else "\n".join(attachments)
-        if not text and (facts.mentioned or facts.typed_mention) and self.client.user is not None:
+        stickers = [f"[Sticker: {s.name}]" for s in message.stickers]
+        text = "\n".join(filter(None, [text, *stickers]))
+        attachments = tuple(_attachment(a, voice=message.flags.voice) for a in message.attachments)
+        if not text and not attachments and (facts.mentioned or facts.typed_mention) and self.client.user is not None:
             text = f"@{self.client.user.display_name}"  # only a ping: the person said just that
         return Inbound(
             chat=chat,
@@ -430,6 +454,7 @@ class DiscordAdapter(Adapter):
             sender_name=message.author.display_name,
             text=text,
             chat_kind=ChatKind.PRIVATE if facts.is_dm else ChatKind.GROUP,
+            attachments=attachments,
         )
 
     async def _refuse(self, inbound: Inbound) -> None:
@@ -547,6 +572,47 @@ class DiscordAdapter(Adapter):
             message = await self._channel(chat).send(text, allowed_mentions=NO_PINGS, nonce=_nonce(key))
         return str(message.id)
 
+    # -- files (issue 12) -----------------------------------------------------------------------
+
+    async def download(self, attachment: Attachment, dest: Path) -> int:
+        """The attachment from Discord's CDN (discord.py's own request), into ``dest``.
+
+        Raises:
+            MediaError: over ``discord.max_file_bytes``, gone (its signed URL expired or the
+                message was deleted), or Discord unreachable (``retryable``).
+        """
+        limit = self.settings.max_file_bytes
+        if attachment.size is not None and attachment.size > limit:
+            raise MediaError(f"it is over the {_size(limit)} limit")
+        try:
+            data = await self.client.http.get_from_cdn(attachment.ref)
+        except discord.HTTPException as exc:
+            retryable = exc.status == 429 or exc.status >= 500
+            raise MediaError(f"Discord would not hand it over (HTTP {exc.status})", retryable=retryable) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise MediaError("Discord could not be reached", retryable=True) from exc
+        if len(data) > limit:
+            raise MediaError(f"it is over the {_size(limit)} limit")
+        await asyncio.to_thread(dest.write_bytes, data)
+        return len(data)
+
+    def max_upload_bytes(self, chat: ChatRef, kind: FileKind) -> int | None:
+        return UPLOAD_LIMIT
+
+    def caption_limit(self) -> int:
+        return DISCORD_LIMIT
+
+    async def send_file(self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str) -> str:
+        """One message with the file attached (and ``caption`` as its text), with ``key`` as
+        its nonce."""
+        data = await asyncio.to_thread(path.read_bytes)
+        async with self._refusals():
+            message = await self._channel(chat).send(
+                content=caption or None, file=discord.File(io.BytesIO(data), filename=path.name),
+                allowed_mentions=NO_PINGS, nonce=_nonce(key),
+            )
+        return str(message.id)
+
     def _channel(self, chat: ChatRef) -> discord.PartialMessageable:
         if self.client.is_closed():
             raise DeliveryFailed("the Discord client is not connected", retryable=True)
@@ -623,6 +689,29 @@ def _preview_text(text: str) -> str:
     """A streamed text as one plain message, cut to Discord's 2000 characters."""
     text = text.strip() or "…"
     return text if len(text) <= DISCORD_LIMIT else text[: DISCORD_LIMIT - 1] + "…"
+
+
+def _size(n: int) -> str:
+    """Bytes as Discord shows them: ``"25 MB"``, ``"3.4 MB"``, ``"812 KB"`` (1 MB = 1024 KB)."""
+    if n >= 1024 * 1024:
+        return f"{n / (1024 * 1024):.3g} MB"
+    return f"{max(1, round(n / 1024))} KB"
+
+
+def _attachment(a: discord.Attachment, *, voice: bool) -> Attachment:
+    """A Discord attachment as the engine takes it (by its URL)."""
+    mime = (a.content_type or "").split(";")[0].strip().lower()
+    if voice:
+        kind = AttachmentKind.VOICE
+    elif mime.startswith("image/") and mime != "image/svg+xml":
+        kind = AttachmentKind.IMAGE
+    elif mime.startswith("audio/"):
+        kind = AttachmentKind.AUDIO
+    else:
+        kind = AttachmentKind.DOCUMENT
+    return Attachment(
+        kind, a.url, a.filename, mime or ("audio/ogg" if voice else ""), a.size, a.width, a.height, a.duration,
+    )
 
 
 def _nonce(key: str) -> str:

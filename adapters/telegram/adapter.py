@@ -16,6 +16,17 @@ topic (id 1) is sent to without ``message_thread_id`` (Telegram refuses it there
 becomes a supergroup (``migrate_to_chat_id``) its conversation moves to the new id. Who gets an
 answer in a group is :mod:`adapters.telegram.policy`.
 
+Files (issue 12): photos (the largest size within ``media.image_max_side_px`` and
+``media.image_max_bytes``), image documents, voice notes, audio, video and other documents are
+journaled as :class:`~bumblebot.events.Attachment` references (the ``file_id``) and fetched by
+the engine before the turn through :meth:`TelegramAdapter.download` (``getFile``, then
+``<telegram.base_file_url><token>/<file_path>``); one over ``telegram.max_file_bytes`` (20 MB,
+the Bot API's own download limit) gets one polite reply and is never downloaded. Stickers,
+locations, venues, contacts, polls and dice arrive as a short description in the text. The
+entity's files leave through ``sendPhoto`` (falling back to ``sendDocument`` when Telegram
+refuses the photo), ``sendDocument`` and ``sendVoice`` (Ogg/Opus); uploads are at most 50 MB
+(10 MB for photos) and captions 1024 characters (Bot API, "Sending files").
+
 Rules followed: a message is at most 4096 characters (counted in UTF-16 code units, the
 conservative bound); the model's Markdown is sent as plain text plus formatting entities
 (:func:`render_chunks`), never with a ``parse_mode``; empty messages are never sent; ``RetryAfter`` is honoured by the delivery
@@ -26,18 +37,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import telegramify_markdown
 from telegram import (
     BotCommand,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
+    InputFile,
     Message,
     MessageEntity,
+    PhotoSize,
     Update,
 )
 from telegram.constants import ChatAction, ChatType
@@ -64,10 +79,10 @@ from telegram.ext import (
 
 from adapters.bots import BotTurnBudget
 from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
-from bumblebot.adapter import MANAGING_COMMANDS, Adapter, Intake
-from bumblebot.config import TelegramSettings
-from bumblebot.errors import AdapterError, DeliveryFailed
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.adapter import MANAGING_COMMANDS, Adapter, FileKind, Intake
+from bumblebot.config import MediaSettings, TelegramSettings
+from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
+from bumblebot.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
 from bumblebot.splitting import TELEGRAM_LIMIT, split_text, utf16_len
 
 log = logging.getLogger(__name__)
@@ -76,7 +91,15 @@ OFFSET_KEY = "telegram.offset"
 #: Attempts at recording one update before it is skipped (logged) so others can flow.
 MAX_UPDATE_ATTEMPTS = 5
 REFUSAL_TEXT = "Sorry, this bot is private."
-UNSUPPORTED_TEXT = "I can only read text messages for now; could you write it out?"
+UNSUPPORTED_TEXT = "I can't read that kind of message; could you tell me in words?"
+TOO_BIG_TEXT = (
+    "That file is too big for me: I can fetch files up to {limit} here, and {name} is {size}. "
+    "Could you send a smaller one, or paste the part that matters?"
+)
+#: Bot API upload limits (sendDocument/sendVoice: 50 MB; sendPhoto: 10 MB) and caption length.
+UPLOAD_LIMIT = 50 * 1024 * 1024
+PHOTO_UPLOAD_LIMIT = 10 * 1024 * 1024
+CAPTION_LIMIT = 1024
 NOT_ADMIN_TEXT = "Only the admins of this group can do that here."
 PRIVACY_NOTE = (
     "Telegram: privacy mode is on for @%s: in groups it only sees messages that mention it, reply "
@@ -167,6 +190,38 @@ def _preview_text(text: str) -> str:
     return text[:cut] + "…"
 
 
+def _size(n: int) -> str:
+    """Bytes as Telegram shows them: ``"20 MB"``, ``"3.4 MB"``, ``"812 KB"`` (1 MB = 1024 KB)."""
+    if n >= 1024 * 1024:
+        return f"{n / (1024 * 1024):.3g} MB"
+    return f"{max(1, round(n / 1024))} KB"
+
+
+def _describe(message: Message) -> str:
+    """A sticker, location, venue, contact, poll or dice in words, for the model."""
+    if message.sticker is not None:
+        sticker = message.sticker
+        pack = f" from the pack {sticker.set_name}" if sticker.set_name else ""
+        return f"[Sticker {sticker.emoji or ''}{pack}]".replace("  ", " ")
+    if message.venue is not None:
+        v = message.venue
+        return f"[Venue: {v.title}, {v.address} ({v.location.latitude:.5f}, {v.location.longitude:.5f})]"
+    if message.location is not None:
+        loc = message.location
+        return f"[Location: {loc.latitude:.5f}, {loc.longitude:.5f}]"
+    if message.contact is not None:
+        c = message.contact
+        name = " ".join(filter(None, (c.first_name, c.last_name)))
+        return f"[Contact: {name}, {c.phone_number}]"
+    if message.poll is not None:
+        poll = message.poll
+        options = " / ".join(o.text for o in poll.options)
+        return f"[Poll: {poll.question} (options: {options})]"
+    if message.dice is not None:
+        return f"[Dice {message.dice.emoji}: rolled {message.dice.value}]"
+    return "(a message that is not text)"
+
+
 @contextlib.asynccontextmanager
 async def _refusals() -> AsyncIterator[None]:
     """Telegram's errors as :class:`DeliveryFailed` (retryable or not, the chat unreachable)."""
@@ -200,9 +255,12 @@ class TelegramAdapter(Adapter):
 
     platform = Platform.TELEGRAM
 
-    def __init__(self, intake: Intake, settings: TelegramSettings, token: str) -> None:
+    def __init__(
+        self, intake: Intake, settings: TelegramSettings, token: str, *, media: MediaSettings | None = None
+    ) -> None:
         self.intake = intake
         self.settings = settings
+        self.media = media or MediaSettings()
         self.app: Application = (  # type: ignore[type-arg]
             ApplicationBuilder()
             .token(token)
@@ -219,6 +277,13 @@ class TelegramAdapter(Adapter):
         self.app.add_handler(CommandHandler([c.command for c in COMMANDS], self._on_command))
         self.app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, self._on_text))
         self.app.add_handler(MessageHandler(filters.COMMAND, self._on_unknown_command))
+        self.app.add_handler(MessageHandler(
+            filters.PHOTO | filters.Document.ALL | filters.VOICE | filters.AUDIO | filters.VIDEO | filters.VIDEO_NOTE,
+            self._on_files,
+        ))
+        self.app.add_handler(MessageHandler(
+            filters.Sticker.ALL | filters.LOCATION | filters.CONTACT | filters.POLL | filters.Dice.ALL, self._on_described,
+        ))
         self.app.add_handler(MessageHandler(filters.ALL, self._on_unsupported))
         self.app.add_error_handler(self._on_error)
         self._handler_error: BaseException | None = None
@@ -423,11 +488,13 @@ class TelegramAdapter(Adapter):
             return True
         return command_target(message.text or "", bot.username) == "self"
 
-    async def _gate(self, update: Update, text: str) -> Inbound | None:
+    async def _gate(self, update: Update, text: str, attachments: tuple[Attachment, ...] = ()) -> Inbound | None:
         """The message as an :class:`Inbound` if the bot answers it (:mod:`.policy`); otherwise
         it is journaled here (as background, refused or ignored) and ``None`` returned."""
         message, chat = update.effective_message, update.effective_chat
         inbound = self._inbound(update, text)
+        if inbound is not None and attachments:
+            inbound = dataclasses.replace(inbound, attachments=attachments)
         if inbound is None or message is None or chat is None:
             return None
         sender_id, _, is_bot = self._sender(message)
@@ -534,6 +601,77 @@ class TelegramAdapter(Adapter):
         if inbound is None:
             return
         await self.intake.answer(inbound, UNSUPPORTED_TEXT, kv=self._take_kv())
+
+    async def _on_files(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """A photo, document, voice note, audio or video, with its caption: journaled with its
+        files (fetched before the turn, :meth:`download`); one over ``max_file_bytes`` gets one
+        polite reply instead, and nothing is downloaded."""
+        message = update.effective_message
+        if message is None:
+            return
+        attachments = self._attachments(message)
+        inbound = await self._gate(update, message.caption or "", attachments)
+        if inbound is None:
+            return
+        limit = self.settings.max_file_bytes
+        big = next((a for a in attachments if a.size is not None and a.size > limit), None)
+        if big is not None:
+            text = TOO_BIG_TEXT.format(limit=_size(limit), name=big.name or "this one", size=_size(big.size or 0))
+            await self.intake.answer(inbound, text, kv=self._take_kv())
+            return
+        await self.intake.submit(inbound, kv=self._take_kv())
+
+    def _attachments(self, message: Message) -> tuple[Attachment, ...]:
+        """The files of ``message``: a photo (one size, :meth:`_photo_size`), or its document,
+        voice note, audio, video or video note."""
+        if message.photo:
+            size = self._photo_size(message.photo)
+            return (Attachment(AttachmentKind.IMAGE, size.file_id, "photo.jpg", "image/jpeg", size.file_size,
+                               size.width, size.height),)
+        if message.voice is not None:
+            v = message.voice
+            return (Attachment(AttachmentKind.VOICE, v.file_id, "", v.mime_type or "audio/ogg", v.file_size,
+                               duration_s=_seconds(v.duration)),)
+        if message.audio is not None:
+            a = message.audio
+            return (Attachment(AttachmentKind.AUDIO, a.file_id, a.file_name or "audio", a.mime_type or "", a.file_size,
+                               duration_s=_seconds(a.duration)),)
+        if message.document is not None:
+            d = message.document
+            mime = (d.mime_type or "").lower()
+            kind = AttachmentKind.IMAGE if mime.startswith("image/") and mime != "image/svg+xml" else (
+                AttachmentKind.AUDIO if mime.startswith("audio/") else AttachmentKind.DOCUMENT
+            )
+            return (Attachment(kind, d.file_id, d.file_name or "", mime, d.file_size),)
+        if message.video is not None:
+            v = message.video
+            return (Attachment(AttachmentKind.DOCUMENT, v.file_id, v.file_name or "video.mp4", v.mime_type or "video/mp4",
+                               v.file_size, v.width, v.height, _seconds(v.duration)),)
+        if message.video_note is not None:
+            n = message.video_note
+            return (Attachment(AttachmentKind.DOCUMENT, n.file_id, "video-note.mp4", "video/mp4", n.file_size,
+                               duration_s=_seconds(n.duration)),)
+        return ()
+
+    def _photo_size(self, sizes: tuple[PhotoSize, ...]) -> PhotoSize:
+        """The largest size of a photo within ``media.image_max_side_px`` and
+        ``media.image_max_bytes`` (the smallest when none is)."""
+        fits = [
+            p for p in sizes
+            if max(p.width, p.height) <= self.media.image_max_side_px and (p.file_size or 0) <= self.media.image_max_bytes
+        ]
+        if fits:
+            return max(fits, key=lambda p: p.width * p.height)
+        return min(sizes, key=lambda p: p.width * p.height)
+
+    async def _on_described(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """A sticker, location, venue, contact, poll or dice: answered as a short description."""
+        message = update.effective_message
+        if message is None:
+            return
+        inbound = await self._gate(update, _describe(message))
+        if inbound is not None:
+            await self.intake.submit(inbound, kv=self._take_kv())
 
     async def _on_service(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """A service message (a member joined, a pin, a new topic…): nobody spoke. Nothing is
@@ -648,6 +786,62 @@ class TelegramAdapter(Adapter):
                 raise
             # formatting refused: the words matter more than the bold
             return await self.app.bot.send_message(chat_id=chat_id, text=chunk.text, message_thread_id=thread)
+
+    # -- files (issue 12) -----------------------------------------------------------------------
+
+    async def download(self, attachment: Attachment, dest: Path) -> int:
+        """``getFile``, then the file itself, into ``dest``.
+
+        Raises:
+            MediaError: over ``telegram.max_file_bytes`` (checked before anything is fetched),
+                refused ("file is too big": the Bot API serves at most 20 MB), or Telegram
+                unreachable (``retryable``).
+        """
+        limit = self.settings.max_file_bytes
+        if attachment.size is not None and attachment.size > limit:
+            raise MediaError(f"it is over the {_size(limit)} limit")
+        try:
+            file = await self.app.bot.get_file(attachment.ref)
+            if file.file_size is not None and file.file_size > limit:
+                raise MediaError(f"it is over the {_size(limit)} limit")
+            await file.download_to_drive(dest)
+        except BadRequest as exc:
+            if "too big" in exc.message.lower():
+                raise MediaError("it is over the 20 MB that Telegram lets bots download") from exc
+            raise MediaError(f"Telegram would not hand it over ({exc.message})") from exc
+        except (TimedOut, NetworkError) as exc:
+            raise MediaError(f"Telegram could not be reached ({exc.message})", retryable=True) from exc
+        except TelegramError as exc:
+            raise MediaError(f"Telegram would not hand it over ({exc.message})") from exc
+        return dest.stat().st_size
+
+    def max_upload_bytes(self, chat: ChatRef, kind: FileKind) -> int | None:
+        return PHOTO_UPLOAD_LIMIT if kind == "photo" else UPLOAD_LIMIT
+
+    def caption_limit(self) -> int:
+        return CAPTION_LIMIT
+
+    async def send_file(self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str) -> str:
+        """``sendPhoto``, ``sendDocument`` or ``sendVoice``; a photo Telegram refuses (too large,
+        odd dimensions) goes as a document."""
+        chat_id = int(chat.chat_id)
+        thread = int(chat.thread_id) if chat.thread_id else None
+        data = await asyncio.to_thread(path.read_bytes)
+        upload = InputFile(data, filename=path.name)
+        bot = self.app.bot
+        async with _refusals():
+            if kind == "photo":
+                try:
+                    message = await bot.send_photo(chat_id, upload, caption=caption or None, message_thread_id=thread)
+                    return str(message.message_id)
+                except BadRequest as exc:
+                    log.info("Telegram refused %s as a photo (%s); sending it as a document", path.name, exc.message)
+                    upload = InputFile(data, filename=path.name)
+            if kind == "voice":
+                message = await bot.send_voice(chat_id, upload, caption=caption or None, message_thread_id=thread)
+            else:
+                message = await bot.send_document(chat_id, upload, caption=caption or None, message_thread_id=thread)
+        return str(message.message_id)
 
     async def send_typing(self, chat: ChatRef) -> None:
         await self.app.bot.send_chat_action(

@@ -1,0 +1,287 @@
+"""Photos, voice notes, documents and files sent (issue 12), end to end on Telegram: the real
+python-telegram-bot and openai clients against the fakes, real SQLite, real files."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+from conftest import running, write_config
+from fakes.openai_server import image_parts, is_loop, tool_calls
+from support import contents, judges_say_done, loop_requests, say
+
+from bumblebot.turn import BLIND
+
+
+def png(width: int, height: int, color: tuple[int, int, int] = (200, 30, 30), fmt: str = "PNG") -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def last_user(request: dict) -> dict:
+    return [m for m in request["messages"] if m["role"] == "user"][-1]
+
+
+async def test_a_photo_with_a_caption_reaches_the_model_as_an_image_part_and_the_caption(tmp_path, llm, tg):
+    llm.push(say("a red square"), when=is_loop)
+    small, fitting, huge = png(90, 60), png(1200, 800), png(2560, 1706)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_photo([(90, 60, small), (1200, 800, fitting), (2560, 1706, huge)], caption="what is this?", chat_id=42)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "a red square")
+        await d.engine.wait_for_turns(1)
+        history = await d.store.history(1, 1)
+    request = loop_requests(llm)[0]
+    user = last_user(request)
+    assert isinstance(user["content"], list)
+    assert user["content"][0]["type"] == "text" and user["content"][0]["text"].endswith("what is this?\n[Image 1200×800]")
+    urls = image_parts(request)
+    assert len(urls) == 1 and urls[0].startswith("data:image/png;base64,")
+    import base64
+
+    assert base64.b64decode(urls[0].split(",", 1)[1]) == fitting  # the largest size within 1280 px, as sent
+    sizes = {f.file_id: f.width for f in tg.files.values()}
+    assert [sizes[i] for i in tg.get_file_calls] == [1200]  # one download, of that size only
+    # the history keeps a reference to the file, never the bytes
+    user_row = [m for m in history if m.role == "user"][0]
+    assert user_row.images and user_row.images[0]["width"] == 1200
+    stored = tmp_path / "data" / "media" / user_row.images[0]["path"]
+    assert stored.read_bytes() == fitting
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert "base64" not in " ".join(str(r) for r in db.execute("SELECT content, images FROM messages"))
+
+
+async def test_an_endpoint_that_refuses_images_is_remembered_and_the_user_told_once(tmp_path, llm, tg):
+    llm.reject_images()
+    llm.push(say("nice caption"), when=is_loop)
+    llm.push(say("again, only the words"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_photo([(320, 240, png(320, 240))], caption="look at my cat", chat_id=5)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(1)
+        tg.push_photo([(320, 240, png(320, 240, (0, 0, 255)))], caption="and my dog", chat_id=5)
+        await tg.wait_for("sendMessage", n=3)
+        await d.engine.wait_for_turns(2)
+        remembered = await d.store.get_kv("llm.vision:" + llm.base_url + "|reflex-model")
+    loops = loop_requests(llm)
+    assert [bool(image_parts(r)) for r in loops] == [True, False, False]  # refused, retried, then never sent
+    assert "cannot see images" in contents(loops[1]) and "look at my cat" in contents(loops[1])
+    assert "cannot see images" in contents(loops[2])
+    assert tg.sent(5) == ["nice caption", BLIND, "again, only the words"]  # told once, after the discovery
+    assert remembered and "image_url" in json.loads(remembered)["reason"]
+
+
+async def test_vision_off_never_sends_an_image_and_tells_the_user_first(tmp_path, llm, tg):
+    llm.push(say("a caption reply"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, llm={"base_url": llm.base_url, "vision": "off"})) as d:
+        tg.push_photo([(320, 240, png(320, 240))], caption="hello", chat_id=6)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(1)
+    assert not image_parts(loop_requests(llm)[0])
+    assert tg.sent(6) == [BLIND, "a caption reply"]
+
+
+async def test_a_voice_note_is_transcribed_once_and_the_transcript_answered(tmp_path, llm, tg):
+    llm.push_transcript("remind me to buy milk")
+    llm.push(say("noted: milk"), when=is_loop)
+    audio = b"OggS" + b"\x00" * 200
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(audio, duration=7, chat_id=9)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "noted: milk")
+        await d.engine.wait_for_turns(1)
+    assert len(llm.transcriptions) == 1
+    sent = llm.transcriptions[0]
+    assert sent["data"] == audio and sent["model"] == "whisper-1" and sent["content_type"] == "audio/ogg"
+    seen = last_user(loop_requests(llm)[0])["content"]
+    assert seen.endswith("[Voice message, 0:07, transcribed]: remind me to buy milk")
+    assert not list((tmp_path / "data" / "workspace" / "inbox").glob("*.ogg"))  # nothing kept when it worked
+
+
+async def test_a_voice_note_that_cannot_be_transcribed_is_kept_and_the_user_told_plainly(tmp_path, llm, tg):
+    llm.push_transcript_error(404, "model 'whisper-1' not found")
+    audio = b"OggS" + b"\x01" * 300
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(audio, chat_id=10)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    kept = list((tmp_path / "data" / "workspace" / "inbox").glob("voice-*.ogg"))
+    assert len(kept) == 1 and kept[0].read_bytes() == audio
+    [notice] = tg.sent(10)
+    assert "couldn't transcribe your voice message" in notice and "HTTP 404" in notice
+    assert f"inbox/{kept[0].name}" in notice
+    assert llm.requests == []  # nothing else to answer: no model call
+
+
+async def test_a_transcription_server_of_its_own_is_used_when_configured(tmp_path, llm, tg):
+    from fakes.openai_server import FakeOpenAI
+
+    async with FakeOpenAI() as whisper:
+        whisper.push_transcript("hello from whisper")
+        llm.push(say("hi"), when=is_loop)
+        config = write_config(tmp_path, llm, tg, llm={"base_url": llm.base_url, "transcription_base_url": whisper.base_url,
+                                                     "transcription_model": "large-v3"})
+        async with running(config) as d:
+            tg.push_voice(b"OggS" + b"\x02" * 50, chat_id=11)
+            await tg.wait_for("sendMessage")
+            await d.engine.wait_for_turns(1)
+    assert [t["model"] for t in whisper.transcriptions] == ["large-v3"] and llm.transcriptions == []
+    assert "hello from whisper" in contents(loop_requests(llm)[0])
+
+
+async def test_a_text_document_is_saved_byte_for_byte_and_the_model_told_where(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("read it"), when=is_loop)
+    data = "name,qty\nmilk,2\nbröd,1\n".encode()
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_document(data, "../../shopping list.csv", "text/csv", caption="my list", chat_id=12)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns(limit=1))[0]
+    saved = tmp_path / "data" / "workspace" / "inbox" / "shopping list.csv"
+    assert saved.read_bytes() == data  # the name sanitised: no way out of the inbox
+    seen = last_user(loop_requests(llm)[0])["content"]
+    assert "my list\n[File received: inbox/shopping list.csv (text, text/csv, 24 bytes)." in seen
+    assert "bröd,1" in seen  # short text inline
+    assert trace["trace"]["route"] == "deliberate"  # reading a file is work
+
+
+async def test_the_same_name_twice_is_suffixed_and_a_pdf_is_read_inline_and_by_read_file(tmp_path, llm, tg):
+    judges_say_done(llm)
+    from test_documents import make_pdf  # a real PDF with text, built by hand
+
+    pdf = make_pdf(["Quarterly report", "Revenue grew by 12 percent"])
+    llm.push(tool_calls(("read_file", {"path": "inbox/report-1.pdf"})), when=is_loop)
+    llm.push(say("the second report says revenue grew"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_document(b"%PDF-1.4 not really", "report.pdf", "application/pdf", chat_id=13)
+        await tg.wait_for("sendMessage")  # only the notice that it cannot be read: nothing else to answer
+        await d.engine.wait_for_turns(1)
+        tg.push_document(pdf, "report.pdf", "application/pdf", chat_id=13)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
+    inbox = tmp_path / "data" / "workspace" / "inbox"
+    assert sorted(p.name for p in inbox.iterdir()) == ["report-1.pdf", "report.pdf"]
+    assert tg.sent(13)[0].startswith("I saved report.pdf, but I can't read it: the PDF could not be read")
+    assert tg.sent(13)[1] == "the second report says revenue grew"
+    second = loop_requests(llm)[0]  # the first document never reached the model
+    assert "inbox/report-1.pdf (PDF, 921 bytes, 2 pages)" in contents(second) and "Quarterly report" in contents(second)
+    read = loop_requests(llm)[1]
+    [result] = [m["content"] for m in read["messages"] if m["role"] == "tool"]
+    assert result.startswith("[text extracted from a PDF of 2 pages]") and "Revenue grew by 12 percent" in result
+
+
+async def test_an_oversized_file_gets_one_polite_reply_and_nothing_is_downloaded(tmp_path, llm, tg):
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        update = tg.push_document(b"tiny", "movie.mkv", "video/x-matroska", file_size=31 * 1024 * 1024, chat_id=14)
+        await tg.wait_for("sendMessage")
+        offset = await d.store.get_kv("telegram.offset")
+    assert tg.sent(14) == [
+        "That file is too big for me: I can fetch files up to 20 MB here, and movie.mkv is 31 MB. "
+        "Could you send a smaller one, or paste the part that matters?"
+    ]
+    assert tg.get_file_calls == [] and tg.downloads == [] and llm.requests == []
+    assert offset == str(update["update_id"] + 1)
+
+
+async def test_a_damaged_image_gets_a_clear_reply_and_the_caption_still_an_answer(tmp_path, llm, tg):
+    llm.push(say("about your caption"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_document(png(100, 100)[:60], "broken.png", "image/png", caption="see this", chat_id=15)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(15) == ["I couldn't use the image: the image seems to be damaged.", "about your caption"]
+    assert not image_parts(loop_requests(llm)[0])
+    assert "[An image that could not be used: the image seems to be damaged]" in contents(loop_requests(llm)[0])
+
+
+async def test_stickers_locations_contacts_and_polls_arrive_as_words(tmp_path, llm, tg):
+    for _ in range(4):
+        llm.push(say("ok"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_sticker("🐝", "Bees", chat_id=16)
+        await d.engine.wait_for_turns(1)
+        tg.push_location(52.52, 13.405, chat_id=16)
+        await d.engine.wait_for_turns(2)
+        tg.push_contact("+49 30 123", "Ada", last_name="Lovelace", chat_id=16)
+        await d.engine.wait_for_turns(3)
+        tg.push_poll("Lunch?", ["pizza", "soup"], chat_id=16)
+        await d.engine.wait_for_turns(4)
+    seen = [last_user(r)["content"].split("\n")[-1] for r in loop_requests(llm)]
+    assert seen == [
+        "[Sticker 🐝 from the pack Bees]", "[Location: 52.52000, 13.40500]", "[Contact: Ada Lovelace, +49 30 123]",
+        "[Poll: Lunch? (options: pizza / soup)]",
+    ]
+    assert tg.sent(16) == ["ok"] * 4
+
+
+async def test_send_file_delivers_a_photo_and_a_document_through_the_outbox(tmp_path, llm, tg):
+    judges_say_done(llm)
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "chart.png").write_bytes(png(400, 300))
+    (workspace / "notes.txt").write_text("line one\n")
+    llm.push(tool_calls(("send_file", {"path": "chart.png", "caption": "the chart"}),
+                        ("send_file", {"path": "notes.txt"})), when=is_loop)
+    llm.push(say("sent both"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("send me the chart and the notes, please, both of them as files", chat_id=17)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        outbox = await d.store.outbox_for_turn(1)
+    sent = [(f["method"], f["filename"], f["caption"]) for f in tg.files_sent]
+    assert sent == [("sendPhoto", "chart.png", "the chart"), ("sendDocument", "notes.txt", None)]
+    assert tg.files_sent[1]["data"] == b"line one\n"
+    assert [(e.attachment or {}).get("kind") for e in outbox] == ["photo", "document", None]
+    assert all(e.status == "sent" for e in outbox)
+    results = [m["content"] for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"]
+    assert all(json.loads(r)["delivered"] for r in results)
+
+
+async def test_send_file_refuses_a_path_outside_the_workspace(tmp_path, llm, tg):
+    judges_say_done(llm)
+    (tmp_path / "secret.txt").write_text("no")
+    llm.push(tool_calls(("send_file", {"path": "../../secret.txt"})), when=is_loop)
+    llm.push(say("could not"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("send me the secret file from the parent directory please", chat_id=18)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.files_sent == []
+    result = [m["content"] for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"][0]
+    assert "error" in json.loads(result)
+
+
+async def test_voice_reply_mirror_sends_the_reply_as_ogg_voice_next_to_the_text(tmp_path, llm, tg):
+    llm.push_transcript("how are you")
+    llm.push(say("fine, thanks"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, voice={"reply": "mirror"})) as d:
+        tg.push_voice(b"OggS" + b"\x03" * 80, chat_id=19)
+        await tg.wait_for("sendVoice")
+        await d.engine.wait_for_turns(1)
+        [entry] = await d.store.outbox_for_turn(1)
+    assert tg.sent(19) == ["fine, thanks"]
+    assert [r["input"] for r in llm.speech_requests] == ["fine, thanks"]
+    assert llm.speech_requests[0]["response_format"] == "opus"
+    [voice] = tg.files_sent
+    assert voice["method"] == "sendVoice" and voice["data"].startswith(b"OggS")
+    assert entry.status == "sent" and len(entry.platform_message_ids) == 2  # the text, then the voice
+    assert Path(entry.attachment["path"]).read_bytes() == voice["data"]
+
+
+async def test_a_failing_speech_service_still_delivers_the_text_once(tmp_path, llm, tg):
+    llm.push_transcript("hi")
+    llm.fail_speech(400, "voice not available")
+    llm.push(say("hello there"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, voice={"reply": "mirror"})) as d:
+        tg.push_voice(b"OggS" + b"\x04" * 80, chat_id=20)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        [entry] = await d.store.outbox_for_turn(1)
+    assert tg.sent(20) == ["hello there"] and tg.files_sent == []
+    assert entry.status == "sent" and "voice reply could not be made" in (entry.last_error or "")
+    result = [m for m in loop_requests(llm)[0]["messages"] if m["role"] == "tool"]
+    assert result == []  # one step: the say was delivered, nothing for the model to repeat
