@@ -18,7 +18,7 @@ import httpx
 from bumblebot.config import Secrets, Settings, effective_base_url
 from bumblebot.entity import Entity
 from bumblebot.errors import ModelError, StoreError
-from bumblebot.llm import LLM, ForcingFallback, stream_key, tool_choice_key
+from bumblebot.llm import LLM, ForcingFallback, stream_key, tool_choice_key, vision_key
 from bumblebot.store import Store
 
 PING_TOOL = {
@@ -102,6 +102,10 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
     _line(True, "tool forcing", forcing)
     if probe_ran:
         _line(True, "streaming", streaming)
+    _line(True, "images", await _images_line(settings, base_url, llm.model))
+    stt = settings.llm.transcription_base_url or base_url
+    _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
+          "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
 
     tg = settings.telegram
     if tg.enabled:
@@ -182,6 +186,18 @@ async def _get_json(url: str, headers: dict[str, str] | None = None) -> Any:
         return response.json() if response.content else {"status": response.status_code}
     except (httpx.HTTPError, ValueError) as exc:
         return exc
+
+
+async def _images_line(settings: Settings, base_url: str, model: str) -> str:
+    """What happens to photos: ``llm.vision``, and what the daemon remembers of the model."""
+    mode = settings.llm.vision
+    if mode != "auto":
+        return f"{'always' if mode == 'on' else 'never'} sent to the model (llm.vision: {mode})"
+    remembered = await _stored_kv(settings, vision_key(base_url, model))
+    if remembered:
+        return (f"not sent: the daemon remembers that {model} refused them ({_reason(remembered)}); "
+                "it tries again 24 h after that")
+    return f"sent to {model} until the endpoint refuses one (llm.vision: auto)"
 
 
 def _groups_line(tg: Any, me: dict[str, Any]) -> str:

@@ -700,7 +700,8 @@ def describe_size(n: int) -> str:
     """A size as people read it: ``"812 bytes"``, ``"14.2 KB"``, ``"3.4 MB"``, ``"1.5 GB"``.
 
     Units are binary (1 KB = 1024 bytes) but labelled KB/MB/GB, as Telegram shows sizes, with
-    one decimal; a value that would round to 1024 moves to the next unit.
+    one decimal unless it is 0 (``"20 MB"``); a value that would round to 1024 moves to the
+    next unit.
 
     Raises:
         ValueError: ``n`` is negative.
@@ -712,6 +713,11 @@ def describe_size(n: int) -> str:
     value = n / 1024
     for unit in ("KB", "MB", "GB"):
         if round(value, 1) < 1024:
-            return f"{value:.1f} {unit}"
+            return f"{_one_decimal(value)} {unit}"
         value /= 1024
-    return f"{value:.1f} TB"
+    return f"{_one_decimal(value)} TB"
+
+
+def _one_decimal(value: float) -> str:
+    text = f"{value:.1f}"
+    return text[:-2] if text.endswith(".0") else text

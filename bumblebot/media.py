@@ -432,7 +432,9 @@ def normalise_image(src: Path, stem: Path, max_side: int, max_bytes: int) -> tup
             return path, "image/png" if alpha else "image/jpeg", picture.width, picture.height
     except MediaError:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError) as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # the warning, where it is an error
+        raise MediaError("the image is too large (too many pixels)") from exc
+    except UnidentifiedImageError as exc:
         raise MediaError("it is not an image I can open") from exc
     except (OSError, SyntaxError, ValueError, EOFError) as exc:  # Pillow's ways of saying "damaged"
         raise MediaError("the image seems to be damaged") from exc

@@ -596,12 +596,12 @@ def test_pdf_text_broken_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         (1, "1 byte"),
         (812, "812 bytes"),
         (1023, "1023 bytes"),
-        (1024, "1.0 KB"),
+        (1024, "1 KB"),
         (14_541, "14.2 KB"),
-        (1024 * 1024 - 1, "1.0 MB"),  # would round to 1024.0 KB
+        (1024 * 1024 - 1, "1 MB"),  # would round to 1024.0 KB
         (3_565_158, "3.4 MB"),
         (int(1.5 * 1024**3), "1.5 GB"),
-        (3 * 1024**4, "3.0 TB"),
+        (3 * 1024**4, "3 TB"),
     ],
 )
 def test_describe_size(n: int, shown: str) -> None:

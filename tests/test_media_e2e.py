@@ -285,3 +285,123 @@ async def test_a_failing_speech_service_still_delivers_the_text_once(tmp_path, l
     assert entry.status == "sent" and "voice reply could not be made" in (entry.last_error or "")
     result = [m for m in loop_requests(llm)[0]["messages"] if m["role"] == "tool"]
     assert result == []  # one step: the say was delivered, nothing for the model to repeat
+
+
+# -- Discord --------------------------------------------------------------------------------
+
+
+async def test_discord_an_image_a_document_and_a_voice_message_reach_the_model(tmp_path, llm):
+    from fakes.discord_server import IS_VOICE_MESSAGE, FakeDiscord
+
+    judges_say_done(llm)
+    image = png(640, 480)
+    llm.push(say("pretty"), when=is_loop)
+    llm.push(say("got the notes"), when=is_loop)
+    llm.push_transcript("see you at noon")
+    llm.push(say("noon it is"), when=is_loop)
+    async with FakeDiscord() as dc:
+        section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+        async with running(write_config(tmp_path, llm, None, discord=section), telegram_token=None,
+                           discord_token=dc.token) as d:
+            dm = dc.dm_channel_id()
+            await dc.send_dm("my garden", attachments=[{"filename": "garden.png", "data": image, "content_type": "image/png"}])
+            await dc.wait_until(lambda: dc.messages_sent(dm) == ["pretty"])
+            await d.engine.wait_for_turns(1)
+            await dc.send_dm("", attachments=[{"filename": "notes.md", "data": b"# Notes\n- call Bob\n",
+                                               "content_type": "text/markdown; charset=utf-8"}])
+            await dc.wait_until(lambda: len(dc.messages_sent(dm)) == 2)
+            await d.engine.wait_for_turns(2)
+            await dc.send_dm("", attachments=[{"filename": "voice-message.ogg", "data": b"OggS" + b"\x05" * 64,
+                                               "content_type": "audio/ogg", "duration_secs": 2.5, "waveform": b"\x00" * 8}],
+                             flags=IS_VOICE_MESSAGE)
+            await dc.wait_until(lambda: len(dc.messages_sent(dm)) == 3)
+            await d.engine.wait_for_turns(3)
+        assert dc.messages_sent(dm) == ["pretty", "got the notes", "noon it is"]
+        assert len(dc.downloads) == 3
+    first, second, third = loop_requests(llm)
+    assert len(image_parts(first)) == 1 and "my garden\n[Image 640×480]" in contents(first)
+    assert (tmp_path / "data" / "workspace" / "inbox" / "notes.md").read_bytes() == b"# Notes\n- call Bob\n"
+    assert "[File received: inbox/notes.md" in contents(second) and "- call Bob" in contents(second)
+    assert llm.transcriptions[0]["data"].startswith(b"OggS")
+    assert last_user(third)["content"].endswith("[Voice message, 0:02, transcribed]: see you at noon")
+
+
+async def test_discord_an_oversized_attachment_gets_one_polite_reply_and_no_download(tmp_path, llm):
+    from fakes.discord_server import FakeDiscord
+
+    async with FakeDiscord() as dc:
+        section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+        async with running(write_config(tmp_path, llm, None, discord=section), telegram_token=None, discord_token=dc.token):
+            dm = dc.dm_channel_id()
+            await dc.send_dm("", attachments=[{"filename": "big.zip", "data": b"PK", "size": 40 * 1024 * 1024}])
+            await dc.wait_until(lambda: len(dc.messages_sent(dm)) == 1)
+        assert dc.messages_sent(dm) == [
+            "That file is too big for me: I can fetch files up to 25 MB here, and big.zip is 40 MB. "
+            "Could you send a smaller one, or paste the part that matters?"
+        ]
+        assert dc.downloads == [] and llm.requests == []
+
+
+async def test_discord_send_file_attaches_the_file_to_a_message(tmp_path, llm):
+    from fakes.discord_server import FakeDiscord
+
+    judges_say_done(llm)
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "plot.png").write_bytes(png(64, 64))
+    llm.push(tool_calls(("send_file", {"path": "plot.png", "caption": "here"})), when=is_loop)
+    llm.push(say("done"), when=is_loop)
+    async with FakeDiscord() as dc:
+        section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+        async with running(write_config(tmp_path, llm, None, discord=section), telegram_token=None,
+                           discord_token=dc.token) as d:
+            dm = dc.dm_channel_id()
+            await dc.send_dm("please send me the plot file from the workspace as an attachment")
+            await dc.wait_until(lambda: len(dc.messages_sent(dm)) == 2)
+            await d.engine.wait_for_turns(1)
+        [upload] = dc.files_sent
+        assert upload["filename"] == "plot.png" and upload["data"] == png(64, 64) and upload["content"] == "here"
+        assert dc.messages_sent(dm) == ["here", "done"]
+
+
+async def test_an_image_counts_in_the_estimate_and_is_only_named_once_it_leaves_the_tail(tmp_path, llm, tg):
+    from bumblebot.media import image_tokens
+
+    for reply in ("nice", "same words", "later"):
+        llm.push(say(reply), when=is_loop)
+    history = {"history_compression": {"compaction_protect_last_n": 2}}
+    async with running(write_config(tmp_path, llm, tg, cognition={"classifier": False, **history})) as d:
+        tg.push_photo([(1200, 800, png(1200, 800))], caption="hi there", chat_id=30)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("hi there\n[Image 1200×800]", chat_id=31)  # the same words, no image
+        await d.engine.wait_for_turns(2)
+        tg.push_text("and now?", chat_id=30)
+        await d.engine.wait_for_turns(3)
+        traces = {t["chat"]: t["trace"] for t in await d.store.recent_turns(limit=3) if t["turn_id"] in (1, 2)}
+    with_image, without = traces["telegram:30"]["estimates"][0], traces["telegram:31"]["estimates"][0]
+    assert abs((with_image - without) - image_tokens(1200, 800)) <= 5
+    first, _, later = loop_requests(llm)
+    assert len(image_parts(first)) == 1
+    assert image_parts(later) == []  # the photo is three messages back: past the tail of 2
+    assert "hi there\n[Image 1200×800]\n(1 image no longer shown)" in contents(later)
+
+
+async def test_a_photo_sent_while_the_entity_works_is_fetched_and_shown_at_the_next_step(tmp_path, llm, tg):
+    from support import Gate
+
+    judges_say_done(llm)
+    hold = Gate(tool_calls(("list_directory", {"path": "."})))
+    llm.push(hold, when=is_loop)
+    llm.push(say("I see the photo too"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("please list the files in your workspace directory for me", chat_id=40)
+        await hold.entered.wait()
+        tg.push_photo([(320, 240, png(320, 240))], caption="and this", chat_id=40)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        hold.release.set()
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert d.engine.progress.turns_finished == 1  # taken into the running turn, not a turn of its own
+    second = loop_requests(llm)[1]
+    assert len(image_parts(second)) == 1 and "and this" in contents(second)
+    assert tg.sent(40) == ["I see the photo too"]

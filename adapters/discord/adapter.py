@@ -65,6 +65,7 @@ from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.discord.policy import MessageFacts, Verdict, decide, parse_command
 from bumblebot.adapter import MANAGING_COMMANDS, Adapter, FileKind, Intake
 from bumblebot.config import DiscordSettings
+from bumblebot.documents import describe_size
 from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
 from bumblebot.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
 from bumblebot.splitting import DISCORD_LIMIT, split_markdown, utf16_len
@@ -365,7 +366,7 @@ class DiscordAdapter(Adapter):
         big = next((a for a in inbound.attachments if a.size is not None and a.size > limit), None)
         if big is not None:
             await self.intake.answer(
-                inbound, TOO_BIG_TEXT.format(limit=_size(limit), name=big.name or "this one", size=_size(big.size or 0))
+                inbound, TOO_BIG_TEXT.format(limit=describe_size(limit), name=big.name or "this one", size=describe_size(big.size or 0))
             )
             return
         await self.intake.submit(inbound)
@@ -583,7 +584,7 @@ class DiscordAdapter(Adapter):
         """
         limit = self.settings.max_file_bytes
         if attachment.size is not None and attachment.size > limit:
-            raise MediaError(f"it is over the {_size(limit)} limit")
+            raise MediaError(f"it is over the {describe_size(limit)} limit")
         try:
             data = await self.client.http.get_from_cdn(attachment.ref)
         except discord.HTTPException as exc:
@@ -592,7 +593,7 @@ class DiscordAdapter(Adapter):
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise MediaError("Discord could not be reached", retryable=True) from exc
         if len(data) > limit:
-            raise MediaError(f"it is over the {_size(limit)} limit")
+            raise MediaError(f"it is over the {describe_size(limit)} limit")
         await asyncio.to_thread(dest.write_bytes, data)
         return len(data)
 
@@ -689,13 +690,6 @@ def _preview_text(text: str) -> str:
     """A streamed text as one plain message, cut to Discord's 2000 characters."""
     text = text.strip() or "…"
     return text if len(text) <= DISCORD_LIMIT else text[: DISCORD_LIMIT - 1] + "…"
-
-
-def _size(n: int) -> str:
-    """Bytes as Discord shows them: ``"25 MB"``, ``"3.4 MB"``, ``"812 KB"`` (1 MB = 1024 KB)."""
-    if n >= 1024 * 1024:
-        return f"{n / (1024 * 1024):.3g} MB"
-    return f"{max(1, round(n / 1024))} KB"
 
 
 def _attachment(a: discord.Attachment, *, voice: bool) -> Attachment:

@@ -81,6 +81,7 @@ from adapters.bots import BotTurnBudget
 from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
 from bumblebot.adapter import MANAGING_COMMANDS, Adapter, FileKind, Intake
 from bumblebot.config import MediaSettings, TelegramSettings
+from bumblebot.documents import describe_size
 from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
 from bumblebot.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
 from bumblebot.splitting import TELEGRAM_LIMIT, split_text, utf16_len
@@ -188,13 +189,6 @@ def _preview_text(text: str) -> str:
     while utf16_len(text[:cut]) > TELEGRAM_LIMIT - 1:
         cut -= max(1, (utf16_len(text[:cut]) - TELEGRAM_LIMIT + 1) // 2)
     return text[:cut] + "…"
-
-
-def _size(n: int) -> str:
-    """Bytes as Telegram shows them: ``"20 MB"``, ``"3.4 MB"``, ``"812 KB"`` (1 MB = 1024 KB)."""
-    if n >= 1024 * 1024:
-        return f"{n / (1024 * 1024):.3g} MB"
-    return f"{max(1, round(n / 1024))} KB"
 
 
 def _describe(message: Message) -> str:
@@ -616,7 +610,7 @@ class TelegramAdapter(Adapter):
         limit = self.settings.max_file_bytes
         big = next((a for a in attachments if a.size is not None and a.size > limit), None)
         if big is not None:
-            text = TOO_BIG_TEXT.format(limit=_size(limit), name=big.name or "this one", size=_size(big.size or 0))
+            text = TOO_BIG_TEXT.format(limit=describe_size(limit), name=big.name or "this one", size=describe_size(big.size or 0))
             await self.intake.answer(inbound, text, kv=self._take_kv())
             return
         await self.intake.submit(inbound, kv=self._take_kv())
@@ -799,21 +793,26 @@ class TelegramAdapter(Adapter):
         """
         limit = self.settings.max_file_bytes
         if attachment.size is not None and attachment.size > limit:
-            raise MediaError(f"it is over the {_size(limit)} limit")
+            raise MediaError(f"it is over the {describe_size(limit)} limit")
         try:
             file = await self.app.bot.get_file(attachment.ref)
             if file.file_size is not None and file.file_size > limit:
-                raise MediaError(f"it is over the {_size(limit)} limit")
+                raise MediaError(f"it is over the {describe_size(limit)} limit")
             await file.download_to_drive(dest)
         except BadRequest as exc:
             if "too big" in exc.message.lower():
                 raise MediaError("it is over the 20 MB that Telegram lets bots download") from exc
-            raise MediaError(f"Telegram would not hand it over ({exc.message})") from exc
+            raise MediaError(f"Telegram would not hand it over ({self._untokened(exc.message)})") from exc
         except (TimedOut, NetworkError) as exc:
-            raise MediaError(f"Telegram could not be reached ({exc.message})", retryable=True) from exc
+            raise MediaError(f"Telegram could not be reached ({self._untokened(exc.message)})", retryable=True) from exc
         except TelegramError as exc:
-            raise MediaError(f"Telegram would not hand it over ({exc.message})") from exc
+            raise MediaError(f"Telegram would not hand it over ({self._untokened(exc.message)})") from exc
         return dest.stat().st_size
+
+    def _untokened(self, text: str) -> str:
+        """``text`` (an error that reaches the user) without the bot token, which is part of
+        every file URL."""
+        return text.replace(self.app.bot.token, "<token>")
 
     def max_upload_bytes(self, chat: ChatRef, kind: FileKind) -> int | None:
         return PHOTO_UPLOAD_LIMIT if kind == "photo" else UPLOAD_LIMIT
