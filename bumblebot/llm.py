@@ -36,6 +36,7 @@ Errors are translated here, once: :class:`~bumblebot.errors.ModelTimeout`,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import json
 import logging
@@ -304,6 +305,35 @@ class ForcingFallback:
         return f"auto{since}: {self.reason}{retried}; {every} ({when})"
 
 
+#: A request whose images were read as text counts at least this many prompt tokens per
+#: character of their data URLs (base64 tokenizes at 0.3 to 0.8 tokens a character); a vision
+#: model counts a few hundred tokens an image, whatever its size.
+IMAGE_AS_TEXT_TOKENS_PER_CHAR = 0.15
+#: Data URLs shorter than this (characters, a 15 KB image) are too small to tell the two apart.
+IMAGE_AS_TEXT_MIN_CHARS = 20_000
+
+
+def _read_as_text(messages: list[dict[str, Any]], prompt_tokens: int | None) -> bool:
+    """Whether the endpoint counted the request's images as text: its prompt tokens exceed a
+    generous count of the text (a third of its characters) by
+    :data:`IMAGE_AS_TEXT_TOKENS_PER_CHAR` per character of the data URLs."""
+    if prompt_tokens is None:
+        return False
+    url_chars = text_chars = 0
+    for m in messages:
+        content = m.get("content")
+        parts = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
+        for part in parts:
+            if part.get("type") == "image_url":
+                url_chars += len(str((part.get("image_url") or {}).get("url", "")))
+            else:
+                text_chars += len(str(part.get("text") or ""))
+        text_chars += len(json.dumps(m.get("tool_calls") or []))
+    if url_chars < IMAGE_AS_TEXT_MIN_CHARS:
+        return False
+    return prompt_tokens - text_chars / 3 >= IMAGE_AS_TEXT_TOKENS_PER_CHAR * url_chars
+
+
 def _about_images(exc: ModelError) -> bool:
     """Whether a refusal of a request with images may be about the images: a 400, 415 or 422
     (not a context-length one), or a 500 whose message names images."""
@@ -502,24 +532,39 @@ class LLM:
         if self.settings.vision == "on":
             return await self._complete(messages, **kwargs)
         try:
-            return await self._complete(messages, **kwargs)
+            completion = await self._complete(messages, **kwargs)
+        except ContextTooLong as exc:
+            # a server without a vision projector tokenizes the data URL as text
+            # (llama-cpp-python: 22,766 tokens for a 28 KB JPEG): the same request without it
+            stripped = await self._complete(without_images(messages), **kwargs)
+            if _read_as_text(messages, exc.prompt_tokens):
+                await self._blind(model, f"it read the image as text ({exc})")
+            else:
+                log.info("endpoint %s: a request with images was too long; answered without them", self.base_url)
+            return dataclasses.replace(stripped, prompt_tokens=None)  # not a sample of the token scale
         except ModelError as exc:
             if not _about_images(exc):
                 raise
-            refusal = exc
-        try:
-            completion = await self._complete(without_images(messages), **kwargs)
-        except ModelError:
-            raise refusal from None  # not the images' fault
-        reason = str(refusal)[:_REASON_CHARS]
+            try:
+                stripped = await self._complete(without_images(messages), **kwargs)
+            except ModelError:
+                raise exc from None  # not the images' fault
+            await self._blind(model, str(exc))
+            return dataclasses.replace(stripped, prompt_tokens=None)
+        if _read_as_text(messages, completion.prompt_tokens):
+            await self._blind(model, f"it read the image as text ({completion.prompt_tokens} prompt tokens)")
+            return dataclasses.replace(completion, prompt_tokens=None)
+        return completion
+
+    async def _blind(self, model: str, reason: str) -> None:
+        """Remember that ``model`` does not see images (:func:`vision_key`)."""
+        reason = reason[:_REASON_CHARS]
         value = json.dumps({"reason": reason, "since": self._clock()}, ensure_ascii=False)
         await self.capabilities.set(vision_key(self.base_url, model), value)
         log.warning(
-            "endpoint %s: model %s refused a request with images (%s) and answered it without them; "
-            "images are not sent to it from now on (tried again in %s)",
+            "endpoint %s: model %s does not see images (%s); they are not sent to it from now on (tried again in %s)",
             self.base_url, model, reason, _duration(VISION_RETRY_S),
         )
-        return completion
 
     async def _complete(
         self,
@@ -900,9 +945,12 @@ class LLM:
         if isinstance(exc, openai.APIStatusError):
             if exc.status_code in (400, 413) and self._is_context_error(exc):
                 counted = _PROMPT_COUNT_RE.search(str(exc.message))
+                body = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else {}
+                # llama.cpp server: {"error": {"type": "exceed_context_size_error", "n_prompt_tokens": N, ...}}
+                n_prompt = _int(body.get("n_prompt_tokens")) if isinstance(body, dict) else None
                 return ContextTooLong(
                     f"the prompt is too long for the model: {exc.message}", status=exc.status_code,
-                    prompt_tokens=int(counted.group(1)) if counted else None,
+                    prompt_tokens=int(counted.group(1)) if counted else n_prompt,
                 )
             if exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500:
                 return ModelUnavailable(

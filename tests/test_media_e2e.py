@@ -405,3 +405,56 @@ async def test_a_photo_sent_while_the_entity_works_is_fetched_and_shown_at_the_n
     second = loop_requests(llm)[1]
     assert len(image_parts(second)) == 1 and "and this" in contents(second)
     assert tg.sent(40) == ["I see the photo too"]
+
+
+def noisy_jpeg(width: int, height: int, seed: int = 1) -> bytes:
+    """A photo-like JPEG (noise does not compress): tens of KB, as real photos are."""
+    import random
+
+    from PIL import Image
+
+    rng = random.Random(seed)
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", (width, height), bytes(rng.getrandbits(8) for _ in range(width * height * 3))).save(
+        buffer, "JPEG", quality=80
+    )
+    return buffer.getvalue()
+
+
+async def test_a_server_that_counts_the_image_as_text_and_refuses_it_as_too_long_is_remembered(tmp_path, llm, tg):
+    """Regression (the real llama-cpp-python server with SmolLM2): a request with a photo was
+    refused as 22,766 tokens in a 4k window, and the conversation died of "too long"."""
+    llm.reject_images(400, "This model's maximum context length is 4096 tokens. However, you requested 22771 "
+                           "tokens (22766 in the messages, 5 in the completion). Please reduce the length of the messages.")
+    llm.push(say("I read your caption"), when=is_loop)
+    llm.push(say("still fine"), when=is_loop)
+    photo = noisy_jpeg(200, 150)
+    async with running(write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 4096})) as d:
+        tg.push_photo([(200, 150, photo)], caption="what colour is this?", chat_id=50)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("thanks", chat_id=50)
+        await tg.wait_for("sendMessage", n=3)
+        await d.engine.wait_for_turns(2)
+        remembered = json.loads(await d.store.get_kv("llm.vision:" + llm.base_url + "|reflex-model"))
+        scale = await d.store.get_kv(f"tokens.scale:{llm.base_url}|test-model")
+    assert tg.sent(50) == ["I read your caption", BLIND, "still fine"]
+    assert [bool(image_parts(r)) for r in loop_requests(llm)] == [True, False, False]
+    assert "read the image as text" in remembered["reason"]
+    assert scale is None  # the answer without the image taught the token estimate nothing
+
+
+async def test_a_server_that_answers_with_the_image_read_as_text_is_remembered(tmp_path, llm, tg):
+    """The fake counts a data URL as text (a quarter token a character), as a server without a
+    vision projector does: the answer stands, and no image is sent to that model again."""
+    llm.push(say("hmm"), when=is_loop)
+    llm.push(say("only words now"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_photo([(200, 150, noisy_jpeg(200, 150))], caption="look", chat_id=51)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(1)
+        tg.push_photo([(200, 150, noisy_jpeg(200, 150, seed=2))], caption="and now", chat_id=51)
+        await tg.wait_for("sendMessage", n=3)
+        await d.engine.wait_for_turns(2)
+    assert [bool(image_parts(r)) for r in loop_requests(llm)] == [True, False]
+    assert tg.sent(51) == ["hmm", BLIND, "only words now"]
