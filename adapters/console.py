@@ -2,7 +2,7 @@
 
 Line editing comes from the standard ``readline`` module where the platform has it. Input is
 read in a worker thread so the event loop keeps running turns and printing ``say`` messages as
-they are delivered. ``/stop``, ``/reset``, ``/status``, ``/compact`` and ``/help`` work as on Telegram;
+they are delivered. ``/stop``, ``/reset``, ``/status``, ``/compact``, ``/tasks`` and ``/help`` work as on Telegram;
 ``/quit`` or end of input (Ctrl-D) leaves.
 """
 

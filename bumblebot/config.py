@@ -314,6 +314,55 @@ class ToolsSettings(_Section):
     web: WebSettings = Field(default_factory=WebSettings)
 
 
+class AutomationSettings(_Section):
+    """Scheduled tasks (``schedule_task``)."""
+
+    max_tasks: int = Field(50, ge=1, description="most active scheduled tasks per conversation")
+    min_interval_s: float = Field(60.0, gt=0, description="shortest repeat of a recurring task, seconds")
+
+
+class AutonomySettings(_Section):
+    """Autonomous turns: the entity may reach out on its own in active conversations."""
+
+    enabled: bool = Field(False, description="give the entity an autonomous turn per active conversation")
+    interval_s: float = Field(3600.0, ge=1, description="time between autonomous turns of a conversation, seconds")
+    active_window_s: float = Field(
+        86400.0, gt=0, description="a conversation is active while its last message from a person is this recent, seconds"
+    )
+    quiet_hours: str | None = Field(
+        None, description="no autonomous turns in this span of the entity's day, e.g. '22:00-08:00'; null: none"
+    )
+    max_messages_per_day: int = Field(
+        2, ge=0, description="most messages autonomous turns send per conversation and day (the entity's day)"
+    )
+
+    @field_validator("quiet_hours")
+    @classmethod
+    def _span(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = value.replace(" ", "").split("-")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            for part in parts:
+                hour, minute = part.split(":")
+                if not (0 <= int(hour) <= 23 and 0 <= int(minute) <= 59):
+                    raise ValueError
+        except ValueError:
+            raise ValueError("expected 'HH:MM-HH:MM', e.g. '22:00-08:00'") from None
+        return "-".join(parts)
+
+    def quiet(self, hour: int, minute: int) -> bool:
+        """Whether the time of day ``hour:minute`` falls in :attr:`quiet_hours` (a span may
+        cross midnight)."""
+        if self.quiet_hours is None:
+            return False
+        start, end = ((int(h) * 60 + int(m)) for h, m in (p.split(":") for p in self.quiet_hours.split("-")))
+        now = hour * 60 + minute
+        return start <= now < end if start <= end else now >= start or now < end
+
+
 class EngineSettings(_Section):
     idle_unload_s: float = Field(600.0, gt=0, description="unload a conversation idle this long, seconds")
     max_concurrent_turns: int | None = Field(
@@ -364,6 +413,8 @@ class Settings(BaseSettings):
     discord: DiscordSettings = Field(default_factory=DiscordSettings)
     cognition: CognitionSettings = Field(default_factory=CognitionSettings)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    automation: AutomationSettings = Field(default_factory=AutomationSettings)
+    autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
     @classmethod

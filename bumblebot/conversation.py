@@ -469,9 +469,22 @@ class Conversation:
         self.inbox = journal + [e for e in self.inbox if e.id not in known and e.id not in taken]
         return running
 
-    def take_inbox(self) -> list[JournalEntry]:
-        """Everything waiting, in arrival order (for the next turn, or the running one)."""
-        batch, self.inbox = self.inbox, []
+    def take_inbox(self, *, steering: bool = False) -> list[JournalEntry]:
+        """What the next turn answers, in arrival order: the messages from people waiting at
+        the head of the inbox (they merge into one turn), or one scheduled or autonomous
+        entry (each is a turn of its own, never merged). ``steering``: for the running turn,
+        every message from a person waiting, and nothing else."""
+        if steering:
+            batch = [e for e in self.inbox if e.inbound.source == "chat"]
+            self.inbox = [e for e in self.inbox if e.inbound.source != "chat"]
+            return batch
+        if not self.inbox:
+            return []
+        if self.inbox[0].inbound.source != "chat":
+            batch, self.inbox = self.inbox[:1], self.inbox[1:]
+            return batch
+        n = next((i for i, e in enumerate(self.inbox) if e.inbound.source != "chat"), len(self.inbox))
+        batch, self.inbox = self.inbox[:n], self.inbox[n:]
         return batch
 
     def request_stop(self) -> bool:

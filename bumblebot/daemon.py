@@ -34,6 +34,7 @@ from bumblebot.logs import redact_values
 from bumblebot.loop import AgentLoop
 from bumblebot.media import MediaFiles, MediaIntake
 from bumblebot.prompt import PromptBuilder
+from bumblebot.scheduler import Scheduler
 from bumblebot.speech import Speech
 from bumblebot.store import Store
 from bumblebot.toolkit import ToolContext
@@ -80,7 +81,7 @@ def instance_lock(data_dir: Path) -> Iterator[None]:
         handle.close()
 
 
-def build_toolbox(settings: Settings) -> Any:
+def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any:
     from tools import build_registry
 
     t = settings.tools
@@ -94,6 +95,7 @@ def build_toolbox(settings: Settings) -> Any:
         web_max_bytes=t.web.max_bytes,
         web_allow_private=t.web.allow_private,
         max_result_chars=t.max_result_chars,
+        scheduler=scheduler,
     )
 
 
@@ -178,10 +180,15 @@ class Daemon:
             save=store.set_kv,
         )
         await budget.load()
-        self.toolbox = toolbox = build_toolbox(settings)
+        self.prompts: PromptBuilder | None = None
+        self.scheduler = scheduler = Scheduler(
+            settings.automation, settings.autonomy, store,
+            zone=lambda: (self.prompts.entity if self.prompts is not None else self.entity).zone,
+        )
+        self.toolbox = toolbox = build_toolbox(settings, scheduler)
         await reap_orphans(settings)  # before any turn resumes: a cut-off command must not land later
         memory = Memory(settings.data_dir)
-        prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
+        self.prompts = prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
         api_key = self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None
         self.speech = speech = Speech(settings.llm, settings.voice, base_url=base_url, api_key=api_key)
         self.delivery = delivery = Delivery(store, speech=speech, media_dir=settings.media_dir)
@@ -216,7 +223,7 @@ class Daemon:
             media_files=MediaFiles(settings.media_dir),
             voice=settings.voice,
         )
-        self.engine = Engine(settings.engine, store, self.runner, delivery, prompts, memory)
+        self.engine = Engine(settings.engine, store, self.runner, delivery, prompts, memory, scheduler)
         return self.engine
 
     async def start(self, adapters: list[Adapter] | None = None) -> None:

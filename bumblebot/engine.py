@@ -33,6 +33,7 @@ from bumblebot.delivery import Delivery
 from bumblebot.events import ChatRef, Inbound, Platform
 from bumblebot.knowledge import Memory
 from bumblebot.prompt import PromptBuilder
+from bumblebot.scheduler import Scheduler, TaskError
 from bumblebot.store import JournalEntry, Pruned, Store
 from bumblebot.turn import TurnRunner
 
@@ -44,8 +45,9 @@ HOUSEKEEPING_S = 24 * 3600.0
 DAY_S = 86400.0
 REFUSED_KEY = "{platform}.refused:{user_id}"
 HELP_TEXT = (
-    "Talk to me normally. Commands: /stop stops the answer I'm working on, /reset starts a fresh "
-    "conversation, /status shows context usage, /compact compacts the conversation now."
+    "Talk to me normally; ask me to remind you of something and I will. Commands: /stop stops the "
+    "answer I'm working on, /reset starts a fresh conversation, /status shows context usage, /compact "
+    "compacts the conversation now, /tasks lists scheduled tasks (/tasks cancel ID cancels one)."
 )
 
 
@@ -59,6 +61,7 @@ class Engine:
         delivery: the outbox (command answers, refusals) and its sweeper.
         prompts: the entity (greeting, name).
         memory: the conversations' facts files (moved with a chat that changes its id).
+        scheduler: scheduled tasks and autonomous cycles (``None``: none run).
     """
 
     def __init__(
@@ -69,8 +72,11 @@ class Engine:
         delivery: Delivery,
         prompts: PromptBuilder,
         memory: Memory | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.settings = settings
+        self._scheduler = scheduler
+        self._platforms: set[Platform] | None = None
         self._memory = memory
         self._store = store
         self._runner = runner
@@ -99,6 +105,7 @@ class Engine:
         """
         if self._accepting or self._stopped:
             raise RuntimeError("engine already started" if self._accepting else "engine was stopped")
+        self._platforms = platforms
         await self.expire_outbox()  # before a resumed turn or the sweeper could send an expired row
         running = await self._store.running_turns(None if platforms is None else {p.value for p in platforms})
         if running:
@@ -113,6 +120,8 @@ class Engine:
             await self._dispatch(entry)
         self._spawn(self._every(OUTBOX_SWEEP_S, self.sweep_outbox, "outbox sweep"), "bumblebot:outbox")
         self._spawn(self._every(HOUSEKEEPING_S, self.prune, "housekeeping"), "bumblebot:housekeeping")
+        if self._scheduler is not None:
+            self._spawn(self._automations(self._scheduler), "bumblebot:automations")
 
     def mark_ready(self) -> None:
         """Adapters are connected: let turns run (resumed and recovered ones first)."""
@@ -160,6 +169,30 @@ class Engine:
             except Exception:
                 log.exception("%s failed", what)
             await asyncio.sleep(seconds)
+
+    async def _automations(self, scheduler: Scheduler) -> None:
+        """Once ready: fire what is due (tasks, autonomous cycles), then sleep until the next.
+        Only this process's platforms fire (``bumblebot chat`` never runs a Telegram task)."""
+        await self._ready.wait()
+        while True:
+            try:
+                await self.run_automations()
+            except Exception:
+                log.exception("automations failed; trying again shortly")
+            await scheduler.wait()
+
+    async def run_automations(self) -> int:
+        """Fire every task due now and start the autonomous turns of this interval slot;
+        returns how many turns were queued."""
+        if self._scheduler is None or not self._accepting:
+            return 0
+        queued = 0
+        for entry in await self._scheduler.fire_due(self._platforms):
+            await self._dispatch(entry)
+            queued += 1
+        for inbound in await self._scheduler.autonomous(self._platforms):
+            queued += int(await self.submit(inbound))
+        return queued
 
     async def sweep_outbox(self, now: float | None = None) -> int:
         """One sweep: expire what waited too long, then one attempt at every other pending row.
@@ -366,7 +399,8 @@ class Engine:
     # -- commands -----------------------------------------------------------------------------
 
     async def command(self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None) -> str | None:
-        """Answer a command (``/start``, ``/stop``, ``/reset``, ``/status``, ``/compact``, ``/help``).
+        """Answer a command (``/start``, ``/stop``, ``/reset``, ``/status``, ``/compact``, ``/help``,
+        ``/tasks``; the arguments, like ``/tasks cancel 3``, are read from ``inbound.text``).
 
         ``/stop`` is handled here, outside the conversation's actor: it cancels the turn running
         there (its model call is aborted; see ``TurnRunner``), whatever the turn is waiting on.
@@ -383,6 +417,8 @@ class Engine:
             return self._prompts.entity.start_text()
         if name == "help":
             return HELP_TEXT
+        if name == "tasks":
+            return await self._tasks_command(inbound)
         if name == "stop":
             running = self._actors.get(inbound.chat.key)
             if running is None or not running.stop_turn():
@@ -404,6 +440,24 @@ class Engine:
 
         actor.schedule(job)  # in the actor, between turns; intake is not held up meanwhile
         return "Compacting this conversation; I'll report when it's done."
+
+
+    async def _tasks_command(self, inbound: Inbound) -> str:
+        """``/tasks`` lists the conversation's tasks; ``/tasks cancel ID`` cancels one."""
+        if self._scheduler is None:
+            return "Scheduled tasks are not available."
+        args = inbound.text.split()[1:]
+        key = inbound.chat.key
+        if not args:
+            return self._scheduler.listing(await self._scheduler.tasks(key))
+        if len(args) == 2 and args[0].lower() == "cancel" and args[1].lstrip("#").isdigit():
+            task_id = int(args[1].lstrip("#"))
+            try:
+                await self._scheduler.cancel(key, task_id)
+            except TaskError as exc:
+                return f"Not cancelled: {exc}."
+            return f"Cancelled task #{task_id}."
+        return "Use /tasks to list the scheduled tasks here, or /tasks cancel ID to cancel one."
 
 
 def _hours(seconds: float) -> str:

@@ -43,6 +43,19 @@ class ChatRef:
         base = f"{self.platform.value}:{self.chat_id}"
         return f"{base}:{self.thread_id}" if self.thread_id else base
 
+    @classmethod
+    def from_key(cls, key: str) -> ChatRef:
+        """The chat of a conversation key (the inverse of :attr:`key`).
+
+        Raises:
+            ValueError: not a key of a known platform.
+        """
+        platform, _, rest = key.partition(":")
+        chat_id, _, thread_id = rest.partition(":")
+        if not chat_id:
+            raise ValueError(f"not a conversation key: {key!r}")
+        return cls(Platform(platform), chat_id, thread_id)
+
 
 class AttachmentKind(StrEnum):
     """What a file someone sent is to the engine (issue 12)."""

@@ -102,6 +102,8 @@ class GateInput:
     #: the router sent this turn to reflex and no later message joined it: casual chat whose
     #: input asks for no work, so a plain reply needs no adequacy judge
     chat_reflex: bool = False
+    #: a scheduled or autonomous turn: ending without a message is an answer (issue 13)
+    silent_ok: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +262,8 @@ class CompletionGate:
         if inp.continues_so_far >= MAX_GATE_CONTINUES:
             return GateDecision(True, f"gate continue cap ({MAX_GATE_CONTINUES}) reached")
         visible = "\n".join(t for t in inp.visible if t.strip())
+        if not visible.strip() and inp.silent_ok:
+            return GateDecision(True, "nothing to say: a scheduled or autonomous turn may stay silent")
         if not visible.strip():
             why = "the last completion hit the length limit" if inp.last_hit_length else "nothing was said"
             return GateDecision(

@@ -228,6 +228,8 @@ class LoopLimits:
     escalate_tokens: int | None = None
     #: a reflex turn: a step that said something and ran no work tool ends the turn
     one_reply: bool = False
+    #: a scheduled or autonomous turn: it may end without a message (nothing is said for it)
+    silent_ok: bool = False
 
 
 @dataclass(slots=True)
@@ -417,7 +419,9 @@ class LoopState:
             self.work_ok += int(result.ok)
             self.previews.append(Preview(call.name, result.ok, result.content[:PREVIEW_CHARS]))
 
-    def gate_input(self, ended_by: str, hit_length: bool, continues: int, *, reflex: bool = False) -> GateInput:
+    def gate_input(
+        self, ended_by: str, hit_length: bool, continues: int, *, reflex: bool = False, silent_ok: bool = False
+    ) -> GateInput:
         """What the gate judges. ``reflex``: the router sent the turn to reflex; it stays a
         reflex chat turn for the gate only while no mid-turn message joined the input the
         router saw (a steered "and write it to a file" was never routed)."""
@@ -431,6 +435,7 @@ class LoopState:
             last_hit_length=hit_length,
             continues_so_far=continues,
             chat_reflex=reflex and len(self.user_texts) == 1,
+            silent_ok=silent_ok,
         )
 
 
@@ -669,7 +674,9 @@ class AgentLoop:
                 capped = gate_continues >= MAX_GATE_CONTINUES
                 try:
                     decision = await _unless_stopped(
-                        stop, self.gate.check(state.gate_input(ended_by, hit_length, gate_continues, reflex=limits.one_reply))
+                        stop, self.gate.check(state.gate_input(
+                            ended_by, hit_length, gate_continues, reflex=limits.one_reply, silent_ok=limits.silent_ok
+                        ))
                     )
                 except Stopped:
                     stop_reason = "stopped"
@@ -797,6 +804,9 @@ class AgentLoop:
         if stop_reason == "stopped":
             await port.stopped()  # what was delivered stays; nothing more is said
             return LoopResult(messages=port.transcript, stop_reason=stop_reason, delivered=list(state.delivered))
+        if limits.silent_ok and not state.delivered:
+            # a scheduled or autonomous turn that said nothing: silence is its answer
+            return LoopResult(messages=port.transcript, stop_reason=stop_reason + "+silent", delivered=[])
         if not state.delivered and stop_reason in ("step_cap", "looping", "end_turn", "final_reply") and not turn.undeliverable:
             # nothing reached the user: ask once more, without tools, for a plain answer
             text = await self._last_chance(requests, limits)

@@ -1,7 +1,7 @@
 """SQLite state through aiosqlite: conversations, history, compaction state, journal, turns, outbox.
 
 One file, ``<data_dir>/bumblebot.db``, in WAL mode with a 10 s busy timeout. Schema versions
-are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (6 now).
+are applied in order from :data:`MIGRATIONS` and recorded in ``PRAGMA user_version`` (7 now).
 
 Tables:
 
@@ -18,6 +18,7 @@ Tables:
 * ``turns``: one row per turn: its session, status, resumable ``state`` and ``trace`` (JSON).
 * ``outbox``: every message the engine asked to deliver, with the ``say`` call it answers,
   its status and the platform ids.
+* ``tasks``: scheduled tasks (``schedule_task``): schedule, text, next due time, status.
 * ``kv``: small durable values (``docs/architecture.md`` lists them and their owners).
 
 Retention (:meth:`Store.prune`, run by the engine's housekeeping): settled journal rows,
@@ -203,6 +204,28 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE messages ADD COLUMN images TEXT;
     ALTER TABLE outbox ADD COLUMN attachment TEXT;
     """,
+    # 7: scheduled tasks (issue 13). One row per task; ``next_due`` is advanced in the same
+    # transaction that journals the run (message id ``task:<id>:<due>``), so a due time fires
+    # exactly once, whatever crashes.
+    """
+    CREATE TABLE tasks (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+        kind TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        tz TEXT NOT NULL,
+        text TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        turn_id INTEGER,
+        next_due REAL,
+        status TEXT NOT NULL DEFAULT 'active',
+        runs INTEGER NOT NULL DEFAULT 0,
+        last_due REAL,
+        ended_at REAL
+    );
+    CREATE INDEX tasks_due ON tasks (status, next_due);
+    CREATE INDEX tasks_by_conversation ON tasks (conversation_id, status);
+    """,
 )
 
 #: Rows changed per transaction by :meth:`Store.prune` and :meth:`Store.expire_outbox`: each
@@ -252,6 +275,31 @@ class OutboxEntry:
     #: ``{"kind": "photo"|"document"|"voice", "path": str|None, "name": str}``; a ``voice`` of
     #: a reply has no path until its speech is made (``bumblebot.delivery``)
     attachment: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A scheduled task (``tasks`` row): ``kind`` ``once``/``every``/``cron`` with its ``spec``
+    and time zone, the text to do, when it was made (epoch s), when it is due next (``None``
+    once it has run for good), ``status`` ``active``/``done``/``cancelled``, how many times it
+    ran, and the chat of its conversation."""
+
+    id: int
+    conversation_id: int
+    chat: ChatRef
+    kind: str
+    spec: str
+    tz: str
+    text: str
+    created_at: float
+    next_due: float | None
+    status: str
+    runs: int
+    last_due: float | None
+
+
+class TooManyTasks(Exception):
+    """A conversation already has the most active tasks it may (``automation.max_tasks``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -995,6 +1043,128 @@ class Store:
             attachment=json.loads(r["attachment"]) if r["attachment"] else None,
         )
 
+    # -- scheduled tasks ----------------------------------------------------------------------
+    #
+    # Written only by ``bumblebot/scheduler.py``.
+
+    async def add_task(
+        self, conversation_id: int, *, kind: str, spec: str, tz: str, text: str, due: float,
+        turn_id: int | None, max_active: int,
+    ) -> int:
+        """A new active task; returns its id.
+
+        Raises:
+            TooManyTasks: the conversation has ``max_active`` active tasks already (checked in
+                the same transaction).
+        """
+        async with self.transaction() as db:
+            async with db.execute(
+                "SELECT COUNT(*) FROM tasks WHERE conversation_id=? AND status='active'", (conversation_id,)
+            ) as cur:
+                row = await cur.fetchone()
+            if row is not None and int(row[0]) >= max_active:
+                raise TooManyTasks(f"this chat has {row[0]} scheduled tasks, the most it may have ({max_active})")
+            cur = await db.execute(
+                "INSERT INTO tasks (conversation_id, kind, spec, tz, text, created_at, turn_id, next_due)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, kind, spec, tz, text, time.time(), turn_id, due),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+    async def tasks(self, conversation_id: int | None = None, *, active: bool = True) -> list[TaskRecord]:
+        """Tasks of a conversation (every conversation's when ``None``), by next due time."""
+        where = ["t.status='active'"] if active else []
+        params: list[Any] = []
+        if conversation_id is not None:
+            where.append("t.conversation_id=?")
+            params.append(conversation_id)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = await self._all(
+            "SELECT t.*, c.platform, c.chat_id, c.thread_id FROM tasks t JOIN conversations c ON c.id = t.conversation_id"
+            f" {clause} ORDER BY t.next_due IS NULL, t.next_due, t.id",
+            tuple(params),
+        )
+        return [_task(r) for r in rows]
+
+    async def cancel_task(self, conversation_id: int, task_id: int) -> bool:
+        """Cancel an active task of this conversation; ``False`` when there is none by that id."""
+        async with self.transaction() as db:
+            cur = await db.execute(
+                "UPDATE tasks SET status='cancelled', next_due=NULL, ended_at=? WHERE id=? AND conversation_id=?"
+                " AND status='active'",
+                (time.time(), task_id, conversation_id),
+            )
+            return cur.rowcount == 1
+
+    async def due_tasks(self, now: float) -> list[TaskRecord]:
+        """Active tasks due at or before ``now``, oldest due first."""
+        rows = await self._all(
+            "SELECT t.*, c.platform, c.chat_id, c.thread_id FROM tasks t JOIN conversations c ON c.id = t.conversation_id"
+            " WHERE t.status='active' AND t.next_due <= ? ORDER BY t.next_due, t.id",
+            (now,),
+        )
+        return [_task(r) for r in rows]
+
+    async def next_task_due(self) -> float | None:
+        """The earliest due time of any active task."""
+        row = await self._one("SELECT MIN(next_due) FROM tasks WHERE status='active'")
+        return None if row is None or row[0] is None else float(row[0])
+
+    async def fire_task(self, task: TaskRecord, inbound: Inbound, next_due: float | None) -> int | None:
+        """Journal the run of ``task`` at its due time and move the task on (``next_due``, or
+        ``done``), in one transaction; returns the journal id. ``None`` when this due time
+        was journaled before or the task changed meanwhile (cancelled, fired): nothing runs."""
+        c = inbound.chat
+        now = time.time()
+        async with self.transaction() as db:
+            cur = await db.execute(
+                "UPDATE tasks SET next_due=?, status=?, runs=runs+1, last_due=?, ended_at=? WHERE id=? AND"
+                " status='active' AND next_due=?",
+                (next_due, "active" if next_due is not None else "done", task.next_due,
+                 None if next_due is not None else now, task.id, task.next_due),
+            )
+            if cur.rowcount != 1:
+                return None
+            cur = await db.execute(
+                "INSERT OR IGNORE INTO journal (platform, chat_id, thread_id, message_id, update_id, sender_id,"
+                " sender_name, chat_kind, source, text, quote, background, context_limit, status, received_at)"
+                " VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, '', 0, 0, 'pending', ?)",
+                (c.platform.value, c.chat_id, c.thread_id, inbound.message_id, inbound.sender_id, inbound.sender_name,
+                 inbound.chat_kind.value, inbound.source, inbound.text, now),
+            )
+            return cur.lastrowid if cur.rowcount == 1 else None
+
+    async def active_chats(self, since: float) -> list[tuple[ChatRef, str]]:
+        """Conversations whose last message from a person (answered, not background) came after
+        ``since`` (epoch s), with that message's chat kind."""
+        rows = await self._all(
+            "SELECT platform, chat_id, thread_id, chat_kind, MAX(received_at) AS last FROM journal"
+            " WHERE source='chat' AND background=0 GROUP BY platform, chat_id, thread_id HAVING last >= ?",
+            (since,),
+        )
+        return [(ChatRef(Platform(r["platform"]), r["chat_id"], r["thread_id"]), r["chat_kind"]) for r in rows]
+
+    async def chat_kind(self, chat: ChatRef) -> ChatKind:
+        """Whether ``chat`` is private or a group, by the last message journaled there
+        (private when none was)."""
+        row = await self._one(
+            "SELECT chat_kind FROM journal WHERE platform=? AND chat_id=? AND thread_id=? AND source='chat'"
+            " ORDER BY id DESC LIMIT 1",
+            (chat.platform.value, chat.chat_id, chat.thread_id),
+        )
+        return ChatKind(row["chat_kind"]) if row is not None else ChatKind.PRIVATE
+
+    async def unprompted_sent(self, chat: ChatRef, since: float) -> int:
+        """Messages autonomous turns queued to ``chat`` since ``since`` (epoch s), failed ones not counted."""
+        row = await self._one(
+            "SELECT COUNT(*) FROM outbox o WHERE o.platform=? AND o.chat_id=? AND o.thread_id=? AND o.created_at >= ?"
+            " AND o.status != 'failed' AND o.turn_id IN (SELECT j.turn_id FROM journal j WHERE j.source='autonomous'"
+            " AND j.platform=o.platform AND j.chat_id=o.chat_id AND j.thread_id=o.thread_id AND j.turn_id IS NOT NULL)",
+            (chat.platform.value, chat.chat_id, chat.thread_id, since),
+        )
+        return int(row[0]) if row is not None else 0
+
     # -- compaction ---------------------------------------------------------------------------
 
     async def compaction_state(self, conversation_id: int, session: int) -> CompactionState:
@@ -1066,6 +1236,16 @@ class Store:
 
 
 _MESSAGE_COLUMNS = "id, role, content, tool_calls, tool_call_id, name, pruned, ok, note, images"
+
+
+def _task(r: aiosqlite.Row) -> TaskRecord:
+    return TaskRecord(
+        id=int(r["id"]), conversation_id=int(r["conversation_id"]),
+        chat=ChatRef(Platform(r["platform"]), r["chat_id"], r["thread_id"]), kind=r["kind"], spec=r["spec"],
+        tz=r["tz"], text=r["text"], created_at=float(r["created_at"]),
+        next_due=None if r["next_due"] is None else float(r["next_due"]), status=r["status"], runs=int(r["runs"]),
+        last_due=None if r["last_due"] is None else float(r["last_due"]),
+    )
 
 
 def _json(value: Any) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -243,7 +244,11 @@ class TurnIO(TurnPort):
         # after /reset the running turn belongs to the old session: new messages wait for the next
         if not self._steer or self._turn.session is not self._conversation.session or not self._conversation.inbox:
             return []
-        entries = self._conversation.take_inbox()
+        if self._turn.entries and self._turn.entries[0].inbound.source != "chat":
+            return []  # a scheduled or autonomous turn: what people write gets its own turn
+        entries = self._conversation.take_inbox(steering=True)
+        if not entries:
+            return []
         if self._prepare is not None:  # their files fetched first (recorded in the journal)
             entries = await self._prepare(entries)
         if any(prepared(e).voice for e in entries):
@@ -590,7 +595,7 @@ class TurnRunner:
             return "Compaction is not available."
         return await self.compactor.force(conversation.session, self.between_turns(conversation).fixed_tokens)
 
-    def _limits(self, reflex: bool) -> LoopLimits:
+    def _limits(self, reflex: bool, source: str = "chat") -> LoopLimits:
         """The turn's profile (spec, "Routing"). The completion budget is at most
         :data:`REPLY_SHARE` of the window: servers that count prompt plus ``max_tokens``
         against it (vLLM, llama.cpp, OpenAI) would refuse a 2048-token reply in a 4k window."""
@@ -607,13 +612,16 @@ class TurnRunner:
             thinking=not reflex,
             tool_timeout_s=cfg.tool_timeout_s,
             max_tool_result_chars=int(cfg.max_tool_result_share * cfg.max_context_tokens * 4),
+            silent_ok=source != "chat",
         )
 
     async def _drive(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
         """Run the loop on ``turn`` until it finishes or the endpoint fails."""
         started = time.monotonic()
         state = turn.state
-        limits = self._limits(state.get("route") == Route.REFLEX.value)
+        limits = self._limits(state.get("route") == Route.REFLEX.value, turn.entries[0].inbound.source if turn.entries else "chat")
+        if limits.silent_ok and turn.entries and turn.entries[0].inbound.source == "autonomous":
+            limits = dataclasses.replace(limits, max_messages=1)  # unprompted: one message at most
         trace = LoopTrace(steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])))
         compactions = list(earlier.get("compactions", []))
         requests: Requests | None = None

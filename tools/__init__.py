@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .agency import AGENCY_TOOLS
 from .files import FILE_TOOLS
 from .knowledge import KNOWLEDGE_TOOLS
 from .registry import DEFAULT_MAX_RESULT_CHARS, Registry, Tool, cap_text, make_tool, tool
 from .sending import SENDING_TOOLS
+from .tasks import task_tools
 from .shell import COMMANDS_DIR, reap_orphaned_commands, shell_tools
 from .web import web_tools
+
+if TYPE_CHECKING:
+    from bumblebot.scheduler import Scheduler
 
 __all__ = [
     "COMMANDS_DIR",
@@ -46,6 +51,7 @@ def build_registry(
     web_allow_private: bool = False,
     web_allowed_hosts: Iterable[str] = (),
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    scheduler: Scheduler | None = None,
 ) -> Registry:
     """The registry the daemon offers: agency tools, file tools, and the enabled others.
 
@@ -64,6 +70,7 @@ def build_registry(
         web_allow_private: let ``fetch_url`` reach loopback/private/link-local addresses.
         web_allowed_hosts: host names exempt from that address check.
         max_result_chars: cap on every tool result, in characters (head and tail kept).
+        scheduler: offer ``schedule_task``, ``list_tasks`` and ``cancel_task`` on it.
 
     Returns:
         A new :class:`Registry`: ``say``, ``think``, ``wait``, ``end_turn``, the file tools,
@@ -78,6 +85,8 @@ def build_registry(
     if shell_enabled:
         per_stream = min(shell_max_output_chars, max(100, (max_result_chars - 400) // 2))
         tools += shell_tools(max_timeout_s=shell_timeout_s, max_output_chars=per_stream)
+    if scheduler is not None:
+        tools += task_tools(scheduler)
     if web_enabled:
         tools += web_tools(
             timeout_s=web_timeout_s,

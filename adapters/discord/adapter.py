@@ -100,6 +100,7 @@ SLASH_COMMANDS = {
     "reset": "Start a fresh conversation",
     "status": "Context usage and compaction",
     "compact": "Compact the conversation now",
+    "tasks": "Scheduled tasks here (cancel one with the text command /tasks cancel ID)",
     "help": "What I can do",
 }
 _ANSWERED_TYPES = (discord.MessageType.default, discord.MessageType.reply)

@@ -26,7 +26,7 @@ from bumblebot.config import DiscordSettings
 __all__ = ["TEXT_COMMANDS", "MessageFacts", "Verdict", "decide", "parse_command"]
 
 #: Commands recognised as text (``/status`` or ``@bot /status``); the engine answers them.
-TEXT_COMMANDS = ("start", "stop", "reset", "status", "compact", "help")
+TEXT_COMMANDS = ("start", "stop", "reset", "status", "compact", "help", "tasks")
 _COMMAND = re.compile(r"/(?P<name>[A-Za-z]+)(?:@\S+)?(?=\s|$)")
 
 

@@ -118,6 +118,7 @@ COMMANDS = [
     BotCommand("reset", "Start a fresh conversation"),
     BotCommand("status", "Context usage and compaction"),
     BotCommand("compact", "Compact the conversation now"),
+    BotCommand("tasks", "Scheduled tasks (/tasks cancel ID)"),
     BotCommand("help", "What I can do"),
 ]
 
