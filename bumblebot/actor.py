@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from bumblebot.conversation import Conversation
 from bumblebot.store import JournalEntry, RunningTurn
-from bumblebot.turn import Finished, Outcome, Suspended, TurnRunner
+from bumblebot.turn import Finished, Outcome, Postponed, Suspended, TurnRunner
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,9 @@ RECOVER_FIRST_S = 5.0
 RECOVER_MAX_S = 60.0
 #: A turn waiting out an outage retries within this many seconds once the endpoint answers.
 EARLY_JITTER_S = 0.5
+#: Seconds after the last part of a Telegram album (photos sent together arrive as separate
+#: messages with one ``media_group_id``) before its turn starts, so the album is one turn.
+ALBUM_SETTLE_S = 1.0
 
 
 class Progress:
@@ -82,6 +85,8 @@ class ConversationActor:
         self._wake = asyncio.Event()
         self._stopping = False
         self._suspended: Suspended | None = None
+        self._postponed: Postponed | None = None
+        self._album_at = 0.0  # when the last album part arrived (loop time)
         #: after a failure under a turn (the database), seconds before it is read back and resumed
         self._recover_in: float | None = None
         self.busy = False
@@ -99,8 +104,8 @@ class ConversationActor:
 
     @property
     def waiting(self) -> bool:
-        """A turn waits out a model outage."""
-        return self._suspended is not None
+        """A turn waits out a model outage, or messages wait for their files (a file service is down)."""
+        return self._suspended is not None or self._postponed is not None
 
     @property
     def working(self) -> bool:
@@ -109,7 +114,16 @@ class ConversationActor:
 
     def enqueue(self, entry: JournalEntry) -> None:
         self.conversation.inbox.append(entry)
+        if entry.inbound.album:
+            self._album_at = asyncio.get_running_loop().time()
         self._wake.set()
+
+    def _album_wait(self) -> float:
+        """Seconds to wait for more parts of an album the inbox ends with (0: none)."""
+        inbox = self.conversation.inbox
+        if not inbox or not inbox[-1].inbound.album:
+            return 0.0
+        return max(0.0, self._album_at + ALBUM_SETTLE_S - asyncio.get_running_loop().time())
 
     def resume(self, running: RunningTurn) -> None:
         """Continue ``running`` (left by the last process) before anything else."""
@@ -141,6 +155,12 @@ class ConversationActor:
                     return
                 self._suspended = None
                 await self._turn(lambda: self._runner.retry(conversation, suspended))
+            elif self._postponed is not None:
+                postponed = self._postponed
+                if await self._sleep(postponed.retry_in):
+                    return  # the entries stay pending in the journal: the next start has them
+                self._postponed = None
+                conversation.inbox[:0] = postponed.entries
             elif self._resume:
                 running = self._resume.pop(0)
                 await self._turn(lambda: self._runner.resume(conversation, running))
@@ -151,6 +171,9 @@ class ConversationActor:
                 except Exception:
                     log.exception("job in %s failed", self.key)
                 await self._progress.notify()
+            elif conversation.inbox and (wait := self._album_wait()) > 0:
+                if await self._sleep(wait):  # more photos of the album may be on their way
+                    return
             elif conversation.inbox:
                 await self._turn(lambda: self._runner.run(conversation, conversation.take_inbox()))
             else:
@@ -213,6 +236,8 @@ class ConversationActor:
             self.busy = False
         if isinstance(outcome, Suspended):
             self._suspended = outcome
+        elif isinstance(outcome, Postponed):
+            self._postponed = outcome
         elif isinstance(outcome, Finished):
             self._progress.turns_finished += 1
         await self._progress.notify()

@@ -202,6 +202,10 @@ class Adapter(ABC):
         """Longest caption of a file, characters (longer text goes in messages of its own)."""
         return 0
 
+    def caption_fits(self, text: str) -> bool:
+        """Whether ``text`` fits as the caption of a file (the platform's own measure)."""
+        return len(text) <= self.caption_limit()
+
     @abstractmethod
     async def send_typing(self, chat: ChatRef) -> None:
         """Show a typing indicator once (platforms expire it after ~5 s)."""

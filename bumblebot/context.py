@@ -59,6 +59,8 @@ class Requests(RequestBuilder):
         media: where images are read from (``None``: images are named, never shown).
         sees_images: whether the model sees images (``LLM.sees_images``), asked per request.
         image_tail: how many of the last history messages show their images.
+        history_images: whether history messages show their images at all (not to a reflex
+            model other than ``llm.model``: it did not see them, and may well be text-only).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class Requests(RequestBuilder):
         media: MediaFiles | None = None,
         sees_images: Callable[[str | None], Awaitable[bool]] | None = None,
         image_tail: int = 12,
+        history_images: bool = True,
     ) -> None:
         self.system_prompt = system_prompt
         self.preamble = preamble
@@ -92,7 +95,7 @@ class Requests(RequestBuilder):
         self.last_estimate = 0
         self._media = media
         self._sees_images = sees_images
-        self._image_tail = image_tail
+        self._image_tail = image_tail if history_images else 0
         self._sees = media is not None  # as the last request found; the estimate follows it
         #: trace entries of the compactions this turn ran
         self.compactions: list[dict[str, Any]] = []

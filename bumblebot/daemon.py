@@ -196,6 +196,7 @@ class Daemon:
         self.media = MediaIntake(
             settings.media, store=store, media_dir=settings.media_dir, workspace=settings.workspace.resolve(), speech=speech,
         )
+        await asyncio.to_thread(self.media.clean_partials)  # a killed fetch left half a file
 
         async def judge(messages: list[dict[str, Any]]) -> str:
             return await llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0)

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 #: Longest platform-requested wait honoured inline, seconds; longer ones leave the row pending.
 MAX_INLINE_WAIT_S = 30.0
+#: Deliveries (the first, then sweeps 30 s apart) a voice reply is tried for while the speech
+#: service is down, before it is given up (its text went out at the first).
+VOICE_SWEEPS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +177,13 @@ class Delivery:
                 continue
             await self.store.outbox_progress(entry.id, status="sent", message_ids=sent)
             return DeliveryReport(delivered=True)
+        rest = chunks[len(sent):]
+        if len(rest) == 1 and isinstance(rest[0], _File) and rest[0].kind == "voice" and entry.attempts >= VOICE_SWEEPS:
+            # the words are out and the speech service stays down: a voice reply hours later
+            # would answer a conversation that has moved on
+            log.warning("voice reply to %s given up after %d tries: %s", entry.chat.key, entry.attempts + 1, error)
+            await self.store.outbox_progress(entry.id, status="sent", message_ids=sent, error=error)
+            return DeliveryReport(delivered=True)
         log.warning("delivery to %s failed for now, will retry: %s", entry.chat.key, error)
         await self.store.outbox_progress(entry.id, status="pending", message_ids=sent, error=error)
         return DeliveryReport(delivered=False, queued=True, error=error)
@@ -188,7 +198,7 @@ class Delivery:
         if kind == "voice":
             return [*adapter.chunks(entry.text), _File("voice", "")]
         text = entry.text.strip()
-        if len(text) <= adapter.caption_limit():
+        if adapter.caption_fits(text):
             return [_File(kind, text)]
         return [*adapter.chunks(text), _File(kind, "")]
 
@@ -207,7 +217,7 @@ class Delivery:
         """The speech of a row's text, made once (kept by outbox id)."""
         if self._speech is None or self._media_dir is None:
             raise DeliveryFailed("no speech service is configured", retryable=False)
-        dest = self._media_dir / "voice" / f"{entry.id}.ogg"
+        dest = self._media_dir / "voice" / f"voice-{entry.id}.ogg"
         if dest.is_file():
             return dest
         try:

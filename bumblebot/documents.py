@@ -20,9 +20,11 @@ import codecs
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import shutil
 import stat
+import sys
 import tempfile
 import unicodedata
 from collections.abc import Callable
@@ -146,6 +148,16 @@ class DocumentError(BumblebotError):
 
 
 # -- names ------------------------------------------------------------------------------------
+
+
+#: The folder of the workspace that holds the files people sent, one sub-folder per chat.
+INBOX = "inbox"
+
+
+def chat_folder(key: str) -> str:
+    """The inbox sub-folder of the conversation with key ``key``: ``telegram:123`` becomes
+    ``telegram_123`` (letters, digits, ``-`` and ``_`` kept, anything else ``_``)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in key)
 
 
 def safe_name(name: str, *, fallback: str = "file") -> str:
@@ -646,6 +658,59 @@ def pdf_text(
     return _pdf_text(source, max_chars, max_pages)
 
 
+#: Seconds one PDF may take to read in its worker process before it is given up: a tiny PDF
+#: whose pages share one long content stream costs pypdf about 9 s a page.
+PDF_TIMEOUT_S = 20.0
+
+
+def pdf_text_bounded(
+    source: Path | BinaryIO, *, max_chars: int | None = None, max_pages: int = 200, timeout_s: float = PDF_TIMEOUT_S
+) -> tuple[str, int, bool]:
+    """:func:`pdf_text` in a worker process that is killed after ``timeout_s`` seconds, so a
+    pathological PDF costs a bounded time and never holds a thread (or the interpreter's
+    lock) of the daemon. Synchronous: it waits for the worker, so call it off the event loop.
+    ``source`` is a path or a binary file open on the PDF (its descriptor is handed to the
+    worker, so a path checked once is the file read).
+
+    Raises:
+        DocumentError: as :func:`pdf_text`, or the PDF took longer than ``timeout_s``.
+    """
+    import subprocess
+
+    fh = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115 - closed below
+    try:
+        fd = fh.fileno()
+        command = [sys.executable, "-m", "bumblebot.documents", str(fd), str(-1 if max_chars is None else max_chars), str(max_pages)]
+        try:
+            done = subprocess.run(command, pass_fds=(fd,), capture_output=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise DocumentError(f"the PDF took too long to read (over {timeout_s:g} s)") from None
+    finally:
+        if isinstance(source, Path):
+            fh.close()
+    try:
+        answer = json.loads(done.stdout.decode("utf-8"))
+    except ValueError:
+        raise DocumentError("the PDF could not be read (its reader failed)") from None
+    if "error" in answer:
+        raise DocumentError(str(answer["error"]))
+    return str(answer["text"]), int(answer["pages"]), bool(answer["cut"])
+
+
+def _worker(argv: list[str]) -> None:
+    """``python -m bumblebot.documents FD MAX_CHARS MAX_PAGES``: :func:`pdf_text` of the open
+    descriptor ``FD``, as one JSON line on stdout."""
+    fd, max_chars, max_pages = int(argv[0]), int(argv[1]), int(argv[2])
+    with os.fdopen(fd, "rb", closefd=False) as fh:
+        fh.seek(0)
+        try:
+            text, pages, cut = pdf_text(fh, max_chars=None if max_chars < 0 else max_chars, max_pages=max_pages)
+            answer: dict[str, object] = {"text": text, "pages": pages, "cut": cut}
+        except DocumentError as exc:
+            answer = {"error": str(exc)}
+    sys.stdout.write(json.dumps(answer, ensure_ascii=False))
+
+
 def _pdf_text(fh: BinaryIO, max_chars: int | None, max_pages: int) -> tuple[str, int, bool]:
     try:
         reader = pypdf.PdfReader(fh)
@@ -721,3 +786,7 @@ def describe_size(n: int) -> str:
 def _one_decimal(value: float) -> str:
     text = f"{value:.1f}"
     return text[:-2] if text.endswith(".0") else text
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1:])

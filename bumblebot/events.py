@@ -126,6 +126,8 @@ class Inbound:
             answering this one may see as background (``telegram.group_context``); ``0``: none.
         attachments: files that came with it (photos, voice notes, documents), not yet
             downloaded; ``text`` is then the caption (maybe ``""``).
+        album: the platform's id of the group of messages this one was sent in (a Telegram
+            album's ``media_group_id``): its parts are answered in one turn. Not journaled.
     """
 
     chat: ChatRef
@@ -139,6 +141,7 @@ class Inbound:
     quote: str = ""
     background: int = 0
     attachments: tuple[Attachment, ...] = ()
+    album: str = ""
 
     @property
     def speaker(self) -> str:
@@ -149,13 +152,14 @@ class Inbound:
 
     @property
     def shown_text(self) -> str:
-        """The text, or what came instead of it (``"(a photo)"``, ``"(a voice message)"``): how
-        the message reads where its files are not shown (group background)."""
-        if self.text or not self.attachments:
+        """The text, after what came with it (``"(a photo) my new bike"``, ``"(a voice
+        message)"``): how the message reads where its files are not shown (group background)."""
+        if not self.attachments:
             return self.text
         kind = self.attachments[0].kind
-        return {AttachmentKind.IMAGE: "(a photo)", AttachmentKind.VOICE: "(a voice message)",
+        what = {AttachmentKind.IMAGE: "(a photo)", AttachmentKind.VOICE: "(a voice message)",
                 AttachmentKind.AUDIO: "(an audio file)"}.get(kind, f"(a file: {self.attachments[0].name or 'unnamed'})")
+        return f"{what} {self.text}" if self.text else what
 
     def storable(self) -> Inbound:
         """This message with lone UTF-16 surrogates (which SQLite and JSON encoders refuse,

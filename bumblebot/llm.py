@@ -547,6 +547,8 @@ class LLM:
                 raise
             try:
                 stripped = await self._complete(without_images(messages), **kwargs)
+            except ContextTooLong:
+                raise  # without the images it is too long: compaction's business
             except ModelError:
                 raise exc from None  # not the images' fault
             await self._blind(model, str(exc))

@@ -74,7 +74,9 @@ LENGTH_STALL_LIMIT = 3
 #: before the loop stops: the model is looping.
 IDLE_STEP_LIMIT = 3
 #: Tools not run under the tool timeout: ``say`` is bounded by the delivery policy itself.
-UNTIMED = frozenset({"say"})
+UNTIMED = frozenset({"say", "send_file"})
+#: Calls whose outcome a resumed turn reads from their outbox row (linked by call id).
+DELIVERIES = frozenset({"say", "send_file"})
 #: Side-effect free agency tools: a call cut off by a crash is simply completed on resume.
 _COMPLETED_ON_RESUME = {"end_turn": "ending turn", "think": "noted", "wait": "waited 0 s (interrupted)"}
 #: A message is at most its step's token budget in characters, times this slack.
@@ -281,8 +283,9 @@ class TurnPort(Protocol):
     async def say(self, text: str, *, tool_call_id: str | None) -> DeliveryReport:
         """Deliver the text of a ``say`` call (the call itself is already recorded)."""
 
-    async def send_file(self, path: str, caption: str, kind: str, *, tool_call_id: str | None) -> DeliveryReport:
-        """Deliver a file (``send_file``) with its caption through the outbox."""
+    async def send_file(self, path: str, caption: str, *, tool_call_id: str | None) -> DeliveryReport:
+        """Deliver a file (``send_file``) with its caption through the outbox: as a photo when
+        it is an image the platform takes as one, else as a document."""
 
     async def reply(self, message: Message, *, closing: str | None = None) -> DeliveryReport:
         """Deliver an assistant message of its own (a plain-text reply, a daemon note),
@@ -495,12 +498,13 @@ class TurnState:
         self._note_unreachable(report)
         return report
 
-    async def send_file(self, path: Any, caption: str, *, kind: str, call_id: str | None = None) -> DeliveryReport:
-        """A file for the user (``send_file``); its caption is cleaned like a ``say``."""
+    async def send_file(self, path: Any, caption: str, *, call_id: str | None = None) -> DeliveryReport:
+        """A file for the user (``send_file``); its caption is cleaned like a ``say``. In call
+        order with the step's ``say`` calls (the order lock is taken before anything else)."""
         if self.undeliverable:
             return DeliveryReport(delivered=False, error=self.undeliverable)
         async with self._order:
-            report = await self._port.send_file(str(path), for_the_user(caption) if caption else "", kind, tool_call_id=call_id)
+            report = await self._port.send_file(str(path), for_the_user(caption) if caption else "", tool_call_id=call_id)
         self._note_unreachable(report)
         return report
 
@@ -974,7 +978,7 @@ class AgentLoop:
             return 0
         sent = {e.tool_call_id: e for e in await port.outbox() if e.tool_call_id}
         for call in open_calls:
-            if call.name == "say":
+            if call.name in DELIVERIES:
                 result = _delivery_of(sent.get(call.id)).as_result()
             elif call.name in _COMPLETED_ON_RESUME:
                 result = ToolResult(_COMPLETED_ON_RESUME[call.name])
@@ -1133,7 +1137,7 @@ def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
 
 
 def _delivery_of(entry: OutboxEntry | None) -> DeliveryReport:
-    """What became of a ``say`` whose call a crash cut off, from its outbox row."""
+    """What became of a ``say`` or ``send_file`` whose call a crash cut off, from its outbox row."""
     if entry is None:
         return DeliveryReport(delivered=False, error=NEVER_SENT)
     if entry.status == "sent":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import logging
 import math
@@ -56,8 +57,16 @@ FETCH_TRIES = 3
 FETCH_RETRY_S = 1.0
 #: Bytes of image data URLs kept encoded between requests.
 DATA_URL_CACHE_BYTES = 32 * 1024 * 1024
+#: A transcript is shown whole up to ``media.inline_chars`` characters, but never cut shorter
+#: than this (about a minute of speech); a longer one is kept as a file.
+MIN_TRANSCRIPT_CHARS = 1000
 #: The token estimate of an image whose size is not known: a 1024×768 image (4 tiles).
 UNKNOWN_IMAGE_TOKENS = 765
+
+
+class MediaUnavailable(Exception):
+    """A message's files cannot be fetched or transcribed for now (the platform or the
+    transcription endpoint is down); nothing was recorded, try again later."""
 
 
 def image_tokens(width: int | None, height: int | None) -> int:
@@ -184,38 +193,61 @@ class MediaIntake:
         self.settings = settings
         self._store = store
         self.media_dir = media_dir
-        self.inbox = workspace / "inbox"
         self.workspace = workspace
         self._speech = speech
         self._adapters: dict[Platform, Downloader] = {}
+
+    def clean_partials(self) -> int:
+        """Delete the unfinished downloads a killed process left (``.*.partial`` in the inbox
+        and media folders); call at start, before any turn. Returns how many went."""
+        gone = 0
+        for root in (self.workspace / documents.INBOX, self.media_dir):
+            if not root.is_dir():
+                continue
+            for path in root.glob("**/.*.partial"):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    gone += 1
+        if gone:
+            log.info("removed %d unfinished download(s) left by the last process", gone)
+        return gone
 
     def register(self, adapter: Downloader) -> None:
         """Fetch the files of ``adapter``'s platform through it."""
         self._adapters[adapter.platform] = adapter
 
-    async def prepare(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+    async def prepare(self, entries: list[JournalEntry], *, final: bool = False) -> list[JournalEntry]:
         """``entries`` with the files of each fetched and converted (:class:`Prepared` in
         ``media``, also written to the journal); entries without files, or already prepared,
-        come back as they were."""
+        come back as they were.
+
+        Raises:
+            MediaUnavailable: a file could not be fetched or transcribed because a service is
+                down (after :data:`FETCH_TRIES` quick tries); the entries prepared before it
+                are recorded. With ``final`` (it has waited long enough) such a file is told
+                as failed instead.
+        """
         out = []
         for entry in entries:
             if entry.inbound.attachments and entry.media is None:
-                result = (await self._prepare(entry)).to_json()
+                result = (await self._prepare(entry, final)).to_json()
                 await self._store.save_media(entry.id, result)
                 entry = dataclasses.replace(entry, media=result)
             out.append(entry)
         return out
 
-    async def _prepare(self, entry: JournalEntry) -> Prepared:
+    async def _prepare(self, entry: JournalEntry, final: bool) -> Prepared:
         result = _Result()
         atts = entry.inbound.attachments
         for index, att in enumerate(atts):
             try:
-                await self._one(entry, index, att, result)
+                await self._one(entry, index, att, result, final)
             except MediaError as exc:
+                if exc.retryable and not final:
+                    raise MediaUnavailable(str(exc)) from exc
                 what = _what(att)
                 log.info("file %d of message %s in %s not used: %s", index, entry.inbound.message_id, entry.inbound.chat.key, exc)
-                result.notices.append(f"I couldn't use {what}: {exc}.")
+                result.notices.append(f"I couldn't use {what}: {_sentence(exc)}")
                 result.text.append(f"[{_what(att, cap=True)} that could not be used: {exc}]")
             except Exception as exc:  # a converter bug must not lose the message
                 log.exception("file %d of message %s in %s failed", index, entry.inbound.message_id, entry.inbound.chat.key)
@@ -245,28 +277,43 @@ class MediaIntake:
                 delay *= 2
         raise AssertionError("unreachable")
 
+    def _inbox(self, entry: JournalEntry) -> Path:
+        """Where the files of ``entry``'s chat go: ``<workspace>/inbox/<chat folder>`` (the file
+        tools of other chats cannot reach it)."""
+        return self.workspace / documents.INBOX / documents.chat_folder(entry.inbound.chat.key)
+
     def _partial(self, directory: Path) -> Path:
         return directory / f".{uuid.uuid4().hex}.partial"
 
-    async def _one(self, entry: JournalEntry, index: int, att: Attachment, out: _Result) -> None:
+    async def _one(self, entry: JournalEntry, index: int, att: Attachment, out: _Result, final: bool) -> None:
         if att.kind is AttachmentKind.IMAGE:
             await self._image(entry, index, att, out)
         elif att.kind in (AttachmentKind.VOICE, AttachmentKind.AUDIO) and self._speech is not None:
-            await self._audio(entry, att, out)
+            await self._audio(entry, att, out, final)
         else:
             await self._document(entry, att, out)
 
     # -- images --------------------------------------------------------------------------------
 
     async def _image(self, entry: JournalEntry, index: int, att: Attachment, out: _Result) -> None:
-        folder = self.media_dir / _slug(entry.inbound.chat.key)
+        folder = self.media_dir / documents.chat_folder(entry.inbound.chat.key)
         tmp = self._partial(folder)
         try:
             await self._fetch(entry, att, tmp)
             stem = folder / f"{entry.id}-{index}"
-            path, mime, width, height = await asyncio.to_thread(
-                normalise_image, tmp, stem, self.settings.image_max_side_px, self.settings.image_max_bytes
-            )
+            try:
+                path, mime, width, height = await asyncio.to_thread(
+                    normalise_image, tmp, stem, self.settings.image_max_side_px, self.settings.image_max_bytes
+                )
+            except MediaError as exc:
+                if "too large" in str(exc):
+                    raise
+                # HEIC without a plugin, a damaged file: kept for the tools, the user told
+                name = att.name or f"image-{entry.inbound.message_id}"
+                rel = self._rel(await asyncio.to_thread(documents.place, self._inbox(entry), name, tmp))
+                out.notices.append(f"I couldn't open the image: {_sentence(exc)[:-1]}. I kept the file as {rel}.")
+                out.text.append(f"[An image that could not be opened ({exc}); the file is kept as {rel}]")
+                return
         finally:
             tmp.unlink(missing_ok=True)
         ref = ImageRef(path.relative_to(self.media_dir).as_posix(), mime, width, height)
@@ -276,10 +323,10 @@ class MediaIntake:
 
     # -- voice and audio -----------------------------------------------------------------------
 
-    async def _audio(self, entry: JournalEntry, att: Attachment, out: _Result) -> None:
+    async def _audio(self, entry: JournalEntry, att: Attachment, out: _Result, final: bool) -> None:
         assert self._speech is not None
         voice = att.kind is AttachmentKind.VOICE
-        tmp = self._partial(self.inbox)
+        tmp = self._partial(self._inbox(entry))
         try:
             size = await self._fetch(entry, att, tmp)
             name = att.name or _voice_name(entry, att)
@@ -287,7 +334,9 @@ class MediaIntake:
             try:
                 transcript = await self._speech.transcribe(data, name=name, mime=att.mime or "audio/ogg")
             except MediaError as exc:
-                saved = await asyncio.to_thread(documents.place, self.inbox, name, tmp)
+                if exc.retryable and not final:
+                    raise  # the service is down: the message waits for it
+                saved = await asyncio.to_thread(documents.place, self._inbox(entry), name, tmp)
                 rel = self._rel(saved)
                 what = "your voice message" if voice else f"the audio file {att.name or ''}".rstrip()
                 out.notices.append(f"I couldn't transcribe {what} ({exc}). I kept the recording as {rel}.")
@@ -297,11 +346,20 @@ class MediaIntake:
             if voice:
                 label = f"Voice message{', ' + length if length else ''}"
             else:  # an audio file is a file too: kept, and named for the model
-                saved = await asyncio.to_thread(documents.place, self.inbox, name, tmp)
+                saved = await asyncio.to_thread(documents.place, self._inbox(entry), name, tmp)
                 label = f"Audio file {self._rel(saved)} ({documents.describe_size(size)}{', ' + length if length else ''})"
         finally:
             tmp.unlink(missing_ok=True)
-        if transcript:
+        cap = max(MIN_TRANSCRIPT_CHARS, self.settings.inline_chars)
+        if len(transcript) > cap:  # a long recording: the whole transcript is a file to read
+            whole = await asyncio.to_thread(self._keep_text, entry, f"{Path(name).stem}.transcript.txt", transcript)
+            head = transcript[:cap].rsplit(" ", 1)[0]
+            out.text.append(
+                f"[{label}, transcribed: {len(transcript)} characters, the first {len(head)} here; the whole "
+                f'transcript is {whole}, read it with read_file("{whole}")]: {head} …'
+            )
+            out.spoken.append(head)
+        elif transcript:
             out.text.append(f"[{label}, transcribed]: {transcript}")
             out.spoken.append(transcript)
         else:
@@ -311,11 +369,11 @@ class MediaIntake:
     # -- documents -----------------------------------------------------------------------------
 
     async def _document(self, entry: JournalEntry, att: Attachment, out: _Result) -> None:
-        tmp = self._partial(self.inbox)
+        tmp = self._partial(self._inbox(entry))
         try:
             size = await self._fetch(entry, att, tmp)
             name = att.name or f"file-{entry.inbound.message_id}"
-            saved = await asyncio.to_thread(documents.place, self.inbox, name, tmp)
+            saved = await asyncio.to_thread(documents.place, self._inbox(entry), name, tmp)
         finally:
             tmp.unlink(missing_ok=True)
         rel = self._rel(saved)
@@ -324,9 +382,9 @@ class MediaIntake:
         limit = self.settings.inline_chars
         if kind == "pdf":
             try:
-                text, pages, cut = await asyncio.to_thread(documents.pdf_text, saved, max_chars=max(limit, 1))
+                text, pages, cut = await asyncio.to_thread(documents.pdf_text_bounded, saved, max_chars=max(limit, 1))
             except documents.DocumentError as exc:
-                out.notices.append(f"I saved {saved.name}, but I can't read it: {exc}.")
+                out.notices.append(f"I saved {saved.name}, but I can't read it: {_sentence(exc)}")
                 out.text.append(f"{head} It could not be read: {exc}]")
                 return
             head = head[:-2] + f", {pages} page{'s' if pages != 1 else ''})."
@@ -342,6 +400,14 @@ class MediaIntake:
                     "archive": " It is an archive."}.get(kind, "")
             out.text.append(f"{head}{note}]")
         out.usable += 1
+
+    def _keep_text(self, entry: JournalEntry, name: str, text: str) -> str:
+        """Save ``text`` in the chat's inbox as ``name`` (sync); its workspace path."""
+        inbox = self._inbox(entry)
+        inbox.mkdir(parents=True, exist_ok=True)
+        tmp = self._partial(inbox)
+        tmp.write_text(text, encoding="utf-8")
+        return self._rel(documents.place(inbox, name, tmp))
 
     def _rel(self, path: Path) -> str:
         """``path`` as the file tools name it (relative to the workspace)."""
@@ -440,8 +506,13 @@ def normalise_image(src: Path, stem: Path, max_side: int, max_bytes: int) -> tup
         raise MediaError("the image seems to be damaged") from exc
 
 
-def _slug(key: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in key)
+def _sentence(exc: BaseException) -> str:
+    """An error as the end of a sentence for the user: one period, no library jargon past 160
+    characters."""
+    text = " ".join(str(exc).split()).rstrip(".")
+    if len(text) > 160:
+        text = text[:159].rstrip() + "…"
+    return text + "."
 
 
 def _clock(seconds: float | None) -> str:

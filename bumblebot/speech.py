@@ -17,8 +17,10 @@ sentence here names only the status).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -29,6 +31,9 @@ from bumblebot.errors import MediaError
 
 log = logging.getLogger(__name__)
 
+#: ``[words](url)``: bounded character classes, no nesting: linear.
+_LINK = re.compile(r"\[([^\]\n]{1,300})\]\([^)\s]{1,2000}\)")
+_URL = re.compile(r"https?://[^\s)]{1,2000}")
 #: Statuses after which a later try may work (the endpoint down, busy or rate-limited).
 _TRANSIENT = frozenset({408, 409, 429, 500, 502, 503, 504})
 
@@ -90,7 +95,7 @@ class Speech:
             MediaError: the endpoint refused or failed, or it answered something that is not
                 Ogg audio (``retryable`` for an outage).
         """
-        text = text[: self.voice.max_chars]
+        text = speakable(text)[: self.voice.max_chars]
         try:
             response = await self._speech.audio.speech.create(
                 model=self.voice.tts_model, voice=self.voice.tts_voice, input=text, response_format="opus",
@@ -107,13 +112,44 @@ class Speech:
         audio = response.content
         if not audio.startswith(b"OggS"):
             raise MediaError("the speech service did not answer with Ogg/Opus audio")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".", suffix=".partial")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(audio)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        await asyncio.to_thread(_write, dest, audio)
         return dest
+
+
+def _write(dest: Path, data: bytes) -> None:
+    """``data`` into ``dest`` atomically (a temporary file renamed into place)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def speakable(markdown: str) -> str:
+    """The model's Markdown as text to read aloud: code blocks and URLs left out, emphasis,
+    headings, list and quote marks removed, links read by their words. Linear in the text."""
+    out: list[str] = []
+    fenced = False
+    for line in markdown.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            if not fenced:
+                out.append("(code)")
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        stripped = stripped.lstrip("#>").strip()
+        if stripped[:2] in ("- ", "* ", "+ "):
+            stripped = stripped[2:]
+        out.append(stripped)
+    text = "\n".join(out)
+    text = _LINK.sub(r"\1", text)
+    text = _URL.sub("(a link)", text)
+    for mark in ("**", "__", "`", "~~"):
+        text = text.replace(mark, "")
+    return text.strip()

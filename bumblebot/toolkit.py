@@ -93,9 +93,9 @@ class TurnControl(Protocol):
         """Deliver ``text`` to the conversation now, through the outbox; ``call_id`` is the
         ``say`` call it answers (so a resumed turn knows whether it was delivered)."""
 
-    async def send_file(self, path: Path, caption: str, *, kind: str, call_id: str | None = None) -> DeliveryReport:
-        """Send the file at ``path`` (inside the workspace) to the conversation as ``kind``
-        (``"photo"`` or ``"document"``) with ``caption``, through the outbox."""
+    async def send_file(self, path: Path, caption: str, *, call_id: str | None = None) -> DeliveryReport:
+        """Send the file at ``path`` (inside the workspace) to the conversation with
+        ``caption``, through the outbox: as a photo when it is an image, else a document."""
 
     def end_turn(self) -> None:
         """Ask the loop to end the turn after this step (the completion gate may refuse)."""

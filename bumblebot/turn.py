@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from bumblebot.adapter import Adapter, Typing
@@ -40,9 +41,10 @@ from bumblebot.config import CognitionSettings, DeliverySettings, EngineSettings
 from bumblebot.context import Requests
 from bumblebot.conversation import Conversation, Session, Turn
 from bumblebot.delivery import Delivery
+from bumblebot.documents import describe_size, sniff
 from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
 from bumblebot.llm import LLM, SayListener
-from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
+from bumblebot.media import MediaFiles, MediaIntake, MediaUnavailable, answerable, prepared
 from bumblebot.loop import (
     STOPPED_NOTE,
     AgentLoop,
@@ -95,7 +97,13 @@ TOO_LONG = (
     "That conversation got too long for my model even after compacting it. "
     "Send /reset to start fresh, or /compact to try again."
 )
+FILES_DELAYED = (
+    "I can't get to the file you sent right now ({why}). I'll answer as soon as I can; no need to "
+    "send it again."
+)
 MODEL_REFUSED = "My language model refused the request ({error}), so I couldn't answer this message."
+#: Images sent as photos (by name and content; anything else goes as a document).
+PHOTO_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif"})
 CRASHED = "Something went wrong on my side (error id {error_id}), so I couldn't answer this message."
 BLIND = "(The model I run on can't see images, so I only read the text that came with your picture.)"
 #: ``kv`` key: this conversation was told its images are not seen (:data:`BLIND`), once.
@@ -120,7 +128,17 @@ class Suspended:
     recovered: asyncio.Event | None = None
 
 
-Outcome = Finished | Suspended
+@dataclass(frozen=True, slots=True)
+class Postponed:
+    """The files of ``entries`` could not be fetched or transcribed for now (the platform or
+    the transcription endpoint is down): no turn began; the actor queues them again after
+    ``retry_in`` seconds."""
+
+    entries: list[JournalEntry]
+    retry_in: float
+
+
+Outcome = Finished | Suspended | Postponed
 
 
 def outage_delay_s(attempt: int) -> float:
@@ -262,16 +280,20 @@ class TurnIO(TurnPort):
         """The attachment of a reply of a turn answering a voice note (``voice.reply: mirror``)."""
         return {"kind": "voice", "path": None} if self._turn.state.get("voice_reply") else None
 
-    async def send_file(self, path: str, caption: str, kind: str, *, tool_call_id: str | None) -> DeliveryReport:
-        """The ``send_file`` tool: ``path`` (absolute, checked by the tool) as ``kind`` with
-        ``caption``, through the outbox."""
-        limit = self._delivery.upload_limit(self._turn.chat, kind)  # type: ignore[arg-type]
+    async def send_file(self, path: str, caption: str, *, tool_call_id: str | None) -> DeliveryReport:
+        """The ``send_file`` tool: ``path`` (absolute, checked by the tool) with ``caption``,
+        through the outbox: a photo when it is an image within the platform's photo limit, else
+        a document."""
+        size = os.path.getsize(path)
+        image = await asyncio.to_thread(sniff, Path(path), None, os.path.basename(path)) == "image"
+        photo = self._delivery.upload_limit(self._turn.chat, "photo")
+        kind = "photo" if image and Path(path).suffix.lower() in PHOTO_SUFFIXES and photo and size <= photo else "document"
+        limit = self._delivery.upload_limit(self._turn.chat, kind)
         if limit is None:
             return DeliveryReport(delivered=False, error="files cannot be sent to this chat")
-        size = os.path.getsize(path)
         if size > limit:
             return DeliveryReport(
-                delivered=False, error=f"the file is {size / 1048576:.1f} MB, over the {limit // 1048576} MB this chat takes",
+                delivered=False, error=f"the file is {describe_size(size)}, over the {describe_size(limit)} this chat takes",
             )
         attachment = {"kind": kind, "path": path, "name": os.path.basename(path)}
         entry = await self._turn.speak(caption, tool_call_id=tool_call_id, attachment=attachment)
@@ -430,6 +452,8 @@ class TurnRunner:
         self.redact = redact
         self.outages = OutageWatch()
         self._fixed_warned = 0
+        self._media_waits: dict[int, float] = {}  # journal id -> when its files first could not be fetched
+        self._media_told: set[str] = set()  # conversations told their files wait
 
     def fixed_part(self) -> tuple[int, str, list[dict[str, Any]]]:
         """The compaction level, system prompt and tool schemas of every request, compacted
@@ -466,7 +490,14 @@ class TurnRunner:
         model to answer, that note ends the turn.
         """
         if self.media is not None:
-            entries = await self.media.prepare(entries)
+            try:
+                async with self.delivery.typing(conversation.chat, self.engine_cfg.typing_interval_s):
+                    entries = await self.media.prepare(entries, final=self._waited_out(entries))
+            except MediaUnavailable as exc:
+                return await self._postpone(conversation, entries, exc)
+            for entry in entries:
+                self._media_waits.pop(entry.id, None)
+            self._media_told.discard(conversation.key)
         state = await self._start_state(entries)
         notices = [n for e in entries for n in prepared(e).notices]
         if any(prepared(e).voice for e in entries) and self.voice is not None and self.voice.reply == "mirror":
@@ -478,6 +509,26 @@ class TurnRunner:
             turn.state["file_notices"] = True
             await self._note(turn, "\n".join(notices))
         return await self._drive(conversation, turn, {})
+
+    def _waited_out(self, entries: list[JournalEntry]) -> bool:
+        """Whether the files of ``entries`` have waited ``engine.outage_limit_s`` for a service
+        that stayed down: then what cannot be fetched is told as failed, not waited for."""
+        started = [self._media_waits[e.id] for e in entries if e.id in self._media_waits]
+        return bool(started) and time.time() - min(started) >= self.engine_cfg.outage_limit_s
+
+    async def _postpone(self, conversation: Conversation, entries: list[JournalEntry], exc: MediaUnavailable) -> Postponed:
+        """A file service is down: the messages wait (journaled, pending) and are tried again;
+        the conversation is told once."""
+        now = time.time()
+        for entry in entries:
+            self._media_waits.setdefault(entry.id, now)
+        attempt = max(1, round(min(OUTAGE_RETRY_MAX_S, now - min(self._media_waits[e.id] for e in entries))))
+        delay = outage_delay_s(min(7, attempt.bit_length()))
+        if conversation.key not in self._media_told:
+            self._media_told.add(conversation.key)
+            await self.delivery.send(conversation.id, conversation.chat, FILES_DELAYED.format(why=exc))
+        log.warning("files of %d message(s) in %s not fetched (%s); trying again in %.1f s", len(entries), conversation.key, exc, delay)
+        return Postponed(entries, delay)
 
     async def _start_state(self, entries: list[JournalEntry]) -> dict[str, Any]:
         """A turn's first state: its route (spec, "Routing"), kept for every later resume."""
@@ -570,6 +621,7 @@ class TurnRunner:
             media=self.media_files,
             sees_images=self.llm.sees_images,
             image_tail=self.cfg.history_compression.compaction_protect_last_n,
+            history_images=limits is None or limits.model == self.llm.model,
         )
 
     def between_turns(self, conversation: Conversation) -> Requests:
@@ -620,6 +672,9 @@ class TurnRunner:
         started = time.monotonic()
         state = turn.state
         limits = self._limits(state.get("route") == Route.REFLEX.value, turn.entries[0].inbound.source if turn.entries else "chat")
+        if limits.model != self.llm.model and any(m.images for m in turn.transcript if m.role == "user"):
+            # a reflex model is often a small text-only one: pictures go to the main model
+            limits = dataclasses.replace(limits, model=self.llm.model)
         if limits.silent_ok and turn.entries and turn.entries[0].inbound.source == "autonomous":
             limits = dataclasses.replace(limits, max_messages=1)  # unprompted: one message at most
         trace = LoopTrace(steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])))

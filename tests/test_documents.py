@@ -688,13 +688,13 @@ async def test_read_file_caches_the_extraction(
     files: Registry, ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
-    real = file_tools.pdf_text
+    real = file_tools.pdf_text_bounded
 
     def counting(*args: Any, **kwargs: Any) -> tuple[str, int, bool]:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(file_tools, "pdf_text", counting)
+    monkeypatch.setattr(file_tools, "pdf_text_bounded", counting)
     path = ctx.workspace / "r.pdf"
     path.write_bytes(make_pdf(THREE_PAGES))
     first = await read(files, ctx, path="r.pdf", max_lines=2)
@@ -729,3 +729,44 @@ async def test_read_file_pdf_stays_confined(files: Registry, ctx: ToolContext, t
         result = await read(files, ctx, path=path)
         assert not result.ok and "path escapes the workspace" in result.content
         assert "top secret" not in result.content
+
+
+def slow_pdf(pages: int, operators: int) -> bytes:
+    """A small PDF whose pages share one compressed content stream of many empty text
+    operators: tiny on disk, seconds of pypdf work per page."""
+    import zlib
+
+    stream = zlib.compress(b"BT /F1 12 Tf 72 720 Td " + b"( ) Tj " * operators + b"ET", 9)
+    kids = " ".join(f"{5 + i} 0 R" for i in range(pages))
+    bodies = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(stream), stream),
+        *[b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >>"
+          b" /Contents 4 0 R >>"] * pages,
+    ]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(bodies, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(bodies) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(bodies) + 1, xref)
+    return bytes(out)
+
+
+def test_a_pdf_that_takes_too_long_is_given_up_and_its_worker_killed(tmp_path: Path) -> None:
+    """Regression (review of issue 12): an 8 KB PDF whose pages share one content stream of
+    text operators cost pypdf 9 s a page, holding a thread of the daemon for minutes."""
+    from bumblebot.documents import pdf_text_bounded
+
+    path = tmp_path / "slow.pdf"
+    path.write_bytes(slow_pdf(3, 200_000))
+    assert path.stat().st_size < 20_000
+    with pytest.raises(DocumentError, match="took too long to read"):
+        pdf_text_bounded(path, timeout_s=0.5)
+    quick = tmp_path / "quick.pdf"
+    quick.write_bytes(make_pdf(["quick"]))
+    text, pages, cut = pdf_text_bounded(quick)
+    assert (text.strip(), pages, cut) == ("quick", 1, False)

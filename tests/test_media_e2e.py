@@ -3,6 +3,7 @@ python-telegram-bot and openai clients against the fakes, real SQLite, real file
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import sqlite3
@@ -66,7 +67,7 @@ async def test_an_endpoint_that_refuses_images_is_remembered_and_the_user_told_o
         tg.push_photo([(320, 240, png(320, 240, (0, 0, 255)))], caption="and my dog", chat_id=5)
         await tg.wait_for("sendMessage", n=3)
         await d.engine.wait_for_turns(2)
-        remembered = await d.store.get_kv("llm.vision:" + llm.base_url + "|reflex-model")
+        remembered = await d.store.get_kv("llm.vision:" + llm.base_url + "|test-model")  # pictures go to llm.model
     loops = loop_requests(llm)
     assert [bool(image_parts(r)) for r in loops] == [True, False, False]  # refused, retried, then never sent
     assert "cannot see images" in contents(loops[1]) and "look at my cat" in contents(loops[1])
@@ -98,7 +99,7 @@ async def test_a_voice_note_is_transcribed_once_and_the_transcript_answered(tmp_
     assert sent["data"] == audio and sent["model"] == "whisper-1" and sent["content_type"] == "audio/ogg"
     seen = last_user(loop_requests(llm)[0])["content"]
     assert seen.endswith("[Voice message, 0:07, transcribed]: remind me to buy milk")
-    assert not list((tmp_path / "data" / "workspace" / "inbox").glob("*.ogg"))  # nothing kept when it worked
+    assert not list((tmp_path / "data" / "workspace" / "inbox").glob("**/*.ogg"))  # nothing kept when it worked
 
 
 async def test_a_voice_note_that_cannot_be_transcribed_is_kept_and_the_user_told_plainly(tmp_path, llm, tg):
@@ -108,11 +109,11 @@ async def test_a_voice_note_that_cannot_be_transcribed_is_kept_and_the_user_told
         tg.push_voice(audio, chat_id=10)
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
-    kept = list((tmp_path / "data" / "workspace" / "inbox").glob("voice-*.ogg"))
+    kept = list((tmp_path / "data" / "workspace" / "inbox" / "telegram_10").glob("voice-*.ogg"))
     assert len(kept) == 1 and kept[0].read_bytes() == audio
     [notice] = tg.sent(10)
     assert "couldn't transcribe your voice message" in notice and "HTTP 404" in notice
-    assert f"inbox/{kept[0].name}" in notice
+    assert f"inbox/telegram_10/{kept[0].name}" in notice
     assert llm.requests == []  # nothing else to answer: no model call
 
 
@@ -141,10 +142,10 @@ async def test_a_text_document_is_saved_byte_for_byte_and_the_model_told_where(t
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns(limit=1))[0]
-    saved = tmp_path / "data" / "workspace" / "inbox" / "shopping list.csv"
-    assert saved.read_bytes() == data  # the name sanitised: no way out of the inbox
+    saved = tmp_path / "data" / "workspace" / "inbox" / "telegram_12" / "shopping list.csv"
+    assert saved.read_bytes() == data  # the name sanitised: no way out of the chat's inbox
     seen = last_user(loop_requests(llm)[0])["content"]
-    assert "my list\n[File received: inbox/shopping list.csv (text, text/csv, 24 bytes)." in seen
+    assert "my list\n[File received: inbox/telegram_12/shopping list.csv (text, text/csv, 24 bytes)." in seen
     assert "bröd,1" in seen  # short text inline
     assert trace["trace"]["route"] == "deliberate"  # reading a file is work
 
@@ -154,7 +155,7 @@ async def test_the_same_name_twice_is_suffixed_and_a_pdf_is_read_inline_and_by_r
     from test_documents import make_pdf  # a real PDF with text, built by hand
 
     pdf = make_pdf(["Quarterly report", "Revenue grew by 12 percent"])
-    llm.push(tool_calls(("read_file", {"path": "inbox/report-1.pdf"})), when=is_loop)
+    llm.push(tool_calls(("read_file", {"path": "inbox/telegram_13/report-1.pdf"})), when=is_loop)
     llm.push(say("the second report says revenue grew"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_document(b"%PDF-1.4 not really", "report.pdf", "application/pdf", chat_id=13)
@@ -163,12 +164,12 @@ async def test_the_same_name_twice_is_suffixed_and_a_pdf_is_read_inline_and_by_r
         tg.push_document(pdf, "report.pdf", "application/pdf", chat_id=13)
         await tg.wait_for("sendMessage", n=2)
         await d.engine.wait_for_turns(2)
-    inbox = tmp_path / "data" / "workspace" / "inbox"
+    inbox = tmp_path / "data" / "workspace" / "inbox" / "telegram_13"
     assert sorted(p.name for p in inbox.iterdir()) == ["report-1.pdf", "report.pdf"]
     assert tg.sent(13)[0].startswith("I saved report.pdf, but I can't read it: the PDF could not be read")
     assert tg.sent(13)[1] == "the second report says revenue grew"
     second = loop_requests(llm)[0]  # the first document never reached the model
-    assert "inbox/report-1.pdf (PDF, 921 bytes, 2 pages)" in contents(second) and "Quarterly report" in contents(second)
+    assert "inbox/telegram_13/report-1.pdf (PDF, 921 bytes, 2 pages)" in contents(second) and "Quarterly report" in contents(second)
     read = loop_requests(llm)[1]
     [result] = [m["content"] for m in read["messages"] if m["role"] == "tool"]
     assert result.startswith("[text extracted from a PDF of 2 pages]") and "Revenue grew by 12 percent" in result
@@ -193,9 +194,15 @@ async def test_a_damaged_image_gets_a_clear_reply_and_the_caption_still_an_answe
         tg.push_document(png(100, 100)[:60], "broken.png", "image/png", caption="see this", chat_id=15)
         await tg.wait_for("sendMessage", n=2)
         await d.engine.wait_for_turns(1)
-    assert tg.sent(15) == ["I couldn't use the image: the image seems to be damaged.", "about your caption"]
+    assert tg.sent(15) == [
+        "I couldn't open the image: the image seems to be damaged. I kept the file as inbox/telegram_15/broken.png.",
+        "about your caption",
+    ]
+    assert (tmp_path / "data" / "workspace" / "inbox" / "telegram_15" / "broken.png").read_bytes() == png(100, 100)[:60]
     assert not image_parts(loop_requests(llm)[0])
-    assert "[An image that could not be used: the image seems to be damaged]" in contents(loop_requests(llm)[0])
+    assert "[An image that could not be opened (the image seems to be damaged); the file is kept as" in contents(
+        loop_requests(llm)[0]
+    )
 
 
 async def test_stickers_locations_contacts_and_polls_arrive_as_words(tmp_path, llm, tg):
@@ -320,8 +327,9 @@ async def test_discord_an_image_a_document_and_a_voice_message_reach_the_model(t
         assert len(dc.downloads) == 3
     first, second, third = loop_requests(llm)
     assert len(image_parts(first)) == 1 and "my garden\n[Image 640×480]" in contents(first)
-    assert (tmp_path / "data" / "workspace" / "inbox" / "notes.md").read_bytes() == b"# Notes\n- call Bob\n"
-    assert "[File received: inbox/notes.md" in contents(second) and "- call Bob" in contents(second)
+    folder = next((tmp_path / "data" / "workspace" / "inbox").iterdir())
+    assert folder.name.startswith("discord_") and (folder / "notes.md").read_bytes() == b"# Notes\n- call Bob\n"
+    assert f"[File received: inbox/{folder.name}/notes.md" in contents(second) and "- call Bob" in contents(second)
     assert llm.transcriptions[0]["data"].startswith(b"OggS")
     assert last_user(third)["content"].endswith("[Voice message, 0:02, transcribed]: see you at noon")
 
@@ -436,7 +444,7 @@ async def test_a_server_that_counts_the_image_as_text_and_refuses_it_as_too_long
         tg.push_text("thanks", chat_id=50)
         await tg.wait_for("sendMessage", n=3)
         await d.engine.wait_for_turns(2)
-        remembered = json.loads(await d.store.get_kv("llm.vision:" + llm.base_url + "|reflex-model"))
+        remembered = json.loads(await d.store.get_kv("llm.vision:" + llm.base_url + "|test-model"))
         scale = await d.store.get_kv(f"tokens.scale:{llm.base_url}|test-model")
     assert tg.sent(50) == ["I read your caption", BLIND, "still fine"]
     assert [bool(image_parts(r)) for r in loop_requests(llm)] == [True, False, False]
@@ -458,3 +466,165 @@ async def test_a_server_that_answers_with_the_image_read_as_text_is_remembered(t
         await d.engine.wait_for_turns(2)
     assert [bool(image_parts(r)) for r in loop_requests(llm)] == [True, False]
     assert tg.sent(51) == ["hmm", BLIND, "only words now"]
+
+
+# -- review of issue 12: regressions --------------------------------------------------------
+
+
+async def test_files_sent_in_one_chat_are_out_of_reach_of_another(tmp_path, llm, tg):
+    """Regression: Alice's private passwords.txt in inbox/ was listed and sent to a group."""
+    judges_say_done(llm)
+    llm.push(say("saved"), when=lambda r: is_loop(r) and "passwords.txt" in contents(r) and "Speaking: Alice" in contents(r))
+    steal = tool_calls(("list_directory", {"path": "inbox"}), ("read_file", {"path": "inbox/telegram_60/passwords.txt"}),
+                       ("send_file", {"path": "inbox/telegram_60/passwords.txt"}))
+    llm.push(steal, when=lambda r: is_loop(r) and "Speaking: Mallory" in contents(r))
+    llm.push(say("nothing to see"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_document(b"hunter2\n", "passwords.txt", "text/plain", caption="keep this", chat_id=60, first_name="Alice")
+        await d.engine.wait_for_turns(1)
+        tg.push_text("show me what files people sent you, all of them please", chat_id=61, first_name="Mallory")
+        await d.engine.wait_for_turns(2)
+    results = [m["content"] for m in loop_requests(llm)[-1]["messages"] if m["role"] == "tool"]
+    listing, read, sent = results
+    assert "telegram_60" not in listing
+    assert "another chat" in read and "hunter2" not in read
+    assert "another chat" in sent and tg.files_sent == []
+
+
+async def test_a_transcription_service_that_is_down_makes_the_voice_note_wait_not_fail(tmp_path, llm, tg):
+    """Regression: a 503 was told as "couldn't transcribe" at once, and never tried again."""
+    for _ in range(2):  # the client's one retry sees it too
+        llm.push_transcript_error(503, "overloaded")
+    llm.push_transcript("call mum")
+    llm.push(say("I'll remember: call mum"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(b"OggS" + b"\x06" * 90, chat_id=62)
+        await tg.wait_for("sendMessage", n=2, timeout=10)
+        await d.engine.wait_for_turns(1)
+    first, answer = tg.sent(62)
+    assert first.startswith("I can't get to the file you sent right now") and answer == "I'll remember: call mum"
+    assert [t["status"] for t in llm.transcriptions] == [503, 503, 200]
+    assert "call mum" in contents(loop_requests(llm)[0])
+
+
+async def test_a_long_voice_note_is_answered_with_its_transcript_kept_as_a_file(tmp_path, llm, tg):
+    """Regression: a 10-minute voice note put 9,000 characters inline and the turn died of "too long"."""
+    words = " ".join(f"word{i}" for i in range(1500))  # about 10,000 characters
+    llm.push_transcript(words)
+    llm.push(say("long one"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(b"OggS" + b"\x07" * 90, duration=600, chat_id=63)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    seen = last_user(loop_requests(llm)[0])["content"]
+    [kept] = (tmp_path / "data" / "workspace" / "inbox" / "telegram_63").glob("*.transcript.txt")
+    assert kept.read_text() == words
+    assert f'read it with read_file("inbox/telegram_63/{kept.name}")' in seen and "word1499" not in seen
+    assert len(seen) < 3000
+
+
+async def test_an_oversized_file_with_a_caption_still_gets_the_caption_answered(tmp_path, llm, tg):
+    llm.push(say("about the trip"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_document(b"x", "trip.mov", "video/quicktime", caption="how was the trip?", file_size=30 * 1024 * 1024,
+                         chat_id=64)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(64) == ["I couldn't use the file trip.mov: it is over the 20 MB limit.", "about the trip"]
+    assert tg.get_file_calls == [] and tg.downloads == []
+
+
+async def test_a_slow_upload_is_not_cut_off_by_the_tool_timeout_and_goes_out_once(tmp_path, llm, tg):
+    """Regression: a 4 s sendDocument under a 2 s tool timeout was sent twice and the model told it failed."""
+    judges_say_done(llm)
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "report.txt").write_text("report\n")
+    respond = tg._respond
+
+    async def slow(method, params):  # the fake's latency: the stimulus, not a synchronisation
+        if method == "sendDocument":
+            await asyncio.sleep(1.0)
+        return await respond(method, params)
+
+    tg._respond = slow
+    llm.push(tool_calls(("send_file", {"path": "report.txt"}), ("say", {"text": "there it is"})), when=is_loop)
+    llm.push(tool_calls(("end_turn", {})), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "tool_timeout_s": 0.3})
+    async with running(config) as d:
+        tg.push_text("please send me report.txt from the workspace as a document", chat_id=65)
+        await d.engine.wait_for_turns(1)
+        outbox = await d.store.outbox_for_turn(1)
+    assert [f["method"] for f in tg.files_sent] == ["sendDocument"]
+    results = [json.loads(m["content"]) for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"]
+    assert results[0]["delivered"] is True
+    assert [(e.attachment or {}).get("kind") for e in outbox] == ["document", None]  # file first: call order
+    assert [c.method for c in tg.calls if c.method in ("sendDocument", "sendMessage")] == ["sendDocument", "sendMessage"]
+    assert tg.sent(65) == ["there it is"]
+
+
+async def test_an_album_is_one_turn_with_all_its_photos(tmp_path, llm, tg):
+    """Regression: three photos sent together got three turns and three answers."""
+    llm.push(say("the blue one"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        for i, colour in enumerate([(255, 0, 0), (0, 255, 0), (0, 0, 255)]):
+            tg.push_photo([(200, 200, png(200, 200, colour))], caption="which is best?" if i == 0 else None,
+                          chat_id=66, media_group_id="album-1")
+            await asyncio.sleep(0.3)  # the parts arrive apart, as Telegram sends them
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    [request] = loop_requests(llm)
+    assert len(image_parts(request)) == 3 and tg.sent(66) == ["the blue one"]
+
+
+async def test_a_photo_with_a_short_caption_goes_to_the_main_model_not_the_reflex_one(tmp_path, llm, tg):
+    """Regression: a text-only reflex model got the photo and the user was told it cannot see."""
+    llm.push(say("a cat"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_photo([(320, 240, png(320, 240))], caption="what is it?", chat_id=67)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns(limit=1))[0]["trace"]
+    [request] = loop_requests(llm)
+    assert request["model"] == "test-model" and trace["route"] == "reflex" and image_parts(request)
+
+
+async def test_speech_is_made_from_words_not_markdown(tmp_path, llm, tg):
+    llm.push_transcript("the docs?")
+    llm.push(say("**Yes**: see [the guide](https://example.org/guide) and `run`"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, voice={"reply": "mirror"})) as d:
+        tg.push_voice(b"OggS" + b"\x08" * 80, chat_id=68)
+        await tg.wait_for("sendVoice")
+        await d.engine.wait_for_turns(1)
+    assert [r["input"] for r in llm.speech_requests] == ["Yes: see the guide and run"]
+
+
+async def test_a_caption_over_telegrams_limit_in_utf16_goes_as_a_message_before_the_file(tmp_path, llm, tg):
+    """Regression: 600 🐝 (1,200 UTF-16 units, 600 characters) was refused as a caption twice."""
+    judges_say_done(llm)
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "bees.png").write_bytes(png(50, 50))
+    bees = "🐝" * 600
+    llm.push(tool_calls(("send_file", {"path": "bees.png", "caption": bees})), when=is_loop)
+    llm.push(say("sent"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("send me the bees picture from the workspace with its caption", chat_id=69)
+        await d.engine.wait_for_turns(1)
+    [photo] = tg.files_sent
+    assert photo["method"] == "sendPhoto" and photo["status"] == 200 and not photo["caption"]
+    assert tg.sent(69)[0] == bees
+
+
+async def test_an_image_pillow_cannot_open_is_kept_as_a_file(tmp_path, llm, tg):
+    """Regression: an iPhone HEIC was refused ("not an image I can open") and thrown away."""
+    heic = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + b"\x00" * 200
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_document(heic, "IMG_0001.HEIC", "image/heic", chat_id=70)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    kept = tmp_path / "data" / "workspace" / "inbox" / "telegram_70" / "IMG_0001.HEIC"
+    assert kept.read_bytes() == heic
+    assert tg.sent(70) == [
+        "I couldn't open the image: it is not an image I can open. I kept the file as inbox/telegram_70/IMG_0001.HEIC."
+    ]

@@ -44,7 +44,7 @@ from typing import BinaryIO
 import regex
 from pydantic import BaseModel, Field
 
-from bumblebot.documents import DocumentError, is_pdf, pdf_text
+from bumblebot.documents import INBOX, DocumentError, chat_folder, is_pdf, pdf_text_bounded
 from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
 
 from .registry import Tool, tool
@@ -62,6 +62,8 @@ __all__ = [
     "append_file",
     "list_directory",
     "read_file",
+    "chat_inbox",
+    "inbox_allowed",
     "resolve_in_workspace",
     "search_files",
     "write_file",
@@ -104,12 +106,14 @@ class PathEscapeError(PathError):
     """A path that resolves outside the workspace."""
 
 
-def resolve_in_workspace(workspace: Path, path: str) -> Path:
+def resolve_in_workspace(workspace: Path, path: str, *, chat: str = "") -> Path:
     """Resolve ``path`` (relative to ``workspace``) and check it stays inside.
 
     Args:
         workspace: the confinement root (resolved here too).
         path: what the model gave; relative, or absolute inside the workspace.
+        chat: the conversation key of the turn: the files people sent in other chats
+            (``inbox/<their chat>/``) are refused, as their memory is (``""``: no check).
 
     Returns:
         The resolved absolute path: the workspace itself or a path inside it. It need not
@@ -135,7 +139,23 @@ def resolve_in_workspace(workspace: Path, path: str) -> Path:
         raise PathError(f"cannot resolve path {path}: {exc}") from exc
     if not target.is_relative_to(root):
         raise PathEscapeError(f"path escapes the workspace: {path}")
+    if chat and not inbox_allowed(root, target, chat):
+        raise PathError(f"{path} holds files sent in another chat; this chat's are in {chat_inbox(chat)}/")
     return target
+
+
+def chat_inbox(chat: str) -> str:
+    """The folder (relative to the workspace) of the files people sent in the conversation
+    with key ``chat``: ``inbox/<chat folder>``."""
+    return f"{INBOX}/{chat_folder(chat)}"
+
+
+def inbox_allowed(root: Path, target: Path, chat: str) -> bool:
+    """Whether a turn of ``chat`` may touch ``target``: anything but another chat's inbox."""
+    inbox = root / INBOX
+    if not target.is_relative_to(inbox) or target == inbox:
+        return True
+    return target.relative_to(inbox).parts[0] == chat_folder(chat)
 
 
 def _display(root: Path, target: Path) -> str:
@@ -172,12 +192,12 @@ class ReadFileArgs(BaseModel):
 async def read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolResult | str:
     """Read a text file from the workspace (at most 64 KiB per call; use offset_line to
     continue). For a PDF, reads the text extracted from it, paged the same way."""
-    return await _run(_read_sync, ctx.workspace, args)
+    return await _run(_read_sync, ctx.workspace, args, ctx.conversation)
 
 
-def _read_sync(workspace: Path, args: ReadFileArgs) -> ToolResult | str:
+def _read_sync(workspace: Path, args: ReadFileArgs, chat: str = "") -> ToolResult | str:
     root = workspace.resolve()
-    target = resolve_in_workspace(root, args.path)
+    target = resolve_in_workspace(root, args.path, chat=chat)
     shown = _display(root, target)
     if not target.exists():
         return ToolResult.error(f"no such file: {shown}")
@@ -280,7 +300,7 @@ def _extract_pdf(fh: BinaryIO, target: Path) -> tuple[str, int, bool]:
             _pdf_cache.move_to_end(key)
             return _pdf_cache[key]
     fh.seek(0)
-    result = pdf_text(fh, max_chars=PDF_MAX_CHARS, max_pages=PDF_MAX_PAGES)
+    result = pdf_text_bounded(fh, max_chars=PDF_MAX_CHARS, max_pages=PDF_MAX_PAGES)
     with _pdf_cache_lock:
         _pdf_cache[key] = result
         total = sum(len(text) for text, _pages, _cut in _pdf_cache.values())
@@ -312,12 +332,12 @@ class WriteFileArgs(BaseModel):
 async def write_file(ctx: ToolContext, args: WriteFileArgs) -> ToolResult | str:
     """Create or overwrite a file in the workspace with the given content (parent
     directories are created)."""
-    return await _run(_write_sync, ctx.workspace, args.path, args.content)
+    return await _run(_write_sync, ctx.workspace, args.path, args.content, ctx.conversation)
 
 
-def _writable_target(workspace: Path, path: str) -> tuple[Path, Path, str]:
+def _writable_target(workspace: Path, path: str, chat: str = "") -> tuple[Path, Path, str]:
     root = workspace.resolve()
-    target = resolve_in_workspace(root, path)
+    target = resolve_in_workspace(root, path, chat=chat)
     shown = _display(root, target)
     if target == root or target.is_dir():
         raise PathError(f"{shown} is a directory")
@@ -325,8 +345,8 @@ def _writable_target(workspace: Path, path: str) -> tuple[Path, Path, str]:
     return root, target, shown
 
 
-def _write_sync(workspace: Path, path: str, content: str) -> str:
-    _root, target, shown = _writable_target(workspace, path)
+def _write_sync(workspace: Path, path: str, content: str, chat: str = "") -> str:
+    _root, target, shown = _writable_target(workspace, path, chat)
     data = content.encode("utf-8")
     try:
         mode = os.stat(target, follow_symlinks=False).st_mode & 0o7777
@@ -352,11 +372,11 @@ class AppendFileArgs(BaseModel):
 @tool(kind=ToolKind.WORK, brief="Append text to a file of the workspace.")
 async def append_file(ctx: ToolContext, args: AppendFileArgs) -> ToolResult | str:
     """Append text to the end of a file in the workspace (created if missing)."""
-    return await _run(_append_sync, ctx.workspace, args.path, args.content)
+    return await _run(_append_sync, ctx.workspace, args.path, args.content, ctx.conversation)
 
 
-def _append_sync(workspace: Path, path: str, content: str) -> str:
-    _root, target, shown = _writable_target(workspace, path)
+def _append_sync(workspace: Path, path: str, content: str, chat: str = "") -> str:
+    _root, target, shown = _writable_target(workspace, path, chat)
     data = content.encode("utf-8")
     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "ab") as fh:
@@ -374,19 +394,21 @@ class ListDirectoryArgs(BaseModel):
 @tool(kind=ToolKind.WORK, brief="List a directory of the workspace.")
 async def list_directory(ctx: ToolContext, args: ListDirectoryArgs) -> ToolResult | str:
     """List a directory of the workspace; directories end with "/", symlinks with "@"."""
-    return await _run(_list_sync, ctx.workspace, args.path)
+    return await _run(_list_sync, ctx.workspace, args.path, ctx.conversation)
 
 
-def _list_sync(workspace: Path, path: str) -> ToolResult | str:
+def _list_sync(workspace: Path, path: str, chat: str = "") -> ToolResult | str:
     root = workspace.resolve()
-    target = resolve_in_workspace(root, path)
+    target = resolve_in_workspace(root, path, chat=chat)
     shown = _display(root, target)
     if not target.exists():
         return ToolResult.error(f"no such directory: {shown}")
     if not target.is_dir():
         return ToolResult.error(f"{shown} is not a directory")
     with os.scandir(target) as scan:
-        entries = sorted(scan, key=lambda entry: entry.name)
+        entries = sorted(
+            (e for e in scan if not chat or inbox_allowed(root, Path(e.path), chat)), key=lambda entry: entry.name
+        )
     lines = [f"{shown}/ ({len(entries)} entries)"]
     for entry in entries[:MAX_LIST_ENTRIES]:
         lines.append(_describe_entry(root, entry))
@@ -421,12 +443,12 @@ class SearchFilesArgs(BaseModel):
 async def search_files(ctx: ToolContext, args: SearchFilesArgs) -> ToolResult | str:
     """Search the text files of the workspace for a pattern, line by line (skips binary
     files, files over 1 MiB and .git, node_modules, .venv, __pycache__)."""
-    return await _run(_search_sync, ctx.workspace, args)
+    return await _run(_search_sync, ctx.workspace, args, ctx.conversation)
 
 
-def _search_sync(workspace: Path, args: SearchFilesArgs) -> ToolResult | str:
+def _search_sync(workspace: Path, args: SearchFilesArgs, chat: str = "") -> ToolResult | str:
     root = workspace.resolve()
-    target = resolve_in_workspace(root, args.path)
+    target = resolve_in_workspace(root, args.path, chat=chat)
     shown = _display(root, target)
     flags = regex.IGNORECASE if args.ignore_case else 0
     source = args.pattern if args.regex else regex.escape(args.pattern)
@@ -440,7 +462,7 @@ def _search_sync(workspace: Path, args: SearchFilesArgs) -> ToolResult | str:
     scanned = 0
     deadline = time.monotonic() + SEARCH_BUDGET_S
     try:
-        for file in _walk_files(root, target):
+        for file in _walk_files(root, target, chat):
             scanned += 1
             if scanned > MAX_SEARCH_FILES or len(matches) >= MAX_SEARCH_MATCHES:
                 break
@@ -458,13 +480,17 @@ def _search_sync(workspace: Path, args: SearchFilesArgs) -> ToolResult | str:
     return "\n".join([header, *matches[:MAX_SEARCH_MATCHES]])
 
 
-def _walk_files(root: Path, target: Path) -> Iterator[Path]:
-    """Files under ``target`` in a stable order, never following symlinks out."""
+def _walk_files(root: Path, target: Path, chat: str = "") -> Iterator[Path]:
+    """Files under ``target`` in a stable order, never following symlinks out (nor into
+    another chat's inbox)."""
     if not target.is_dir():
         yield target
         return
     for dirpath, dirnames, filenames in os.walk(target, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in SEARCH_SKIP_DIRS)
+        dirnames[:] = sorted(
+            d for d in dirnames
+            if d not in SEARCH_SKIP_DIRS and (not chat or inbox_allowed(root, Path(dirpath, d), chat))
+        )
         for name in sorted(filenames):
             file = Path(dirpath, name)
             if file.is_symlink():

@@ -1,20 +1,20 @@
 """``send_file``: a workspace file sent to the chat, through the outbox like any message.
 
-An image (PNG, JPEG, WebP, GIF, by its content) goes as a photo, anything else as a document
-(Telegram: ``sendPhoto``/``sendDocument``; Discord: an attachment). The platform's upload limit
-is checked before anything is queued (Telegram 50 MB, 10 MB for photos; Discord 10 MB). It is
-a work tool: it counts as work for the completion gate, and a turn cut off while it ran is
-told "Interrupted" for it (the queued row is still delivered by the outbox).
+An image (PNG, JPEG, WebP, GIF, by its content, within the platform's photo limit) goes as a
+photo, anything else as a document (Telegram: ``sendPhoto``/``sendDocument``; Discord: an
+attachment). The platform's upload limit is checked before anything is queued (Telegram 50 MB,
+10 MB for photos; Discord 10 MB). It is a work tool (it counts as work for the completion
+gate) that is never cut off by the tool timeout, like ``say``: a slow upload cut off halfway
+would be sent again by the outbox. A turn cut off by a crash while it ran reads what became of
+it from its outbox row.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from pydantic import Field
 
-from bumblebot.documents import sniff
 from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
 
 from .files import PathError, resolve_in_workspace
@@ -24,7 +24,6 @@ __all__ = ["SENDING_TOOLS", "send_file"]
 
 #: Longest caption, characters (Telegram's caption limit; Discord's message limit is 2000).
 MAX_CAPTION_CHARS = 1024
-_PHOTO_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif"}
 
 
 @tool(kind=ToolKind.WORK, brief="Send a workspace file to the chat (images as photos).")
@@ -38,14 +37,12 @@ async def send_file(
     if ctx.turn is None:
         return ToolResult.error("no turn is running")
     try:
-        target = resolve_in_workspace(ctx.workspace, path)
+        target = resolve_in_workspace(ctx.workspace, path, chat=ctx.conversation)
     except PathError as exc:
         return ToolResult.error(str(exc))
     if not target.is_file():
         return ToolResult.error(f"no such file in the workspace: {path}")
-    kind = await asyncio.to_thread(sniff, target, None, target.name)
-    as_photo = kind == "image" and target.suffix.lower() in _PHOTO_SUFFIXES
-    report = await ctx.turn.send_file(target, caption.strip(), kind="photo" if as_photo else "document", call_id=ctx.call_id)
+    report = await ctx.turn.send_file(target, caption.strip(), call_id=ctx.call_id)
     return report.as_result()
 
 

@@ -364,8 +364,10 @@ class DiscordAdapter(Adapter):
         if not inbound.text and not inbound.attachments:
             return
         limit = self.settings.max_file_bytes
-        big = next((a for a in inbound.attachments if a.size is not None and a.size > limit), None)
-        if big is not None:
+        oversized = [a for a in inbound.attachments if a.size is not None and a.size > limit]
+        big = oversized[0] if oversized else None
+        if big is not None and not inbound.text and len(oversized) == len(inbound.attachments):
+            # nothing else came with it; otherwise the turn answers the rest and says why
             await self.intake.answer(
                 inbound, TOO_BIG_TEXT.format(limit=describe_size(limit), name=big.name or "this one", size=describe_size(big.size or 0))
             )
@@ -603,6 +605,9 @@ class DiscordAdapter(Adapter):
 
     def caption_limit(self) -> int:
         return DISCORD_LIMIT
+
+    def caption_fits(self, text: str) -> bool:
+        return utf16_len(text) <= DISCORD_LIMIT
 
     async def send_file(self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str) -> str:
         """One message with the file attached (and ``caption`` as its text), with ``key`` as

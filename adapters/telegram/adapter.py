@@ -192,6 +192,18 @@ def _preview_text(text: str) -> str:
     return text[:cut] + "…"
 
 
+def _shown(message: Message) -> str:
+    """A message as a quote shows it: its text, or what it carried and its caption."""
+    if message.text:
+        return message.text
+    what = (
+        "(a photo)" if message.photo else "(a voice message)" if message.voice else
+        "(a file)" if message.document or message.audio or message.video else ""
+    )
+    caption = message.caption or ""
+    return " ".join(filter(None, (what, caption))) or _describe(message)
+
+
 def _describe(message: Message) -> str:
     """A sticker, location, venue, contact, poll or dice in words, for the model."""
     if message.sticker is not None:
@@ -288,6 +300,7 @@ class TelegramAdapter(Adapter):
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._started = False
         self._bot_budget = BotTurnBudget()
+        self._albums: dict[str, None] = {}  # albums answered lately (insertion order: oldest first)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -458,7 +471,7 @@ class TelegramAdapter(Adapter):
         else:
             author = self._sender(replied)[1]
         if text is None:
-            text = (replied.text or replied.caption or "(not text)") if replied is not None else ""
+            text = _shown(replied) if replied is not None else ""
         text = " ".join(text.split())
         if len(text) > QUOTE_CHARS:
             text = text[: QUOTE_CHARS - 1] + "…"
@@ -483,7 +496,9 @@ class TelegramAdapter(Adapter):
             return True
         return command_target(message.text or "", bot.username) == "self"
 
-    async def _gate(self, update: Update, text: str, attachments: tuple[Attachment, ...] = ()) -> Inbound | None:
+    async def _gate(
+        self, update: Update, text: str, attachments: tuple[Attachment, ...] = (), *, addressed: bool = False
+    ) -> Inbound | None:
         """The message as an :class:`Inbound` if the bot answers it (:mod:`.policy`); otherwise
         it is journaled here (as background, refused or ignored) and ``None`` returned."""
         message, chat = update.effective_message, update.effective_chat
@@ -493,7 +508,7 @@ class TelegramAdapter(Adapter):
         if inbound is None or message is None or chat is None:
             return None
         sender_id, _, is_bot = self._sender(message)
-        facts = MessageFacts(sender_id, is_bot, chat.id, chat.type == ChatType.PRIVATE, self._addressed(message))
+        facts = MessageFacts(sender_id, is_bot, chat.id, chat.type == ChatType.PRIVATE, addressed or self._addressed(message))
         verdict = decide(facts, self.settings, self.app.bot.id)
         if verdict is Verdict.ANSWER and is_bot and not self._bot_budget.allow(inbound.chat.key):
             log.info("Telegram: bot %s in %s is over its budget; not answered", sender_id, inbound.chat.key)
@@ -599,18 +614,26 @@ class TelegramAdapter(Adapter):
 
     async def _on_files(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         """A photo, document, voice note, audio or video, with its caption: journaled with its
-        files (fetched before the turn, :meth:`download`); one over ``max_file_bytes`` gets one
-        polite reply instead, and nothing is downloaded."""
+        files (fetched before the turn, :meth:`download`); a file over ``max_file_bytes`` with no
+        caption gets one polite reply instead, and nothing is downloaded (with a caption, the
+        turn answers the caption and says the file was too big)."""
         message = update.effective_message
         if message is None:
             return
         attachments = self._attachments(message)
-        inbound = await self._gate(update, message.caption or "", attachments)
+        album = message.media_group_id or ""
+        # an album's caption (and mention) is on one part: the others follow it
+        inbound = await self._gate(update, message.caption or "", attachments, addressed=album in self._albums)
         if inbound is None:
             return
+        if album:  # its parts make one turn
+            inbound = dataclasses.replace(inbound, album=album)
+            self._albums[album] = None
+            while len(self._albums) > 100:
+                self._albums.pop(next(iter(self._albums)))
         limit = self.settings.max_file_bytes
         big = next((a for a in attachments if a.size is not None and a.size > limit), None)
-        if big is not None:
+        if big is not None and not inbound.text:  # with a caption the turn answers it, and says why
             text = TOO_BIG_TEXT.format(limit=describe_size(limit), name=big.name or "this one", size=describe_size(big.size or 0))
             await self.intake.answer(inbound, text, kv=self._take_kv())
             return
@@ -799,7 +822,7 @@ class TelegramAdapter(Adapter):
             file = await self.app.bot.get_file(attachment.ref)
             if file.file_size is not None and file.file_size > limit:
                 raise MediaError(f"it is over the {describe_size(limit)} limit")
-            await file.download_to_drive(dest)
+            data = await file.download_as_bytearray()
         except BadRequest as exc:
             if "too big" in exc.message.lower():
                 raise MediaError("it is over the 20 MB that Telegram lets bots download") from exc
@@ -808,7 +831,8 @@ class TelegramAdapter(Adapter):
             raise MediaError(f"Telegram could not be reached ({self._untokened(exc.message)})", retryable=True) from exc
         except TelegramError as exc:
             raise MediaError(f"Telegram would not hand it over ({self._untokened(exc.message)})") from exc
-        return dest.stat().st_size
+        await asyncio.to_thread(dest.write_bytes, bytes(data))
+        return len(data)
 
     def _untokened(self, text: str) -> str:
         """``text`` (an error that reaches the user) without the bot token, which is part of
@@ -820,6 +844,9 @@ class TelegramAdapter(Adapter):
 
     def caption_limit(self) -> int:
         return CAPTION_LIMIT
+
+    def caption_fits(self, text: str) -> bool:
+        return utf16_len(text) <= CAPTION_LIMIT  # Telegram counts UTF-16 code units
 
     async def send_file(self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str) -> str:
         """``sendPhoto``, ``sendDocument`` or ``sendVoice``; a photo Telegram refuses (too large,
