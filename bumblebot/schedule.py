@@ -85,6 +85,8 @@ def parse_when(text: str, tz: ZoneInfo, now: float, *, min_interval_s: float = 6
         seconds = number * _UNITS[unit]
         if seconds <= 0:
             raise WhenError(f"{raw!r} is not in the future; {HOW}")
+        if seconds > MAX_AHEAD_DAYS * 86400:
+            raise WhenError(f"{raw!r} is more than {MAX_AHEAD_DAYS // 365} years ahead")
         if word == "every":
             if seconds < min_interval_s:
                 raise WhenError(f"a task may repeat at most every {min_interval_s:g} seconds, not {raw!r}")
