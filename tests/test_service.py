@@ -1,0 +1,364 @@
+"""``bumblebot service install`` (bumblebot/service.py): the unit text, the plan for this
+installation, writing it into tmp_path directories, and systemd's own verdict on it."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from bumblebot import service
+from bumblebot.service import InstallError, install, plan_install, render_unit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Settings that need a privileged (system) manager or user namespaces: never in a user unit.
+SYSTEM_ONLY = {
+    "User", "StateDirectory", "StateDirectoryMode", "ReadWritePaths", "ProtectSystem", "ProtectHome",
+    "PrivateTmp", "PrivateDevices", "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+    "ProtectControlGroups", "ProtectClock", "ProtectHostname", "CapabilityBoundingSet", "AmbientCapabilities",
+}
+
+
+def parse(unit: str) -> dict[str, list[str]]:
+    """``{"Section.Key": [values in order]}``, comments and blank lines left out."""
+    out: dict[str, list[str]] = {}
+    section = ""
+    for line in unit.splitlines():
+        if not line.strip() or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"not a setting: {line!r}"
+        out.setdefault(f"{section}.{key}", []).append(value)
+    return out
+
+
+def standard(**changes: object) -> str:
+    """The unit of the standard system install (bumblebot/service.py), with ``changes``."""
+    args: dict[str, object] = {
+        "exec_path": service.VENV / "bin" / "bumblebot",
+        "config_path": service.CONFIG_PATH,
+        "data_dir": service.STATE_DIR,
+        "env_file": service.ENV_FILE,
+        "user": service.SERVICE_USER,
+        "user_mode": False,
+        "working_dir": service.STATE_DIR,
+    }
+    args.update(changes)
+    return render_unit(**args)  # type: ignore[arg-type]
+
+
+# -- render_unit -------------------------------------------------------------------------------
+
+
+def test_the_system_unit_is_type_notify_with_a_watchdog_and_absolute_paths():
+    unit = parse(standard())
+    expected = {
+        "Service.Type": ["notify"],
+        "Service.NotifyAccess": ["main"],
+        "Service.WatchdogSec": ["30"],
+        "Service.User": ["bumblebot"],
+        "Service.ExecStart": ["/opt/bumblebot/bin/bumblebot run --config /etc/bumblebot/bumblebot.yaml"],
+        "Service.EnvironmentFile": ["-/etc/bumblebot/.env"],
+        "Service.WorkingDirectory": ["/var/lib/bumblebot"],
+        "Service.Restart": ["on-failure"],
+        "Service.RestartSec": ["10"],
+        "Service.RestartPreventExitStatus": ["2"],
+        "Service.TimeoutStopSec": ["45"],
+        "Service.KillMode": ["control-group"],
+        "Service.Environment": ["PYTHONFAULTHANDLER=1"],  # a watchdog kill shows where the loop hung
+        "Service.StateDirectory": ["bumblebot"],  # /var/lib/bumblebot, owned by User=, writable
+        "Service.StateDirectoryMode": ["0700"],
+        "Service.ProtectSystem": ["strict"],
+        "Service.ProtectHome": ["yes"],
+        "Service.NoNewPrivileges": ["yes"],
+        "Unit.After": ["network-online.target"],
+        "Unit.Wants": ["network-online.target"],
+        "Install.WantedBy": ["multi-user.target"],
+    }
+    assert {k: unit.get(k) for k in expected} == expected
+    assert "Service.ReadWritePaths" not in unit  # StateDirectory= already makes it writable
+    # everything of the old deploy/bumblebot.service sandbox is still there
+    for key in ("PrivateTmp", "PrivateDevices", "ProtectKernelTunables", "ProtectKernelModules",
+                "ProtectControlGroups", "RestrictSUIDSGID", "LockPersonality", "SystemCallArchitectures"):
+        assert unit[f"Service.{key}"] in (["yes"], ["native"]), key
+    assert unit["Service.RestrictAddressFamilies"] == ["AF_INET AF_INET6 AF_UNIX"]
+    assert all(len(values) == 1 for values in unit.values())
+
+
+def test_a_data_dir_outside_var_lib_is_made_writable_by_path():
+    unit = parse(standard(data_dir=Path("/srv/bumblebot/data"), working_dir=Path("/srv/bumblebot/data"),
+                          writable=[Path("/srv/bumblebot/data/workspace"), Path("/srv/shared")]))
+    assert unit["Service.ReadWritePaths"] == ["/srv/bumblebot/data /srv/shared"]  # a workspace inside is covered
+    assert "Service.StateDirectory" not in unit
+    nested = parse(standard(data_dir=Path("/var/lib/bots/ada")))
+    assert nested["Service.StateDirectory"] == ["bots/ada"] and "Service.ReadWritePaths" not in nested
+
+
+def test_an_installation_under_home_is_seen_read_only_not_hidden():
+    unit = parse(standard(exec_path=Path("/home/ada/venv/bin/bumblebot")))
+    assert unit["Service.ProtectHome"] == ["read-only"]
+    unit = parse(standard(data_dir=Path("/home/ada/bumblebot-data")))
+    assert unit["Service.ProtectHome"] == ["read-only"]
+    assert unit["Service.ReadWritePaths"] == ["/home/ada/bumblebot-data"]
+
+
+def test_the_user_unit_has_no_user_and_no_namespace_sandboxing():
+    unit = parse(standard(user_mode=True, user="ignored", exec_path=Path("/home/ada/venv/bin/bumblebot"),
+                          config_path=Path("/home/ada/bb/bumblebot.yaml"), env_file=Path("/home/ada/bb/.env"),
+                          data_dir=Path("/home/ada/bb/data"), working_dir=Path("/home/ada/bb/data")))
+    assert SYSTEM_ONLY.isdisjoint(key.split(".", 1)[1] for key in unit)
+    assert "Unit.Wants" not in unit and "Unit.After" not in unit  # no network-online.target for users
+    assert unit["Install.WantedBy"] == ["default.target"]
+    assert unit["Service.Type"] == ["notify"] and unit["Service.WatchdogSec"] == ["30"]
+    assert unit["Service.NotifyAccess"] == ["main"]
+    assert unit["Service.ExecStart"] == ["/home/ada/venv/bin/bumblebot run --config /home/ada/bb/bumblebot.yaml"]
+    assert unit["Service.EnvironmentFile"] == ["-/home/ada/bb/.env"]
+    for key in ("NoNewPrivileges", "RestrictSUIDSGID", "LockPersonality", "RestrictRealtime", "RestrictNamespaces"):
+        assert unit[f"Service.{key}"] == ["yes"], key  # seccomp-based: fine for an unprivileged manager
+
+
+def test_no_user_runs_the_system_unit_as_root():
+    assert "Service.User" not in parse(standard(user=None))
+
+
+def test_specifier_and_variable_characters_are_escaped():
+    unit = parse(standard(exec_path=Path("/opt/50%/bin/bumblebot"), config_path=Path("/etc/bb$1/bumblebot.yaml")))
+    assert unit["Service.ExecStart"] == ["/opt/50%%/bin/bumblebot run --config /etc/bb$$1/bumblebot.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("exec_path", Path("/opt/my bot/bin/bumblebot")),
+        ("config_path", Path('/etc/"bb"/bumblebot.yaml')),
+        ("data_dir", Path("/var/lib/bb\nUser=root")),
+        ("env_file", Path("relative/.env")),
+        ("working_dir", Path("/srv/back\\slash")),
+    ],
+)
+def test_a_path_the_unit_cannot_hold_is_refused_by_name(name, bad):
+    with pytest.raises(InstallError) as caught:
+        standard(**{name: bad})
+    assert caught.value.path == bad
+    shown = str(bad) if str(bad).isprintable() else repr(str(bad))
+    assert shown in str(caught.value)
+
+
+def test_deploy_unit_is_what_install_writes_for_the_standard_paths():
+    text = (ROOT / "deploy" / "bumblebot.service").read_text()
+    unit = standard()
+    assert text.endswith(unit)
+    header = text[: -len(unit)]
+    assert all(not line or line.startswith("#") for line in header.splitlines())
+    for step in ("python3 -m venv /opt/bumblebot", "/opt/bumblebot/bin/pip install", "/etc/bumblebot/.env",
+                 "useradd --system", "/var/lib/bumblebot", "pip wheel"):
+        assert step in header, step
+
+
+# -- plan_install and install ------------------------------------------------------------------
+
+
+@dataclass
+class Tree:
+    python: Path
+    entry: Path
+    config: Path
+    data: Path
+    units: Path
+    home: Path
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[Tree]:
+    """An installation in tmp_path: a venv with a `bumblebot` script, a config naming its
+    data_dir relatively, and empty places for units and a home directory."""
+    bin_dir = tmp_path / "opt" / "bumblebot" / "bin"
+    bin_dir.mkdir(parents=True)
+    python = bin_dir / "python"
+    python.write_text("")
+    entry = bin_dir / "bumblebot"
+    entry.write_text("#!/bin/sh\nexit 0\n")
+    entry.chmod(0o755)
+    config = tmp_path / "etc" / "bumblebot" / "bumblebot.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("data_dir: ../../var/lib/bumblebot\n")
+    yield Tree(python, entry, config, tmp_path / "var" / "lib" / "bumblebot", tmp_path / "units", tmp_path / "home")
+
+
+def plan(tree: Tree, **changes: object) -> service.InstallPlan:
+    args: dict[str, object] = {
+        "config_path": tree.config, "executable": tree.python, "unit_dir": tree.units, "home": tree.home,
+        "user": "nobody", "euid": 0,
+    }
+    args.update(changes)
+    return plan_install(**args)  # type: ignore[arg-type]
+
+
+def test_plan_finds_the_entry_point_config_and_data_dir_of_this_installation(tree, tmp_path):
+    os.chdir(tree.config.parent)
+    p = plan(tree, config_path=Path("bumblebot.yaml"))  # relative: made absolute
+    unit = parse(p.unit_text)
+    assert unit["Service.ExecStart"] == [f"{tree.entry} run --config {tree.config}"]
+    assert unit["Service.WorkingDirectory"] == [str(tree.data)]  # data_dir read from the config, resolved
+    assert unit["Service.ReadWritePaths"] == [str(tree.data)]
+    assert unit["Service.EnvironmentFile"] == [f"-{tree.config.parent / '.env'}"]
+    assert unit["Service.User"] == ["nobody"]
+    assert p.unit_path == tree.units / "bumblebot.service"
+    assert (p.state_dir, p.owner, p.exec_path, p.config_path) == (tree.data, "nobody", tree.entry, tree.config)
+    assert p.commands == (
+        "systemctl daemon-reload",
+        "systemctl enable --now bumblebot",
+        "systemctl status bumblebot",
+        "journalctl -u bumblebot -f",
+    )
+
+
+def test_plan_takes_the_data_dir_it_is_given_and_a_non_root_gets_sudo(tree, tmp_path):
+    p = plan(tree, data_dir=tmp_path / "elsewhere", euid=1000)
+    assert p.state_dir == tmp_path / "elsewhere"
+    assert parse(p.unit_text)["Service.WorkingDirectory"] == [str(tmp_path / "elsewhere")]
+    assert p.commands[0] == "sudo systemctl daemon-reload" and p.commands[-1] == "sudo journalctl -u bumblebot -f"
+
+
+def test_plan_defaults_to_the_system_unit_dir_and_the_bumblebot_user(tree):
+    p = plan_install(config_path=tree.config, data_dir=tree.data, executable=tree.python)
+    assert p.unit_path == Path("/etc/systemd/system/bumblebot.service")
+    assert p.owner == "bumblebot" and parse(p.unit_text)["Service.User"] == ["bumblebot"]
+
+
+def test_a_user_plan_goes_to_the_users_systemd_dir(tree):
+    p = plan_install(config_path=tree.config, data_dir=tree.data, user_mode=True, executable=tree.python,
+                     home=tree.home)
+    assert p.unit_path == tree.home / ".config" / "systemd" / "user" / "bumblebot.service"
+    assert p.owner is None and "Service.User" not in parse(p.unit_text)
+    assert p.commands[0].startswith("loginctl enable-linger ")
+    assert p.commands[1:] == (
+        "systemctl --user daemon-reload",
+        "systemctl --user enable --now bumblebot",
+        "systemctl --user status bumblebot",
+        "journalctl --user -u bumblebot -f",
+    )
+
+
+def test_a_missing_service_user_is_noted_and_created_first(tree):
+    p = plan(tree, user="bumblebot-test-no-such-user", euid=1000)
+    assert any("bumblebot-test-no-such-user" in note for note in p.notes)
+    name = "bumblebot-test-no-such-user"
+    assert p.commands[:2] == (
+        f"sudo useradd --system --user-group --home-dir {tree.data} --shell /usr/sbin/nologin {name}",
+        f"sudo chown bumblebot-test-no-such-user:bumblebot-test-no-such-user {tree.data}",  # not under /var/lib
+    )
+    assert p.commands[2] == "sudo systemctl daemon-reload"
+
+
+def test_without_an_entry_point_or_a_config_the_plan_says_which_file(tree, tmp_path):
+    tree.entry.unlink()
+    with pytest.raises(InstallError) as caught:
+        plan(tree)
+    assert caught.value.path == tree.entry and str(tree.entry) in str(caught.value)
+    with pytest.raises(InstallError) as caught:
+        plan(tree, config_path=tmp_path / "nope.yaml")
+    assert caught.value.path == tmp_path / "nope.yaml" and "nope.yaml" in str(caught.value)
+
+
+def test_install_writes_the_unit_and_the_state_directory(tree):
+    p = plan(tree)
+    out = install(p, dry_run=False)
+    assert p.unit_path.read_text() == p.unit_text
+    assert stat.S_IMODE(p.unit_path.stat().st_mode) == 0o644
+    assert tree.data.is_dir() and stat.S_IMODE(tree.data.stat().st_mode) == 0o700
+    assert f"wrote {p.unit_path}" in out and str(tree.data) in out
+    assert out.index("next:") < out.index("systemctl daemon-reload") < out.index("systemctl enable --now bumblebot")
+    assert [x.name for x in tree.units.iterdir()] == ["bumblebot.service"]  # no partial file left
+
+    assert f"{p.unit_path} is up to date" in install(p, dry_run=False)
+    changed = replace(p, unit_text=p.unit_text.replace("RestartSec=10", "RestartSec=11"))
+    assert f"replaced {p.unit_path}" in install(changed, dry_run=False)
+    assert "RestartSec=11" in p.unit_path.read_text()
+
+
+def test_a_user_install_creates_the_users_unit_directory(tree):
+    p = plan(tree, user_mode=True, unit_dir=None)
+    install(p, dry_run=False)
+    assert (tree.home / ".config" / "systemd" / "user" / "bumblebot.service").read_text() == p.unit_text
+
+
+def test_a_dry_run_prints_the_unit_and_writes_nothing(tree):
+    p = plan(tree)
+    out = install(p, dry_run=True)
+    assert "Type=notify" in out and "WatchdogSec=30" in out and f"ExecStart={tree.entry} run" in out
+    assert str(p.unit_path) in out and "systemctl enable --now bumblebot" in out
+    assert not tree.units.exists() and not tree.data.exists()
+
+
+def test_a_data_dir_that_is_a_file_is_named(tree):
+    tree.data.parent.mkdir(parents=True)
+    tree.data.write_text("oops")
+    with pytest.raises(InstallError) as caught:
+        install(plan(tree), dry_run=False)
+    assert caught.value.path == tree.data and f"{tree.data} is a file" in str(caught.value)
+
+
+def test_a_permission_error_names_the_file_and_says_sudo_or_user(tree, tmp_path):
+    units = tmp_path / "locked"
+    units.mkdir(mode=0o500)
+    p = plan(tree, unit_dir=units)
+    with pytest.raises(InstallError) as caught:
+        with_unprivileged(lambda: install(p, dry_run=False))
+    message = str(caught.value)
+    assert caught.value.path == units / "bumblebot.service"
+    assert f"cannot write {units / 'bumblebot.service'}" in message and "Permission denied" in message
+    assert f"sudo {tree.entry} service install --config {tree.config}" in message and "--user" in message
+
+    user = plan(tree, unit_dir=units, user_mode=True)
+    with pytest.raises(InstallError) as caught:
+        with_unprivileged(lambda: install(user, dry_run=False))
+    assert str(units / "bumblebot.service") in str(caught.value) and "sudo" not in str(caught.value)
+
+
+def with_unprivileged(call):
+    """``call()`` without the right to write tmp_path (as `nobody` when we are root)."""
+    if os.geteuid() != 0:
+        return call()
+    os.seteuid(pwd.getpwnam("nobody").pw_uid)
+    try:
+        return call()
+    finally:
+        os.seteuid(0)
+
+
+if os.geteuid() == 0:  # only root can give the directory away; elsewhere this test is left out
+
+    def test_as_root_the_state_directory_is_given_to_the_service_user(tree):
+        out = install(plan(tree, user="nobody"), dry_run=False)
+        assert tree.data.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+        assert f"{tree.data}, owned by nobody" in out
+
+
+# -- systemd's verdict -------------------------------------------------------------------------
+
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+
+if SYSTEMD_ANALYZE is not None:  # without it this check is left out, not faked
+
+    @pytest.mark.parametrize("user_mode", [False, True], ids=["system", "user"])
+    def test_systemd_analyze_verify_accepts_the_unit(tree, tmp_path, user_mode):
+        p = plan(tree, user_mode=user_mode, user="bumblebot")  # User=nobody draws a (fair) warning
+        install(p, dry_run=False)
+        runtime = tmp_path / "runtime"
+        runtime.mkdir(mode=0o700)
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "SYSTEMD_LOG_LEVEL": "notice"}
+        args = [SYSTEMD_ANALYZE, *(["--user"] if user_mode else []), "verify", str(p.unit_path)]
+        done = subprocess.run(args, check=False, capture_output=True, text=True, env=env, timeout=60)
+        assert (done.returncode, done.stderr, done.stdout) == (0, "", "")
