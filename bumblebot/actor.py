@@ -30,6 +30,8 @@ EARLY_JITTER_S = 0.5
 #: Seconds after the last part of a Telegram album (photos sent together arrive as separate
 #: messages with one ``media_group_id``) before its turn starts, so the album is one turn.
 ALBUM_SETTLE_S = 1.0
+#: Longest wait for an album's parts, seconds from its first.
+ALBUM_MAX_WAIT_S = 5.0
 
 
 class Progress:
@@ -87,6 +89,8 @@ class ConversationActor:
         self._suspended: Suspended | None = None
         self._postponed: Postponed | None = None
         self._album_at = 0.0  # when the last album part arrived (loop time)
+        self._album_since = 0.0  # when the first part of the album being waited for arrived
+        self._postponed_due = 0.0
         #: after a failure under a turn (the database), seconds before it is read back and resumed
         self._recover_in: float | None = None
         self.busy = False
@@ -113,17 +117,24 @@ class ConversationActor:
         return bool(self.busy or self.conversation.inbox or self._resume or self._jobs or self._recover_in)
 
     def enqueue(self, entry: JournalEntry) -> None:
-        self.conversation.inbox.append(entry)
+        inbox = self.conversation.inbox
         if entry.inbound.album:
-            self._album_at = asyncio.get_running_loop().time()
+            now = asyncio.get_running_loop().time()
+            if not inbox or inbox[-1].inbound.album != entry.inbound.album:
+                self._album_since = now
+            self._album_at = now
+        inbox.append(entry)
         self._wake.set()
 
     def _album_wait(self) -> float:
-        """Seconds to wait for more parts of an album the inbox ends with (0: none)."""
+        """Seconds to wait for more parts of an album the inbox ends with (0: none): until
+        :data:`ALBUM_SETTLE_S` after its last part, at most :data:`ALBUM_MAX_WAIT_S` after its
+        first (parts that keep coming cannot hold the chat up)."""
         inbox = self.conversation.inbox
         if not inbox or not inbox[-1].inbound.album:
             return 0.0
-        return max(0.0, self._album_at + ALBUM_SETTLE_S - asyncio.get_running_loop().time())
+        until = min(self._album_at + ALBUM_SETTLE_S, self._album_since + ALBUM_MAX_WAIT_S)
+        return max(0.0, until - asyncio.get_running_loop().time())
 
     def resume(self, running: RunningTurn) -> None:
         """Continue ``running`` (left by the last process) before anything else."""
@@ -155,12 +166,6 @@ class ConversationActor:
                     return
                 self._suspended = None
                 await self._turn(lambda: self._runner.retry(conversation, suspended))
-            elif self._postponed is not None:
-                postponed = self._postponed
-                if await self._sleep(postponed.retry_in):
-                    return  # the entries stay pending in the journal: the next start has them
-                self._postponed = None
-                conversation.inbox[:0] = postponed.entries
             elif self._resume:
                 running = self._resume.pop(0)
                 await self._turn(lambda: self._runner.resume(conversation, running))
@@ -171,11 +176,18 @@ class ConversationActor:
                 except Exception:
                     log.exception("job in %s failed", self.key)
                 await self._progress.notify()
+            elif self._postponed is not None and self._postponed_due <= asyncio.get_running_loop().time():
+                # the file service may be back: the waiting messages go first again
+                conversation.inbox[:0] = self._postponed.entries
+                self._postponed = None
             elif conversation.inbox and (wait := self._album_wait()) > 0:
                 if await self._sleep(wait):  # more photos of the album may be on their way
                     return
             elif conversation.inbox:
                 await self._turn(lambda: self._runner.run(conversation, conversation.take_inbox()))
+            elif self._postponed is not None:  # nothing else to do: sleep until the retry
+                if await self._sleep(self._postponed_due - asyncio.get_running_loop().time()):
+                    return  # the entries stay pending in the journal: the next start has them
             else:
                 self._wake.clear()
                 try:
@@ -214,6 +226,11 @@ class ConversationActor:
         """``/stop``: the running turn (or the one waiting out an outage) stops at once: its
         model call is aborted, tools still running are cancelled, what it delivered stays, and
         its history records that it was stopped (``AgentLoop``). ``False`` when there is none."""
+        if self._postponed is not None and not self.busy:
+            # messages waiting for a file service: they are not answered after all
+            waiting, self._postponed = self._postponed, None
+            self._spawned_drop = asyncio.ensure_future(self.conversation.drop(waiting.entries))
+            return True
         if not (self.busy or self._suspended is not None) or not self.conversation.request_stop():
             return False
         self._wake.set()  # a suspended turn is retried now, and ends as stopped
@@ -237,7 +254,11 @@ class ConversationActor:
         if isinstance(outcome, Suspended):
             self._suspended = outcome
         elif isinstance(outcome, Postponed):
-            self._postponed = outcome
+            # the messages wait for their files; later ones (text, other files) go on meanwhile
+            if outcome.entries:
+                self._postponed = outcome
+                self._postponed_due = asyncio.get_running_loop().time() + outcome.retry_in
+            self.conversation.inbox[:0] = outcome.ready
         elif isinstance(outcome, Finished):
             self._progress.turns_finished += 1
         await self._progress.notify()

@@ -469,14 +469,19 @@ class Conversation:
         self.inbox = journal + [e for e in self.inbox if e.id not in known and e.id not in taken]
         return running
 
+    async def drop(self, entries: list[JournalEntry]) -> None:
+        """``/stop`` while ``entries`` wait (for a file service): they are settled unanswered."""
+        await self._store.settle_journal([e.id for e in entries], "ignored")
+
     def take_inbox(self, *, steering: bool = False) -> list[JournalEntry]:
         """What the next turn answers, in arrival order: the messages from people waiting at
         the head of the inbox (they merge into one turn), or one scheduled or autonomous
         entry (each is a turn of its own, never merged). ``steering``: for the running turn,
-        every message from a person waiting, and nothing else."""
-        if steering:
-            batch = [e for e in self.inbox if e.inbound.source == "chat"]
-            self.inbox = [e for e in self.inbox if e.inbound.source != "chat"]
+        every message from a person waiting (not the parts of an album), and nothing else."""
+        if steering:  # not an album's parts: they wait for each other, and make a turn of their own
+            steers = [e.inbound.source == "chat" and not e.inbound.album for e in self.inbox]
+            batch = [e for e, s in zip(self.inbox, steers, strict=True) if s]
+            self.inbox = [e for e, s in zip(self.inbox, steers, strict=True) if not s]
             return batch
         if not self.inbox:
             return []

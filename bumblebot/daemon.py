@@ -224,7 +224,9 @@ class Daemon:
             media_files=MediaFiles(settings.media_dir),
             voice=settings.voice,
         )
-        self.engine = Engine(settings.engine, store, self.runner, delivery, prompts, memory, scheduler)
+        self.engine = Engine(
+            settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, media=self.media
+        )
         return self.engine
 
     async def start(self, adapters: list[Adapter] | None = None) -> None:

@@ -17,8 +17,8 @@ A row with an ``attachment`` (issue 12) sends a file as well: a ``photo`` or ``d
 (the ``send_file`` tool) goes as one message with the text as its caption, or after the text
 when the text is longer than the platform's caption limit; a ``voice`` (``voice.reply:
 mirror``) goes after the text's chunks, its speech made on the first attempt and kept as
-``<data_dir>/media/voice/<outbox id>.ogg``, so a retry sends the same file and never makes it
-twice. The file is the row's last part and counts in ``platform_message_ids`` like a chunk.
+``<data_dir>/media/voice/voice-<outbox id>-<token>.ogg`` (recorded in the row), so a retry
+sends the same file and never makes it twice; it is deleted once sent. The file is the row's last part and counts in ``platform_message_ids`` like a chunk.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any
 from bumblebot.adapter import Adapter, FileKind, Typing
 from bumblebot.errors import DeliveryFailed, MediaError
 from bumblebot.events import ChatRef, Platform
+from bumblebot.metrics import NO_METRICS, Metrics
 from bumblebot.speech import Speech
 from bumblebot.store import OutboxEntry, Store
 from bumblebot.toolkit import DeliveryReport
@@ -65,13 +67,16 @@ class Delivery:
         speech: makes the voice of a row whose attachment is a ``voice`` (``None``: such rows
             are sent as text only).
         media_dir: ``<data_dir>/media``: where voice replies are kept.
+        metrics: counts each delivery's outcome (``bumblebot_deliveries_total``: sent,
+            failed, queued); default: not counted.
     """
 
     def __init__(
         self, store: Store, *, attempts: int = 3, base_delay_s: float = 0.5, speech: Speech | None = None,
-        media_dir: Path | None = None,
+        media_dir: Path | None = None, metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self._metrics = NO_METRICS if metrics is None else metrics  # metrics hook (issue 14)
         self._speech = speech
         self._media_dir = media_dir
         self.attempts = attempts
@@ -123,9 +128,12 @@ class Delivery:
         """Send an outbox row now, with retries; the row records every outcome."""
         self._in_flight.add(entry.id)
         try:
-            return await self._attempts(entry, attempts or self.attempts)
+            report = await self._attempts(entry, attempts or self.attempts)
         finally:
             self._in_flight.discard(entry.id)
+        # metrics hook (issue 14): one outcome per delivery (its inline retries included)
+        self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")
+        return report
 
     async def _attempts(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
         adapter = self._adapters.get(entry.chat.platform)
@@ -211,15 +219,18 @@ class Delivery:
             await self.store.outbox_set_attachment(entry.id, attachment)
         if not path or not Path(path).is_file():
             raise DeliveryFailed(f"the file to send is gone: {path}", retryable=False)
-        return await adapter.send_file(entry.chat, Path(path), kind=part.kind, caption=part.caption, key=key)
+        sent = await adapter.send_file(entry.chat, Path(path), kind=part.kind, caption=part.caption, key=key)
+        if part.kind == "voice":  # made for this row alone: not kept once it is out
+            with contextlib.suppress(OSError):
+                Path(path).unlink()
+        return sent
 
     async def _voice(self, entry: OutboxEntry) -> Path:
-        """The speech of a row's text, made once (kept by outbox id)."""
+        """The speech of a row's text, made once: its file (named for this row and a random
+        token, so a reused outbox id never finds an old one) is recorded before it is sent."""
         if self._speech is None or self._media_dir is None:
             raise DeliveryFailed("no speech service is configured", retryable=False)
-        dest = self._media_dir / "voice" / f"voice-{entry.id}.ogg"
-        if dest.is_file():
-            return dest
+        dest = self._media_dir / "voice" / f"voice-{entry.id}-{secrets.token_hex(6)}.ogg"
         try:
             return await self._speech.synthesize(entry.text, dest)
         except MediaError as exc:

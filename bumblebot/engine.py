@@ -32,6 +32,8 @@ from bumblebot.conversation import Conversation
 from bumblebot.delivery import Delivery
 from bumblebot.events import ChatRef, Inbound, Platform
 from bumblebot.knowledge import Memory
+from bumblebot.media import MediaIntake
+from bumblebot.metrics import NO_METRICS, Metrics
 from bumblebot.prompt import PromptBuilder
 from bumblebot.scheduler import Scheduler, TaskError
 from bumblebot.store import JournalEntry, Pruned, Store
@@ -62,6 +64,9 @@ class Engine:
         prompts: the entity (greeting, name).
         memory: the conversations' facts files (moved with a chat that changes its id).
         scheduler: scheduled tasks and autonomous cycles (``None``: none run).
+        metrics: samples :attr:`queue_depth` at each scrape (``bumblebot_queue_depth``);
+            default: not sampled.
+        media: the inboxes of the files people sent (moved with a chat that changes its id).
     """
 
     def __init__(
@@ -73,8 +78,11 @@ class Engine:
         prompts: PromptBuilder,
         memory: Memory | None = None,
         scheduler: Scheduler | None = None,
+        metrics: Metrics | None = None,
+        media: MediaIntake | None = None,
     ) -> None:
         self.settings = settings
+        self._media = media
         self._scheduler = scheduler
         self._platforms: set[Platform] | None = None
         self._memory = memory
@@ -89,6 +97,8 @@ class Engine:
         self._accepting = False
         self._stopped = False
         self.progress = Progress()
+        # metrics hook (issue 14): bumblebot_queue_depth reads the inboxes at each scrape
+        (NO_METRICS if metrics is None else metrics).watch_queue(lambda: self.queue_depth)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -267,6 +277,12 @@ class Engine:
         return len(self._actors)
 
     @property
+    def queue_depth(self) -> int:
+        """Messages waiting in the inboxes of loaded conversations, not yet taken by a turn.
+        Safe to read from another thread (the metrics exporter): it only copies and counts."""
+        return sum(actor.queued for actor in list(self._actors.values()))
+
+    @property
     def waiting(self) -> int:
         """Conversations whose turn waits out a model outage."""
         return sum(a.waiting for a in self._actors.values())
@@ -330,6 +346,11 @@ class Engine:
         ``migrate_to_chat_id``): its conversation, facts and pending work continue there, and
         a loaded actor is re-keyed. ``False`` when there was nothing to move or ``new``
         already had a conversation (then both stay as they are)."""
+        if self._media is not None:  # the files people sent there go with it
+            try:
+                await asyncio.to_thread(self._media.move_chat, old.key, new.key)
+            except OSError as exc:
+                log.warning("could not move the files of %s to %s: %s", old.key, new.key, exc)
         if self._memory is not None:  # first: a crash after the database move must not strand it
             try:
                 self._memory.move(old.key, new.key)

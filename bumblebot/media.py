@@ -66,7 +66,10 @@ UNKNOWN_IMAGE_TOKENS = 765
 
 class MediaUnavailable(Exception):
     """A message's files cannot be fetched or transcribed for now (the platform or the
-    transcription endpoint is down); nothing was recorded, try again later."""
+    transcription endpoint is down); try again later. ``entries``: the entries given to
+    :meth:`MediaIntake.prepare`, those it prepared before the failure with their ``media``."""
+
+    entries: list[JournalEntry] = []
 
 
 def image_tokens(width: int | None, height: int | None) -> int:
@@ -212,6 +215,24 @@ class MediaIntake:
             log.info("removed %d unfinished download(s) left by the last process", gone)
         return gone
 
+    def move_chat(self, old: str, new: str) -> None:
+        """The chat with key ``old`` continues as ``new`` (a Telegram group became a
+        supergroup): its inbox goes with it (merged into one the new chat has). Sync (a rename).
+
+        Raises:
+            OSError: the folder could not be moved.
+        """
+        source = self.workspace / documents.INBOX / documents.chat_folder(old)
+        target = self.workspace / documents.INBOX / documents.chat_folder(new)
+        if not source.is_dir():
+            return
+        if not target.exists():
+            os.replace(source, target)
+            return
+        for path in sorted(source.iterdir()):
+            if path.is_file() and not path.is_symlink():
+                documents.place(target, path.name, path)
+
     def register(self, adapter: Downloader) -> None:
         """Fetch the files of ``adapter``'s platform through it."""
         self._adapters[adapter.platform] = adapter
@@ -227,10 +248,14 @@ class MediaIntake:
                 are recorded. With ``final`` (it has waited long enough) such a file is told
                 as failed instead.
         """
-        out = []
+        out: list[JournalEntry] = []
         for entry in entries:
             if entry.inbound.attachments and entry.media is None:
-                result = (await self._prepare(entry, final)).to_json()
+                try:
+                    result = (await self._prepare(entry, final)).to_json()
+                except MediaUnavailable as exc:
+                    exc.entries = [*out, *entries[len(out):]]  # what was prepared stays prepared
+                    raise
                 await self._store.save_media(entry.id, result)
                 entry = dataclasses.replace(entry, media=result)
             out.append(entry)

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 #: ``[words](url)``: bounded character classes, no nesting: linear.
 _LINK = re.compile(r"\[([^\]\n]{1,300})\]\([^)\s]{1,2000}\)")
 _URL = re.compile(r"https?://[^\s)]{1,2000}")
+#: Least seconds a transcription may take (``llm.timeout_s`` when that is longer).
+TRANSCRIPTION_TIMEOUT_S = 300.0
 #: Statuses after which a later try may work (the endpoint down, busy or rate-limited).
 _TRANSIENT = frozenset({408, 409, 429, 500, 502, 503, 504})
 
@@ -54,15 +56,15 @@ class Speech:
         self.transcription_base_url = llm.transcription_base_url or base_url
         key = api_key or "not-needed"
         self._speech = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=llm.timeout_s, max_retries=1)
-        self._stt = (
-            self._speech if self.transcription_base_url == base_url
-            else openai.AsyncOpenAI(base_url=self.transcription_base_url, api_key=key, timeout=llm.timeout_s, max_retries=1)
+        # a long recording on a CPU whisper server takes minutes: its own, longer timeout
+        self.transcription_timeout_s = max(TRANSCRIPTION_TIMEOUT_S, llm.timeout_s)
+        self._stt = openai.AsyncOpenAI(
+            base_url=self.transcription_base_url, api_key=key, timeout=self.transcription_timeout_s, max_retries=1
         )
 
     async def aclose(self) -> None:
         await self._speech.close()
-        if self._stt is not self._speech:
-            await self._stt.close()
+        await self._stt.close()
 
     async def transcribe(self, data: bytes, *, name: str, mime: str) -> str:
         """The text spoken in ``data`` (an audio file named ``name`` of type ``mime``), stripped;
@@ -80,7 +82,9 @@ class Speech:
             raise MediaError(
                 f"the transcription service refused it (HTTP {exc.status_code})", retryable=exc.status_code in _TRANSIENT
             ) from exc
-        except openai.APIConnectionError as exc:  # includes timeouts
+        except openai.APITimeoutError as exc:  # slow, not down: sending it again would not help
+            raise MediaError(f"the transcription took longer than {self.transcription_timeout_s:g} s") from exc
+        except openai.APIConnectionError as exc:
             log.warning("transcription at %s failed: %s", self.transcription_base_url, exc)
             raise MediaError("the transcription service could not be reached", retryable=True) from exc
         except openai.APIError as exc:

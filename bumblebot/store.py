@@ -654,6 +654,14 @@ class Store:
         media = json.loads(r["media"]) if r["media"] else None
         return JournalEntry(id=int(r["id"]), inbound=inbound, status=r["status"], turn_id=r["turn_id"], media=media)
 
+    async def settle_journal(self, journal_ids: list[int], status: str) -> None:
+        """Settle pending entries without a turn (``/stop`` while they waited)."""
+        async with self.transaction() as db:
+            await db.executemany(
+                "UPDATE journal SET status=?, done_at=? WHERE id=? AND status='pending'",
+                [(status, time.time(), i) for i in journal_ids],
+            )
+
     async def save_media(self, journal_id: int, media: dict[str, Any]) -> None:
         """Record what fetching a message's attachments gave (``JournalEntry.media``)."""
         async with self.transaction() as db:

@@ -44,6 +44,8 @@ from bumblebot.delivery import Delivery
 from bumblebot.documents import describe_size, sniff
 from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
 from bumblebot.llm import LLM, SayListener
+from bumblebot.logs import bind
+from bumblebot.metrics import NO_METRICS, Metrics
 from bumblebot.media import MediaFiles, MediaIntake, MediaUnavailable, answerable, prepared
 from bumblebot.loop import (
     STOPPED_NOTE,
@@ -132,10 +134,12 @@ class Suspended:
 class Postponed:
     """The files of ``entries`` could not be fetched or transcribed for now (the platform or
     the transcription endpoint is down): no turn began; the actor queues them again after
-    ``retry_in`` seconds."""
+    ``retry_in`` seconds. ``ready``: the messages that were to be answered with them and need
+    nothing fetched (text, files already prepared): answered now, without waiting."""
 
     entries: list[JournalEntry]
     retry_in: float
+    ready: list[JournalEntry] = dataclasses.field(default_factory=list)
 
 
 Outcome = Finished | Suspended | Postponed
@@ -268,13 +272,22 @@ class TurnIO(TurnPort):
         if not entries:
             return []
         if self._prepare is not None:  # their files fetched first (recorded in the journal)
-            entries = await self._prepare(entries)
+            try:
+                entries = await self._prepare(entries)
+            except MediaUnavailable as exc:  # a file service is down: they get a turn of their own, which waits
+                self._conversation.inbox[:0] = exc.entries or entries
+                return []
+            if not self.steer_images and any(prepared(e).images for e in entries):
+                self._conversation.inbox[:0] = entries  # this turn's model may not see: a turn of their own
+                return []
         if any(prepared(e).voice for e in entries):
             self._turn.state["voice_reply"] = self._turn.state.get("voice_reply", False) or self._voice_mirror
         return [await self._turn.steer(entries)]
 
     #: ``voice.reply: mirror``: replies to a voice note go out as voice too (set by the runner)
     _voice_mirror = False
+    #: the turn runs on ``llm.model``: photos sent meanwhile may join it (set by the runner)
+    steer_images = True
 
     def _voice(self) -> dict[str, Any] | None:
         """The attachment of a reply of a turn answering a voice note (``voice.reply: mirror``)."""
@@ -416,6 +429,7 @@ class TurnRunner:
             only named).
         media_files: where requests read images from (``None``: images are never shown).
         voice: the ``voice`` settings (``reply: mirror`` answers voice notes by voice too).
+        metrics: counts finished turns by status (``bumblebot_turns_total``); default: not counted.
     """
 
     def __init__(
@@ -435,7 +449,9 @@ class TurnRunner:
         media: MediaIntake | None = None,
         media_files: MediaFiles | None = None,
         voice: VoiceSettings | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        self._metrics = NO_METRICS if metrics is None else metrics  # metrics hook (issue 14)
         self.media = media
         self.media_files = media_files
         self.voice = voice
@@ -489,12 +505,24 @@ class TurnRunner:
         the turn's state, so a resumed turn never repeats it); when nothing is left for the
         model to answer, that note ends the turn.
         """
+        with bind(conversation=conversation.key):  # log context (issue 14): the JSON log's ids
+            return await self._run(conversation, entries)
+
+    async def _run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
         if self.media is not None:
             try:
                 async with self.delivery.typing(conversation.chat, self.engine_cfg.typing_interval_s):
                     entries = await self.media.prepare(entries, final=self._waited_out(entries))
             except MediaUnavailable as exc:
-                return await self._postpone(conversation, entries, exc)
+                known = exc.entries or entries
+                waiting = [e for e in known if e.inbound.attachments and e.media is None]
+                ready = [e for e in known if not (e.inbound.attachments and e.media is None)]
+                if conversation.stop_pending:  # /stop while they were fetched: not answered after all
+                    conversation.stop_pending = False
+                    await conversation.drop(waiting)
+                    return Postponed([], 0.0, ready)
+                postponed = await self._postpone(conversation, waiting, exc)
+                return dataclasses.replace(postponed, ready=ready)
             for entry in entries:
                 self._media_waits.pop(entry.id, None)
             self._media_told.discard(conversation.key)
@@ -562,6 +590,10 @@ class TurnRunner:
         cut off while it was working counts one resume (a turn that was waiting out an outage,
         or that a stop cut off cleanly, does not); after :data:`MAX_RESUMES` it is given up.
         """
+        with bind(conversation=conversation.key, turn=running.id):  # log context (issue 14)
+            return await self._resume(conversation, running)
+
+    async def _resume(self, conversation: Conversation, running: RunningTurn) -> Outcome:
         state = await self._start_state(running.entries) if running.legacy and running.entries else {}
         turn = await conversation.resume_turn(running, state)
         if not turn.entries:  # nothing left to answer (settled meanwhile)
@@ -669,6 +701,10 @@ class TurnRunner:
 
     async def _drive(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
         """Run the loop on ``turn`` until it finishes or the endpoint fails."""
+        with bind(conversation=conversation.key, turn=turn.id):  # log context (issue 14)
+            return await self._drive_bound(conversation, turn, earlier)
+
+    async def _drive_bound(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
         started = time.monotonic()
         state = turn.state
         limits = self._limits(state.get("route") == Route.REFLEX.value, turn.entries[0].inbound.source if turn.entries else "chat")
@@ -703,6 +739,7 @@ class TurnRunner:
             return self.redact(json.loads(json.dumps(out, default=str)))
 
         io = self._io(conversation, turn, snapshot)
+        io.steer_images = limits.model == self.llm.model
         try:
             await self._tell_blind(conversation, turn, limits.model)
             requests = self._requests(turn.session, turn, self.compactor, limits)
@@ -812,5 +849,6 @@ class TurnRunner:
         target = self.delivery.preview_target(turn.chat)
         await drop_open_streams(turn, target[0] if target else None)
         await turn.finish(status=status, trace=trace, journal_status="done" if status == "done" else "failed")
+        self._metrics.turn_finished(status)  # metrics hook (issue 14)
         conversation.turn_done()
         return Finished(status)

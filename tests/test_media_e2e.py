@@ -276,7 +276,7 @@ async def test_voice_reply_mirror_sends_the_reply_as_ogg_voice_next_to_the_text(
     [voice] = tg.files_sent
     assert voice["method"] == "sendVoice" and voice["data"].startswith(b"OggS")
     assert entry.status == "sent" and len(entry.platform_message_ids) == 2  # the text, then the voice
-    assert Path(entry.attachment["path"]).read_bytes() == voice["data"]
+    assert entry.attachment["path"] and not Path(entry.attachment["path"]).exists()  # made for it, gone once sent
 
 
 async def test_a_failing_speech_service_still_delivers_the_text_once(tmp_path, llm, tg):
@@ -628,3 +628,82 @@ async def test_an_image_pillow_cannot_open_is_kept_as_a_file(tmp_path, llm, tg):
     assert tg.sent(70) == [
         "I couldn't open the image: it is not an image I can open. I kept the file as inbox/telegram_70/IMG_0001.HEIC."
     ]
+
+
+# -- second review of issue 12: regressions -------------------------------------------------
+
+
+async def test_a_voice_note_steered_in_during_a_transcription_outage_waits_and_the_turn_goes_on(tmp_path, llm, tg):
+    """Regression: the running turn crashed ("Something went wrong") and the voice note was stranded."""
+    from support import Gate
+
+    judges_say_done(llm)
+    for _ in range(2):
+        llm.push_transcript_error(503, "overloaded")
+    llm.push_transcript("and buy bread")
+    hold = Gate(tool_calls(("list_directory", {"path": "."})))
+    llm.push(hold, when=is_loop)
+    llm.push(say("listed"), when=is_loop)
+    llm.push(say("bread noted"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("please list the files in your workspace directory for me", chat_id=71)
+        await hold.entered.wait()
+        tg.push_voice(b"OggS" + b"\x09" * 50, chat_id=71)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        hold.release.set()
+        await tg.wait_for("sendMessage", n=2, timeout=15)
+        await d.engine.wait_for_turns(2)
+    # the running turn went on; the voice note got a turn of its own once it could be transcribed
+    assert tg.sent(71) == ["listed", "bread noted"]
+    assert [t["status"] for t in llm.transcriptions] == [503, 503, 200]
+
+
+async def test_a_text_after_a_waiting_voice_note_is_answered_meanwhile_and_stop_drops_the_wait(tmp_path, llm, tg):
+    """Regression: a text sent after a voice note whose transcription was down waited with it
+    for up to an hour; /stop during the wait said "Nothing to stop"."""
+    for _ in range(40):
+        llm.push_transcript_error(503, "down for a while")
+    llm.push(say("answering your text"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(b"OggS" + b"\x0a" * 50, chat_id=72)
+        await tg.wait_for("sendMessage")  # told once that it waits
+        tg.push_text("are you there?", chat_id=72)
+        await tg.wait_for("sendMessage", n=2, timeout=10)
+        await d.engine.wait_for_turns(1)  # the text's turn is over; the voice note still waits
+        tg.push_text("/stop", chat_id=72)
+        await tg.wait_for("sendMessage", n=3, timeout=10)
+        await d.engine.wait_until(lambda: not d.engine.waiting, timeout=10)
+        rows = await d.store._all("SELECT text, status FROM journal WHERE source='chat' AND text NOT LIKE '/%' ORDER BY id")
+    assert tg.sent(72)[1:] == ["answering your text", "Stopped."]
+    assert [r["status"] for r in rows] == ["ignored", "done"]  # the voice note: not answered after all
+
+
+async def test_a_file_named_like_the_inbox_cannot_be_written(tmp_path, llm, tg):
+    """Regression: write_file("inbox") made a file, and every chat's documents failed from then on."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("write_file", {"path": "inbox", "content": "x"})), when=is_loop)
+    llm.push(say("could not"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("please write a file called inbox with the letter x in it", chat_id=73)
+        await d.engine.wait_for_turns(1)
+    [result] = tool_results_of(loop_requests(llm)[1])
+    assert "where the files people send are kept" in result
+    assert not (tmp_path / "data" / "workspace" / "inbox").is_file()
+
+
+def tool_results_of(request: dict) -> list[str]:
+    return [m["content"] for m in request["messages"] if m["role"] == "tool"]
+
+
+def test_a_chat_that_moves_takes_its_inbox_along(tmp_path):
+    """Regression: files sent before a group became a supergroup were refused afterwards."""
+    from bumblebot.config import MediaSettings
+    from bumblebot.media import MediaIntake
+
+    workspace = tmp_path / "ws"
+    old = workspace / "inbox" / "telegram_-5"
+    old.mkdir(parents=True)
+    (old / "a.txt").write_text("a")
+    media = MediaIntake(MediaSettings(), store=None, media_dir=tmp_path / "m", workspace=workspace, speech=None)  # type: ignore[arg-type]
+    media.move_chat("telegram:-5", "telegram:-1005")
+    assert (workspace / "inbox" / "telegram_-1005" / "a.txt").read_text() == "a" and not old.exists()

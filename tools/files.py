@@ -341,6 +341,8 @@ def _writable_target(workspace: Path, path: str, chat: str = "") -> tuple[Path, 
     shown = _display(root, target)
     if target == root or target.is_dir():
         raise PathError(f"{shown} is a directory")
+    if target == root / INBOX:
+        raise PathError(f"{INBOX} is where the files people send are kept; choose another name")
     target.parent.mkdir(parents=True, exist_ok=True)
     return root, target, shown
 
@@ -498,7 +500,7 @@ def _walk_files(root: Path, target: Path, chat: str = "") -> Iterator[Path]:
                     real = file.resolve()
                 except (OSError, RuntimeError):
                     continue
-                if not real.is_relative_to(root):
+                if not real.is_relative_to(root) or (chat and not inbox_allowed(root, real, chat)):
                     continue
             yield file
 

@@ -101,6 +101,8 @@ TOO_BIG_TEXT = (
 UPLOAD_LIMIT = 50 * 1024 * 1024
 PHOTO_UPLOAD_LIMIT = 10 * 1024 * 1024
 CAPTION_LIMIT = 1024
+#: Seconds an upload may take to send and to be answered.
+UPLOAD_TIMEOUT_S = 300.0
 NOT_ADMIN_TEXT = "Only the admins of this group can do that here."
 PRIVACY_NOTE = (
     "Telegram: privacy mode is on for @%s: in groups it only sees messages that mention it, reply "
@@ -856,18 +858,29 @@ class TelegramAdapter(Adapter):
         data = await asyncio.to_thread(path.read_bytes)
         upload = InputFile(data, filename=path.name)
         bot = self.app.bot
-        async with _refusals():
-            if kind == "photo":
-                try:
-                    message = await bot.send_photo(chat_id, upload, caption=caption or None, message_thread_id=thread)
-                    return str(message.message_id)
-                except BadRequest as exc:
-                    log.info("Telegram refused %s as a photo (%s); sending it as a document", path.name, exc.message)
-                    upload = InputFile(data, filename=path.name)
-            if kind == "voice":
-                message = await bot.send_voice(chat_id, upload, caption=caption or None, message_thread_id=thread)
-            else:
-                message = await bot.send_document(chat_id, upload, caption=caption or None, message_thread_id=thread)
+        # an upload takes its time (PTB's 5 s read timeout would cut off a big one); one that
+        # still times out may have arrived: it is not sent again (one copy at most)
+        timeouts = {"write_timeout": UPLOAD_TIMEOUT_S, "read_timeout": UPLOAD_TIMEOUT_S}
+        try:
+            async with _refusals():
+                if kind == "photo":
+                    try:
+                        message = await bot.send_photo(
+                            chat_id, upload, caption=caption or None, message_thread_id=thread, **timeouts
+                        )
+                        return str(message.message_id)
+                    except BadRequest as exc:
+                        log.info("Telegram refused %s as a photo (%s); sending it as a document", path.name, exc.message)
+                        upload = InputFile(data, filename=path.name)
+                send = bot.send_voice if kind == "voice" else bot.send_document
+                message = await send(chat_id, upload, caption=caption or None, message_thread_id=thread, **timeouts)
+        except DeliveryFailed as exc:
+            if isinstance(exc.__cause__, TimedOut):
+                raise DeliveryFailed(
+                    f"the upload of {path.name} timed out; it may or may not have arrived, so it is not sent again",
+                    retryable=False,
+                ) from exc
+            raise
         return str(message.message_id)
 
     async def send_typing(self, chat: ChatRef) -> None:
