@@ -223,6 +223,7 @@ class Daemon:
             media=self.media,
             media_files=MediaFiles(settings.media_dir),
             voice=settings.voice,
+            tasks=scheduler,
         )
         self.engine = Engine(
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, media=self.media

@@ -189,7 +189,7 @@ class Engine:
                 await self.run_automations()
             except Exception:
                 log.exception("automations failed; trying again shortly")
-            await scheduler.wait()
+            await scheduler.wait(self._platforms)
 
     async def run_automations(self) -> int:
         """Fire every task due now and start the autonomous turns of this interval slot;
@@ -471,8 +471,9 @@ class Engine:
         key = inbound.chat.key
         if not args:
             return self._scheduler.listing(await self._scheduler.tasks(key))
-        if len(args) == 2 and args[0].lower() == "cancel" and args[1].lstrip("#").isdigit():
-            task_id = int(args[1].lstrip("#"))
+        number = args[1].lstrip("#") if len(args) == 2 else ""
+        if len(args) == 2 and args[0].lower() == "cancel" and number.isascii() and number.isdigit() and len(number) < 12:
+            task_id = int(number)
             try:
                 await self._scheduler.cancel(key, task_id)
             except TaskError as exc:

@@ -116,7 +116,14 @@ def next_due(kind: Kind, spec: str, tz: ZoneInfo, after: float) -> float | None:
     if kind == "every":
         return after + float(spec)
     start = datetime.fromtimestamp(after, tz)
-    return float(croniter(spec, start).get_next(float))
+    it = croniter(spec, start)
+    wall = start.replace(tzinfo=None, second=0, microsecond=0)
+    for _ in range(3):
+        candidate = float(it.get_next(float))
+        # the autumn night repeats an hour: 02:30 comes twice; cron runs it once
+        if datetime.fromtimestamp(candidate, tz).replace(tzinfo=None, second=0, microsecond=0) != wall:
+            return candidate
+    return candidate
 
 
 def describe(kind: Kind, spec: str) -> str:

@@ -127,6 +127,8 @@ class Scheduler:
         Raises:
             TaskError: no active task with that id in this conversation.
         """
+        if not 0 < task_id < 2**62:
+            raise TaskError(f"there is no active task {task_id} in this chat (list_tasks shows them)")
         record = await self._store.conversation(ChatRef.from_key(conversation))
         if not await self._store.cancel_task(record.id, task_id):
             raise TaskError(f"there is no active task {task_id} in this chat (list_tasks shows them)")
@@ -190,10 +192,11 @@ class Scheduler:
         )
         return f"{head}\n{task.text}\n[{TASK_INSTRUCTION}]"
 
-    async def wait(self) -> None:
-        """Sleep until the next task is due (at most :data:`MAX_SLEEP_S`, less when autonomy
-        is on and its next cycle comes first), or until a task is added or cancelled."""
-        due = await self._store.next_task_due()
+    async def wait(self, platforms: set[Platform] | None = None) -> None:
+        """Sleep until the next task of ``platforms`` is due (at most :data:`MAX_SLEEP_S`, less
+        when autonomy is on and its next cycle comes first), or until a task is added or
+        cancelled."""
+        due = await self._store.next_task_due(None if platforms is None else {p.value for p in platforms})
         now = self._clock()
         delay = MAX_SLEEP_S if due is None else min(MAX_SLEEP_S, max(0.0, due - now))
         if self.autonomy.enabled:
@@ -227,12 +230,43 @@ class Scheduler:
                 continue
             if await self._store.unprompted_sent(chat, day_start) >= cfg.max_messages_per_day:
                 continue
+            if await self._store.pending_run(chat, "autonomy:"):
+                continue  # the last one is still waiting (an outage, a long turn): no pile-up
             out.append(Inbound(
-                chat=chat, message_id=f"autonomy:{slot}", sender_id="autonomy", sender_name="autonomous cycle",
+                chat=chat, message_id=f"autonomy:{slot}:{chat.thread_id}", sender_id="autonomy",
+                sender_name="autonomous cycle",
                 text=AUTONOMOUS_TEXT.format(now=f"{local:%A %Y-%m-%d %H:%M}", zone=zone.key),
                 chat_kind=ChatKind(kind), source=AUTONOMOUS_SOURCE,
             ))
         return out
+
+    async def may_run(self, entry: JournalEntry) -> str | None:
+        """Why a scheduled or autonomous entry should not get its turn now (``None``: it
+        should): its task was cancelled since it was queued; an autonomous one in quiet hours
+        or at the day's cap (checked again when its turn would start, not only when queued)."""
+        source = entry.inbound.source
+        if source == AUTOMATION_SOURCE:
+            task_id = _task_id(entry.inbound.message_id)
+            task = await self._store.task(task_id) if task_id is not None else None
+            if task is not None and task.status == "cancelled":
+                return f"task {task_id} was cancelled"
+        elif source == AUTONOMOUS_SOURCE:
+            local = datetime.fromtimestamp(self._clock(), self._zone())
+            if self.autonomy.quiet(local.hour, local.minute):
+                return "quiet hours"
+            if await self.unprompted_left(entry.inbound.chat) <= 0:
+                return "the day's unprompted messages are used up"
+        return None
+
+    async def retire(self, entry: JournalEntry, why: str) -> None:
+        """The task of a scheduled entry cannot reach its chat (blocked, deleted): cancelled."""
+        task_id = _task_id(entry.inbound.message_id)
+        if task_id is None:
+            return
+        task = await self._store.task(task_id)
+        if task is not None and task.status == "active" and await self._store.cancel_task(task.conversation_id, task_id):
+            log.warning("task %d in %s cancelled: %s", task_id, entry.inbound.chat.key, why)
+            self.changed.set()
 
     async def unprompted_left(self, chat: ChatRef) -> int:
         """How many more unprompted messages ``chat`` may get today."""
@@ -240,6 +274,12 @@ class Scheduler:
         local = datetime.fromtimestamp(self._clock(), zone)
         day_start = local.replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
         return max(0, self.autonomy.max_messages_per_day - await self._store.unprompted_sent(chat, day_start))
+
+
+def _task_id(message_id: str) -> int | None:
+    """The task id of a run's message id ``task:<id>:<due>``."""
+    parts = message_id.split(":")
+    return int(parts[1]) if len(parts) == 3 and parts[0] == "task" and parts[1].isdigit() else None
 
 
 def _kind(kind: str) -> Kind:

@@ -1114,15 +1114,42 @@ class Store:
         )
         return [_task(r) for r in rows]
 
-    async def next_task_due(self) -> float | None:
-        """The earliest due time of any active task."""
-        row = await self._one("SELECT MIN(next_due) FROM tasks WHERE status='active'")
+    async def next_task_due(self, platforms: set[str] | None = None) -> float | None:
+        """The earliest due time of any active task (of ``platforms`` only, when given)."""
+        if platforms is None:
+            row = await self._one("SELECT MIN(next_due) FROM tasks WHERE status='active'")
+        else:
+            marks = ",".join("?" * len(platforms)) or "''"
+            row = await self._one(
+                "SELECT MIN(t.next_due) FROM tasks t JOIN conversations c ON c.id = t.conversation_id"
+                f" WHERE t.status='active' AND c.platform IN ({marks})",
+                tuple(platforms),
+            )
         return None if row is None or row[0] is None else float(row[0])
+
+    async def pending_run(self, chat: ChatRef, prefix: str) -> bool:
+        """Whether a journal entry of ``chat`` whose message id starts with ``prefix`` is still
+        pending (a scheduled run or an autonomous turn not answered yet)."""
+        row = await self._one(
+            "SELECT 1 FROM journal WHERE platform=? AND chat_id=? AND thread_id=? AND status='pending'"
+            " AND substr(message_id, 1, ?) = ? LIMIT 1",
+            (chat.platform.value, chat.chat_id, chat.thread_id, len(prefix), prefix),
+        )
+        return row is not None
+
+    async def task(self, task_id: int) -> TaskRecord | None:
+        rows = await self._all(
+            "SELECT t.*, c.platform, c.chat_id, c.thread_id FROM tasks t JOIN conversations c ON c.id = t.conversation_id"
+            " WHERE t.id=?",
+            (task_id,),
+        )
+        return _task(rows[0]) if rows else None
 
     async def fire_task(self, task: TaskRecord, inbound: Inbound, next_due: float | None) -> int | None:
         """Journal the run of ``task`` at its due time and move the task on (``next_due``, or
         ``done``), in one transaction; returns the journal id. ``None`` when this due time
-        was journaled before or the task changed meanwhile (cancelled, fired): nothing runs."""
+        was journaled before, the task changed meanwhile (cancelled, fired), or its previous run
+        is still waiting to be answered (then this due time is skipped, so runs never pile up)."""
         c = inbound.chat
         now = time.time()
         async with self.transaction() as db:
@@ -1134,6 +1161,13 @@ class Store:
             )
             if cur.rowcount != 1:
                 return None
+            async with db.execute(
+                "SELECT 1 FROM journal WHERE platform=? AND chat_id=? AND thread_id=? AND status='pending'"
+                " AND substr(message_id, 1, ?) = ? LIMIT 1",
+                (c.platform.value, c.chat_id, c.thread_id, len(f"task:{task.id}:"), f"task:{task.id}:"),
+            ) as pending:
+                if await pending.fetchone() is not None:
+                    return None  # its last run is still waiting (an outage, a long turn): no pile-up
             cur = await db.execute(
                 "INSERT OR IGNORE INTO journal (platform, chat_id, thread_id, message_id, update_id, sender_id,"
                 " sender_name, chat_kind, source, text, quote, background, context_limit, status, received_at)"
@@ -1144,11 +1178,12 @@ class Store:
             return cur.lastrowid if cur.rowcount == 1 else None
 
     async def active_chats(self, since: float) -> list[tuple[ChatRef, str]]:
-        """Conversations whose last message from a person (answered, not background) came after
-        ``since`` (epoch s), with that message's chat kind."""
+        """Conversations whose last message from a person that a turn answered (not a refused
+        one, a command or background) came after ``since`` (epoch s), with its chat kind."""
         rows = await self._all(
             "SELECT platform, chat_id, thread_id, chat_kind, MAX(received_at) AS last FROM journal"
-            " WHERE source='chat' AND background=0 GROUP BY platform, chat_id, thread_id HAVING last >= ?",
+            " WHERE source='chat' AND background=0 AND turn_id IS NOT NULL"  # answered: not refused, not a command
+            " GROUP BY platform, chat_id, thread_id HAVING last >= ?",
             (since,),
         )
         return [(ChatRef(Platform(r["platform"]), r["chat_id"], r["thread_id"]), r["chat_kind"]) for r in rows]

@@ -65,6 +65,7 @@ from bumblebot.messages import (
 from bumblebot.preview import LivePreview
 from bumblebot.reasoning import shown_so_far
 from bumblebot.prompt import PromptBuilder, TurnInfo
+from bumblebot.scheduler import Scheduler
 from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, RouteDecision, route
 from bumblebot.store import JournalEntry, OutboxEntry, RunningTurn
 from bumblebot.toolkit import SCHEMA_LEVELS, DeliveryReport, Toolbox
@@ -430,6 +431,8 @@ class TurnRunner:
         media_files: where requests read images from (``None``: images are never shown).
         voice: the ``voice`` settings (``reply: mirror`` answers voice notes by voice too).
         metrics: counts finished turns by status (``bumblebot_turns_total``); default: not counted.
+        tasks: the scheduler: whether a scheduled or autonomous entry still gets its turn, and
+            the task of a chat that cannot be reached any more is cancelled.
     """
 
     def __init__(
@@ -450,7 +453,9 @@ class TurnRunner:
         media_files: MediaFiles | None = None,
         voice: VoiceSettings | None = None,
         metrics: Metrics | None = None,
+        tasks: Scheduler | None = None,
     ) -> None:
+        self.tasks = tasks
         self._metrics = NO_METRICS if metrics is None else metrics  # metrics hook (issue 14)
         self.media = media
         self.media_files = media_files
@@ -498,6 +503,12 @@ class TurnRunner:
             CLASSIFIER_TIMEOUT_S,
         )
 
+    async def _skipped(self, entries: list[JournalEntry]) -> str | None:
+        """Why the scheduled or autonomous entry of ``entries`` gets no turn now (``None``: it does)."""
+        if self.tasks is None or len(entries) != 1 or entries[0].inbound.source == "chat":
+            return None
+        return await self.tasks.may_run(entries[0])
+
     async def run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
         """A new turn answering ``entries``: fetch their files, route it, record its start, run it.
 
@@ -509,6 +520,11 @@ class TurnRunner:
             return await self._run(conversation, entries)
 
     async def _run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
+        why = await self._skipped(entries)
+        if why is not None:
+            log.info("%s in %s: no turn (%s)", entries[0].inbound.message_id, conversation.key, why)
+            await conversation.drop(entries)
+            return Finished("skipped")
         if self.media is not None:
             try:
                 async with self.delivery.typing(conversation.chat, self.engine_cfg.typing_interval_s):
@@ -743,7 +759,12 @@ class TurnRunner:
         try:
             await self._tell_blind(conversation, turn, limits.model)
             requests = self._requests(turn.session, turn, self.compactor, limits)
-            async with self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s) as typing:
+            # a scheduled or autonomous turn may stay silent: no "typing…" for it
+            typing_scope = (
+                contextlib.nullcontext(Typing()) if limits.silent_ok
+                else self.delivery.typing(turn.chat, self.engine_cfg.typing_interval_s)
+            )
+            async with typing_scope as typing:
                 io.typing = typing
                 result = await self.loop.run(io, requests, limits, trace, conversation=conversation.key)
         except asyncio.CancelledError:
@@ -773,6 +794,8 @@ class TurnRunner:
             note = CRASHED.format(error_id=error_id)
             return await self._end(conversation, turn, snapshot(error_id=error_id), "failed", "crash", note, started)
         await self._tell_blind(conversation, turn, limits.model)  # the endpoint refused them just now
+        if result.stop_reason.startswith("undeliverable") and self.tasks is not None and turn.entries:
+            await self.tasks.retire(turn.entries[0], "the chat cannot be reached")
         return await self._finish(
             conversation, turn, snapshot(delivered=len(result.delivered)), "done", result.stop_reason, started
         )
@@ -815,7 +838,13 @@ class TurnRunner:
         return Suspended(turn, delay, trace, self.outages.recovered)
 
     async def _note(self, turn: Turn, text: str) -> None:
-        """A message from the daemon itself: recorded (with the turn's state) and delivered."""
+        """A message from the daemon itself: recorded (with the turn's state) and delivered.
+        Not for a scheduled or autonomous turn (nobody wrote: no outage or failure notice
+        there); its state is saved all the same."""
+        if turn.entries and turn.entries[0].inbound.source != "chat":
+            log.info("turn %s in %s (%s): not told: %s", turn.id, turn.chat.key, turn.entries[0].inbound.source, text)
+            await turn.save_state()
+            return
         shown = Message(role="assistant", content=text, note=True)
         await self.delivery.deliver(await turn.speak(text, shown=shown))
 

@@ -225,3 +225,88 @@ async def test_a_task_due_while_the_daemon_is_killed_fires_exactly_once_after_th
     assert [status for _, status in journal(tmp_path, "task:%")] == ["done"]
     request = [r for r in loop_requests(llm) if scheduled()(r)][0]
     assert "late (the bot was not running)" in contents(request)
+
+
+# -- review of issue 13: regressions --------------------------------------------------------
+
+
+async def test_autonomy_never_reaches_out_to_refused_strangers_or_command_only_chats(tmp_path, llm, tg):
+    """Regression: a user the allowlist refused, and a chat where only /help was sent, got
+    an autonomous turn (with every tool) every cycle."""
+    judges_say_done(llm)
+    llm.push(say("hello owner"), when=lambda r: is_loop(r) and "Autonomous turn" not in contents(r))
+    llm.push(tool_calls(("end_turn", {})), when=lambda r: is_loop(r) and "Autonomous turn" in contents(r))
+    autonomy = {"enabled": True, "interval_s": 1, "active_window_s": 3600}
+    config = write_config(tmp_path, llm, tg, autonomy=autonomy, telegram={"allowed_user_ids": [90]})
+    async with running(config) as d:
+        tg.push_text("let me in", chat_id=91)
+        tg.push_text("/help", chat_id=92, user_id=90)
+        tg.push_text("hi", chat_id=90)
+        await tg.wait_for("sendMessage", n=3)
+        await d.engine.wait_for_turns(2, timeout=10)  # the owner's turn and one autonomous one
+        await asyncio.sleep(1.5)  # another cycle
+        await d.engine.run_automations()
+    chats = {m.split(":")[0] for m, _ in journal(tmp_path, "autonomy:%")}
+    autonomous = [r for r in loop_requests(llm) if "Autonomous turn" in contents(r)]
+    assert autonomous and all("Speaking: autonomous cycle (id autonomy)" in contents(r) for r in autonomous)
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    rows = db.execute("SELECT DISTINCT chat_id FROM journal WHERE source='autonomous'").fetchall()
+    db.close()
+    assert rows == [("90",)] and chats == {"autonomy"}
+    assert tg.sent(91) == ["Sorry, this bot is private."]
+
+
+async def test_runs_never_pile_up_and_a_cancelled_task_does_not_run_its_queued_run(tmp_path):
+    """Regression: an every-second task during a 6 s outage queued 6 runs, all sent on
+    recovery, even after /tasks cancel."""
+    from bumblebot.config import AutomationSettings, AutonomySettings
+    from bumblebot.events import ChatRef, Platform
+    from bumblebot.scheduler import Scheduler
+    from bumblebot.store import Store
+    from zoneinfo import ZoneInfo
+
+    now = [1_800_000_000.0]
+    async with Store(tmp_path / "b.db") as store:
+        scheduler = Scheduler(AutomationSettings(min_interval_s=1), AutonomySettings(), store, zone=lambda: ZoneInfo("UTC"),
+                              clock=lambda: now[0])
+        await scheduler.create("telegram:5", "every 1 seconds", "Report.")
+        fired = []
+        for _ in range(6):  # six due times pass while the first run waits for its turn
+            now[0] += 1.0
+            fired += await scheduler.fire_due()
+        assert len(fired) == 1
+        assert await scheduler.may_run(fired[0]) is None
+        await scheduler.cancel("telegram:5", 1)
+        assert await scheduler.may_run(fired[0]) == "task 1 was cancelled"
+        assert await store.next_task_due({"telegram"}) is None
+        await scheduler.create("console:local:me", "in 1 seconds", "Console only.")
+        now[0] += 5
+        assert await store.next_task_due({"telegram"}) is None  # an overdue console task: telegram's loop sleeps
+        assert await store.next_task_due({"console"}) is not None
+        assert await scheduler.fire_due({Platform.TELEGRAM}) == []
+        assert ChatRef.from_key("console:local:me").platform is Platform.CONSOLE
+
+
+async def test_a_silent_turn_never_posts_daemon_notes(tmp_path, llm, tg):
+    """Regression: an autonomous turn told a chat where nobody wrote "My language model isn't reachable"."""
+    from fakes.openai_server import error
+
+    judges_say_done(llm)
+    llm.push(say("hi there"), when=lambda r: is_loop(r) and "Autonomous turn" not in contents(r))
+    llm.push(error(403, "forbidden for the test"), when=lambda r: is_loop(r) and "Autonomous turn" in contents(r))
+    autonomy = {"enabled": True, "interval_s": 1, "active_window_s": 3600}
+    async with running(write_config(tmp_path, llm, tg, autonomy=autonomy)) as d:
+        tg.push_text("hi", chat_id=93)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(2, timeout=10)
+    assert tg.sent(93) == ["hi there"]
+    assert [c for c in tg.calls if c.method == "sendChatAction"][-1].time < [c for c in tg.calls if c.method == "sendMessage"][-1].time
+
+
+async def test_tasks_cancel_with_a_huge_or_foreign_number_is_a_clear_answer(tmp_path, llm, tg):
+    async with running(write_config(tmp_path, llm, tg)):
+        tg.push_text("/tasks cancel 99999999999999999999", chat_id=94)
+        await tg.wait_for("sendMessage")
+        tg.push_text("/tasks cancel ٣", chat_id=94)
+        await tg.wait_for("sendMessage", n=2)
+    assert tg.sent(94) == ["Use /tasks to list the scheduled tasks here, or /tasks cancel ID to cancel one."] * 2

@@ -99,3 +99,10 @@ def test_a_key_of_no_platform_is_refused():
     with pytest.raises(ValueError):
         ChatRef.from_key("irc:#chan")
     assert ChatRef.from_key("telegram:5") == ChatRef(Platform.TELEGRAM, "5")
+
+
+def test_a_time_in_the_repeated_autumn_hour_runs_once_that_night():
+    """Regression: 30 2 * * * in Berlin fired at 02:30+02:00 and again at 02:30+01:00 on 2026-10-25."""
+    first = datetime(2026, 10, 25, 2, 30, tzinfo=BERLIN).timestamp()  # the first 02:30 (summer time)
+    following = datetime.fromtimestamp(next_due("cron", "30 2 * * *", BERLIN, first), BERLIN)
+    assert (following.day, following.hour, following.minute) == (26, 2, 30)

@@ -46,7 +46,7 @@ def task_tools(scheduler: Scheduler) -> tuple[Tool, ...]:
 
     async def cancel_task(
         ctx: ToolContext,
-        task_id: Annotated[int, Field(description="The id list_tasks shows (#3 is 3)", ge=1)],
+        task_id: Annotated[int, Field(description="The id list_tasks shows (#3 is 3)", ge=1, lt=2**62)],
     ) -> ToolResult:
         try:
             await scheduler.cancel(ctx.conversation, task_id)
