@@ -53,6 +53,7 @@ from openai.types.chat import ChatCompletion
 
 from bumblebot.config import LLMSettings
 from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
+from bumblebot.metrics import NO_METRICS, Metrics
 from bumblebot.reasoning import strip_reasoning
 from bumblebot.streaming import JsonStringField
 
@@ -398,6 +399,8 @@ class LLM:
         forcing_retry_s: seconds under the fallback before it is tried again (whichever of
             the two comes first).
         clock: the wall clock, epoch seconds (tests inject one).
+        metrics: counts each :meth:`complete` and times it (``bumblebot_model_requests_total``,
+            ``bumblebot_model_request_seconds``); default: not counted.
     """
 
     def __init__(
@@ -410,8 +413,10 @@ class LLM:
         forcing_retry_requests: int = FORCING_RETRY_REQUESTS,
         forcing_retry_s: float = FORCING_RETRY_S,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self._metrics = NO_METRICS if metrics is None else metrics  # metrics hook (issue 14)
         self.base_url = base_url
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
@@ -521,6 +526,24 @@ class LLM:
             ContextTooLong: the endpoint says the prompt is over its context window.
             ModelError: any other failure, with the HTTP status when there was one.
         """
+        with self._metrics.model_request():  # metrics hook (issue 14): outcome and latency
+            return await self._complete_any(
+                messages, model=model, max_tokens=max_tokens, temperature=temperature, tools=tools,
+                thinking=thinking, on_say=on_say,
+            )
+
+    async def _complete_any(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        model: str | None,
+        max_tokens: int,
+        temperature: float | None,
+        tools: list[dict[str, Any]] | None,
+        thinking: bool,
+        on_say: SayListener | None,
+    ) -> Completion:
+        """:meth:`complete` without its metrics: images sent, left out or retried without."""
         model = model or self.settings.model
         kwargs: dict[str, Any] = dict(
             model=model, max_tokens=max_tokens, temperature=temperature, tools=tools, thinking=thinking, on_say=on_say

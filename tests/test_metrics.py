@@ -1,0 +1,271 @@
+"""Prometheus metrics (issue 14, "Observability"): "/metrics serves counters when enabled".
+
+The exporter is real (``prometheus_client``'s HTTP server on 127.0.0.1) and is read with httpx.
+The daemon is real too: ``Daemon.open`` builds its parts as ``bumblebot run`` does, and the one
+``Metrics`` reaches them through the ``metrics=`` argument of their constructors
+(:func:`wire`). The turns go through the fake Telegram and OpenAI servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+from typing import Any
+
+import httpx
+import pytest
+from conftest import running, write_config
+from fakes.openai_server import error, is_loop, text
+from prometheus_client.parser import text_string_to_metric_families
+from support import Gate, is_loop_with, judges_say_done, say
+
+import bumblebot.daemon as daemon_module
+from bumblebot.config import LLMSettings
+from bumblebot.errors import ConfigError, ModelError, ModelTimeout
+from bumblebot.llm import LLM
+from bumblebot.metrics import NO_METRICS, Metrics, NoMetrics, parse_listen
+
+#: The parts that take a ``metrics`` collaborator.
+COUNTING_PARTS = ("LLM", "Delivery", "TurnRunner", "Engine")
+
+
+def wire(monkeypatch: pytest.MonkeyPatch, metrics: Metrics) -> None:
+    """Make ``Daemon.open`` give ``metrics`` to each counting part's constructor, where it
+    gives none itself (its default, or ``metrics.listen`` unset)."""
+
+    def inject(cls: Any) -> Any:
+        def build(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("metrics") is None:
+                kwargs["metrics"] = metrics
+            return cls(*args, **kwargs)
+
+        return build
+
+    for name in COUNTING_PARTS:
+        monkeypatch.setattr(daemon_module, name, inject(getattr(daemon_module, name)))
+
+
+async def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``GET /metrics`` over HTTP: ``{(sample name, sorted labels): value}``."""
+    assert metrics.address is not None
+    host, port = metrics.address
+    async with httpx.AsyncClient(trust_env=False) as client:
+        response = await client.get(f"http://{host}:{port}/metrics", timeout=5)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+async def metrics():
+    m = Metrics()
+    await m.serve("127.0.0.1:0")
+    yield m
+    await m.stop()
+
+
+async def test_metrics_serves_the_counters_of_real_turns(tmp_path, llm, tg, monkeypatch, metrics):
+    """Two turns in one chat, the second waiting in the inbox while the first is held."""
+    wire(monkeypatch, metrics)
+    judges_say_done(llm)
+    held = Gate(say("hey!"))
+    llm.push(held, when=is_loop)
+    llm.push(say("sure, one more"), when=is_loop_with("one more thing"))
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "mid_turn_messages": "queue"})
+    async with running(config) as d:
+        before = await scrape(metrics)
+        tg.push_text("hi", chat_id=1)
+        await asyncio.wait_for(held.entered.wait(), 5)
+        tg.push_text("one more thing", chat_id=1)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted == 2)
+        during = await scrape(metrics)
+        held.release.set()
+        await d.engine.wait_for_turns(2)
+        after = await scrape(metrics)
+    assert tg.sent(1) == ["hey!", "sure, one more"]
+
+    assert value(before, "bumblebot_turns_total", status="done") == 0.0
+    assert value(before, "bumblebot_queue_depth") == 0.0
+    assert value(during, "bumblebot_queue_depth") == 1.0  # "one more thing" waits for "hi"
+    assert value(during, "bumblebot_model_requests_total", outcome="ok") == 0.0  # the first is held
+
+    assert value(after, "bumblebot_turns_total", status="done") == 2.0
+    assert value(after, "bumblebot_turns_total", status="failed") == 0.0
+    assert value(after, "bumblebot_model_requests_total", outcome="ok") == 2.0
+    assert value(after, "bumblebot_model_requests_total", outcome="error") == 0.0
+    assert value(after, "bumblebot_model_requests_total", outcome="timeout") == 0.0
+    assert value(after, "bumblebot_model_request_seconds_count") == 2.0
+    assert value(after, "bumblebot_model_request_seconds_sum") > 0.0
+    assert value(after, "bumblebot_deliveries_total", outcome="sent") == 2.0
+    assert value(after, "bumblebot_deliveries_total", outcome="failed") == 0.0
+    assert value(after, "bumblebot_deliveries_total", outcome="queued") == 0.0
+    assert value(after, "bumblebot_queue_depth") == 0.0
+
+
+async def test_failures_are_counted(tmp_path, llm, tg, monkeypatch, metrics):
+    """A refused request fails its turn (one honest note goes out); Telegram refusing that
+    note for good is a failed delivery."""
+    wire(monkeypatch, metrics)
+    judges_say_done(llm)
+    for _ in range(2):  # "required", then the "auto" it is retried with at once
+        llm.push(error(400, "the model refuses"), when=is_loop)
+    tg.fail_next("sendMessage", 403, {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked by the user"})
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=1)
+        await d.engine.wait_for_turns(1)
+        samples = await scrape(metrics)
+    assert value(samples, "bumblebot_turns_total", status="failed") == 1.0
+    assert value(samples, "bumblebot_turns_total", status="done") == 0.0
+    assert value(samples, "bumblebot_model_requests_total", outcome="error") == 1.0
+    assert value(samples, "bumblebot_model_requests_total", outcome="ok") == 0.0
+    assert value(samples, "bumblebot_deliveries_total", outcome="failed") == 1.0
+    assert value(samples, "bumblebot_deliveries_total", outcome="sent") == 0.0
+
+
+async def test_model_outcomes_and_latency(llm):
+    """ok, error and timeout, each timed; a cancelled request counts as none of them."""
+    metrics = Metrics()
+    client = LLM(
+        LLMSettings(base_url=llm.base_url, model="m", timeout_s=0.3, max_retries=0),
+        base_url=llm.base_url, api_key="sk-test-key-not-real-000000", metrics=metrics,
+    )
+    hang = Gate(text("never"))
+    try:
+        llm.push(text("fine"))
+        await client.text([{"role": "user", "content": "a"}], max_tokens=8, temperature=0)
+        llm.push(error(400, "no"))
+        with pytest.raises(ModelError):
+            await client.text([{"role": "user", "content": "b"}], max_tokens=8, temperature=0)
+        llm.push(hang)
+        with pytest.raises(ModelTimeout):
+            await client.text([{"role": "user", "content": "c"}], max_tokens=8, temperature=0)
+        llm.push(hang)
+        cancelled = asyncio.create_task(client.text([{"role": "user", "content": "d"}], max_tokens=8, temperature=0))
+        await asyncio.sleep(0.1)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+    finally:
+        hang.release.set()
+        await client.aclose()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics.exposition().decode())
+        for s in f.samples
+    }
+    assert value(samples, "bumblebot_model_requests_total", outcome="ok") == 1.0
+    assert value(samples, "bumblebot_model_requests_total", outcome="error") == 1.0
+    assert value(samples, "bumblebot_model_requests_total", outcome="timeout") == 1.0
+    assert value(samples, "bumblebot_model_request_seconds_count") == 3.0
+    assert value(samples, "bumblebot_model_request_seconds_sum") >= 0.3  # the timeout waited
+
+
+async def test_two_instances_keep_their_own_counts():
+    """Each Metrics has its own registry: no clash, no shared values, nothing global."""
+    import prometheus_client
+
+    a, b = Metrics(), Metrics()
+    a.turn_finished("done")
+    assert b"bumblebot_turns_total{status=\"done\"} 1.0" in a.exposition()
+    assert b"bumblebot_turns_total{status=\"done\"} 0.0" in b.exposition()
+    assert b"bumblebot_" not in prometheus_client.generate_latest(prometheus_client.REGISTRY)
+
+
+async def test_exporter_lifecycle(metrics):
+    assert metrics.address is not None and metrics.address[1] > 0  # port 0 took a free port
+    with pytest.raises(RuntimeError, match="already started"):
+        await metrics.serve("127.0.0.1:0")
+    host, port = metrics.address
+    await metrics.stop()
+    await metrics.stop()  # idempotent
+    assert metrics.address is None
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient(trust_env=False) as client:
+            await client.get(f"http://{host}:{port}/metrics", timeout=2)
+    with pytest.raises(RuntimeError, match="stopped"):
+        await metrics.serve("127.0.0.1:0")
+
+
+async def test_an_address_in_use_is_a_config_error_naming_the_key():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as caught:
+            await Metrics().serve(f"127.0.0.1:{port}")
+    assert caught.value.key == "metrics.listen"
+    assert f"127.0.0.1:{port}" in str(caught.value)
+    with pytest.raises(ConfigError, match="host:port"):
+        await Metrics().serve("localhost")
+
+
+@pytest.mark.parametrize(
+    ("listen", "parsed"),
+    [
+        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+        ("localhost:9464", ("localhost", 9464)),
+        ("[::1]:9464", ("::1", 9464)),
+        (":9464", ("0.0.0.0", 9464)),
+        (" 127.0.0.1:0 ", ("127.0.0.1", 0)),
+    ],
+)
+def test_parse_listen(listen, parsed):
+    assert parse_listen(listen) == parsed
+
+
+@pytest.mark.parametrize("listen", ["9464", "127.0.0.1", "127.0.0.1:http", "127.0.0.1:70000", "::1:9464", ""])
+def test_parse_listen_refuses(listen):
+    with pytest.raises(ValueError, match="host:port|brackets"):
+        parse_listen(listen)
+
+
+async def test_no_metrics_overrides_every_hook():
+    """The default of every constructor: no registry, nothing counted, nothing served. A hook
+    added to Metrics but not to NoMetrics would reach a registry NoMetrics does not have."""
+    public = {
+        name for name, member in inspect.getmembers(Metrics)
+        if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))
+    }
+    overridden = {name for name in public if name in vars(NoMetrics)}
+    assert public - overridden == {"address"}  # a property reading _server, which stays None
+    assert isinstance(NO_METRICS, NoMetrics)
+    NO_METRICS.turn_finished("done")
+    NO_METRICS.delivery("sent")
+    NO_METRICS.watch_queue(lambda: 1)
+    with NO_METRICS.model_request():
+        pass
+    assert NO_METRICS.exposition() == b"" and NO_METRICS.address is None
+    with pytest.raises(RuntimeError, match="metrics are off"):
+        await NO_METRICS.serve("127.0.0.1:0")
+    await NO_METRICS.stop()
+
+
+@pytest.mark.skipif(
+    "Metrics" not in vars(daemon_module), reason="bumblebot/daemon.py does not wire Metrics yet"
+)
+async def test_metrics_listen_serves_the_daemon_s_counters(tmp_path, llm, tg):
+    """The configured path: ``metrics.listen`` makes the daemon serve its own counters."""
+    with socket.socket() as probe:  # a free port (metrics.listen does not take 0)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    judges_say_done(llm)
+    llm.push(say("hey!"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, metrics={"listen": f"127.0.0.1:{port}"})
+    async with running(config) as d:
+        tg.push_text("hi", chat_id=1)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        samples = await scrape(d.metrics)
+    assert d.metrics.address is None  # stopped with the daemon
+    assert value(samples, "bumblebot_turns_total", status="done") == 1.0
+    assert value(samples, "bumblebot_model_requests_total", outcome="ok") == 1.0
+    assert value(samples, "bumblebot_deliveries_total", outcome="sent") == 1.0
