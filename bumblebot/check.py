@@ -31,8 +31,9 @@ def _line(ok: bool, what: str, detail: str = "") -> None:
     print(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}")
 
 
-async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> list[str]:
-    """Run every check; returns the list of problems (empty when all is well)."""
+async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False) -> list[str]:
+    """Run every check; returns the list of problems (empty when all is well). ``chat_only``:
+    the terminal chat only (``bumblebot chat``): no platform token is needed or tried."""
     problems: list[str] = []
 
     def fail(what: str, detail: str) -> None:
@@ -90,7 +91,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
                  "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
     except ModelError as exc:
         hint = "check llm.base_url / OPENAI_BASE_URL, OPENAI_API_KEY and llm.model"
-        fail("model endpoint", f"{exc} ({hint})")
+        fail("model endpoint", f"{base_url}/chat/completions: {exc} ({hint})")
     finally:
         await llm.aclose()
     if fallback is not None and forced_now:
@@ -107,10 +108,14 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
 
+    if chat_only:
+        _line(True, "platforms", "not checked (--chat-only: `bumblebot chat` needs no platform token)")
+        return problems
     tg = settings.telegram
     if tg.enabled:
         if not secrets.telegram_bot_token:
-            fail("telegram", "TELEGRAM_BOT_TOKEN is not set (create a bot with @BotFather), or set telegram.enabled: false")
+            fail("telegram", "TELEGRAM_BOT_TOKEN is not set (create a bot with @BotFather), or set telegram.enabled: false; "
+                 "for the terminal chat alone run `bumblebot check --chat-only`")
         else:
             url = f"{tg.base_url}{secrets.telegram_bot_token.get_secret_value()}/getMe"
             result = await _get_json(url)
@@ -120,7 +125,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
                     _line(True, "telegram allowlist", "empty: anyone who finds the bot can talk to it")
                 _line(True, "telegram groups", _groups_line(tg, result["result"]))
             else:
-                fail("telegram", f"getMe failed ({_describe(result)}); check TELEGRAM_BOT_TOKEN")
+                fail("telegram", f"{tg.base_url}<token>/getMe failed ({_describe(result)}); check TELEGRAM_BOT_TOKEN")
     dc = settings.discord
     if dc.enabled:
         if not secrets.discord_bot_token:
@@ -131,7 +136,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity) -> lis
             if isinstance(result, dict) and "id" in result:
                 _line(True, "discord", f"bot {result.get('username')}")
             else:
-                fail("discord", f"/users/@me failed ({_describe(result)}); check DISCORD_BOT_TOKEN")
+                fail("discord", f"{dc.api_base_url}/users/@me failed ({_describe(result)}); check DISCORD_BOT_TOKEN")
     if not problems:
         print("all checks passed")
     return problems
@@ -217,7 +222,9 @@ def _groups_line(tg: Any, me: dict[str, Any]) -> str:
 
 def _describe(result: Any) -> str:
     if isinstance(result, Exception):
-        return type(result).__name__  # never the URL: it contains the token
+        # the exception's own text may hold the URL, and with it the token: its kind only
+        return {"ConnectError": "connection refused or host unreachable", "ConnectTimeout": "timed out connecting",
+                "ReadTimeout": "timed out waiting for an answer"}.get(type(result).__name__, type(result).__name__)
     if isinstance(result, dict):
         return str(result.get("description") or result.get("message") or result.get("status"))
     return "unexpected answer"

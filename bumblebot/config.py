@@ -363,6 +363,24 @@ class AutonomySettings(_Section):
         return start <= now < end if start <= end else now >= start or now < end
 
 
+class MetricsSettings(_Section):
+    """Prometheus metrics (off unless ``listen`` is set)."""
+
+    listen: str | None = Field(
+        None, description="host:port to serve /metrics on, e.g. 127.0.0.1:9464; null: no metrics"
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        host, _, port = value.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port, e.g. 127.0.0.1:9464 (got {value!r})")
+        return value.strip()
+
+
 class EngineSettings(_Section):
     idle_unload_s: float = Field(600.0, gt=0, description="unload a conversation idle this long, seconds")
     max_concurrent_turns: int | None = Field(
@@ -400,6 +418,9 @@ class Settings(BaseSettings):
     entity: str = Field("default", description="a name in entities/ or a path to a YAML file")
     data_dir: Path = Field(Path("./data"), description="SQLite database, knowledge.md, workspace")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: one line per event; json: one JSON object per event, with conversation and turn ids"
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -415,6 +436,7 @@ class Settings(BaseSettings):
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
     automation: AutomationSettings = Field(default_factory=AutomationSettings)
     autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
     @classmethod
@@ -623,9 +645,25 @@ def load_settings(path: Path | None = None) -> Settings:
     return settings
 
 
-def load_secrets() -> Secrets:
-    """Secrets from the environment and ``./.env``."""
-    return Secrets()
+#: The environment variables :class:`Secrets` reads.
+SECRET_VARIABLES = ("TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL")
+
+
+def dotenv_unreadable(path: Path = Path(".env")) -> str | None:
+    """Why ``path`` exists but cannot be read (``"Permission denied"``), ``None`` when it can
+    be read or does not exist."""
+    if not path.exists():
+        return None
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def load_secrets(*, read_dotenv: bool = True) -> Secrets:
+    """Secrets from the environment and ``./.env`` (not the file when ``read_dotenv`` is false)."""
+    return Secrets() if read_dotenv else Secrets(_env_file=None)
 
 
 def effective_base_url(settings: Settings, secrets: Secrets) -> str:

@@ -33,6 +33,7 @@ from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.logs import redact_values
 from bumblebot.loop import AgentLoop
 from bumblebot.media import MediaFiles, MediaIntake
+from bumblebot.metrics import NO_METRICS, Metrics
 from bumblebot.prompt import PromptBuilder
 from bumblebot.scheduler import Scheduler
 from bumblebot.speech import Speech
@@ -134,6 +135,7 @@ class Daemon:
         self.engine: Engine | None = None
         self.llm: LLM | None = None
         self.speech: Speech | None = None
+        self.metrics: Metrics = NO_METRICS
         self.adapters: list[Adapter] = []
         self.watchdog = LoopWatchdog()  # logs event-loop stalls over 0.5 s
         self._stopped = False
@@ -163,12 +165,14 @@ class Daemon:
                 "llm.max_concurrent_requests (%d)", settings.llm.max_concurrent_requests,
             )
         await store.open()
+        self.metrics = metrics = Metrics() if settings.metrics.listen else NO_METRICS
         base_url = effective_base_url(settings, self.secrets)
         self.llm = llm = LLM(
             settings.llm,
             base_url=base_url,
             api_key=self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None,
             capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv),
+            metrics=metrics,
         )
         cognition = settings.cognition
         self.budget = budget = ContextBudget(
@@ -191,7 +195,7 @@ class Daemon:
         self.prompts = prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
         api_key = self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None
         self.speech = speech = Speech(settings.llm, settings.voice, base_url=base_url, api_key=api_key)
-        self.delivery = delivery = Delivery(store, speech=speech, media_dir=settings.media_dir)
+        self.delivery = delivery = Delivery(store, speech=speech, media_dir=settings.media_dir, metrics=metrics)
         settings.workspace.mkdir(parents=True, exist_ok=True)
         self.media = MediaIntake(
             settings.media, store=store, media_dir=settings.media_dir, workspace=settings.workspace.resolve(), speech=speech,
@@ -223,10 +227,12 @@ class Daemon:
             media=self.media,
             media_files=MediaFiles(settings.media_dir),
             voice=settings.voice,
+            metrics=metrics,
             tasks=scheduler,
         )
         self.engine = Engine(
-            settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, media=self.media
+            settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
+            media=self.media,
         )
         return self.engine
 
@@ -238,6 +244,8 @@ class Daemon:
             StoreError: the database cannot be opened.
         """
         engine = await self.open()
+        if self.settings.metrics.listen:  # before the adapters: a port in use fails the start
+            await self.metrics.serve(self.settings.metrics.listen)
         self.adapters = self.platform_adapters(engine) if adapters is None else adapters
         await engine.start({a.platform for a in self.adapters})
         for adapter in self.adapters:
@@ -267,6 +275,7 @@ class Daemon:
                 await self.llm.aclose()
             if self.speech is not None:
                 await self.speech.aclose()
+            await self.metrics.stop()
             await self.store.close()
         finally:
             await self.watchdog.stop()  # last: it watched the whole stop

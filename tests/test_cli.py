@@ -216,3 +216,114 @@ async def test_check_says_when_the_daemon_sends_whole_messages(tmp_path, llm, tg
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, out.decode() + err.decode()
     assert b"streaming: whole messages: the daemon remembers" in out and b"HTTP 400" in out
+
+
+# -- issue 14: the CLI as admins expect it --------------------------------------------------
+
+
+async def test_run_with_config_after_the_subcommand_serves(tmp_path, llm, tg):
+    """Regression: ``bumblebot run --config x.yaml`` was refused ("unrecognized arguments")."""
+    judges_say_done(llm)
+    llm.push(say("served"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "run", "--config", str(config),
+        cwd=tmp_path, env=env_for(tmp_path), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        tg.push_text("hello", chat_id=31)
+        await tg.wait_for("sendMessage", timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert tg.sent(31) == ["served"]
+
+
+def test_every_subcommand_help_lists_its_options(tmp_path):
+    for command, option in (("run", "--config"), ("chat", "--config"), ("check", "--chat-only"), ("trace", "--chat"),
+                            ("backup", "path"), ("service install", "--dry-run")):
+        result = run_cli(*command.split(), "--help", cwd=tmp_path)
+        assert result.returncode == 0 and option in result.stdout and "--config" in result.stdout, command
+
+
+def test_an_unreadable_dotenv_exits_with_one_clear_line(tmp_path):
+    """Regression: a root-only .env gave a PermissionError traceback and a restart loop."""
+    import os
+
+    if os.geteuid() == 0:  # root reads any file: make it a directory, which no one can read as a file
+        (tmp_path / ".env").mkdir()
+    else:
+        (tmp_path / ".env").write_text("TELEGRAM_BOT_TOKEN=x\n")
+        (tmp_path / ".env").chmod(0)
+    env = {k: v for k, v in env_for(tmp_path).items() if k not in ("TELEGRAM_BOT_TOKEN", "OPENAI_API_KEY")}
+    result = run_cli("run", cwd=tmp_path, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert str(tmp_path / ".env") in lines[0] and "EnvironmentFile" in lines[0]
+
+
+def test_an_unreadable_dotenv_is_no_problem_when_the_secrets_are_in_the_environment(tmp_path):
+    (tmp_path / ".env").mkdir()  # unreadable as a file, for root too
+    result = run_cli("check", "--chat-only", cwd=tmp_path, env=env_for(tmp_path) | {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert "Traceback" not in result.stderr and "is not readable" in result.stderr
+    assert "[FAIL] model endpoint" in result.stdout and "http://127.0.0.1:9/v1/chat/completions" in result.stdout
+
+
+def test_a_data_dir_that_is_a_file_gives_the_same_message_everywhere(tmp_path):
+    """Regression: run, chat and trace said three different things."""
+    (tmp_path / "state").write_text("not a directory")
+    (tmp_path / "bumblebot.yaml").write_text("data_dir: state\n")
+    lines = set()
+    for command in ("run", "chat", "trace", "backup"):
+        args = [command, str(tmp_path / "b.db")] if command == "backup" else [command]
+        result = run_cli(*args, cwd=tmp_path)
+        assert result.returncode == 2, (command, result.stderr)
+        lines.add(result.stderr.strip())
+    [line] = lines
+    assert "data_dir" in line and "is a file" in line
+
+
+async def test_check_chat_only_needs_no_platform_token(tmp_path, llm):
+    """Regression: check failed chat-only setups for want of a Telegram token."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("ping", {})), when=is_loop)
+    config = write_config(tmp_path, llm, None, telegram={"enabled": True})
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "TELEGRAM_BOT_TOKEN"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "check", "--chat-only", "--config", str(config),
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, out.decode() + err.decode()
+    assert b"--chat-only" in out and b"[FAIL]" not in out
+
+
+async def test_backup_while_running_is_consistent_and_holds_the_turns(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("one"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    proc = await start_daemon(config, tmp_path)
+    try:
+        tg.push_text("first", chat_id=32)
+        await tg.wait_for("sendMessage", timeout=20)
+        db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+        for _ in range(200):  # the turn's row is written once its reply is out
+            if db.execute("SELECT COUNT(*) FROM turns WHERE status='done'").fetchone()[0]:
+                break
+            await asyncio.sleep(0.05)
+        db.close()
+        backup = await asyncio.to_thread(run_cli, "--config", str(config), "backup", str(tmp_path / "copy.db"), cwd=tmp_path)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 20)
+    assert backup.returncode == 0, backup.stderr
+    assert "integrity ok" in backup.stdout
+    copy = sqlite3.connect(tmp_path / "copy.db")
+    assert copy.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert copy.execute("SELECT COUNT(*) FROM turns WHERE status='done'").fetchone()[0] == 1
+    again = run_cli("--config", str(config), "backup", str(tmp_path / "copy.db"), cwd=tmp_path)
+    assert again.returncode == 1 and "exists" in again.stderr  # a backup never overwrites
