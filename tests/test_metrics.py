@@ -1,9 +1,9 @@
 """Prometheus metrics (issue 14, "Observability"): "/metrics serves counters when enabled".
 
 The exporter is real (``prometheus_client``'s HTTP server on 127.0.0.1) and is read with httpx.
-The daemon is real too: ``Daemon.open`` builds its parts as ``bumblebot run`` does, and the one
-``Metrics`` reaches them through the ``metrics=`` argument of their constructors
-(:func:`wire`). The turns go through the fake Telegram and OpenAI servers.
+The daemon is real too: ``metrics.listen`` in its config makes ``Daemon`` build one ``Metrics``,
+give it to its parts' constructors and serve it, as ``bumblebot run`` does. The turns go through
+the fake Telegram and OpenAI servers.
 """
 
 from __future__ import annotations
@@ -20,30 +20,22 @@ from fakes.openai_server import error, is_loop, text
 from prometheus_client.parser import text_string_to_metric_families
 from support import Gate, is_loop_with, judges_say_done, say
 
-import bumblebot.daemon as daemon_module
 from bumblebot.config import LLMSettings
 from bumblebot.errors import ConfigError, ModelError, ModelTimeout
 from bumblebot.llm import LLM
 from bumblebot.metrics import NO_METRICS, Metrics, NoMetrics, parse_listen
 
-#: The parts that take a ``metrics`` collaborator.
-COUNTING_PARTS = ("LLM", "Delivery", "TurnRunner", "Engine")
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (``metrics.listen`` does not take 0)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
-def wire(monkeypatch: pytest.MonkeyPatch, metrics: Metrics) -> None:
-    """Make ``Daemon.open`` give ``metrics`` to each counting part's constructor, where it
-    gives none itself (its default, or ``metrics.listen`` unset)."""
-
-    def inject(cls: Any) -> Any:
-        def build(*args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("metrics") is None:
-                kwargs["metrics"] = metrics
-            return cls(*args, **kwargs)
-
-        return build
-
-    for name in COUNTING_PARTS:
-        monkeypatch.setattr(daemon_module, name, inject(getattr(daemon_module, name)))
+def serving(tmp_path, llm, tg, **sections):
+    """A config pointing at the fakes whose daemon serves metrics on a free local port."""
+    return write_config(tmp_path, llm, tg, metrics={"listen": f"127.0.0.1:{free_port()}"}, **sections)
 
 
 async def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -73,15 +65,15 @@ async def metrics():
     await m.stop()
 
 
-async def test_metrics_serves_the_counters_of_real_turns(tmp_path, llm, tg, monkeypatch, metrics):
+async def test_metrics_serves_the_counters_of_real_turns(tmp_path, llm, tg):
     """Two turns in one chat, the second waiting in the inbox while the first is held."""
-    wire(monkeypatch, metrics)
     judges_say_done(llm)
     held = Gate(say("hey!"))
     llm.push(held, when=is_loop)
     llm.push(say("sure, one more"), when=is_loop_with("one more thing"))
-    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "mid_turn_messages": "queue"})
+    config = serving(tmp_path, llm, tg, cognition={"classifier": False, "mid_turn_messages": "queue"})
     async with running(config) as d:
+        metrics = d.metrics
         before = await scrape(metrics)
         tg.push_text("hi", chat_id=1)
         await asyncio.wait_for(held.entered.wait(), 5)
@@ -91,6 +83,7 @@ async def test_metrics_serves_the_counters_of_real_turns(tmp_path, llm, tg, monk
         held.release.set()
         await d.engine.wait_for_turns(2)
         after = await scrape(metrics)
+    assert metrics.address is None  # stopped with the daemon
     assert tg.sent(1) == ["hey!", "sure, one more"]
 
     assert value(before, "bumblebot_turns_total", status="done") == 0.0
@@ -111,18 +104,17 @@ async def test_metrics_serves_the_counters_of_real_turns(tmp_path, llm, tg, monk
     assert value(after, "bumblebot_queue_depth") == 0.0
 
 
-async def test_failures_are_counted(tmp_path, llm, tg, monkeypatch, metrics):
+async def test_failures_are_counted(tmp_path, llm, tg):
     """A refused request fails its turn (one honest note goes out); Telegram refusing that
     note for good is a failed delivery."""
-    wire(monkeypatch, metrics)
     judges_say_done(llm)
     for _ in range(2):  # "required", then the "auto" it is retried with at once
         llm.push(error(400, "the model refuses"), when=is_loop)
     tg.fail_next("sendMessage", 403, {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked by the user"})
-    async with running(write_config(tmp_path, llm, tg)) as d:
+    async with running(serving(tmp_path, llm, tg)) as d:
         tg.push_text("hi", chat_id=1)
         await d.engine.wait_for_turns(1)
-        samples = await scrape(metrics)
+        samples = await scrape(d.metrics)
     assert value(samples, "bumblebot_turns_total", status="failed") == 1.0
     assert value(samples, "bumblebot_turns_total", status="done") == 0.0
     assert value(samples, "bumblebot_model_requests_total", outcome="error") == 1.0
@@ -249,23 +241,7 @@ async def test_no_metrics_overrides_every_hook():
     await NO_METRICS.stop()
 
 
-@pytest.mark.skipif(
-    "Metrics" not in vars(daemon_module), reason="bumblebot/daemon.py does not wire Metrics yet"
-)
-async def test_metrics_listen_serves_the_daemon_s_counters(tmp_path, llm, tg):
-    """The configured path: ``metrics.listen`` makes the daemon serve its own counters."""
-    with socket.socket() as probe:  # a free port (metrics.listen does not take 0)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    judges_say_done(llm)
-    llm.push(say("hey!"), when=is_loop)
-    config = write_config(tmp_path, llm, tg, metrics={"listen": f"127.0.0.1:{port}"})
-    async with running(config) as d:
-        tg.push_text("hi", chat_id=1)
-        await tg.wait_for("sendMessage")
-        await d.engine.wait_for_turns(1)
-        samples = await scrape(d.metrics)
-    assert d.metrics.address is None  # stopped with the daemon
-    assert value(samples, "bumblebot_turns_total", status="done") == 1.0
-    assert value(samples, "bumblebot_model_requests_total", outcome="ok") == 1.0
-    assert value(samples, "bumblebot_deliveries_total", outcome="sent") == 1.0
+async def test_metrics_are_off_by_default(tmp_path, llm, tg):
+    """Without ``metrics.listen`` nothing is counted or served."""
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        assert d.metrics is NO_METRICS and d.metrics.address is None
