@@ -376,8 +376,9 @@ class MetricsSettings(_Section):
         if value is None or not value.strip():
             return None
         host, _, port = value.strip().rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected host:port, e.g. 127.0.0.1:9464 (got {value!r})")
+        bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+        if not host or bare_ipv6 or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port, e.g. 127.0.0.1:9464 or [::1]:9464 (got {value!r})")
         return value.strip()
 
 
