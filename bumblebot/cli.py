@@ -66,6 +66,18 @@ def enabled_platforms(settings: Settings, secrets: Secrets) -> list[str]:
     return out
 
 
+def _dotenv(args: argparse.Namespace) -> Path:
+    """The ``.env`` to read: ``./.env``, else the one next to the config file (where the
+    service install keeps it: ``bumblebot check --config /etc/bumblebot/bumblebot.yaml``
+    finds the service's secrets from any directory)."""
+    here = Path(".env")
+    if here.exists():
+        return here
+    named = args.config or os.environ.get("BUMBLEBOT_CONFIG")
+    beside = Path(named).expanduser().parent / ".env" if named else here
+    return beside if beside.exists() else here
+
+
 def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
     """Config, secrets and entity, and logging set up.
 
@@ -73,7 +85,7 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
         ConfigError: an unreadable or invalid config file, an unreadable ``.env`` when the
             secrets are not in the environment either, or a ``data_dir`` that is not a directory.
     """
-    dotenv = Path(".env")
+    dotenv = _dotenv(args)
     unreadable = dotenv_unreadable(dotenv)
     if unreadable is not None and not any(os.environ.get(name) for name in SECRET_VARIABLES):
         raise ConfigError(
@@ -84,7 +96,7 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
         apply_dotenv(dotenv)
     path = find_config(args.config)
     settings = load_settings(path)
-    secrets = load_secrets(read_dotenv=unreadable is None)
+    secrets = load_secrets(read_dotenv=unreadable is None, path=dotenv)
     if settings.data_dir.exists() and not settings.data_dir.is_dir():
         raise ConfigError(str(path) if path else "config", "data_dir", f"a directory, but {settings.data_dir} is a file")
     entity = load_entity(
@@ -92,9 +104,15 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
     )
     chat = getattr(args, "command", None) == "chat"
     log_file = settings.data_dir / "bumblebot.log" if chat else None  # never into the conversation
-    if log_file is not None:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-    setup_logging(settings.log_level, secrets.values(), fmt=settings.log_format, file=log_file)
+    try:
+        if log_file is not None:
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+        setup_logging(settings.log_level, secrets.values(), fmt=settings.log_format, file=log_file)
+    except OSError as exc:
+        raise ConfigError(
+            str(path) if path else "config", "data_dir",
+            f"a directory this user can write ({exc.strerror or exc}: {exc.filename or settings.data_dir})",
+        ) from None
     if unreadable is not None:
         log.warning("%s is not readable (%s); using the secrets from the environment", dotenv.resolve(), unreadable)
     return settings, secrets, entity
@@ -185,7 +203,8 @@ async def run_daemon(settings: Settings, secrets: Secrets, entity: Entity) -> in
     except AdapterError as exc:
         failure = exc
     finally:
-        notifier.stopping("stopping")
+        if failure is not None or keep_alive is None:
+            notifier.stopping("stopping")  # not after a signal: that one said why already
         await daemon.stop()
         if keep_alive is not None:
             keep_alive.cancel()
@@ -239,6 +258,9 @@ def run_backup(settings: Settings, dest: Path) -> int:
     if dest.exists():
         print(f"bumblebot: {dest} exists; choose a new name (a backup never overwrites a file)", file=sys.stderr)
         return EXIT_FAILURE
+    if not dest.parent.is_dir():
+        print(f"bumblebot: cannot back up to {dest}: the directory {dest.parent} does not exist", file=sys.stderr)
+        return EXIT_FAILURE
     partial = dest.with_name(f".{dest.name}.partial")
     try:
         src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=10)
@@ -255,6 +277,7 @@ def run_backup(settings: Settings, dest: Path) -> int:
             src.close()
         if ok != "ok":
             raise sqlite3.DatabaseError(f"integrity check of the copy: {ok}")
+        os.chmod(partial, 0o600)  # the history is private, as the database is
         os.replace(partial, dest)
     except (sqlite3.Error, OSError) as exc:
         partial.unlink(missing_ok=True)
@@ -271,7 +294,9 @@ def run_service(args: argparse.Namespace, config: Path | None, settings: Setting
     if config is None:
         print("bumblebot: service install needs a config file: pass --config /etc/bumblebot/bumblebot.yaml", file=sys.stderr)
         return EXIT_CONFIG
-    plan = service.plan_install(config_path=config, data_dir=settings.data_dir, user_mode=args.user)
+    workspace = settings.workspace.resolve()
+    outside = [] if workspace.is_relative_to(settings.data_dir.resolve()) else [workspace]
+    plan = service.plan_install(config_path=config, data_dir=settings.data_dir, user_mode=args.user, writable=outside)
     try:
         print(service.install(plan, dry_run=args.dry_run))
     except service.InstallError as exc:

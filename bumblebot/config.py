@@ -17,6 +17,7 @@ Raises:
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -522,7 +523,16 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     named = explicit or os.environ.get("BUMBLEBOT_CONFIG")
     if named:
         path = Path(named).expanduser()
-        if not path.is_file():
+        try:
+            found = path.stat()
+        except PermissionError:
+            raise ConfigError(
+                str(path), "", f"a file this user can reach (Permission denied on {path.parent}: the user running "
+                "Bumblebot must be able to enter that directory)"
+            ) from None
+        except OSError:
+            raise ConfigError(str(path), "", "config file not found") from None
+        if not stat.S_ISREG(found.st_mode):
             raise ConfigError(str(path), "", "config file not found")
         return path
     default = Path("bumblebot.yaml")
@@ -662,9 +672,10 @@ def dotenv_unreadable(path: Path = Path(".env")) -> str | None:
         return exc.strerror or str(exc)
 
 
-def load_secrets(*, read_dotenv: bool = True) -> Secrets:
-    """Secrets from the environment and ``./.env`` (not the file when ``read_dotenv`` is false)."""
-    return Secrets() if read_dotenv else Secrets(_env_file=None)
+def load_secrets(*, read_dotenv: bool = True, path: Path = Path(".env")) -> Secrets:
+    """Secrets from the environment and the ``.env`` at ``path`` (not the file when
+    ``read_dotenv`` is false)."""
+    return Secrets(_env_file=path) if read_dotenv else Secrets(_env_file=None)
 
 
 def effective_base_url(settings: Settings, secrets: Secrets) -> str:

@@ -327,3 +327,45 @@ async def test_backup_while_running_is_consistent_and_holds_the_turns(tmp_path, 
     assert copy.execute("SELECT COUNT(*) FROM turns WHERE status='done'").fetchone()[0] == 1
     again = run_cli("--config", str(config), "backup", str(tmp_path / "copy.db"), cwd=tmp_path)
     assert again.returncode == 1 and "exists" in again.stderr  # a backup never overwrites
+
+
+def test_a_backup_is_private_and_a_missing_directory_is_named(tmp_path):
+    """Regression (review of issue 14): backups were world-readable; a missing directory said
+    only "unable to open database file"."""
+    import stat
+
+    (tmp_path / "bumblebot.yaml").write_text("data_dir: data\n")
+    (tmp_path / "data").mkdir()
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    db.execute("CREATE TABLE turns (id INTEGER, status TEXT)")
+    db.execute("CREATE TABLE messages (id INTEGER)")
+    db.commit()
+    db.close()
+    made = run_cli("backup", str(tmp_path / "copy.db"), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert stat.S_IMODE((tmp_path / "copy.db").stat().st_mode) == 0o600
+    missing = run_cli("backup", str(tmp_path / "nowhere" / "copy.db"), cwd=tmp_path)
+    assert missing.returncode == 1 and f"the directory {tmp_path / 'nowhere'} does not exist" in missing.stderr
+
+
+def test_chat_with_a_data_dir_it_cannot_create_is_one_line(tmp_path):
+    """Regression: ``bumblebot chat`` gave a traceback opening <data_dir>/bumblebot.log."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "bumblebot.yaml").write_text("data_dir: afile/sub\n")
+    result = run_cli("chat", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "data_dir" in result.stderr
+
+
+def test_the_dotenv_next_to_the_config_is_read_from_any_directory(tmp_path):
+    """Regression: ``check --config /etc/bumblebot/bumblebot.yaml`` from /root ignored the
+    service's /etc/bumblebot/.env and blamed the endpoint."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "bumblebot.yaml").write_text(f"data_dir: {tmp_path / 'data'}\n")
+    (etc / ".env").write_text("OPENAI_BASE_URL=http://127.0.0.1:9/v1\n")
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "OPENAI_BASE_URL"}
+    result = run_cli("check", "--chat-only", "--config", str(etc / "bumblebot.yaml"), cwd=elsewhere, env=env)
+    assert "http://127.0.0.1:9/v1/chat/completions" in result.stdout, result.stdout + result.stderr
