@@ -27,6 +27,10 @@ exception inside the tool): each becomes ``ToolResult(ok=False)``. The reference
 re-invoked a tool with *no* arguments when the first call raised ``TypeError``
 (reference-study §4, "Registry"), which could run it twice; here a tool runs at most once
 per call, and only with validated arguments. ``asyncio.CancelledError`` propagates.
+
+Tools that come and go at run time (MCP servers, ``tools/mcp.py``) reach a registry through a
+:class:`ToolSource` (:meth:`Registry.add_source`): its tools are offered and run next to the
+registered ones, and it says in which conversations each may be. See :class:`ToolSource`.
 """
 
 from __future__ import annotations
@@ -37,18 +41,20 @@ import logging
 import re
 import sqlite3
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from bumblebot.logs import bound
 from bumblebot.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
 __all__ = [
     "DEFAULT_MAX_RESULT_CHARS",
     "Registry",
     "Tool",
+    "ToolSource",
     "cap_text",
     "tool",
 ]
@@ -247,12 +253,46 @@ def make_tool(
     )
 
 
+# -- run-time tools (issue 15, MCP: added for tools/mcp.py) ----------------------------------
+
+
+class ToolSource(Protocol):
+    """Tools that appear and disappear while the daemon runs (``tools/mcp.py``: MCP servers).
+
+    A :class:`Registry` consults its sources in :meth:`Registry.schemas`, ``kind``,
+    ``timeout_s`` and ``execute``. Those run on the event loop at every step, so a source
+    answers from memory, without I/O. A source's tool never shadows a registered one of the
+    same name.
+    """
+
+    @property
+    def generation(self) -> int:
+        """A number that changes whenever :meth:`tools` or :meth:`permits` may answer
+        differently (the registry caches schemas per generation)."""
+
+    def tools(self) -> Sequence[Tool]:
+        """The tools available now, whatever the conversation."""
+
+    def permits(self, name: str, conversation: str) -> bool:
+        """Whether tool ``name`` may be offered and run in ``conversation`` (a conversation
+        key such as ``telegram:123``; ``""`` when not known)."""
+
+    def known(self, name: str) -> Tool | None:
+        """Tool ``name`` if this source offers it now or did before: calls already made keep
+        their kind and timeout while it is gone."""
+
+
+#: Most cached schema lists of run-time tools (one per level and conversation).
+_MAX_DYNAMIC_SCHEMAS = 512
+
+
 class Registry:
     """A set of tools the engine can offer and run; implements ``Toolbox``.
 
     Args:
         tools: tools to register now.
         max_result_chars: cap on one result's characters (head and tail kept).
+        sources: run-time tools (see :class:`ToolSource` and :meth:`add_source`).
 
     Raises:
         ValueError: on a duplicate tool name or a ``max_result_chars`` below 200.
@@ -263,12 +303,16 @@ class Registry:
         tools: Iterable[Tool] = (),
         *,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        sources: Iterable[ToolSource] = (),
     ) -> None:
         if max_result_chars < 200:
             raise ValueError(f"max_result_chars must be >= 200, got {max_result_chars}")
         self.max_result_chars = max_result_chars
         self._tools: dict[str, Tool] = {}
         self._schemas: dict[int, list[dict[str, Any]]] = {}
+        self._sources: list[ToolSource] = list(sources)
+        self._dynamic: dict[tuple[Any, ...], list[dict[str, Any]]] = {}  # (level, conversation, generations)
+        self._index: tuple[tuple[int, ...], dict[str, tuple[Tool, ToolSource]]] = ((), {})
         for item in tools:
             self.add(item)
 
@@ -280,7 +324,16 @@ class Registry:
             raise ValueError(f"tool {item.name!r} is already registered")
         self._tools[item.name] = item
         self._schemas = {}
+        self._dynamic = {}
+        self._index = ((), {})  # a registered name now shadows a source's
         return item
+
+    def add_source(self, source: ToolSource) -> ToolSource:
+        """Offer and run ``source``'s tools too, from now on (issue 15)."""
+        self._sources.append(source)
+        self._dynamic = {}
+        self._index = ((), {})
+        return source
 
     def tool(
         self,
@@ -307,7 +360,7 @@ class Registry:
         return decorate
 
     def copy(self, *, exclude: Iterable[str] = (), only: Iterable[str] | None = None) -> Registry:
-        """A new registry with a subset of these tools (same ``max_result_chars``).
+        """A new registry with a subset of these tools (same ``max_result_chars`` and sources).
 
         Args:
             exclude: names to leave out.
@@ -323,12 +376,12 @@ class Registry:
         if unknown:
             raise ValueError(f"unknown tool(s): {', '.join(sorted(unknown))}")
         chosen = [t for n, t in self._tools.items() if n in kept and n not in excluded]
-        return Registry(chosen, max_result_chars=self.max_result_chars)
+        return Registry(chosen, max_result_chars=self.max_result_chars, sources=self._sources)
 
     # -- queries --------------------------------------------------------------------------
 
     def names(self) -> list[str]:
-        """Registered tool names, in registration order."""
+        """Registered tool names, in registration order (not a source's: see :meth:`offered`)."""
         return list(self._tools)
 
     def get(self, name: str) -> Tool | None:
@@ -344,30 +397,80 @@ class Registry:
     def __len__(self) -> int:
         return len(self._tools)
 
-    def schemas(self, level: int = 0) -> list[dict[str, Any]]:
-        """OpenAI ``tools`` entries for every registered tool, in registration order, at a
-        compaction ``level`` (:data:`SCHEMA_LEVELS`; at the last level optional tools are
-        left out).
+    def schemas(self, level: int = 0, conversation: str | None = None) -> list[dict[str, Any]]:
+        """OpenAI ``tools`` entries for every registered tool, in registration order, then the
+        sources' tools that ``conversation`` may use, at a compaction ``level``
+        (:data:`SCHEMA_LEVELS`; at the last level optional tools are left out).
 
-        Built once per level and cached (JSON-schema generation is not free and runs every
-        step); :meth:`add` invalidates the cache. Callers must not modify the returned list.
+        Args:
+            level: the compaction level.
+            conversation: whose tools: a conversation key. ``None`` takes the one the running
+                turn bound for its logs (``bumblebot.logs.bind``, set around every turn), or
+                ``""`` outside a turn, where a source offers only tools allowed everywhere.
+
+        Built once per level (and conversation and sources' generation) and cached
+        (JSON-schema generation is not free and runs every step); :meth:`add` invalidates
+        the cache. Callers must not modify the returned list.
         """
         level = max(0, min(SCHEMA_LEVELS - 1, level))
         if level not in self._schemas:
             tools = [t for t in self._tools.values() if not (t.optional and level >= SCHEMA_LEVELS - 1)]
             self._schemas[level] = [t.schema(level) for t in tools]
-        return self._schemas[level]
+        static = self._schemas[level]
+        if not self._sources:
+            return static
+        if conversation is None:
+            conversation = str(bound().get("conversation", ""))
+        generations = tuple(source.generation for source in self._sources)
+        key = (level, conversation, generations)
+        cached = self._dynamic.get(key)
+        if cached is None:
+            if len(self._dynamic) >= _MAX_DYNAMIC_SCHEMAS or any(k[2] != generations for k in self._dynamic):
+                self._dynamic = {}
+            extra = [t for t in self.offered(conversation) if not (t.optional and level >= SCHEMA_LEVELS - 1)]
+            cached = self._dynamic[key] = static + [t.schema(level) for t in extra] if extra else static
+        return cached
+
+    def offered(self, conversation: str) -> list[Tool]:
+        """The sources' tools ``conversation`` may use now, in source order."""
+        return [t for t, source in self._current().values() if source.permits(t.name, conversation)]
 
     def kind(self, name: str) -> ToolKind | None:
-        """The kind of tool ``name``, ``None`` if unknown."""
-        found = self._tools.get(name)
+        """The kind of tool ``name``, ``None`` if unknown (a source's tool keeps its kind
+        while its source is down)."""
+        found = self._lookup(name)
         return found.kind if found else None
 
     def timeout_s(self, name: str) -> float | None:
         """Per-call timeout of tool ``name`` in seconds; ``None`` for the engine's default
         (or if the tool is unknown)."""
-        found = self._tools.get(name)
+        found = self._lookup(name)
         return found.timeout_s if found else None
+
+    def _lookup(self, name: str) -> Tool | None:
+        """A registered tool, else a source's current one, else one a source knew."""
+        found = self._tools.get(name)
+        if found is None and self._sources:
+            entry = self._current().get(name)
+            if entry is not None:
+                return entry[0]
+            for source in self._sources:
+                if (known := source.known(name)) is not None:
+                    return known
+        return found
+
+    def _current(self) -> dict[str, tuple[Tool, ToolSource]]:
+        """The sources' tools now, by name (first source wins; registered names are skipped),
+        rebuilt when a generation changes."""
+        generations = tuple(source.generation for source in self._sources)
+        if self._index[0] != generations:
+            index: dict[str, tuple[Tool, ToolSource]] = {}
+            for source in self._sources:
+                for item in source.tools():
+                    if item.name not in self._tools and item.name not in index:
+                        index[item.name] = (item, source)
+            self._index = (generations, index)
+        return self._index[1]
 
     # -- running --------------------------------------------------------------------------
 
@@ -397,8 +500,20 @@ class Registry:
 
     async def _run(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
         found = self._tools.get(name)
+        if found is None and self._sources:  # a source's tool, where this conversation may use it
+            entry = self._current().get(name)
+            if entry is not None and entry[1].permits(name, ctx.conversation):
+                found = entry[0]
+            elif entry is not None:
+                return ToolResult.error(f"tool {name!r} is not available in this conversation")
+            elif any(source.known(name) is not None for source in self._sources):
+                return ToolResult.error(
+                    f"tool {name!r} is not available now (its server is down or no longer offers it); "
+                    "do without it or try again later"
+                )
         if found is None:
-            available = ", ".join(self._tools) or "(none)"
+            offered = [t.name for t in self.offered(ctx.conversation)] if self._sources else []
+            available = ", ".join([*self._tools, *offered]) or "(none)"
             return ToolResult.error(f"unknown tool {name!r}; available tools: {available}")
         parsed = _parse_arguments(arguments)
         if isinstance(parsed, str):
