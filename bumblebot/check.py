@@ -108,6 +108,26 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
 
+    if settings.mcp.servers:
+        from bumblebot.daemon import mcp_environ
+        from bumblebot.mcp_client import ServerState, probe_servers
+
+        for st in await probe_servers(settings.mcp, environ=mcp_environ()):
+            what, where = f"mcp {st.name}", f"{st.transport}: {st.target}"
+            if st.state is ServerState.DISABLED:
+                _line(True, what, f"disabled (mcp.servers.{st.name}.enabled: false)")
+            elif st.state is ServerState.CONNECTED:
+                detail = f"connected ({where}); tools: {', '.join(st.tools) or 'none'}"
+                if st.hidden:
+                    detail += f"; hidden by mcp.servers.{st.name}.tools: {', '.join(st.hidden)}"
+                if st.missing:
+                    fail(what, detail + f"; not on the server: {', '.join(st.missing)} (fix mcp.servers.{st.name}.tools)")
+                else:
+                    _line(True, what, detail)
+            elif st.state is ServerState.FAILED:
+                fail(what, f"{st.error} ({where}); fix mcp.servers.{st.name}")
+            else:
+                fail(what, f"{st.error or 'no answer in time'} ({where}); the daemon runs without its tools and retries it")
     if chat_only:
         _line(True, "platforms", "not checked (--chat-only: `bumblebot chat` needs no platform token)")
         return problems

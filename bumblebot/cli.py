@@ -107,7 +107,11 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
     try:
         if log_file is not None:
             settings.data_dir.mkdir(parents=True, exist_ok=True)
-        setup_logging(settings.log_level, secrets.values(), fmt=settings.log_format, file=log_file)
+        from bumblebot.daemon import mcp_environ
+        from bumblebot.mcp_client import secret_values as mcp_secret_values
+
+        hidden = secrets.values() + mcp_secret_values(settings.mcp, mcp_environ(dotenv))
+        setup_logging(settings.log_level, hidden, fmt=settings.log_format, file=log_file)
     except OSError as exc:
         raise ConfigError(
             str(path) if path else "config", "data_dir",

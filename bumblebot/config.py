@@ -38,6 +38,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from bumblebot.mcp_client import MCPSettings
 from bumblebot.errors import ConfigError
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -439,6 +440,7 @@ class Settings(BaseSettings):
     automation: AutomationSettings = Field(default_factory=AutomationSettings)
     autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    mcp: MCPSettings = Field(default_factory=MCPSettings, description="MCP tool servers")
     engine: EngineSettings = Field(default_factory=EngineSettings)
 
     @classmethod

@@ -22,7 +22,7 @@ from typing import Any
 from bumblebot.adapter import Adapter
 from bumblebot.budget import ContextBudget
 from bumblebot.compactor import Compactor
-from bumblebot.config import Secrets, Settings, effective_base_url
+from bumblebot.config import Secrets, Settings, dotenv_unreadable, effective_base_url
 from bumblebot.delivery import Delivery
 from bumblebot.engine import Engine
 from bumblebot.entity import Entity
@@ -32,6 +32,8 @@ from bumblebot.knowledge import Memory
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.logs import redact_values
 from bumblebot.loop import AgentLoop
+from bumblebot.mcp_client import MCPManager
+from bumblebot.mcp_client import secret_values as mcp_secret_values
 from bumblebot.media import MediaFiles, MediaIntake
 from bumblebot.metrics import NO_METRICS, Metrics
 from bumblebot.prompt import PromptBuilder
@@ -80,6 +82,17 @@ def instance_lock(data_dir: Path) -> Iterator[None]:
             handle.truncate(0)
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
+
+
+def mcp_environ(dotenv: Path = Path(".env")) -> dict[str, str]:
+    """Where ``${VAR}`` in ``mcp.servers`` comes from: the environment, over ``./.env``
+    (whose values are not copied into the environment)."""
+    values: dict[str, str] = {}
+    if dotenv.is_file() and dotenv_unreadable(dotenv) is None:
+        from dotenv import dotenv_values
+
+        values = {k: v for k, v in dotenv_values(dotenv).items() if v is not None}
+    return {**values, **os.environ}
 
 
 def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any:
@@ -135,6 +148,8 @@ class Daemon:
         self.engine: Engine | None = None
         self.llm: LLM | None = None
         self.speech: Speech | None = None
+        self.mcp: MCPManager | None = None
+        self.mcp_tools: Any = None
         self.metrics: Metrics = NO_METRICS
         self.adapters: list[Adapter] = []
         self.watchdog = LoopWatchdog()  # logs event-loop stalls over 0.5 s
@@ -165,6 +180,10 @@ class Daemon:
                 "llm.max_concurrent_requests (%d)", settings.llm.max_concurrent_requests,
             )
         await store.open()
+        environ = mcp_environ()
+        if settings.mcp.servers:
+            self.mcp = MCPManager(settings.mcp, environ=environ)
+            await self.mcp.start()  # returns at once; the servers connect meanwhile
         self.metrics = metrics = Metrics() if settings.metrics.listen else NO_METRICS
         base_url = effective_base_url(settings, self.secrets)
         self.llm = llm = LLM(
@@ -190,6 +209,15 @@ class Daemon:
             zone=lambda: (self.prompts.entity if self.prompts is not None else self.entity).zone,
         )
         self.toolbox = toolbox = build_toolbox(settings, scheduler)
+        if self.mcp is not None:
+            from tools.mcp import MCPTools, allowlisted_private_chats
+
+            tg, dc = settings.telegram, settings.discord
+            self.mcp_tools = MCPTools(self.mcp, trusted=allowlisted_private_chats(
+                telegram_user_ids=tg.allowed_user_ids, telegram_chat_ids=tg.allowed_chat_ids,
+                discord_user_ids=dc.allowed_user_ids,
+            ))
+            toolbox.add_source(self.mcp_tools)
         await reap_orphans(settings)  # before any turn resumes: a cut-off command must not land later
         memory = Memory(settings.data_dir)
         self.prompts = prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
@@ -211,7 +239,7 @@ class Daemon:
             gate=CompletionGate(judge),
             tool_context=ToolContext(workspace=settings.workspace.resolve(), data_dir=settings.data_dir),
         )
-        secrets = self.secrets.values()
+        secrets = self.secrets.values() + mcp_secret_values(settings.mcp, environ)
         self.runner = TurnRunner(
             cognition=cognition,
             engine=settings.engine,
@@ -229,6 +257,7 @@ class Daemon:
             voice=settings.voice,
             metrics=metrics,
             tasks=scheduler,
+            status_lines=self.mcp_tools.summary if self.mcp_tools is not None else None,
         )
         self.engine = Engine(
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
@@ -247,6 +276,8 @@ class Daemon:
         if self.settings.metrics.listen:  # before the adapters: a port in use fails the start
             await self.metrics.serve(self.settings.metrics.listen)
         self.adapters = self.platform_adapters(engine) if adapters is None else adapters
+        if self.mcp is not None:  # resumed turns see the tools; a slow server waits mcp.startup_wait_s at most
+            await self.mcp.wait_settled()
         await engine.start({a.platform for a in self.adapters})
         for adapter in self.adapters:
             self.delivery.register(adapter)
@@ -271,6 +302,8 @@ class Daemon:
             if self.engine is not None:
                 await self.engine.stop()  # in-flight turns finish and deliver
             await self._each_adapter("stop")
+            if self.mcp is not None:
+                await self.mcp.stop()  # stdio servers stop with the daemon
             if self.llm is not None:
                 await self.llm.aclose()
             if self.speech is not None:

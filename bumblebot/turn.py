@@ -433,6 +433,7 @@ class TurnRunner:
         metrics: counts finished turns by status (``bumblebot_turns_total``); default: not counted.
         tasks: the scheduler: whether a scheduled or autonomous entry still gets its turn, and
             the task of a chat that cannot be reached any more is cancelled.
+        status_lines: more of ``/status`` for a conversation key (the MCP servers), ``""``: none.
     """
 
     def __init__(
@@ -454,8 +455,10 @@ class TurnRunner:
         voice: VoiceSettings | None = None,
         metrics: Metrics | None = None,
         tasks: Scheduler | None = None,
+        status_lines: Callable[[str], str] | None = None,
     ) -> None:
         self.tasks = tasks
+        self.status_lines = status_lines
         self._metrics = NO_METRICS if metrics is None else metrics  # metrics hook (issue 14)
         self.media = media
         self.media_files = media_files
@@ -687,7 +690,7 @@ class TurnRunner:
             f"Context: ~{estimate} of {limit} tokens ({100 * estimate / limit:.0f}%), "
             f"{len(session.history)} messages in context.\n"
             f"Summary: {'yes' if session.summary else 'none'}; compactions so far: {session.compaction.compactions}."
-        )
+        ) + (f"\n{extra}" if self.status_lines is not None and (extra := self.status_lines(conversation.key)) else "")
 
     async def compact_now(self, conversation: Conversation) -> str:
         """``/compact``: compact the conversation now; returns the report for the user."""
