@@ -603,8 +603,10 @@ class MCPManager:
                 client_info=Implementation(name="bumblebot", version=__version__),
                 cache=None,
             )
-            await stack.enter_async_context(client)
-            await self._list_tools(server, client)
+            # the whole handshake is bounded (protocol auto may try one era, then the other)
+            async with asyncio.timeout(self.settings.connect_timeout_s):
+                await stack.enter_async_context(client)
+                await self._list_tools(server, client)
             server.client = client
             server.state, server.error, server.attempts = ServerState.CONNECTED, None, 0
             server.settled.set()

@@ -72,3 +72,24 @@ async def test_mcp_tools_are_not_offered_in_a_group_by_default(tmp_path, llm, tg
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
     assert not [n for n in names(loop_requests(llm)[0]) if n.startswith("fake__")]
+
+
+async def test_a_server_that_never_answers_its_handshake_gives_up_after_connect_timeout_s():
+    """Regression (review of issue 15): with protocol auto a silent server took about 15 s a
+    try, whatever connect_timeout_s said."""
+    import time
+
+    from bumblebot.mcp_client import MCPManager, MCPSettings, ServerState
+
+    settings = MCPSettings(servers={"mute": {"command": [sys.executable, "-c", "import time; time.sleep(60)"]}},
+                           connect_timeout_s=1.5, startup_wait_s=20)
+    manager = MCPManager(settings, retry_initial_s=30)
+    started = time.monotonic()
+    await manager.start()
+    try:
+        assert await manager.wait_settled()
+        took = time.monotonic() - started
+        [status] = manager.status()
+    finally:
+        await manager.stop()
+    assert status.state is ServerState.RETRYING and took < 8
