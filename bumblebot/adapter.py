@@ -21,6 +21,12 @@ from typing import Any, ClassVar, Literal, Protocol
 from bumblebot.errors import MediaError
 from bumblebot.events import Attachment, ChatRef, Inbound, Platform
 
+#: The one reply to a file over the platform's download limit (nothing is downloaded).
+TOO_BIG_TEXT = (
+    "That file is too big for me: I can fetch files up to {limit} here, and {name} is {size}. "
+    "Could you send a smaller one, or paste the part that matters?"
+)
+
 #: How a file is sent: a photo (shown inline), a document (a file to download), a voice message.
 FileKind = Literal["photo", "document", "voice"]
 

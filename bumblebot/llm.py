@@ -468,18 +468,23 @@ class LLM:
         if self.settings.vision != "auto":
             return self.settings.vision == "on"
         key = vision_key(self.base_url, model or self.settings.model)
+        return not await self._refused(key, VISION_RETRY_S, f"sending images to {model or self.settings.model} again")
+
+    async def _refused(self, key: str, retry_s: float, again: str) -> bool:
+        """Whether ``key`` remembers a refusal (JSON with ``since``, epoch s) younger than
+        ``retry_s``; an older one is forgotten (logged as ``again``)."""
         raw = await self.capabilities.get(key)
         if not raw:
-            return True
+            return False
         try:
             since = float(json.loads(raw).get("since") or 0)
         except (ValueError, AttributeError, TypeError):
             since = 0.0
-        if self._clock() - since >= VISION_RETRY_S:
+        if self._clock() - since >= retry_s:
             await self.capabilities.clear(key)
-            log.info("endpoint %s: sending images to %s again", self.base_url, model or self.settings.model)
-            return True
-        return False
+            log.info("endpoint %s: %s", self.base_url, again)
+            return False
+        return True
 
     async def vision_refusal(self, model: str | None = None) -> str | None:
         """Why ``model`` is remembered as unable to see images, ``None`` when it is not."""
@@ -921,18 +926,7 @@ class LLM:
     async def streams(self) -> bool:
         """Whether the endpoint gets streamed requests (not remembered as unable to, or the
         memory is older than :data:`STREAM_RETRY_S`)."""
-        raw = await self.capabilities.get(stream_key(self.base_url))
-        if not raw:
-            return True
-        try:
-            since = float(json.loads(raw).get("since") or 0)
-        except (ValueError, AttributeError, TypeError):
-            since = 0.0
-        if self._clock() - since >= STREAM_RETRY_S:
-            await self.capabilities.clear(stream_key(self.base_url))
-            log.info("endpoint %s: trying streamed requests again", self.base_url)
-            return True
-        return False
+        return not await self._refused(stream_key(self.base_url), STREAM_RETRY_S, "trying streamed requests again")
 
     async def stream_fallback(self) -> str | None:
         """Why the endpoint gets whole answers instead of streams, ``None`` while it streams."""

@@ -1130,11 +1130,7 @@ class Store:
     async def pending_run(self, chat: ChatRef, prefix: str) -> bool:
         """Whether a journal entry of ``chat`` whose message id starts with ``prefix`` is still
         pending (a scheduled run or an autonomous turn not answered yet)."""
-        row = await self._one(
-            "SELECT 1 FROM journal WHERE platform=? AND chat_id=? AND thread_id=? AND status='pending'"
-            " AND substr(message_id, 1, ?) = ? LIMIT 1",
-            (chat.platform.value, chat.chat_id, chat.thread_id, len(prefix), prefix),
-        )
+        row = await self._one(_PENDING_RUN, (chat.platform.value, chat.chat_id, chat.thread_id, len(prefix), prefix))
         return row is not None
 
     async def task(self, task_id: int) -> TaskRecord | None:
@@ -1161,11 +1157,8 @@ class Store:
             )
             if cur.rowcount != 1:
                 return None
-            async with db.execute(
-                "SELECT 1 FROM journal WHERE platform=? AND chat_id=? AND thread_id=? AND status='pending'"
-                " AND substr(message_id, 1, ?) = ? LIMIT 1",
-                (c.platform.value, c.chat_id, c.thread_id, len(f"task:{task.id}:"), f"task:{task.id}:"),
-            ) as pending:
+            prefix = f"task:{task.id}:"
+            async with db.execute(_PENDING_RUN, (c.platform.value, c.chat_id, c.thread_id, len(prefix), prefix)) as pending:
                 if await pending.fetchone() is not None:
                     return None  # its last run is still waiting (an outage, a long turn): no pile-up
             cur = await db.execute(
@@ -1278,6 +1271,11 @@ class Store:
         )
 
 
+#: A journal entry of a chat, still pending, whose message id starts with a prefix.
+_PENDING_RUN = (
+    "SELECT 1 FROM journal WHERE platform=? AND chat_id=? AND thread_id=? AND status='pending'"
+    " AND substr(message_id, 1, ?) = ? LIMIT 1"
+)
 _MESSAGE_COLUMNS = "id, role, content, tool_calls, tool_call_id, name, pruned, ok, note, images"
 
 

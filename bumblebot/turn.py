@@ -246,8 +246,14 @@ class TurnIO(TurnPort):
         trace: Callable[[], dict[str, Any]],
         stream_interval_s: float | None = None,
         prepare: Callable[[list[JournalEntry]], Any] | None = None,
+        voice_mirror: bool = False,
+        steer_images: bool = True,
     ) -> None:
         self._prepare = prepare
+        #: ``voice.reply: mirror``: replies to a voice note go out as voice too
+        self._voice_mirror = voice_mirror
+        #: the turn runs on ``llm.model``: photos sent meanwhile may join it
+        self.steer_images = steer_images
         self._conversation = conversation
         self._turn = turn
         self._delivery = delivery
@@ -285,10 +291,6 @@ class TurnIO(TurnPort):
             self._turn.state["voice_reply"] = self._turn.state.get("voice_reply", False) or self._voice_mirror
         return [await self._turn.steer(entries)]
 
-    #: ``voice.reply: mirror``: replies to a voice note go out as voice too (set by the runner)
-    _voice_mirror = False
-    #: the turn runs on ``llm.model``: photos sent meanwhile may join it (set by the runner)
-    steer_images = True
 
     def _voice(self) -> dict[str, Any] | None:
         """The attachment of a reply of a turn answering a voice note (``voice.reply: mirror``)."""
@@ -528,7 +530,7 @@ class TurnRunner:
             log.info("%s in %s: no turn (%s)", entries[0].inbound.message_id, conversation.key, why)
             await conversation.drop(entries)
             return Finished("skipped")
-        if self.media is not None:
+        if self.media is not None and any(e.inbound.attachments and e.media is None for e in entries):
             try:
                 async with self.delivery.typing(conversation.chat, self.engine_cfg.typing_interval_s):
                     entries = await self.media.prepare(entries, final=self._waited_out(entries))
@@ -634,16 +636,19 @@ class TurnRunner:
             return await self._end(conversation, turn, running.trace, "failed", "resume_cap", RESUME_GAVE_UP)
         return await self._drive(conversation, turn, running.trace)
 
-    def _io(self, conversation: Conversation, turn: Turn, trace: Callable[[], dict[str, Any]] = dict) -> TurnIO:
+    def _io(
+        self, conversation: Conversation, turn: Turn, trace: Callable[[], dict[str, Any]] = dict, *,
+        steer_images: bool = True,
+    ) -> TurnIO:
         streams = self.streaming is not None and self.streaming.streaming == "on"
-        io = TurnIO(
+        return TurnIO(
             conversation, turn, self.delivery, self.outages,
             steer=self.cfg.mid_turn_messages == "steer", trace=trace,
             stream_interval_s=self.streaming.stream_edit_interval_s if streams and self.streaming else None,
             prepare=self.media.prepare if self.media is not None else None,
+            voice_mirror=self.voice is not None and self.voice.reply == "mirror",
+            steer_images=steer_images,
         )
-        io._voice_mirror = self.voice is not None and self.voice.reply == "mirror"
-        return io
 
     async def retry(self, conversation: Conversation, suspended: Suspended) -> Outcome:
         """Try a suspended turn again (the endpoint may be back)."""
@@ -757,8 +762,7 @@ class TurnRunner:
             # endpoint errors can echo a key back ("Incorrect API key provided: sk-…")
             return self.redact(json.loads(json.dumps(out, default=str)))
 
-        io = self._io(conversation, turn, snapshot)
-        io.steer_images = limits.model == self.llm.model
+        io = self._io(conversation, turn, snapshot, steer_images=limits.model == self.llm.model)
         try:
             await self._tell_blind(conversation, turn, limits.model)
             requests = self._requests(turn.session, turn, self.compactor, limits)

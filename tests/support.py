@@ -74,6 +74,11 @@ class Gate:
         return self.reply
 
 
+def tool_results(request: dict[str, Any]) -> list[str]:
+    """The contents of every tool result a request carries, in order."""
+    return [m["content"] for m in request["messages"] if m["role"] == "tool"]
+
+
 def tool_result(request: dict[str, Any], name: str) -> list[Any]:
     """Tool results in a request for calls of tool ``name`` (decoded JSON when possible)."""
     names = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import running, write_config
 from fakes.openai_server import image_parts, is_loop, tool_calls
-from support import contents, judges_say_done, loop_requests, say
+from support import contents, judges_say_done, loop_requests, say, tool_results
 
 from bumblebot.turn import BLIND
 
@@ -686,13 +686,9 @@ async def test_a_file_named_like_the_inbox_cannot_be_written(tmp_path, llm, tg):
     async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("please write a file called inbox with the letter x in it", chat_id=73)
         await d.engine.wait_for_turns(1)
-    [result] = tool_results_of(loop_requests(llm)[1])
+    [result] = tool_results(loop_requests(llm)[1])
     assert "where the files people send are kept" in result
     assert not (tmp_path / "data" / "workspace" / "inbox").is_file()
-
-
-def tool_results_of(request: dict) -> list[str]:
-    return [m["content"] for m in request["messages"] if m["role"] == "tool"]
 
 
 def test_a_chat_that_moves_takes_its_inbox_along(tmp_path):

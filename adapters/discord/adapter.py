@@ -63,7 +63,7 @@ from discord import app_commands
 from adapters.bots import BotTurnBudget
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.discord.policy import MessageFacts, Verdict, decide, parse_command
-from bumblebot.adapter import MANAGING_COMMANDS, Adapter, FileKind, Intake
+from bumblebot.adapter import MANAGING_COMMANDS, TOO_BIG_TEXT, Adapter, FileKind, Intake
 from bumblebot.config import DiscordSettings
 from bumblebot.documents import describe_size
 from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
@@ -84,10 +84,6 @@ MAX_RATELIMIT_WAIT_S = 30.0
 #: Seconds a look-up of a replied-to message may take before it counts as "not the bot's".
 REFERENCE_FETCH_TIMEOUT_S = 5.0
 REFUSAL_TEXT = "Sorry, this bot is private."
-TOO_BIG_TEXT = (
-    "That file is too big for me: I can fetch files up to {limit} here, and {name} is {size}. "
-    "Could you send a smaller one, or paste the part that matters?"
-)
 #: The upload limit of a server without boosts (and of DMs), bytes.
 UPLOAD_LIMIT = 10 * 1024 * 1024
 NOT_HERE_TEXT = "I don't answer in this channel."

@@ -79,7 +79,7 @@ from telegram.ext import (
 
 from adapters.bots import BotTurnBudget
 from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
-from bumblebot.adapter import MANAGING_COMMANDS, Adapter, FileKind, Intake
+from bumblebot.adapter import MANAGING_COMMANDS, TOO_BIG_TEXT, Adapter, FileKind, Intake
 from bumblebot.config import MediaSettings, TelegramSettings
 from bumblebot.documents import describe_size
 from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
@@ -93,10 +93,6 @@ OFFSET_KEY = "telegram.offset"
 MAX_UPDATE_ATTEMPTS = 5
 REFUSAL_TEXT = "Sorry, this bot is private."
 UNSUPPORTED_TEXT = "I can't read that kind of message; could you tell me in words?"
-TOO_BIG_TEXT = (
-    "That file is too big for me: I can fetch files up to {limit} here, and {name} is {size}. "
-    "Could you send a smaller one, or paste the part that matters?"
-)
 #: Bot API upload limits (sendDocument/sendVoice: 50 MB; sendPhoto: 10 MB) and caption length.
 UPLOAD_LIMIT = 50 * 1024 * 1024
 PHOTO_UPLOAD_LIMIT = 10 * 1024 * 1024
