@@ -9,10 +9,32 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: Unicode categories that show nothing on their own: controls, format characters (zero-width
+#: space, joiners, direction marks, the BOM, soft hyphen), separators, lone surrogates.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
+#: Letters and symbols that render as blank: Hangul fillers, the blank Braille pattern, the
+#: Mongolian vowel separator, the combining grapheme joiner (a favourite of "empty" messages).
+_BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u180e\u034f")
+
+
+def blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: empty, whitespace, or only invisible characters
+    (``"\u200b\u200d"``, a BOM, variation selectors, Hangul fillers). Such a message never
+    becomes part of a history: endpoints that refuse blank text (Anthropic through OpenRouter)
+    would then refuse every later request (issue 16). Linear in ``len(text)`` and stops at the
+    first visible character."""
+    for ch in text:
+        code = ord(ch)
+        if ch in _BLANK_CHARACTERS or 0xFE00 <= code <= 0xFE0F or 0xE0100 <= code <= 0xE01EF:
+            continue  # variation selectors
+        if unicodedata.category(ch) not in _INVISIBLE_CATEGORIES:
+            return False
+    return True
 
 
 class Platform(StrEnum):

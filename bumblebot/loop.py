@@ -48,6 +48,7 @@ from typing import Any, Protocol, TypeVar
 
 from bumblebot.compaction import cap_tool_result
 from bumblebot.errors import ContextTooLong
+from bumblebot.events import blank
 from bumblebot.gate import (
     MAX_GATE_CONTINUES,
     CompletionGate,
@@ -57,7 +58,7 @@ from bumblebot.gate import (
     progress_only,
 )
 from bumblebot.llm import LLM, Completion, SayListener, ToolCall
-from bumblebot.messages import Message
+from bumblebot.messages import Message, json_object, valid_arguments
 from bumblebot.reasoning import strip_reasoning
 from bumblebot.store import OutboxEntry
 from bumblebot.toolkit import DeliveryReport, Toolbox, ToolContext, ToolKind, ToolResult
@@ -760,7 +761,9 @@ class AgentLoop:
                 fitted = [_fit_call(_unique_id(c, used_ids), limits) for c in completion.tool_calls]
                 calls = [call for call, _ in fitted]
                 unusable = {call.id: error for call, error in fitted if error is not None}
-                message = Message(role="assistant", content=completion.content, tool_calls=[c.to_api() for c in calls])
+                # text of only invisible characters is no text (strict endpoints refuse it)
+                content = "" if blank(completion.content) else completion.content
+                message = Message(role="assistant", content=content, tool_calls=[c.to_api() for c in calls])
                 await port.record(message)  # before any side effect: a crash from here on is resumable
                 state.on_assistant(message)
                 for streamed, call in zip(completion.tool_calls, calls, strict=True):
@@ -795,6 +798,7 @@ class AgentLoop:
             # A completion without tool calls: the endpoint did not force tools.
             await port.settle_previews()  # a say streamed before an escalation asked again
             text = _fit_text(for_the_user(completion.content.strip()), limits)
+            text = "" if blank(text) else text
             capped = len(state.delivered) >= limits.max_messages
             if text and not turn.undeliverable and not capped and not self._suppressed(text, state):
                 await turn.reply(text)  # recorded with its outbox row; counts the step
@@ -1203,18 +1207,16 @@ def _fit_call(call: ToolCall, limits: LoopLimits) -> tuple[ToolCall, str | None]
     is cut to it before it is recorded or sent: one reply must not outgrow the window.
     """
     try:
-        args = json.loads(call.arguments or "{}")
+        args = json_object(call.arguments)
     except ValueError as exc:
-        problem = f"not valid JSON ({exc.msg})"
+        problem = str(exc)
     else:
-        if isinstance(args, dict):
-            if call.name == "say" and isinstance(args.get("text"), str):
-                clean = _fit_text(strip_reasoning(args["text"]), limits)  # history never keeps reasoning
-                if clean != args["text"]:
-                    args["text"] = clean
-                    return ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False)), None
-            return call, None
-        problem = f"a JSON {type(args).__name__}, not an object"
+        if call.name == "say" and isinstance(args.get("text"), str):
+            clean = _fit_text(strip_reasoning(args["text"]), limits)  # history never keeps reasoning
+            if clean != args["text"]:
+                args["text"] = clean
+                return ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False)), None
+        return call, None
     error = (
         f"Not run: the arguments of {call.name} were {problem}; they began {_clip(call.arguments, 80)!r}. "
         "Call it again with a JSON object of its parameters, and keep it short."
@@ -1229,13 +1231,7 @@ def _cut_short(completion: Completion) -> bool:
         return False
     if not completion.tool_calls:
         return True
-    for call in completion.tool_calls:
-        try:
-            if not isinstance(json.loads(call.arguments or "{}"), dict):
-                return True
-        except ValueError:
-            return True
-    return False
+    return not all(valid_arguments(call.arguments) for call in completion.tool_calls)
 
 
 def _lost(result: Message) -> bool:

@@ -125,7 +125,7 @@ class Message:
         """The dict sent to a chat-completions endpoint. ``content`` is never ``None``."""
         out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
         if self.role == "assistant" and self.tool_calls:
-            out["tool_calls"] = self.tool_calls
+            out["tool_calls"] = [_sound_call(c) for c in self.tool_calls]
         if self.role == "tool":
             out["tool_call_id"] = self.tool_call_id
         return out
@@ -154,6 +154,38 @@ def estimate_tools(tool_schemas: list[dict[str, Any]]) -> int:
     return estimate_text_tokens(json.dumps(tool_schemas, separators=(",", ":")))
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"not valid JSON ({name} is not a JSON value)")
+
+
+def json_object(arguments: str) -> dict[str, Any]:
+    """``arguments`` (a tool call's JSON text) read strictly: a JSON object, by the JSON
+    standard (RFC 8259), not by Python's lenient reader (``NaN``, ``Infinity`` are refused).
+    ``""`` reads as ``{}`` (no arguments).
+
+    Raises:
+        ValueError: ``"not valid JSON (…)"``, or ``"a JSON list, not an object"``.
+    """
+    try:
+        value = json.loads(arguments or "{}", parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON (nested too deeply)") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def valid_arguments(arguments: str) -> bool:
+    """Whether ``arguments`` is a JSON object a strict endpoint (vLLM) accepts in a history."""
+    try:
+        json_object(arguments)
+    except ValueError:
+        return False
+    return True
+
+
 def clip_arguments(arguments: str, max_chars: int) -> str:
     """``arguments`` (a tool call's JSON text) with every string value longer than
     ``max_chars`` cut to it plus ``…[N characters cut]``; still valid JSON."""
@@ -172,3 +204,13 @@ def clip_arguments(arguments: str, max_chars: int) -> str:
         return node
 
     return json.dumps(clip(value), ensure_ascii=False)
+
+
+def _sound_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A recorded tool call as a request carries it: arguments that are not a JSON object
+    (recorded by a version before issue 16) are sent as ``{}``, so one bad call in an old
+    history cannot make a strict endpoint refuse every later request."""
+    fn = call.get("function") or {}
+    if valid_arguments(fn.get("arguments") or ""):
+        return call
+    return {**call, "function": {**fn, "arguments": "{}"}}

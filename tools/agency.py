@@ -14,6 +14,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from bumblebot.events import blank
 from bumblebot.toolkit import ToolContext, ToolKind, ToolResult, TurnControl
 
 from .registry import Tool, tool
@@ -45,7 +46,7 @@ async def say(
     turn = _turn(ctx)
     if turn is None:
         return ToolResult.error(_NO_TURN)
-    if not text.strip():
+    if blank(text):  # invisible characters only: a message that shows nothing
         return ToolResult.error("nothing to say: text is empty")
     report = await turn.say(text, call_id=ctx.call_id)
     return report.as_result()

@@ -30,6 +30,12 @@ chunks, with no finish reason and no ``[DONE]``).
 ``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
 streaming do; ``streamed`` counts the streamed answers.
 
+Strictness (on by default, like the strictest real endpoints): a history holding tool-call
+arguments that are not a JSON object is refused with 400 (vLLM), and so is a user or
+assistant text that shows nothing, e.g. only ``"\u200b"`` (Anthropic through OpenRouter);
+both are recorded in ``violations``. Turn off with ``reject_invalid_arguments=False`` /
+``reject_blank_text=False``.
+
 Vision: content may be a list of parts (``{"type": "text", "text"}`` and ``{"type":
 "image_url", "image_url": {"url": "data:image/png;base64,..."}}``); :func:`mentions` reads the
 text parts and :func:`image_parts` returns a request's image URLs. ``reject_images(status=400,
@@ -252,6 +258,52 @@ def sequence_violation(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _strict_json(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def invalid_arguments(messages: list[dict[str, Any]]) -> str | None:
+    """Why a history holds tool-call arguments a strict server refuses, or None.
+
+    vLLM reads every tool call's ``arguments`` of the history as JSON when it renders the chat
+    template, and answers 400 for one that is not a JSON object (strictly: no ``NaN``)."""
+    for i, message in enumerate(messages):
+        for call in (message.get("tool_calls") or []) if message.get("role") == "assistant" else []:
+            arguments = (call.get("function") or {}).get("arguments")
+            try:
+                value = _strict_json(arguments if isinstance(arguments, str) else "")
+            except (ValueError, RecursionError) as exc:
+                return f"messages[{i}]: tool call arguments are not valid JSON ({exc})"
+            if not isinstance(value, dict):
+                return f"messages[{i}]: tool call arguments are not a JSON object"
+    return None
+
+
+def _shows_nothing(text: str) -> bool:
+    import unicodedata
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc", "Zs") for ch in text)
+
+
+def blank_text(messages: list[dict[str, Any]]) -> str | None:
+    """Why a request holds a text block an Anthropic model (through OpenRouter) refuses, or None:
+    a user message, or an assistant message without tool calls, whose text is empty or only
+    whitespace and zero-width characters ("text content blocks must contain non-whitespace text")."""
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ("user", "assistant") or (role == "assistant" and message.get("tool_calls")):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            if any(p.get("type") != "text" for p in content):
+                continue  # an image: not blank
+            content = "".join(p.get("text", "") for p in content)
+        if isinstance(content, str) and _shows_nothing(content):
+            return f"messages[{i}]: text content blocks must contain non-whitespace text"
+    return None
+
+
 class FakeOpenAI:
     """Scripted chat-completions endpoint; see the module docstring.
 
@@ -265,8 +317,13 @@ class FakeOpenAI:
                  reject_tool_choice_required: int | None = None,
                  reject_null_content: bool = True, validate_sequence: bool = True,
                  default: Callable[[Request], Any] | None = None,
-                 reject_stream: int | None = None) -> None:
+                 reject_stream: int | None = None, reject_invalid_arguments: bool = True,
+                 reject_blank_text: bool = True) -> None:
         self.models = list(models)
+        #: refuse a history with tool-call arguments that are not a JSON object (as vLLM does)
+        self.reject_invalid_arguments = reject_invalid_arguments
+        #: refuse blank user/assistant text (as Anthropic models through OpenRouter do)
+        self.reject_blank_text = reject_blank_text
         self.reject_stream = reject_stream
         self.streamed = 0
         #: set each time a streamed answer has sent its first chunk
@@ -515,6 +572,10 @@ class FakeOpenAI:
                 "content" in m and m["content"] is None for m in body.get("messages", [])):
             return self._violation("a message has null content", body)
         reason = sequence_violation(body.get("messages", [])) if self.validate_sequence else None
+        if reason:
+            return self._violation(reason, body)
+        reason = invalid_arguments(body.get("messages", [])) if self.reject_invalid_arguments else None
+        reason = reason or (blank_text(body.get("messages", [])) if self.reject_blank_text else None)
         if reason:
             return self._violation(reason, body)
         param = _first_image_param(body) if self._image_rejection else None
