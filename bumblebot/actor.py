@@ -1,6 +1,8 @@
 """One actor per conversation: turns in a conversation run strictly one at a time.
 
-Messages that arrive while a turn runs wait in the conversation's inbox; in ``steer`` mode the
+A turn starts ``cognition.debounce_s`` after the last of a burst of messages (a long paste the
+client cut into parts is one input). Messages that arrive while a turn runs wait in the
+conversation's inbox; in ``steer`` mode the
 running turn takes them at its next step boundary, otherwise the next turn takes them all at
 once (several waiting messages merge into one turn). A turn the last process left running is
 resumed before anything else. A turn suspended by a model outage is retried after its backoff;
@@ -16,7 +18,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from bumblebot.conversation import Conversation
+from bumblebot.conversation import Conversation, paste_part
 from bumblebot.store import JournalEntry, RunningTurn
 from bumblebot.turn import Finished, Outcome, Postponed, Suspended, TurnRunner
 
@@ -32,6 +34,12 @@ EARLY_JITTER_S = 0.5
 ALBUM_SETTLE_S = 1.0
 #: Longest wait for an album's parts, seconds from its first.
 ALBUM_MAX_WAIT_S = 5.0
+#: Quiet seconds awaited after a message long enough to be one part of a paste the client cut
+#: up (:func:`~bumblebot.conversation.paste_part`): the next part may take a moment.
+PASTE_SETTLE_S = 1.5
+#: Longest a burst of messages is waited for (``cognition.debounce_s``), seconds from its first
+#: message: people who keep writing cannot hold the chat up for ever.
+DEBOUNCE_MAX_S = 10.0
 
 
 class Progress:
@@ -66,6 +74,10 @@ class ConversationActor:
         ready: set once the adapters are connected; no turn runs before.
         idle_unload_s: the actor ends after this long with nothing to do, seconds.
         progress: counts finished turns.
+        debounce_s: messages from people arriving within this many seconds of each other
+            merge into one turn (``cognition.debounce_s``; issue 16): the turn starts this long
+            after the last of them (longer after a part of a long paste), at most
+            :data:`DEBOUNCE_MAX_S` after the first. ``0``: a turn starts at once.
     """
 
     def __init__(
@@ -76,8 +88,12 @@ class ConversationActor:
         ready: asyncio.Event,
         idle_unload_s: float,
         progress: Progress,
+        debounce_s: float = 0.0,
     ) -> None:
         self.conversation = conversation
+        self._debounce_s = debounce_s
+        self._burst_at = 0.0  # when the last message from a person arrived (loop time)
+        self._burst_since = 0.0  # when the first message waiting in the inbox arrived
         self._runner = runner
         self._ready = ready
         self._idle_unload_s = idle_unload_s
@@ -118,22 +134,56 @@ class ConversationActor:
 
     def enqueue(self, entry: JournalEntry) -> None:
         inbox = self.conversation.inbox
+        now = asyncio.get_running_loop().time()
         if entry.inbound.album:
-            now = asyncio.get_running_loop().time()
             if not inbox or inbox[-1].inbound.album != entry.inbound.album:
                 self._album_since = now
             self._album_at = now
+        if entry.inbound.source == "chat":
+            if not inbox:
+                self._burst_since = now
+            self._burst_at = now
         inbox.append(entry)
         self._wake.set()
 
-    def _album_wait(self) -> float:
-        """Seconds to wait for more parts of an album the inbox ends with (0: none): until
-        :data:`ALBUM_SETTLE_S` after its last part, at most :data:`ALBUM_MAX_WAIT_S` after its
-        first (parts that keep coming cannot hold the chat up)."""
+    def queued_entry(self, message_id: str) -> JournalEntry | None:
+        """The entry of ``message_id`` if it waits for a turn (in the inbox, or for its files),
+        ``None`` when a turn has taken it or it is not here."""
+        waiting = [*self.conversation.inbox, *(self._postponed.entries if self._postponed is not None else ())]
+        return next((e for e in waiting if e.inbound.message_id == message_id and e.inbound.source == "chat"), None)
+
+    def replace_queued(self, entry: JournalEntry) -> bool:
+        """Put ``entry`` (an edited message) where the waiting entry with its id is; ``False``
+        when it no longer waits."""
         inbox = self.conversation.inbox
-        if not inbox or not inbox[-1].inbound.album:
+        for i, queued in enumerate(inbox):
+            if queued.id == entry.id:
+                inbox[i] = entry
+                return True
+        if self._postponed is not None:
+            for i, queued in enumerate(self._postponed.entries):
+                if queued.id == entry.id:
+                    self._postponed.entries[i] = entry
+                    return True
+        return False
+
+    def _settle_wait(self) -> float:
+        """Seconds to wait before the inbox is taken (0: take it now): for more parts of an
+        album (until :data:`ALBUM_SETTLE_S` after its last part, at most
+        :data:`ALBUM_MAX_WAIT_S` after its first), or for the rest of a burst of messages
+        (``debounce_s`` after the last, :data:`PASTE_SETTLE_S` after a part of a long paste,
+        at most :data:`DEBOUNCE_MAX_S` after the first)."""
+        inbox = self.conversation.inbox
+        if not inbox:
             return 0.0
-        until = min(self._album_at + ALBUM_SETTLE_S, self._album_since + ALBUM_MAX_WAIT_S)
+        last = inbox[-1].inbound
+        if last.album:
+            until = min(self._album_at + ALBUM_SETTLE_S, self._album_since + ALBUM_MAX_WAIT_S)
+        elif last.source == "chat" and self._debounce_s > 0:
+            quiet = max(self._debounce_s, PASTE_SETTLE_S if paste_part(last) else 0.0)
+            until = min(self._burst_at + quiet, self._burst_since + DEBOUNCE_MAX_S)
+        else:
+            return 0.0
         return max(0.0, until - asyncio.get_running_loop().time())
 
     def resume(self, running: RunningTurn) -> None:
@@ -180,8 +230,8 @@ class ConversationActor:
                 # the file service may be back: the waiting messages go first again
                 conversation.inbox[:0] = self._postponed.entries
                 self._postponed = None
-            elif conversation.inbox and (wait := self._album_wait()) > 0:
-                if await self._sleep(wait):  # more photos of the album may be on their way
+            elif conversation.inbox and (wait := self._settle_wait()) > 0:
+                if await self._sleep(wait):  # more photos of the album, or messages, may be on their way
                     return
             elif conversation.inbox:
                 await self._turn(lambda: self._runner.run(conversation, conversation.take_inbox()))
@@ -235,6 +285,18 @@ class ConversationActor:
             return False
         self._wake.set()  # a suspended turn is retried now, and ends as stopped
         return True
+
+    async def reset(self, fence: int) -> tuple[bool, int]:
+        """``/reset``, journaled as ``fence``: a fence between the sessions (issue 16). The
+        turn running (or waiting out an outage, or for files) is stopped as ``/stop`` does and
+        finishes in the old session; messages from people that arrived before the fence and
+        no turn has begun answering are set aside unanswered (they belong to the conversation
+        put aside); everything after it belongs to the new session. Returns ``(a turn was
+        stopped, how many messages were set aside)``."""
+        stopped = self.stop_turn()
+        aside = await self.conversation.reset(fence)
+        await self._progress.notify()
+        return stopped, len(aside)
 
     async def _turn(self, work: Callable[[], Awaitable[Outcome]]) -> None:
         """Run one turn (messages keep merging into the inbox meanwhile)."""

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
-from bumblebot.errors import MediaError
+from bumblebot.errors import DeliveryFailed, MediaError
 from bumblebot.events import Attachment, ChatRef, Inbound, Platform
 
 #: The one reply to a file over the platform's download limit (nothing is downloaded).
@@ -66,6 +66,12 @@ class Intake(Protocol):
     async def observe(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
         """A group message not addressed to the bot: no turn, no reply, but the next turn there
         may see it as background. ``False`` for a duplicate."""
+
+    async def edit(self, inbound: Inbound) -> bool:
+        """The person edited a message: ``inbound`` is it as it reads now (same chat and
+        ``message_id``, the new text and files). It replaces the message if no turn has taken
+        it yet (``True``); an edit that comes later is ignored (``False``): the turn answered
+        what was first written. Nothing is journaled for the edit itself."""
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> bool:
         """The chat ``old`` continues at ``new`` (Telegram group → supergroup migration)."""
@@ -214,22 +220,38 @@ class Adapter(ABC):
 
     @abstractmethod
     async def send_typing(self, chat: ChatRef) -> None:
-        """Show a typing indicator once (platforms expire it after ~5 s)."""
+        """Show a typing indicator once (platforms expire it after ~5 s).
+
+        Raises:
+            DeliveryFailed: with ``retry_after`` when the platform asked for silence (a 429):
+                the indicator is not refreshed before it is over.
+        """
 
     @contextlib.asynccontextmanager
     async def typing(self, chat: ChatRef, interval_s: float = 4.5) -> AsyncIterator[Typing]:
         """Keep a typing indicator alive for the duration of the ``async with`` block, except
-        while it is paused (:class:`Typing`)."""
+        while it is paused (:class:`Typing`): refreshed every ``interval_s`` seconds, and after
+        a refusal with ``retry_after`` (a 429) not before that many seconds (issue 16)."""
         handle = Typing()
 
         async def refresh() -> None:
+            loop = asyncio.get_running_loop()
+            quiet_until = 0.0  # loop time before which the platform asked for silence
             while True:
                 await handle.wait_resumed()
+                hold = quiet_until - loop.time()
+                if hold > 0:  # resumed inside the flood window: wait it out first
+                    await handle.wait_paused(hold)
+                    continue
                 try:
                     await self.send_typing(chat)
+                except DeliveryFailed as exc:
+                    if exc.retry_after is not None:
+                        quiet_until = loop.time() + exc.retry_after
+                    log.debug("typing indicator failed for %s: %s", chat.key, exc)
                 except Exception as exc:  # typing is cosmetic; never fail a turn for it
                     log.debug("typing indicator failed for %s: %s", chat.key, exc)
-                await handle.wait_paused(interval_s)
+                await handle.wait_paused(max(interval_s, quiet_until - loop.time()))
 
         task = asyncio.create_task(refresh(), name=f"bumblebot:{chat.key}:typing")
         try:

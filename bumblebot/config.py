@@ -286,6 +286,9 @@ class CognitionSettings(_Section):
     mid_turn_messages: Literal["steer", "queue"] = Field(
         "steer", description="steer: show mid-turn messages at the next step; queue: next turn"
     )
+    debounce_s: float = Field(
+        0.3, ge=0, le=10, description="messages of one chat this close together merge into one turn, seconds (0: off)"
+    )
     classifier: bool = Field(True, description="ask the reflex model when the router is unsure")
     max_messages_per_turn: int = Field(
         4, ge=1, le=20, description="most messages one turn sends; later say calls are not delivered"

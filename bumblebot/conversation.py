@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bumblebot.compaction import CompactionOutcome, summary_message
-from bumblebot.events import ChatKind, ChatRef, Inbound
+from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.media import prepared
 from bumblebot.messages import Message
 from bumblebot.store import (
@@ -50,6 +50,27 @@ LEGACY_SAID = '{"delivered": true, "queued": false}'
 BACKGROUND_CHARS = 300
 BACKGROUND_OPEN = "[Earlier in this chat, not addressed to you: background only, do not answer these]"
 BACKGROUND_CLOSE = "[End of background]"
+
+
+#: A message at least this long (UTF-16 code units, as platforms count) is taken for one part
+#: of a paste the client cut at the platform's limit (Telegram: 4096; Discord: 2000): the
+#: turn waits longer for the next part (``bumblebot.actor.PASTE_SETTLE_S``) and the parts
+#: are joined as one text.
+PASTE_PART_CHARS = {Platform.TELEGRAM: 3900, Platform.DISCORD: 1900}
+
+
+def paste_part(inbound: Inbound) -> bool:
+    """Whether ``inbound`` is long enough to be a part of a long paste (:data:`PASTE_PART_CHARS`)."""
+    limit = PASTE_PART_CHARS.get(inbound.chat.platform)
+    return limit is not None and len(inbound.text) >= limit // 2 and len(inbound.text.encode("utf-16-le")) // 2 >= limit
+
+
+def _continues(entry: JournalEntry, before: JournalEntry | None) -> bool:
+    """``entry`` is the next part of a paste ``before`` began (same sender, no files, no quote)."""
+    return (
+        before is not None and paste_part(before.inbound) and before.inbound.sender_id == entry.inbound.sender_id
+        and not entry.inbound.attachments and not entry.inbound.quote and not before.inbound.attachments
+    )
 
 
 def _one(entry: JournalEntry) -> str:
@@ -78,8 +99,14 @@ def merge_text(entries: list[JournalEntry], background: Sequence[Inbound] = ()) 
     reply carries what it replies to (``[Replying to Name: text]``). ``background``: earlier
     group messages not addressed to the bot (issue 10, ``telegram.group_context``), put first
     between :data:`BACKGROUND_OPEN` and :data:`BACKGROUND_CLOSE`, each shortened to
-    :data:`BACKGROUND_CHARS`."""
-    parts = [_one(e) for e in entries]
+    :data:`BACKGROUND_CHARS`. The parts of a long paste (:func:`paste_part`) are joined by a
+    line break, as one text."""
+    parts: list[str] = []
+    for i, entry in enumerate(entries):
+        if _continues(entry, entries[i - 1] if i else None):
+            parts[-1] += "\n" + entry.inbound.text  # a long paste the client cut up: one text
+        else:
+            parts.append(_one(entry))
     if background:
         lines = [f"[{b.speaker}]: {_short(b.shown_text, BACKGROUND_CHARS)}" for b in background]
         parts.insert(0, "\n".join([BACKGROUND_OPEN, *lines, BACKGROUND_CLOSE]))
@@ -368,6 +395,11 @@ class Conversation:
         self.inbox: list[JournalEntry] = []
         #: ``/stop`` came before the turn began (while it was routed): it stops at once
         self.stop_pending = False
+        #: entries taken for the next turn that has not begun yet (its files, its route)
+        self.taken: list[JournalEntry] = []
+        #: journal id of the last ``/reset``: messages from people journaled before it belong
+        #: to the session it put aside (in memory: :meth:`reset` settles them in the store)
+        self.fence = 0
 
     @classmethod
     async def load(cls, store: Store, chat: ChatRef) -> Conversation:
@@ -392,17 +424,32 @@ class Conversation:
         self.record = ConversationRecord(self.id, chat, self.record.session)
         self.session.key = chat.key
 
-    async def reset(self) -> int:
+    async def reset(self, fence: int = 0) -> list[JournalEntry]:
         """``/reset``: a new, empty session from now on (a running turn finishes in its own).
-        Returns the new session number."""
-        number = await self._store.reset(self.id)
+
+        ``fence``: the journal id of the ``/reset`` message. Messages from people journaled
+        before it that no turn has begun answering (waiting in the inbox, or taken by a turn
+        still being prepared) are set aside: settled ``ignored`` in the same transaction as
+        the new session, so neither this process nor the next start answers them in the new
+        session. Returns them.
+        """
+        aside = [e for e in (*self.taken, *self.inbox) if e.inbound.source == "chat" and e.id < fence]
+        ids = {e.id for e in aside}
+        number = await self._store.reset(self.id, set_aside=sorted(ids))
+        self.inbox = [e for e in self.inbox if e.id not in ids]
+        self.fence = max(self.fence, fence)
         self.record = ConversationRecord(self.id, self.chat, number)
         self.session = Session(self._store, self.id, number, [], CompactionState(None, 0, 0, 0, 0.0), self.key)
-        return number
+        return aside
 
-    async def begin_turn(self, entries: list[JournalEntry], state: dict[str, Any]) -> Turn:
+    async def begin_turn(self, entries: list[JournalEntry], state: dict[str, Any]) -> Turn | None:
         """Start a turn answering ``entries`` in the current session (checkpoint 0: the turn
-        row and the user message)."""
+        row and the user message). ``None`` when a ``/reset`` came after them while the turn
+        was being prepared: they were set aside (:meth:`reset`), no turn begins."""
+        self.taken = []
+        if entries and all(e.inbound.source == "chat" and e.id < self.fence for e in entries):
+            self.stop_pending = False  # the stop that came with the /reset was for this turn
+            return None
         user = user_message(entries, await background_of(self._store, entries))
         session = self.session
         turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state)
@@ -487,9 +534,11 @@ class Conversation:
             return []
         if self.inbox[0].inbound.source != "chat":
             batch, self.inbox = self.inbox[:1], self.inbox[1:]
+            self.taken = batch
             return batch
         n = next((i for i, e in enumerate(self.inbox) if e.inbound.source != "chat"), len(self.inbox))
         batch, self.inbox = self.inbox[:n], self.inbox[n:]
+        self.taken = batch
         return batch
 
     def request_stop(self) -> bool:

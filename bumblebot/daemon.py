@@ -261,7 +261,7 @@ class Daemon:
         )
         self.engine = Engine(
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
-            media=self.media,
+            media=self.media, debounce_s=settings.cognition.debounce_s,
         )
         return self.engine
 

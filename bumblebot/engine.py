@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +31,7 @@ from bumblebot.actor import ConversationActor, Progress
 from bumblebot.config import EngineSettings
 from bumblebot.conversation import Conversation
 from bumblebot.delivery import Delivery
-from bumblebot.events import ChatRef, Inbound, Platform
+from bumblebot.events import ChatRef, Inbound, Platform, blank
 from bumblebot.knowledge import Memory
 from bumblebot.media import MediaIntake
 from bumblebot.metrics import NO_METRICS, Metrics
@@ -67,6 +68,8 @@ class Engine:
         metrics: samples :attr:`queue_depth` at each scrape (``bumblebot_queue_depth``);
             default: not sampled.
         media: the inboxes of the files people sent (moved with a chat that changes its id).
+        debounce_s: a burst of messages within this many seconds is one turn
+            (``cognition.debounce_s``; :class:`~bumblebot.actor.ConversationActor`).
     """
 
     def __init__(
@@ -80,8 +83,10 @@ class Engine:
         scheduler: Scheduler | None = None,
         metrics: Metrics | None = None,
         media: MediaIntake | None = None,
+        debounce_s: float = 0.0,
     ) -> None:
         self.settings = settings
+        self._debounce_s = debounce_s
         self._media = media
         self._scheduler = scheduler
         self._platforms: set[Platform] | None = None
@@ -306,14 +311,24 @@ class Engine:
     async def submit(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
         """Journal ``inbound`` and queue it for its conversation.
 
+        A message that shows nothing (empty, or only invisible characters such as
+        ``"\u200b"``; :func:`~bumblebot.events.blank`) is journaled as ``ignored`` and never
+        answered: a blank message in the history makes some endpoints refuse every later
+        request. A blank caption or quote is dropped (the files are answered).
+
         Returns:
-            ``True`` if accepted; ``False`` for a duplicate (already journaled) or before the
-            engine started. While stopping, a message is journaled but not started: it is
+            ``True`` if accepted; ``False`` for a duplicate (already journaled), a blank
+            message, or before the engine started. While stopping, a message is journaled but not started: it is
             answered after the next start (platforms such as Discord never redeliver it).
         """
         if not self._accepting and not self._stopped:
             return False
-        inbound = inbound.storable()
+        inbound = _visible(inbound.storable())
+        if inbound.source == "chat" and not inbound.text and not inbound.attachments:
+            # only invisible characters (issue 16): journaled (a redelivery stays one), never a turn
+            if await self._store.journal(inbound, kv=kv, status="ignored") is not None:
+                log.info("message %s in %s shows nothing; not answered", inbound.message_id, inbound.chat.key)
+            return False
         journal_id = await self._store.journal(inbound, kv=kv)
         if journal_id is None:
             log.info("duplicate message %s in %s ignored", inbound.message_id, inbound.chat.key)
@@ -339,7 +354,31 @@ class Engine:
         """Journal a group message not addressed to the bot: no turn, no reply; the next turn
         in that chat may see it as background (``Inbound.background``). ``False`` if it was a
         duplicate."""
-        return await self._store.journal(inbound.storable(), kv=kv, status="ignored", background=True) is not None
+        inbound = _visible(inbound.storable())
+        shows = bool(inbound.text or inbound.attachments)
+        return await self._store.journal(inbound, kv=kv, status="ignored", background=shows) is not None
+
+    async def edit(self, inbound: Inbound) -> bool:
+        """An edited message (issue 16): if it still waits for a turn (in its conversation's
+        inbox, during ``cognition.debounce_s``, behind a running turn in ``queue`` mode, or for
+        its files), its text, quote and files become the edit's, in the journal and in the
+        inbox. Once a turn has taken it the edit is ignored (the answer is to what was first
+        written), and so is an edit that leaves nothing visible. Returns whether it replaced
+        the message."""
+        actor = self._actors.get(inbound.chat.key)
+        queued = actor.queued_entry(inbound.message_id) if actor is not None and not actor.closed else None
+        edited = _visible(inbound.storable())
+        if queued is None or actor is None or not (edited.text or edited.attachments):
+            log.info("edit of message %s in %s ignored (already answered, or not for me)", inbound.message_id, inbound.chat.key)
+            return False
+        same_files = edited.attachments == queued.inbound.attachments
+        new = dataclasses.replace(queued.inbound, text=edited.text, quote=edited.quote, attachments=edited.attachments)
+        entry = dataclasses.replace(queued, inbound=new, media=queued.media if same_files else None)
+        actor.replace_queued(entry)  # before any await: the next turn takes the edited text
+        if not await self._store.replace_pending(entry.id, new, keep_media=same_files):
+            return False
+        log.info("message %s in %s edited before it was answered; the turn takes the new text", inbound.message_id, inbound.chat.key)
+        return True
 
     async def move_chat(self, old: ChatRef, new: ChatRef) -> bool:
         """The chat ``old`` now lives at ``new``'s id (Telegram: a group became a supergroup,
@@ -405,6 +444,7 @@ class Engine:
                     ready=self._ready,
                     idle_unload_s=self.settings.idle_unload_s,
                     progress=self.progress,
+                    debounce_s=self._debounce_s,
                 )
                 self._actors[chat.key] = actor
                 actor.task = self._spawn(actor.run(), f"bumblebot:{chat.key}:actor")
@@ -427,11 +467,15 @@ class Engine:
         there (its model call is aborted; see ``TurnRunner``), whatever the turn is waiting on.
 
         The command message is journaled first (with ``kv``, e.g. Telegram's next offset), so a
-        redelivered command is not run twice.
+        redelivered command is not run twice. ``/reset`` is a fence (issue 16): the running
+        turn stops and finishes in the old session, messages sent before it that no turn has
+        begun answering are set aside, and what comes after belongs to the new session
+        (:meth:`ConversationActor.reset`).
 
         Returns the text to show, or ``None`` when this message was already handled (duplicate).
         """
-        if not await self.answer(inbound, None, kv=kv):
+        journal_id = await self._store.journal(inbound.storable(), kv=kv, status="ignored")
+        if journal_id is None:
             return None
         name = name.lower()
         if name == "start":
@@ -450,8 +494,8 @@ class Engine:
         actor = await self._actor(inbound.chat)
         conversation = actor.conversation
         if name == "reset":
-            await conversation.reset()
-            return "Fresh start: I've put our earlier conversation aside."
+            stopped, aside = await actor.reset(journal_id)
+            return _reset_text(stopped, aside)
         if name == "status":
             return self._runner.status(conversation)
         runner, chat = self._runner, inbound.chat
@@ -485,3 +529,22 @@ class Engine:
 def _hours(seconds: float) -> str:
     """``"24 h"``, ``"1.5 h"``, ``"90 s"``: a duration for log lines."""
     return f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds:.0f} s"
+
+
+def _visible(inbound: Inbound) -> Inbound:
+    """``inbound`` with a text or quote that shows nothing (:func:`~bumblebot.events.blank`) as ``""``."""
+    text = "" if blank(inbound.text) else inbound.text
+    quote = "" if blank(inbound.quote.partition(": ")[2] or inbound.quote) else inbound.quote
+    if text == inbound.text and quote == inbound.quote:
+        return inbound
+    return dataclasses.replace(inbound, text=text, quote=quote)
+
+
+def _reset_text(stopped: bool, aside: int) -> str:
+    """The answer to ``/reset``: what it stopped and set aside."""
+    text = "Fresh start: I've put our earlier conversation aside"
+    if stopped:
+        text += " and stopped what I was working on"
+    if aside:
+        text += f"; the {aside} message{'s' if aside > 1 else ''} you sent before it will not be answered"
+    return text + "."

@@ -485,10 +485,17 @@ class Store:
         assert row is not None
         return ConversationRecord(id=int(row["id"]), chat=chat, session=int(row["session"]))
 
-    async def reset(self, conversation_id: int) -> int:
-        """Start a fresh session; old rows stay but are no longer loaded. Returns the new session."""
+    async def reset(self, conversation_id: int, *, set_aside: list[int] | None = None) -> int:
+        """Start a fresh session; old rows stay but are no longer loaded. ``set_aside``:
+        journal ids of messages sent before the reset that no turn took; they are settled
+        ``ignored`` in the same transaction. Returns the new session."""
         async with self.transaction() as db:
             await db.execute("UPDATE conversations SET session = session + 1 WHERE id = ?", (conversation_id,))
+            now = time.time()
+            await db.executemany(
+                "UPDATE journal SET status='ignored', done_at=? WHERE id=? AND status='pending' AND turn_id IS NULL",
+                [(now, i) for i in set_aside or ()],
+            )
             async with db.execute("SELECT session FROM conversations WHERE id = ?", (conversation_id,)) as cur:
                 row = await cur.fetchone()
         assert row is not None
@@ -661,6 +668,24 @@ class Store:
                 "UPDATE journal SET status=?, done_at=? WHERE id=? AND status='pending'",
                 [(status, time.time(), i) for i in journal_ids],
             )
+
+    async def replace_pending(self, journal_id: int, inbound: Inbound, *, keep_media: bool = False) -> bool:
+        """An edit of a message no turn has taken yet: its text, quote and attachments become
+        ``inbound``'s; what was fetched of its files is forgotten unless ``keep_media`` (the
+        files did not change). ``False`` when the entry is no longer pending or a turn has it
+        (the edit came too late)."""
+        inbound = inbound.storable()
+        media = "media" if keep_media else "NULL"
+        async with self.transaction() as db:
+            cur = await db.execute(
+                f"UPDATE journal SET text=?, quote=?, attachments=?, media={media}"
+                " WHERE id=? AND status='pending' AND turn_id IS NULL",
+                (
+                    inbound.text, inbound.quote,
+                    _json([a.to_json() for a in inbound.attachments]) if inbound.attachments else None, journal_id,
+                ),
+            )
+            return cur.rowcount == 1
 
     async def save_media(self, journal_id: int, media: dict[str, Any]) -> None:
         """Record what fetching a message's attachments gave (``JournalEntry.media``)."""

@@ -552,6 +552,9 @@ class TurnRunner:
         if any(prepared(e).voice for e in entries) and self.voice is not None and self.voice.reply == "mirror":
             state["voice_reply"] = True
         turn = await conversation.begin_turn(entries, state)
+        if turn is None:  # /reset came while it was being prepared: set aside with the old session
+            log.info("%d message(s) in %s set aside by /reset", len(entries), conversation.key)
+            return Finished("set aside")
         if notices and not any(answerable(e) for e in entries):
             return await self._end(conversation, turn, {}, "done", "files_unusable", "\n".join(notices))
         if notices:

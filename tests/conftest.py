@@ -57,7 +57,8 @@ def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None
         "llm": {"base_url": llm.base_url, "model": "test-model", "reflex_model": "reflex-model", "max_retries": 0, "timeout_s": 10},
         # tests keep the default entity and data under tmp_path
         "telegram": {"enabled": tg is not None, "poll_timeout_s": 1},
-        "cognition": {"classifier": False},
+        # a turn starts at once (tests of bursts, tests/test_field_bugs.py, set cognition.debounce_s)
+        "cognition": {"classifier": False, "debounce_s": 0},
         "engine": {"shutdown_grace_s": 5},
         # whole messages unless a test is about streaming (tests/test_streaming.py turns it on):
         # with an instant fake model whether a preview gets out before the reply is a race

@@ -1,0 +1,269 @@
+"""Field bugs of comparable bots replayed against Bumblebot (issue 16), each with the input
+that broke them: bursts and split pastes, tool-call arguments a strict endpoint refuses,
+invisible-only messages, and ``/reset`` during a running turn. Everything goes through the
+real python-telegram-bot and openai clients against the local fakes, which are as strict as
+vLLM (tool-call arguments must be a JSON object) and Anthropic through OpenRouter (no blank
+text) by default (tests/fakes/openai_server.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+
+from conftest import running, write_config
+from fakes.openai_server import Reply, is_loop, text
+from support import UNCLEAR, Gate, contents, is_classifier, judges_say_done, loop_requests, say, tool_result
+
+TG_LIMIT = 4096
+
+
+def db(tmp_path):
+    return sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+
+
+def telegram_parts(paste: str) -> list[str]:
+    """``paste`` cut as a Telegram client cuts a long message: at line breaks, each part at
+    most 4096 characters, the break itself dropped."""
+    parts, current = [], ""
+    for line in paste.split("\n"):
+        if current and len(current) + 1 + len(line) > TG_LIMIT:
+            parts.append(current)
+            current = line
+        else:
+            current = f"{current}\n{line}" if current else line
+    parts.append(current)
+    return parts
+
+
+# -- 1. bursts -------------------------------------------------------------------------------
+
+
+async def test_a_50000_character_paste_cut_into_13_messages_is_one_turn_and_one_reply(tmp_path, llm, tg):
+    """The failing input: a 50,000-character paste arriving as 13 Telegram messages became 13
+    turns and 13 replies, the first seeing part 1 only."""
+    judges_say_done(llm)
+    paste = "\n".join(f"line {i:05d}: " + "lorem ipsum dolor sit amet " * 2 for i in range(780))[:50_000].rstrip()
+    parts = telegram_parts(paste)
+    assert len(parts) == 13 and all(len(p) <= TG_LIMIT for p in parts)
+    llm.push(say("I have read all of it."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 0.3})
+    async with running(config) as daemon:
+        for part in parts:
+            tg.push_text(part, chat_id=161)
+        await daemon.engine.wait_for_turns(1, timeout=20)
+        await daemon.engine.wait_until(lambda: daemon.engine.idle)
+    assert tg.sent(161) == ["I have read all of it."]
+    [request] = loop_requests(llm)
+    [user] = [m for m in request["messages"] if m["role"] == "user"]
+    assert paste in user["content"]  # the parts joined back into the one text that was pasted
+    turns = db(tmp_path).execute("SELECT COUNT(DISTINCT turn_id), COUNT(*) FROM journal").fetchone()
+    assert turns == (1, 13)
+
+
+async def test_a_burst_of_short_messages_within_the_debounce_is_one_turn(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("All three noted."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 0.3})
+    async with running(config) as daemon:
+        for word in ("first: milk", "second: eggs", "third: bread"):
+            tg.push_text(word, chat_id=162)
+        await daemon.engine.wait_for_turns(1, timeout=10)
+        await daemon.engine.wait_until(lambda: daemon.engine.idle)
+    assert tg.sent(162) == ["All three noted."]
+    [request] = loop_requests(llm)
+    assert all(w in contents(request) for w in ("milk", "eggs", "bread"))
+
+
+async def test_debounce_off_starts_a_turn_at_once(tmp_path, llm, tg):
+    """``cognition.debounce_s: 0``: the first message's turn does not wait for a second one."""
+    judges_say_done(llm)
+    hold = Gate(say("one"))
+    llm.push(hold, when=is_loop)
+    llm.push(say("two"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 0, "mid_turn_messages": "queue"})
+    async with running(config) as daemon:
+        tg.push_text("first", chat_id=163)
+        await asyncio.wait_for(hold.entered.wait(), 10)  # began before anything else arrived
+        tg.push_text("second", chat_id=163)
+        await daemon.engine.wait_until(lambda: daemon.engine.progress.accepted >= 2)
+        hold.release.set()
+        await daemon.engine.wait_for_turns(2, timeout=10)
+    assert tg.sent(163) == ["one", "two"]
+
+
+# -- 2. tool-call arguments a strict endpoint refuses -----------------------------------------
+
+
+def _call(name: str, arguments: str) -> Reply:
+    return Reply(message={"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_nan", "type": "function", "function": {"name": name, "arguments": arguments}},
+    ]}, finish_reason="tool_calls")
+
+
+async def test_tool_call_arguments_with_nan_are_stored_as_valid_json_and_the_model_told(tmp_path, llm, tg):
+    """The failing input: ``{"text": NaN}`` reads as an object in Python but is not JSON; stored
+    as it was, a strict endpoint (vLLM) refused every later request of the conversation."""
+    judges_say_done(llm)
+    llm.push(_call("say", '{"text": NaN}'), when=is_loop)
+    llm.push(say("Sorry, here it is."), when=is_loop)
+    llm.push(say("Still here."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("hi there", chat_id=164)
+        await daemon.engine.wait_for_turns(1)
+        tg.push_text("and again", chat_id=164)
+        await daemon.engine.wait_for_turns(2)
+    assert tg.sent(164) == ["Sorry, here it is.", "Still here."]
+    assert llm.violations == []  # no request was refused
+    second = loop_requests(llm)[1]
+    [told] = tool_result(second, "say")[:1]
+    assert "NaN is not a JSON value" in told["error"]  # the model is told why
+    for (calls,) in db(tmp_path).execute("SELECT tool_calls FROM messages WHERE tool_calls IS NOT NULL"):
+        for call in json.loads(calls):
+            json.loads(call["function"]["arguments"], parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+
+
+async def test_a_history_poisoned_by_an_older_version_is_sent_with_sound_arguments(tmp_path, llm, tg):
+    """A conversation whose history already holds broken arguments (recorded before this fix)
+    is not stuck: every request carries them as ``{}``."""
+    judges_say_done(llm)
+    llm.push(say("First answer."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("hello", chat_id=165)
+        await daemon.engine.wait_for_turns(1)
+    conn = db(tmp_path)
+    (row_id, calls) = conn.execute("SELECT id, tool_calls FROM messages WHERE tool_calls IS NOT NULL").fetchone()
+    poisoned = json.loads(calls)
+    poisoned[0]["function"]["arguments"] = '{"text": "First ans'  # cut off: what an old version kept
+    conn.execute("UPDATE messages SET tool_calls=? WHERE id=?", (json.dumps(poisoned), row_id))
+    conn.commit()
+    llm.push(say("Second answer."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("again", chat_id=165)
+        await daemon.engine.wait_for_turns(1)
+    assert tg.sent(165)[-1] == "Second answer."
+    assert llm.violations == []
+    sent_calls = [c for m in loop_requests(llm)[-1]["messages"] for c in m.get("tool_calls") or ()]
+    assert sent_calls[0]["function"]["arguments"] == "{}"
+
+
+# -- 3. blank and invisible-only input --------------------------------------------------------
+
+
+ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"
+
+
+async def test_a_message_of_only_zero_width_characters_never_becomes_a_message(tmp_path, llm, tg):
+    """The failing input: a message of only zero-width characters was stored as a user message,
+    and an endpoint that refuses blank text (Anthropic through OpenRouter) then failed on every
+    later turn."""
+    judges_say_done(llm)
+    llm.push(say("Hello!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text(ZERO_WIDTH, chat_id=166)
+        tg.push_text("\u3164 \u2800", chat_id=166)  # a Hangul filler and a blank Braille pattern
+        tg.push_text("hi", chat_id=166)
+        await daemon.engine.wait_for_turns(1)
+        await daemon.engine.wait_until(lambda: daemon.engine.idle)
+    assert tg.sent(166) == ["Hello!"]
+    assert llm.violations == []
+    [request] = loop_requests(llm)
+    users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+    assert len(users) == 1 and "\u200b" not in users[0] and users[0].rstrip().endswith("hi")
+    conn = db(tmp_path)
+    assert conn.execute("SELECT status FROM journal ORDER BY id").fetchall() == [("ignored",), ("ignored",), ("done",)]
+    assert conn.execute("SELECT COUNT(*) FROM messages WHERE role='user'").fetchone() == (1,)
+
+
+async def test_the_model_saying_only_invisible_characters_sends_nothing_and_stores_no_blank(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(Reply(message={"role": "assistant", "content": "\u200b", "tool_calls": [
+        {"id": "call_zw", "type": "function", "function": {"name": "say", "arguments": json.dumps({"text": ZERO_WIDTH})}},
+    ]}, finish_reason="tool_calls"), when=is_loop)
+    llm.push(say("A real answer."), when=is_loop)
+    llm.push(say("Next."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("hey", chat_id=167)
+        await daemon.engine.wait_for_turns(1)
+        tg.push_text("and?", chat_id=167)
+        await daemon.engine.wait_for_turns(2)
+    assert tg.sent(167) == ["A real answer.", "Next."]
+    assert llm.violations == []
+    assert "nothing to say" in tool_result(loop_requests(llm)[1], "say")[0]["error"]
+
+
+# -- 4. /reset during a running turn ----------------------------------------------------------
+
+
+async def test_reset_during_a_running_turn_stops_it_and_later_messages_belong_to_the_new_session(tmp_path, llm, tg):
+    """The failing input: ``/reset`` while a turn runs; the next message was steered into the
+    old turn, answered with the discarded history, and stored under the old session."""
+    judges_say_done(llm)
+    hold = Gate(say("Tomatoes are fruit."))
+    llm.push(hold, when=is_loop)
+    llm.push(say("Fresh here: what would you like?"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("tell me about tomatoes", chat_id=168)
+        await asyncio.wait_for(hold.entered.wait(), 10)
+        tg.push_text("/reset", chat_id=168)
+        [answer] = await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        assert "stopped what I was working on" in answer.params["text"]
+        tg.push_text("what did I ask you before?", chat_id=168)
+        await daemon.engine.wait_for_turns(2, timeout=10)
+    hold.release.set()
+    assert tg.sent(168)[-1] == "Fresh here: what would you like?"
+    assert "Tomatoes are fruit." not in tg.sent(168)  # the old turn never answered
+    after = loop_requests(llm)[-1]
+    assert "what did I ask you before?" in contents(after) and "tomatoes" not in contents(after)
+    conn = db(tmp_path)
+    sessions = dict(conn.execute("SELECT content, session FROM messages WHERE role='user'").fetchall())
+    assert sessions["tell me about tomatoes"] < sessions["what did I ask you before?"]
+    stop_reasons = [r[0] for r in conn.execute("SELECT json_extract(trace, '$.stop_reason') FROM turns ORDER BY id")]
+    assert stop_reasons[0] == "stopped"
+
+
+async def test_messages_waiting_when_reset_comes_are_set_aside_not_answered_in_the_new_session(tmp_path, llm, tg):
+    judges_say_done(llm)
+    hold = Gate(say("Old answer."))
+    llm.push(hold, when=is_loop)
+    llm.push(say("New answer."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"mid_turn_messages": "queue"})
+    async with running(config) as daemon:
+        tg.push_text("first question", chat_id=169)
+        await asyncio.wait_for(hold.entered.wait(), 10)
+        tg.push_text("a follow-up that waits", chat_id=169)
+        await daemon.engine.wait_until(lambda: daemon.engine.queue_depth == 1)
+        tg.push_text("/reset", chat_id=169)
+        [answer] = await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        assert "the 1 message you sent before it will not be answered" in answer.params["text"]
+        tg.push_text("a new topic", chat_id=169)
+        await daemon.engine.wait_for_turns(2, timeout=10)
+    hold.release.set()
+    assert tg.sent(169)[-1] == "New answer."
+    assert not any("a follow-up that waits" in contents(r) for r in llm.requests)
+    status = dict(db(tmp_path).execute("SELECT text, status FROM journal").fetchall())
+    assert status["a follow-up that waits"] == "ignored"
+
+
+async def test_reset_while_the_turn_is_being_routed_sets_its_message_aside(tmp_path, llm, tg):
+    """``/reset`` while the classifier decides the route: the turn never begins in the new
+    session (nor in the old)."""
+    judges_say_done(llm)
+    routing = Gate(text("DELIBERATE"))
+    llm.push(routing, when=is_classifier)
+    llm.push(say("Answer in the new session."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": True})
+    async with running(config) as daemon:
+        tg.push_text(UNCLEAR, chat_id=170)
+        await asyncio.wait_for(routing.entered.wait(), 10)
+        tg.push_text("/reset", chat_id=170)
+        await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        routing.release.set()
+        await daemon.engine.wait_until(lambda: daemon.engine.idle)
+        tg.push_text("hello again", chat_id=170)
+        await daemon.engine.wait_for_turns(2, timeout=10)
+    assert tg.sent(170)[-1] == "Answer in the new session."
+    assert not any(UNCLEAR in contents(r) for r in loop_requests(llm))
+    conn = db(tmp_path)
+    assert conn.execute("SELECT COUNT(*) FROM turns").fetchone() == (1,)
+    assert dict(conn.execute("SELECT text, status FROM journal").fetchall())[UNCLEAR] == "ignored"
