@@ -103,7 +103,9 @@ def merge_text(entries: list[JournalEntry], background: Sequence[Inbound] = ()) 
     line break, as one text."""
     parts: list[str] = []
     for i, entry in enumerate(entries):
-        if _continues(entry, entries[i - 1] if i else None):
+        if not entry.inbound.text and not prepared(entry).text:
+            continue  # folded into an earlier part (a long message kept as a file)
+        if parts and _continues(entry, entries[i - 1] if i else None):
             parts[-1] += "\n" + entry.inbound.text  # a long paste the client cut up: one text
         else:
             parts.append(_one(entry))

@@ -426,6 +426,25 @@ class MediaIntake:
             out.text.append(f"{head}{note}]")
         out.usable += 1
 
+    async def keep_long_text(self, entries: list[JournalEntry], text: str) -> list[JournalEntry]:
+        """A message (or a burst, a long paste in parts) too long to show the model whole,
+        ``text`` being all of it: kept in the chat's inbox as ``message-<id>.txt`` (made once:
+        a retry finds the same file), and ``entries`` come back with the first one's text
+        an excerpt of ``media.inline_chars`` characters that names the file, the others' text
+        emptied (their files stay). Raises ``OSError`` when the file cannot be written."""
+        first = entries[0]
+        name = f"message-{documents.safe_name(first.inbound.message_id, fallback=str(first.id))}.txt"
+        rel = await asyncio.to_thread(self._keep_text, first, name, text)
+        limit = max(MIN_TRANSCRIPT_CHARS, self.settings.inline_chars)
+        head = text[:limit].rsplit(" ", 1)[0] if len(text) > limit else text
+        note = (
+            f"[A message of {len(text)} characters, too long to show whole: it is saved as {rel}; "
+            f'read it with read_file("{rel}"), part by part. The first {len(head)} characters:]\n{head} …'
+        )
+        out = [dataclasses.replace(first, inbound=dataclasses.replace(first.inbound, text=note, quote=""))]
+        out += [dataclasses.replace(e, inbound=dataclasses.replace(e.inbound, text="", quote="")) for e in entries[1:]]
+        return out
+
     def _keep_text(self, entry: JournalEntry, name: str, text: str) -> str:
         """Save ``text`` in the chat's inbox as ``name`` (sync); its workspace path."""
         inbox = self._inbox(entry)

@@ -39,7 +39,7 @@ from bumblebot.budget import REPLY_SHARE, ContextBudget
 from bumblebot.compactor import Compactor
 from bumblebot.config import CognitionSettings, DeliverySettings, EngineSettings, VoiceSettings
 from bumblebot.context import Requests
-from bumblebot.conversation import Conversation, Session, Turn
+from bumblebot.conversation import Conversation, Session, Turn, merge_text
 from bumblebot.delivery import Delivery
 from bumblebot.documents import describe_size, sniff
 from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
@@ -77,6 +77,9 @@ log = logging.getLogger(__name__)
 MAX_RESUMES = 3
 #: The system prompt and tool schemas together take at most this share of the window.
 FIXED_SHARE = 0.25
+#: A turn's input longer than this share of the window (at 4 characters a token) is kept as
+#: a file the model reads in parts, with an excerpt inline (issue 16: a long paste on a 4k window).
+LONG_INPUT_SHARE = 0.4
 OUTAGE_RETRY_FIRST_S = 1.0
 OUTAGE_RETRY_MAX_S = 60.0
 #: The router's classifier call is given up (the turn goes deliberate) after this many seconds.
@@ -547,6 +550,7 @@ class TurnRunner:
             for entry in entries:
                 self._media_waits.pop(entry.id, None)
             self._media_told.discard(conversation.key)
+        entries = await self._fold_long(entries)
         state = await self._start_state(entries)
         notices = [n for e in entries for n in prepared(e).notices]
         if any(prepared(e).voice for e in entries) and self.voice is not None and self.voice.reply == "mirror":
@@ -561,6 +565,27 @@ class TurnRunner:
             turn.state["file_notices"] = True
             await self._note(turn, "\n".join(notices))
         return await self._drive(conversation, turn, {})
+
+    async def _prepare_steering(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+        """Messages taken mid-turn: their files fetched, a very long text kept as a file."""
+        assert self.media is not None
+        return await self._fold_long(await self.media.prepare(entries))
+
+    async def _fold_long(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+        """``entries`` whose texts together pass :data:`LONG_INPUT_SHARE` of the window
+        (``cognition.max_context_tokens``, 4 characters a token) become one excerpt naming
+        the file that keeps the whole text (``MediaIntake.keep_long_text``): a long paste on a
+        small window is a document to read, not a request the endpoint refuses as too long."""
+        limit = int(self.cfg.max_context_tokens * 4 * LONG_INPUT_SHARE)
+        if self.media is None or sum(len(e.inbound.text) for e in entries) <= limit:
+            return entries
+        try:
+            folded = await self.media.keep_long_text(entries, merge_text(entries))
+        except OSError as exc:
+            log.warning("a long message in %s could not be kept as a file (%s); it is shown whole", entries[0].inbound.chat.key, exc)
+            return entries
+        log.info("%d characters in %s kept as a file for the model to read", sum(len(e.inbound.text) for e in entries), entries[0].inbound.chat.key)
+        return folded
 
     def _waited_out(self, entries: list[JournalEntry]) -> bool:
         """Whether the files of ``entries`` have waited ``engine.outage_limit_s`` for a service
@@ -648,7 +673,7 @@ class TurnRunner:
             conversation, turn, self.delivery, self.outages,
             steer=self.cfg.mid_turn_messages == "steer", trace=trace,
             stream_interval_s=self.streaming.stream_edit_interval_s if streams and self.streaming else None,
-            prepare=self.media.prepare if self.media is not None else None,
+            prepare=self._prepare_steering if self.media is not None else None,
             voice_mirror=self.voice is not None and self.voice.reply == "mirror",
             steer_images=steer_images,
         )

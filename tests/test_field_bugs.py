@@ -12,7 +12,7 @@ import json
 import sqlite3
 
 from conftest import running, write_config
-from fakes.openai_server import Reply, is_loop, text
+from fakes.openai_server import Reply, error, is_aux, is_loop, text
 from support import UNCLEAR, Gate, contents, is_classifier, judges_say_done, loop_requests, say, tool_result
 
 TG_LIMIT = 4096
@@ -59,6 +59,36 @@ async def test_a_50000_character_paste_cut_into_13_messages_is_one_turn_and_one_
     assert paste in user["content"]  # the parts joined back into the one text that was pasted
     turns = db(tmp_path).execute("SELECT COUNT(DISTINCT turn_id), COUNT(*) FROM journal").fetchone()
     assert turns == (1, 13)
+
+
+async def test_a_long_paste_on_a_4k_window_is_kept_as_a_file_instead_of_refused_as_too_long(tmp_path, llm, tg):
+    """The same kind of paste on a real small model's 4k window: one input, kept whole as a file
+    the model can read in parts, never a request the server refuses as too long."""
+    refused = []
+
+    def four_k_server(request):
+        if len(json.dumps(request["messages"])) > 4096 * 4:
+            refused.append(request)
+            return error(400, "This model's maximum context length is 4096 tokens. Please reduce the length.")
+        if is_aux(request):
+            return text("DONE: the reply is adequate")
+        return say("I saved it and read the start.")
+
+    llm.default = four_k_server
+    paste = "\n".join(f"row {i:04d}: " + "the quick brown fox jumps over the lazy dog " * 2 for i in range(200))
+    parts = telegram_parts(paste)
+    assert len(parts) == 5
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 0.3, "max_context_tokens": 4096})
+    async with running(config) as daemon:
+        for part in parts:
+            tg.push_text(part, chat_id=171)
+        await daemon.engine.wait_for_turns(1, timeout=20)
+    assert tg.sent(171) == ["I saved it and read the start."]
+    assert refused == []
+    kept = list((tmp_path / "data" / "workspace" / "inbox" / "telegram_171").glob("message-*.txt"))
+    assert len(kept) == 1 and kept[0].read_text() == paste
+    user = next(m["content"] for m in loop_requests(llm)[0]["messages"] if m["role"] == "user")
+    assert f'read_file("inbox/telegram_171/{kept[0].name}")' in user and "row 0000" in user and "row 0199" not in user
 
 
 async def test_a_burst_of_short_messages_within_the_debounce_is_one_turn(tmp_path, llm, tg):
