@@ -30,6 +30,10 @@ Platform rules mimicked (source: Discord developer docs, "Gateway", "Message Res
   (counted as Python ``len``, i.e. code points) -> 400 code 50035.
 - A 429 that discord.py retries transparently needs a ``Via`` header and a JSON body with
   ``retry_after`` (seconds); see `FakeDiscord.fail_next_rate_limited`.
+- Edits: `FakeDiscord.edit_message` dispatches MESSAGE_UPDATE with the full message; the
+  author's edit sets ``edited_timestamp``, embeds added alone (a link preview) do not. Replies:
+  ``referenced_message`` as in `FakeDiscord.message_payload`; set it to ``None`` in the built
+  payload for a reply to a deleted message, or drop it to make the client look the message up.
 
 Files ("Message Resource": attachment object, "Uploading Files"):
 
@@ -846,6 +850,37 @@ class FakeDiscord:
         )
         await self.dispatch("MESSAGE_CREATE", payload)
         return payload
+
+    async def edit_message(
+        self,
+        message_id: str | int,
+        content: str | None = None,
+        *,
+        attachments: Sequence[JSON] | None = None,
+        embeds: Sequence[JSON] | None = None,
+    ) -> JSON:
+        """Dispatch MESSAGE_UPDATE for a stored message (pushed or sent); returns the payload.
+
+        As Discord does (developer docs, "Message Update": the full message object): the
+        author's edit (new ``content`` or ``attachments``, built as in `message_payload`) sets
+        ``edited_timestamp``; ``embeds`` alone (a link preview unfurled later) leaves it as it
+        was. The stored message changes too, so a GET on it answers the edited version.
+        """
+        data = dict(self._messages[str(message_id)])
+        cid = str(data["channel_id"])
+        if content is not None:
+            data["content"] = content
+        if attachments is not None:
+            data["attachments"] = [
+                self.make_attachment(cid, **a) if "data" in a else dict(a) for a in attachments
+            ]
+        if embeds is not None:
+            data["embeds"] = list(embeds)
+        if content is not None or attachments is not None:
+            data["edited_timestamp"] = iso_now()
+        self._messages[data["id"]] = data
+        await self.dispatch("MESSAGE_UPDATE", data)
+        return data
 
     async def send_interaction(
         self, name: str, options: dict[str, Any] | None = None, **kwargs: Any

@@ -49,6 +49,8 @@ builds as ``base_file_url + token + "/" + file_path``):
   files at most 50 MB (413). ``editMessageCaption`` edits a caption; ``editMessageText`` on
   a message without text answers "there is no text in the message to edit".
   ``shown(chat_id)`` shows a message's text, else its caption, else "".
+- Edits: ``push_edit(chat_id, message_id, text=None, *, caption=None)`` pushes an
+  ``edited_message`` update of a pushed message (Bot API "Update").
 """
 
 from __future__ import annotations
@@ -185,6 +187,7 @@ class FakeTelegram:
         self.messages: dict[tuple[int, int], dict[str, Any]] = {}
         self.commands: dict[str, list[dict[str, Any]]] = {}  # scope key -> BotCommand list
         self.confirmed_offset = 0
+        self.allowed_updates: list[str] | None = None  # getUpdates' last non-empty allowed_updates
         self.next_update_id = 1
         self.base_url = self.base_file_url = ""
         self._next_message_id = 1
@@ -484,6 +487,29 @@ class FakeTelegram:
         self.push_update(update)
         return update
 
+    def push_edit(self, chat_id: int, message_id: int, text: str | None = None, *,
+                  caption: str | None = None) -> dict[str, Any]:
+        """The user edits their message ``message_id`` in ``chat_id`` (pushed earlier): an
+        ``edited_message`` update with the new ``text`` (entities computed as push_text does)
+        or the new ``caption`` of a file, and ``edit_date``; the stored message changes too.
+        Returns the update."""
+        message = dict(self.messages[(chat_id, message_id)])
+        if text is not None:
+            message["text"] = text
+            message.pop("entities", None)
+            if found := _auto_entities(text):
+                message["entities"] = found
+        if caption is not None:
+            message["caption"] = caption
+            message.pop("caption_entities", None)
+            if found := _auto_entities(caption):
+                message["caption_entities"] = found
+        message["edit_date"] = max(int(time.time()), message["date"] + 1)
+        self.messages[(chat_id, message_id)] = message
+        update = {"update_id": self.next_update_id, "edited_message": message}
+        self.push_update(update)
+        return update
+
     def shown(self, chat_id: int) -> list[str]:
         """What the chat shows of the bot now: the current text of each of its messages there
         (edits applied, deleted ones gone), oldest first."""
@@ -599,16 +625,20 @@ class FakeTelegram:
 
     async def _get_updates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Bot API getUpdates: ids below ``offset`` are confirmed and forgotten; a negative
-        offset keeps the last ``-offset``; waits up to ``timeout`` s for something to return."""
+        offset keeps the last ``-offset``; waits up to ``timeout`` s for something to return.
+        ``allowed_updates`` (a non-empty list) is remembered, as Telegram does, and updates of
+        other kinds are never delivered (dropped)."""
         offset = int(params.get("offset") or 0)
         limit = min(max(int(params.get("limit") or 100), 1), 100)
+        if params.get("allowed_updates"):
+            self.allowed_updates = list(params["allowed_updates"])
         if offset > 0:
             self.confirmed_offset = max(self.confirmed_offset, offset)
             self.updates = [u for u in self.updates if u["update_id"] >= offset]
         elif offset < 0:
             self.updates = self.updates[offset:]
         deadline = time.monotonic() + float(params.get("timeout") or 0)
-        while not self.updates and not self._closing:
+        while not self._wanted() and not self._closing:
             self._pushed.clear()
             try:
                 async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
@@ -616,6 +646,12 @@ class FakeTelegram:
             except TimeoutError:
                 break
         return self.updates[:limit]
+
+    def _wanted(self) -> list[dict[str, Any]]:
+        """The pending updates, without those of kinds ``allowed_updates`` leaves out."""
+        if self.allowed_updates is not None:
+            self.updates = [u for u in self.updates if any(k in u for k in self.allowed_updates)]
+        return self.updates
 
     def _new_message_id(self) -> int:
         self._next_message_id += 1
