@@ -8,7 +8,7 @@ import pytest
 
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.bots import BotTurnBudget
-from adapters.discord.policy import MessageFacts, Verdict, decide, parse_command
+from adapters.discord.policy import MessageFacts, Verdict, command_target, decide, parse_command
 from bumblebot.config import DiscordSettings
 
 with warnings.catch_warnings():
@@ -145,6 +145,10 @@ def test_channel_allowlist_covers_threads_of_allowed_channels_only_in_guilds() -
     [
         ("/status", "status"),
         ("  /Reset@bumblebot  ", "reset"),
+        ("/Reset@BumbleBot", "reset"),
+        ("/status@ now", "status"),  # "/status@<@bot>" once the bot's mention is removed
+        ("/reset@other_bot", None),
+        ("/reset@@other_bot", None),  # "/reset@<@other>" made readable
         ("/help me please", "help"),
         ("/compact", "compact"),
         ("/start", "start"),
@@ -156,7 +160,17 @@ def test_channel_allowlist_covers_threads_of_allowed_channels_only_in_guilds() -
     ],
 )
 def test_parse_command(text: str, expected: str | None) -> None:
-    assert parse_command(text) == expected
+    assert parse_command(text, {"bumblebot", "Bumble Bee"}) == expected
+
+
+def test_a_command_naming_another_bot_is_not_ours() -> None:
+    """Issue 16: ``/reset@other_bot`` used to reset this bot's conversation."""
+    names = {"fakebot"}
+    assert command_target("/reset@other_bot", names) == "other"
+    assert command_target("/shrug@other_bot hi", names) == "other"
+    assert command_target("/reset@FakeBot", names) == "self"
+    assert command_target("/reset", names) == "self"
+    assert command_target("hello /reset@other_bot", names) is None
 
 
 # -- bot budget ----------------------------------------------------------------------------

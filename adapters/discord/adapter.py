@@ -34,7 +34,16 @@ upload limit of a server without boosts).
 
 Commands. ``/reset``, ``/status``, ``/compact`` and ``/help`` are registered as application
 (slash) commands (synced at start only when they changed) and recognised as text (``/status``
-in a DM, ``@bot /status`` in a guild); the engine answers both the same way.
+in a DM, ``@bot /status`` in a guild, ``/status@<this bot's name>``); the engine answers both
+the same way. A text command naming another bot (``/reset@other_bot``) is ignored entirely: not
+run, not journaled, not answered as text (:func:`adapters.discord.policy.command_target`).
+
+Replies and edits (issue 16). A reply (``message.reference``, not a forward) carries what it
+replies to in ``Inbound.quote`` as Telegram's do (``"you: …"`` or ``"Name: text"``, at most
+:data:`QUOTE_CHARS`; :data:`DELETED_QUOTE` for a deleted one), looked up once per message
+(:class:`_Replied`). An edit (MESSAGE_UPDATE with ``edited_timestamp`` whose content or files
+changed; link previews are not edits) goes through the same gate to ``Intake.edit``: it replaces
+the message while no turn has taken it; later edits are ignored.
 
 Redirection (config ``discord.api_base_url`` / ``discord.gateway_url``, for a proxy or tests):
 discord.py reads its REST base from ``discord.http.Route.BASE`` and its first gateway URL from
@@ -62,7 +71,7 @@ from discord import app_commands
 
 from adapters.bots import BotTurnBudget
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
-from adapters.discord.policy import MessageFacts, Verdict, decide, parse_command
+from adapters.discord.policy import MessageFacts, Verdict, command_target, decide, parse_command
 from bumblebot.adapter import MANAGING_COMMANDS, TOO_BIG_TEXT, Adapter, FileKind, Intake
 from bumblebot.config import DiscordSettings
 from bumblebot.documents import describe_size
@@ -83,6 +92,10 @@ GUILD_READY_TIMEOUT_S = 0.2
 MAX_RATELIMIT_WAIT_S = 30.0
 #: Seconds a look-up of a replied-to message may take before it counts as "not the bot's".
 REFERENCE_FETCH_TIMEOUT_S = 5.0
+#: The quoted text of a reply is shortened to this many characters (as on Telegram).
+QUOTE_CHARS = 200
+#: ``Inbound.quote`` of a reply to a message that was deleted meanwhile.
+DELETED_QUOTE = "a deleted message"
 REFUSAL_TEXT = "Sorry, this bot is private."
 #: The upload limit of a server without boosts (and of DMs), bytes.
 UPLOAD_LIMIT = 10 * 1024 * 1024
@@ -199,6 +212,10 @@ class _Client(discord.Client):
 
     async def on_message(self, message: discord.Message) -> None:
         await self.adapter._on_message(message)
+
+    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        # raw: a message sent before the start (not in discord.py's cache) still counts
+        await self.adapter._on_edit(payload)
 
 
 def _slash_callback(adapter: DiscordAdapter, name: str) -> Any:
@@ -338,7 +355,8 @@ class DiscordAdapter(Adapter):
         me = self.client.user
         if me is None or message.author.id == me.id or message.type not in _ANSWERED_TYPES:
             return
-        facts = await self._facts(message, me.id)
+        replied = _Replied(message)
+        facts = await self._facts(message, me.id, replied)
         verdict = decide(facts, self.settings, me.id)
         chat = chat_ref(message.channel)
         if verdict is Verdict.ANSWER and facts.author_is_bot and not self._bot_budget.allow(chat.key):
@@ -350,7 +368,11 @@ class DiscordAdapter(Adapter):
         if verdict is Verdict.REFUSE:
             await self._refuse(inbound)
             return
-        command = parse_command(inbound.text)
+        names = self._bot_names(message)
+        if command_target(inbound.text, names) == "other":
+            log.debug("Discord: %r in %s is another bot's command; ignored", inbound.text[:40], chat.key)
+            return
+        command = parse_command(inbound.text, names)
         if command is not None:
             if not self._may_manage(command, facts.is_dm, message.author.id, self._manages_messages(message)):
                 await self.intake.answer(inbound, NOT_MANAGER_TEXT)
@@ -368,9 +390,50 @@ class DiscordAdapter(Adapter):
                 inbound, TOO_BIG_TEXT.format(limit=describe_size(limit), name=big.name or "this one", size=describe_size(big.size or 0))
             )
             return
+        inbound = dataclasses.replace(inbound, quote=await self._quote(replied, me.id))
         await self.intake.submit(inbound)
 
-    async def _facts(self, message: discord.Message, bot_id: int) -> MessageFacts:
+    async def _on_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        """A MESSAGE_UPDATE: when the author changed the text or the files, the message as it
+        reads now goes to :meth:`Intake.edit`, which replaces it if no turn has taken it yet
+        (a later edit is ignored: the turn answered what was first written).
+
+        Only a real edit counts: Discord also sends MESSAGE_UPDATE when it adds link previews
+        (embeds), pins a message or starts a thread on it, without setting
+        ``edited_timestamp``; and a later update that leaves the content and the attachments as
+        discord.py's cache has them is not an edit of the text either. The gate is the one of a
+        new message (:meth:`_take`) except that nothing is journaled or answered for an edit:
+        a message that would not be answered now, a command (run once, when it came) and an
+        edit into a command are ignored. Edits are taken in the same FIFO as new messages, so
+        an edit is never seen before the message it edits. (discord.py updates its cached copy
+        of a message in place: a message edited before the adapter got to it is taken as it
+        reads by then, and its edit then changes nothing.)
+        """
+        message = payload.message
+        if not _text_edited(payload):
+            return
+        async with self._intake:
+            me = self.client.user
+            if me is None or message.author.id == me.id or message.type not in _ANSWERED_TYPES:
+                return
+            replied = _Replied(message)
+            facts = await self._facts(message, me.id, replied)
+            if decide(facts, self.settings, me.id) is not Verdict.ANSWER:
+                return
+            inbound = self._inbound(message, chat_ref(message.channel), facts)
+            names = self._bot_names(message)
+            if command_target(inbound.text, names) == "other" or parse_command(inbound.text, names) is not None:
+                return  # a command runs once, when it came; an edit into one is not run
+            if not inbound.text and not inbound.attachments:
+                return
+            inbound = dataclasses.replace(inbound, quote=await self._quote(replied, me.id))
+            replaced = await self.intake.edit(inbound)
+        log.info(
+            "Discord: message %s in %s edited; %s", inbound.message_id, inbound.chat.key,
+            "the waiting message now reads as edited" if replaced else "too late (already answered or not kept): ignored",
+        )
+
+    async def _facts(self, message: discord.Message, bot_id: int, replied: _Replied) -> MessageFacts:
         channel = message.channel
         is_dm = _is_dm(channel)
         ids = [channel.id]
@@ -392,31 +455,41 @@ class DiscordAdapter(Adapter):
             not is_dm
             and self.settings.respond_in_guilds == "mention"
             and not mentioned
-            and message.reference is not None
+            and replied.is_reply
         )
-        if needs_reply_check and await self._replies_to(message, bot_id):
-            facts = dataclasses.replace(facts, replies_to_bot=True)
+        if needs_reply_check:
+            found = await replied.get()
+            if found is not None and found.author.id == bot_id:
+                facts = dataclasses.replace(facts, replies_to_bot=True)
         return facts
 
-    async def _replies_to(self, message: discord.Message, bot_id: int) -> bool:
-        """Whether ``message`` replies to one of the bot's messages (cache first, then REST)."""
-        reference = message.reference
-        if reference is None or reference.message_id is None:
-            return False
-        resolved = reference.resolved
-        if not isinstance(resolved, discord.Message):
-            resolved = reference.cached_message
-        if resolved is not None:
-            return resolved.author.id == bot_id
-        if isinstance(reference.resolved, discord.DeletedReferencedMessage):
-            return False
-        try:
-            async with asyncio.timeout(REFERENCE_FETCH_TIMEOUT_S):
-                fetched = await message.channel.fetch_message(reference.message_id)
-        except (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.debug("Discord: cannot look up replied-to message %s: %s", reference.message_id, exc)
-            return False
-        return fetched.author.id == bot_id
+    async def _quote(self, replied: _Replied, bot_id: int) -> str:
+        """``Inbound.quote`` of a reply, as Telegram's: ``"you: …"`` for the bot's own message,
+        ``"<display name>: <text>"`` otherwise, whitespace collapsed, shortened to
+        :data:`QUOTE_CHARS` with "…", files described as on Telegram ("(a photo) caption").
+        :data:`DELETED_QUOTE` when the replied-to message was deleted; ``""`` for no reply, a
+        forward, or a message that could not be looked up (the model then sees the text
+        alone, as before)."""
+        if not replied.is_reply:
+            return ""
+        found = await replied.get()
+        if found is None:
+            return DELETED_QUOTE if replied.deleted else ""
+        author = "you" if found.author.id == bot_id else found.author.display_name
+        text = " ".join(_shown(found, readable_text(found.content, self._names(found))).split())
+        if len(text) > QUOTE_CHARS:
+            text = text[: QUOTE_CHARS - 1] + "…"
+        return f"{author}: {text}"
+
+    def _bot_names(self, message: discord.Message) -> set[str]:
+        """What ``/cmd@name`` may call this bot: its username, its global display name and,
+        in a guild, its nickname there."""
+        me = self.client.user
+        names = {me.name, me.display_name} if me is not None else set()
+        guild = message.guild
+        if guild is not None and guild.me is not None:
+            names.add(guild.me.display_name)
+        return names
 
     def _bot_role_ids(self, message: discord.Message) -> frozenset[int]:
         guild = message.guild
@@ -713,3 +786,85 @@ def _attachment(a: discord.Attachment, *, voice: bool) -> Attachment:
 def _nonce(key: str) -> str:
     """A Discord nonce (at most 25 characters) for an outbox chunk key."""
     return key[-25:]
+
+
+class _Replied:
+    """The message a message replies to, looked up at most once: the gateway payload's
+    ``referenced_message``, then discord.py's cache, then one ``fetch_message`` bounded by
+    :data:`REFERENCE_FETCH_TIMEOUT_S`. A forward (reference type ``forward``) is no reply.
+
+    Attributes:
+        is_reply: the message replies to another one.
+        deleted: after :meth:`get`, the replied-to message is known to be deleted.
+    """
+
+    __slots__ = ("_found", "_looked_up", "_message", "deleted", "is_reply")
+
+    def __init__(self, message: discord.Message) -> None:
+        self._message = message
+        reference = message.reference
+        self.is_reply = (
+            reference is not None
+            and reference.message_id is not None
+            and reference.type is not discord.MessageReferenceType.forward
+        )
+        self.deleted = False
+        self._looked_up = False
+        self._found: discord.Message | None = None
+
+    async def get(self) -> discord.Message | None:
+        """The replied-to message, or ``None`` (no reply, deleted, or not to be had)."""
+        if not self._looked_up:
+            self._looked_up = True
+            self._found = await self._look_up()
+        return self._found
+
+    async def _look_up(self) -> discord.Message | None:
+        reference = self._message.reference
+        if not self.is_reply or reference is None or reference.message_id is None:
+            return None
+        if isinstance(reference.resolved, discord.Message):
+            return reference.resolved
+        if isinstance(reference.resolved, discord.DeletedReferencedMessage):
+            self.deleted = True
+            return None
+        if reference.cached_message is not None:
+            return reference.cached_message
+        try:
+            async with asyncio.timeout(REFERENCE_FETCH_TIMEOUT_S):
+                return await self._message.channel.fetch_message(reference.message_id)
+        except discord.NotFound:
+            self.deleted = True
+        except (discord.HTTPException, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.debug("Discord: cannot look up replied-to message %s: %s", reference.message_id, exc)
+        return None
+
+
+def _text_edited(payload: discord.RawMessageUpdateEvent) -> bool:
+    """Whether a MESSAGE_UPDATE is its author's edit of the text or the files: Discord sets
+    ``edited_timestamp`` only for those (link previews, pins and threads leave it alone), and
+    against discord.py's cached copy the content or the attachments must differ."""
+    if payload.message.edited_at is None:
+        return False
+    before = payload.cached_message
+    if before is None:
+        return True  # not cached (sent before the start): the engine tells a replacement apart
+    after = payload.message
+    return before.content != after.content or [a.id for a in before.attachments] != [a.id for a in after.attachments]
+
+
+def _shown(message: discord.Message, text: str) -> str:
+    """A message as a quote shows it: what it carried ("(a photo)", "(a voice message)", "(a
+    file)", a sticker), then ``text`` (its readable content); an embed's title or description
+    for a message with nothing else (another bot's card)."""
+    what = ""
+    if message.attachments:
+        kind = _attachment(message.attachments[0], voice=message.flags.voice).kind
+        what = {AttachmentKind.IMAGE: "(a photo)", AttachmentKind.VOICE: "(a voice message)"}.get(kind, "(a file)")
+    elif message.stickers:
+        what = f"[Sticker: {message.stickers[0].name}]"
+    shown = " ".join(filter(None, (what, text)))
+    if not shown and message.embeds:
+        embed = message.embeds[0]
+        shown = embed.title or embed.description or ""
+    return shown or "(a message that is not text)"

@@ -13,21 +13,28 @@ Rules (issue 5, "When to answer"; field-bugs.md item 26):
   Users outside the user allowlist and channels outside ``discord.allowed_channel_ids`` (when
   set; a thread counts as its parent channel too) are ignored silently: nothing is ever
   posted in a shared channel for a refusal.
+
+Text commands (issue 16): ``/status`` and ``/status@<this bot's name>`` (its username, global
+display name or server nickname, any case) are this bot's; ``/status@other_bot`` names another
+bot and is ignored entirely (:func:`command_target` says ``"other"``): not run, not journaled, and
+not answered as ordinary text either, as Telegram does with a command for another bot.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 from bumblebot.config import DiscordSettings
 
-__all__ = ["TEXT_COMMANDS", "MessageFacts", "Verdict", "decide", "parse_command"]
+__all__ = ["TEXT_COMMANDS", "MessageFacts", "Verdict", "command_target", "decide", "parse_command"]
 
 #: Commands recognised as text (``/status`` or ``@bot /status``); the engine answers them.
 TEXT_COMMANDS = ("start", "stop", "reset", "status", "compact", "help", "tasks")
-_COMMAND = re.compile(r"/(?P<name>[A-Za-z]+)(?:@\S+)?(?=\s|$)")
+_COMMAND = re.compile(r"/(?P<name>[A-Za-z]+)(?:@(?P<bot>\S*))?(?=\s|$)")
 
 
 class Verdict(StrEnum):
@@ -80,14 +87,38 @@ def decide(facts: MessageFacts, settings: DiscordSettings, bot_user_id: int) -> 
     return Verdict.ANSWER if addressed else Verdict.IGNORE
 
 
-def parse_command(text: str) -> str | None:
-    """The command name when ``text`` (already without the bot's mention) is a text command.
+def command_target(text: str, bot_names: Collection[str]) -> Literal["self", "other"] | None:
+    """Who a leading ``/word`` of ``text`` (already without the bot's mention) is for.
 
-    ``"/status"``, ``"/Reset@bumblebot"`` and ``"/help me"`` are commands; ``"/shrug"``,
-    ``"a /status"`` and ``"/"`` are not (unknown slash words stay ordinary text).
+    Args:
+        text: the message as the model would read it (:func:`~adapters.discord.mentions.readable_text`).
+        bot_names: this bot's names, any case (username, global display name, server nickname).
+
+    Returns:
+        ``"self"`` for ``/word`` and ``/word@<one of bot_names>`` (also ``/word@`` followed by
+        the bot's own mention, which the mention removal leaves as ``/word@``); ``"other"`` for
+        ``/word@someone_else`` (``/word@@someone`` too, a mention of another user made
+        readable); ``None`` when ``text`` does not start with ``/word``.
     """
     m = _COMMAND.match(text.strip())
-    if m is None:
+    return None if m is None else _target(m, bot_names)
+
+
+def _target(m: re.Match[str], bot_names: Collection[str]) -> Literal["self", "other"]:
+    bot = (m["bot"] or "").lstrip("@").lower()
+    return "self" if not bot or bot in {n.lower() for n in bot_names} else "other"
+
+
+def parse_command(text: str, bot_names: Collection[str]) -> str | None:
+    """The command name when ``text`` (already without the bot's mention) is one of this bot's
+    text commands (:data:`TEXT_COMMANDS`; ``bot_names`` as for :func:`command_target`).
+
+    ``"/status"``, ``"/Reset@bumblebot"`` (``bumblebot`` among ``bot_names``) and ``"/help
+    me"`` are commands; ``"/reset@other_bot"``, ``"/shrug"``, ``"a /status"`` and ``"/"`` are
+    not (unknown slash words stay ordinary text; one for another bot is not ours at all).
+    """
+    m = _COMMAND.match(text.strip())
+    if m is None or _target(m, bot_names) != "self":
         return None
     name = m["name"].lower()
     return name if name in TEXT_COMMANDS else None
