@@ -14,7 +14,12 @@ id>``); a forum topic, in a supergroup or a private chat (Bot API 9.3), is its o
 topic: in a non-forum group ``message_thread_id`` only marks a reply thread, and the General
 topic (id 1) is sent to without ``message_thread_id`` (Telegram refuses it there). When a group
 becomes a supergroup (``migrate_to_chat_id``) its conversation moves to the new id. Who gets an
-answer in a group is :mod:`adapters.telegram.policy`.
+answer in a group is :mod:`adapters.telegram.policy`; a command for another bot
+(``/reset@other_bot``) is never run, in a private chat or a group.
+
+Edits (issue 16): ``edited_message`` updates go to one handler ahead of all others, and from it
+to ``Intake.edit``: an edit replaces the message while no turn has taken it; later edits are
+ignored, and an edit is never answered as a new message.
 
 Files (issue 12): photos (the largest size within ``media.image_max_side_px`` and
 ``media.image_max_bytes``), image documents, voice notes, audio, video and other documents are
@@ -128,8 +133,8 @@ STOP_MARKUP = InlineKeyboardMarkup([[InlineKeyboardButton("Stop", callback_data=
 #: private chat, 20 a minute in a group (Bot API FAQ, "broadcasting to users").
 PRIVATE_EDIT_INTERVAL_S = 1.0
 GROUP_EDIT_INTERVAL_S = 3.0
-#: Updates asked of getUpdates: messages, and the Stop button's presses.
-ALLOWED_UPDATES = ["message", "callback_query"]
+#: Updates asked of getUpdates: messages, their edits, and the Stop button's presses.
+ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +280,9 @@ class TelegramAdapter(Adapter):
             .get_updates_read_timeout(settings.poll_timeout_s + 10)
             .build()
         )
+        # first: every other handler's filters (TEXT, COMMAND, PHOTO…) match edited messages
+        # too, and an edit must never be answered as a new message
+        self.app.add_handler(MessageHandler(filters.UpdateType.EDITED, self._on_edit))
         self.app.add_handler(CallbackQueryHandler(self._on_stop_button, pattern=f"^{STOP_DATA}$"))
         self.app.add_handler(MessageHandler(filters.StatusUpdate.MIGRATE, self._on_migrate))
         # joins, pins, title changes, topic creation: not speech; never answered or kept
@@ -499,17 +507,15 @@ class TelegramAdapter(Adapter):
     ) -> Inbound | None:
         """The message as an :class:`Inbound` if the bot answers it (:mod:`.policy`); otherwise
         it is journaled here (as background, refused or ignored) and ``None`` returned."""
-        message, chat = update.effective_message, update.effective_chat
+        message = update.effective_message
         inbound = self._inbound(update, text)
         if inbound is not None and attachments:
             inbound = dataclasses.replace(inbound, attachments=attachments)
-        if inbound is None or message is None or chat is None:
+        if inbound is None or message is None:
             return None
-        sender_id, _, is_bot = self._sender(message)
-        facts = MessageFacts(sender_id, is_bot, chat.id, chat.type == ChatType.PRIVATE, addressed or self._addressed(message))
-        verdict = decide(facts, self.settings, self.app.bot.id)
-        if verdict is Verdict.ANSWER and is_bot and not self._bot_budget.allow(inbound.chat.key):
-            log.info("Telegram: bot %s in %s is over its budget; not answered", sender_id, inbound.chat.key)
+        verdict = self._verdict(update, addressed=addressed)
+        if verdict is Verdict.ANSWER and self._sender(message)[2] and not self._bot_budget.allow(inbound.chat.key):
+            log.info("Telegram: bot %s in %s is over its budget; not answered", inbound.sender_id, inbound.chat.key)
             verdict = Verdict.IGNORE
         if verdict is Verdict.ANSWER:
             return inbound
@@ -520,6 +526,52 @@ class TelegramAdapter(Adapter):
         else:
             await self.intake.answer(inbound, None, kv=self._take_kv())
         return None
+
+    def _verdict(self, update: Update, *, addressed: bool = False) -> Verdict:
+        """The policy's verdict on the update's message (:func:`.policy.decide`); ``addressed``:
+        it counts as addressed to the bot whatever it says (an album part after its caption)."""
+        message, chat = update.effective_message, update.effective_chat
+        if message is None or chat is None:
+            return Verdict.IGNORE
+        sender_id, _, is_bot = self._sender(message)
+        facts = MessageFacts(sender_id, is_bot, chat.id, chat.type == ChatType.PRIVATE, addressed or self._addressed(message))
+        return decide(facts, self.settings, self.app.bot.id)
+
+    async def _on_edit(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """An edited message (``edited_message``, issue 16): the message as it reads now goes to
+        :meth:`Intake.edit`, which replaces it while no turn has taken it; a later edit is
+        ignored (the turn answered what was first written).
+
+        Registered before every other handler, so an edit never reaches the handlers of new
+        messages and is never answered as one. The gate is the one of a new message
+        (allowlists, a group's addressing) but nothing is journaled or sent for an edit: a
+        message that would not be answered now, a command (run once, when it came) and an
+        edit into a command are ignored, and so are edits that change no words or files (a
+        live location moving). The poller moves the offset past the update.
+        """
+        message = update.edited_message
+        if message is None:
+            return
+        if message.text is not None:
+            if filters.COMMAND.check_update(update):
+                return
+            text, attachments = message.text, ()
+        else:
+            attachments = self._attachments(message)
+            if not attachments:
+                return
+            text = message.caption or ""
+        album = message.media_group_id or ""
+        if self._verdict(update, addressed=bool(album) and album in self._albums) is not Verdict.ANSWER:
+            return
+        inbound = self._inbound(update, text)
+        if inbound is None:
+            return
+        replaced = await self.intake.edit(dataclasses.replace(inbound, attachments=attachments))
+        log.info(
+            "Telegram: message %s in %s edited; %s", inbound.message_id, inbound.chat.key,
+            "the waiting message now reads as edited" if replaced else "too late (already answered or not kept): ignored",
+        )
 
     async def _on_text(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.effective_message
