@@ -1,7 +1,7 @@
 """One actor per conversation: turns in a conversation run strictly one at a time.
 
-A turn starts ``cognition.debounce_s`` after the last of a burst of messages (a long paste the
-client cut into parts is one input). Messages that arrive while a turn runs wait in the
+Messages that arrive within ``cognition.debounce_s`` of each other are one turn (a long paste
+the client cut into parts is one input); a lone message's turn starts at once. Messages that arrive while a turn runs wait in the
 conversation's inbox; in ``steer`` mode the
 running turn takes them at its next step boundary, otherwise the next turn takes them all at
 once (several waiting messages merge into one turn). A turn the last process left running is
@@ -18,9 +18,9 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from bumblebot.conversation import Conversation, paste_part
+from bumblebot.conversation import DEBOUNCE_MAX_S, Conversation, paste_part
 from bumblebot.store import JournalEntry, RunningTurn
-from bumblebot.turn import Finished, Outcome, Postponed, Suspended, TurnRunner
+from bumblebot.turn import Finished, Outcome, Postponed, Requeued, Suspended, TurnRunner
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,6 @@ ALBUM_MAX_WAIT_S = 5.0
 #: Quiet seconds awaited after a message long enough to be one part of a paste the client cut
 #: up (:func:`~bumblebot.conversation.paste_part`): the next part may take a moment.
 PASTE_SETTLE_S = 1.5
-#: Longest a burst of messages is waited for (``cognition.debounce_s``), seconds from its first
-#: message: people who keep writing cannot hold the chat up for ever.
-DEBOUNCE_MAX_S = 10.0
 
 
 class Progress:
@@ -75,9 +72,13 @@ class ConversationActor:
         idle_unload_s: the actor ends after this long with nothing to do, seconds.
         progress: counts finished turns.
         debounce_s: messages from people arriving within this many seconds of each other
-            merge into one turn (``cognition.debounce_s``; issue 16): the turn starts this long
-            after the last of them (longer after a part of a long paste), at most
-            :data:`DEBOUNCE_MAX_S` after the first. ``0``: a turn starts at once.
+            merge into one turn (``cognition.debounce_s``; issue 16). A lone message's turn
+            starts at once (no added latency); when the next one follows within
+            ``debounce_s`` while that turn is prepared or awaits its first completion (nothing
+            shown yet), the turn is asked again with it (``Conversation.burst``). Once a burst
+            is on, the turn waits until ``debounce_s`` after its last message (longer after a
+            part of a long paste, which is waited for from the start), at most
+            :data:`DEBOUNCE_MAX_S` after the first. ``0``: every turn starts at once.
     """
 
     def __init__(
@@ -92,7 +93,8 @@ class ConversationActor:
     ) -> None:
         self.conversation = conversation
         self._debounce_s = debounce_s
-        self._burst_at = 0.0  # when the last message from a person arrived (loop time)
+        self._burst_at = -1e9  # when the last message from a person arrived (loop time)
+        self._burst_prev = -1e9  # when the one before it did
         self._burst_since = 0.0  # when the first message waiting in the inbox arrived
         self._runner = runner
         self._ready = ready
@@ -140,9 +142,13 @@ class ConversationActor:
                 self._album_since = now
             self._album_at = now
         if entry.inbound.source == "chat":
-            if not inbox:
+            continues = self._debounce_s > 0 and now - self._burst_at <= self._debounce_s
+            if not continues:
                 self._burst_since = now
-            self._burst_at = now
+            self._burst_prev, self._burst_at = self._burst_at, now
+            self.conversation.last_arrival = now
+            if continues and self.busy:
+                self.conversation.burst.set()  # the turn that began with it is asked again
         inbox.append(entry)
         self._wake.set()
 
@@ -180,7 +186,12 @@ class ConversationActor:
         if last.album:
             until = min(self._album_at + ALBUM_SETTLE_S, self._album_since + ALBUM_MAX_WAIT_S)
         elif last.source == "chat" and self._debounce_s > 0:
-            quiet = max(self._debounce_s, PASTE_SETTLE_S if paste_part(last) else 0.0)
+            if paste_part(last):
+                quiet = max(self._debounce_s, PASTE_SETTLE_S)
+            elif self._burst_at - self._burst_prev <= self._debounce_s:
+                quiet = self._debounce_s  # a burst is on: wait for its end
+            else:
+                return 0.0  # a lone message: its turn begins at once (and is asked again if one follows)
             until = min(self._burst_at + quiet, self._burst_since + DEBOUNCE_MAX_S)
         else:
             return 0.0
@@ -234,6 +245,7 @@ class ConversationActor:
                 if await self._sleep(wait):  # more photos of the album, or messages, may be on their way
                     return
             elif conversation.inbox:
+                conversation.burst.clear()
                 await self._turn(lambda: self._runner.run(conversation, conversation.take_inbox()))
             elif self._postponed is not None:  # nothing else to do: sleep until the retry
                 if await self._sleep(self._postponed_due - asyncio.get_running_loop().time()):
@@ -321,6 +333,8 @@ class ConversationActor:
                 self._postponed = outcome
                 self._postponed_due = asyncio.get_running_loop().time() + outcome.retry_in
             self.conversation.inbox[:0] = outcome.ready
+        elif isinstance(outcome, Requeued):  # a burst goes on: answered with the rest of it
+            self.conversation.inbox[:0] = outcome.entries
         elif isinstance(outcome, Finished):
             self._progress.turns_finished += 1
         await self._progress.notify()

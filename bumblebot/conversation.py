@@ -57,6 +57,9 @@ BACKGROUND_CLOSE = "[End of background]"
 #: turn waits longer for the next part (``bumblebot.actor.PASTE_SETTLE_S``) and the parts
 #: are joined as one text.
 PASTE_PART_CHARS = {Platform.TELEGRAM: 3900, Platform.DISCORD: 1900}
+#: Longest a burst of messages is waited for (``cognition.debounce_s``), seconds from its first
+#: message: people who keep writing cannot hold the chat up for ever.
+DEBOUNCE_MAX_S = 10.0
 
 
 def paste_part(inbound: Inbound) -> bool:
@@ -238,6 +241,8 @@ class Turn:
         #: a row may be open that no stream here holds (the turn was resumed, or an outage
         #: paused one of its streams)
         self._left_open = resumed
+        #: read back after a stop or a crash (not a turn this process began)
+        self.resumed = resumed
 
     @property
     def chat(self) -> ChatRef:
@@ -399,6 +404,11 @@ class Conversation:
         self.stop_pending = False
         #: entries taken for the next turn that has not begun yet (its files, its route)
         self.taken: list[JournalEntry] = []
+        #: loop time the last message from a person arrived (``ConversationActor.enqueue``)
+        self.last_arrival = 0.0
+        #: set when a message continues a burst (``cognition.debounce_s``) while a turn that
+        #: began at once is prepared or awaits its first completion: it is asked again with it
+        self.burst = asyncio.Event()
         #: journal id of the last ``/reset``: messages from people journaled before it belong
         #: to the session it put aside (in memory: :meth:`reset` settles them in the store)
         self.fence = 0

@@ -275,8 +275,18 @@ class TurnPort(Protocol):
     #: cancelled; what was delivered stays)
     stop: asyncio.Event
 
-    async def take_steering(self) -> list[Message]:
-        """Messages that arrived during the turn (steer mode), already recorded in it."""
+    #: set when more messages of the burst the turn began with arrive (``cognition.debounce_s``)
+    #: while its first completion is awaited; ``None`` for a turn that may not be asked again
+    #: (resumed, scheduled)
+    burst: asyncio.Event | None
+
+    async def take_steering(self, *, burst: bool = False) -> list[Message]:
+        """Messages that arrived during the turn (steer mode), already recorded in it.
+        ``burst``: the rest of the burst the turn began with, whatever the mode."""
+
+    async def settle_burst(self) -> None:
+        """Wait until the burst the turn began with is over (``cognition.debounce_s`` with no
+        new message, at most ``DEBOUNCE_MAX_S``)."""
 
     async def record(self, message: Message) -> None:
         """Checkpoint an assistant message (before its tools run) or one tool result."""
@@ -570,24 +580,48 @@ class Stopped(Exception):
     """``/stop`` came while the loop waited (:func:`_unless_stopped`)."""
 
 
-async def _unless_stopped(stop: asyncio.Event, coro: Coroutine[Any, Any, _T]) -> _T:
+class Burst(Exception):
+    """More messages of a burst came while the turn's first completion was awaited
+    (:func:`_unless_stopped` with ``burst``): it was aborted, to be asked again with them."""
+
+
+async def _unless_stopped(
+    stop: asyncio.Event, coro: Coroutine[Any, Any, _T], *,
+    burst: asyncio.Event | None = None, may_restart: Callable[[], bool] = lambda: True,
+) -> _T:
     """Await ``coro`` unless ``stop`` is set first: then it is cancelled (an HTTP request is
     aborted, a tool's process is stopped the way its timeout stops it) and :class:`Stopped`
-    is raised. A ``coro`` that completes as the stop comes keeps its result."""
+    is raised. A ``coro`` that completes as the stop comes keeps its result.
+
+    ``burst`` (the turn's first completion): when it is set and ``may_restart()`` (nothing of
+    the completion is on screen yet), ``coro`` is cancelled the same way and :class:`Burst`
+    raised; otherwise it is cleared and the wait goes on."""
     if stop.is_set():
         coro.close()
         raise Stopped
     task = asyncio.ensure_future(coro)
-    waiter = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # we are cancelled ourselves (a shutdown): so is the call
-        task.cancel()
-        raise
-    finally:
-        waiter.cancel()
-    if task.done():
-        return task.result()
+    restart = False
+    while True:
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if burst is not None:
+            waiters.append(asyncio.ensure_future(burst.wait()))
+        try:
+            await asyncio.wait({task, *waiters}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # we are cancelled ourselves (a shutdown): so is the call
+            task.cancel()
+            raise
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        if task.done():
+            return task.result()
+        if stop.is_set() or burst is None:
+            break
+        burst.clear()
+        if may_restart():
+            restart = True
+            break
+        burst = None  # something is shown already: the new messages wait for the next step
     task.cancel()
     try:
         return await task  # it may finish anyway, catching the cancellation
@@ -597,7 +631,7 @@ async def _unless_stopped(stop: asyncio.Event, coro: Coroutine[Any, Any, _T]) ->
             raise  # a shutdown came meanwhile
     except Exception as exc:  # what the cancelled call raised on its way out
         log.debug("a call stopped by /stop raised %s", type(exc).__name__)
-    raise Stopped
+    raise Burst if restart else Stopped
 
 
 async def _all_or_none(coros: list[Coroutine[Any, Any, _T]]) -> list[_T]:
@@ -671,6 +705,7 @@ class AgentLoop:
             listener(index, text)
 
         stop = port.stop
+        restarted = False  # the first completion was asked again once, for a burst
         while True:
             if stop.is_set():
                 stop_reason = "stopped"
@@ -714,13 +749,27 @@ class AgentLoop:
             request, estimate = await requests.build(nudge)
             port.waiting()
             previewing.clear()
+            # the first completion of a turn that began at once may be asked again when the
+            # burst it began with goes on (cognition.debounce_s): it has shown nothing yet
+            burst = port.burst if not trace.steps and not restarted and not state.delivered else None
             try:
                 completion = await _unless_stopped(stop, self._complete_fitting(
                     request, nudge, requests, schemas, limits, on_say if listener is not None else None
-                ))
+                ), burst=burst, may_restart=lambda: not previewing)
             except Stopped:
                 stop_reason = "stopped"
                 break
+            except Burst:
+                restarted = True
+                try:
+                    await _unless_stopped(stop, port.settle_burst())
+                except Stopped:
+                    stop_reason = "stopped"
+                    break
+                for steer in await port.take_steering(burst=True):
+                    state.on_user(steer)
+                nudge = None
+                continue
             except ContextTooLong:
                 if not state.delivered:
                     raise  # nothing got through: the turn fails with the "too long" note

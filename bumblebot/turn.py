@@ -39,7 +39,7 @@ from bumblebot.budget import REPLY_SHARE, ContextBudget
 from bumblebot.compactor import Compactor
 from bumblebot.config import CognitionSettings, DeliverySettings, EngineSettings, VoiceSettings
 from bumblebot.context import Requests
-from bumblebot.conversation import Conversation, Session, Turn, merge_text
+from bumblebot.conversation import DEBOUNCE_MAX_S, Conversation, Session, Turn, merge_text
 from bumblebot.delivery import Delivery
 from bumblebot.documents import describe_size, sniff
 from bumblebot.errors import ContextTooLong, ModelError, ModelUnavailable
@@ -146,7 +146,16 @@ class Postponed:
     ready: list[JournalEntry] = dataclasses.field(default_factory=list)
 
 
-Outcome = Finished | Suspended | Postponed
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    """More messages of a burst came while the turn was prepared (its files, its route): no
+    turn began; ``entries`` go back to the head of the inbox and are answered with the rest
+    once the burst is over (``cognition.debounce_s``)."""
+
+    entries: list[JournalEntry]
+
+
+Outcome = Finished | Suspended | Postponed | Requeued
 
 
 def outage_delay_s(attempt: int) -> float:
@@ -251,8 +260,14 @@ class TurnIO(TurnPort):
         prepare: Callable[[list[JournalEntry]], Any] | None = None,
         voice_mirror: bool = False,
         steer_images: bool = True,
+        debounce_s: float = 0.0,
     ) -> None:
         self._prepare = prepare
+        self._debounce_s = debounce_s
+        # only a new turn answering people may be asked again for a burst (not a resumed one,
+        # nor a scheduled one)
+        fresh = not turn.resumed and bool(turn.entries) and turn.entries[0].inbound.source == "chat"
+        self.burst = conversation.burst if fresh and debounce_s > 0 else None
         #: ``voice.reply: mirror``: replies to a voice note go out as voice too
         self._voice_mirror = voice_mirror
         #: the turn runs on ``llm.model``: photos sent meanwhile may join it
@@ -272,9 +287,17 @@ class TurnIO(TurnPort):
         self._streaming: dict[int, LivePreview] = {}  # this step's, by stream position
         self._bound: dict[str, LivePreview] = {}  # by the say call that takes them over
 
-    async def take_steering(self) -> list[Message]:
+    async def settle_burst(self) -> None:
+        conversation = self._conversation
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + DEBOUNCE_MAX_S
+        while (left := min(conversation.last_arrival + self._debounce_s, give_up) - loop.time()) > 0:
+            await asyncio.sleep(left)  # a message meanwhile moves last_arrival on: wait again
+        conversation.burst.clear()
+
+    async def take_steering(self, *, burst: bool = False) -> list[Message]:
         # after /reset the running turn belongs to the old session: new messages wait for the next
-        if not self._steer or self._turn.session is not self._conversation.session or not self._conversation.inbox:
+        if not (self._steer or burst) or self._turn.session is not self._conversation.session or not self._conversation.inbox:
             return []
         if self._turn.entries and self._turn.entries[0].inbound.source != "chat":
             return []  # a scheduled or autonomous turn: what people write gets its own turn
@@ -550,8 +573,12 @@ class TurnRunner:
             for entry in entries:
                 self._media_waits.pop(entry.id, None)
             self._media_told.discard(conversation.key)
+        if conversation.burst.is_set() and self.cfg.debounce_s > 0:
+            return Requeued(entries)  # the burst goes on: one turn for all of it
         entries = await self._fold_long(entries)
         state = await self._start_state(entries)
+        if conversation.burst.is_set() and self.cfg.debounce_s > 0:
+            return Requeued(entries)
         notices = [n for e in entries for n in prepared(e).notices]
         if any(prepared(e).voice for e in entries) and self.voice is not None and self.voice.reply == "mirror":
             state["voice_reply"] = True
@@ -674,7 +701,7 @@ class TurnRunner:
             steer=self.cfg.mid_turn_messages == "steer", trace=trace,
             stream_interval_s=self.streaming.stream_edit_interval_s if streams and self.streaming else None,
             prepare=self._prepare_steering if self.media is not None else None,
-            voice_mirror=self.voice is not None and self.voice.reply == "mirror",
+            voice_mirror=self.voice is not None and self.voice.reply == "mirror", debounce_s=self.cfg.debounce_s,
             steer_images=steer_images,
         )
 

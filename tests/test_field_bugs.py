@@ -13,7 +13,7 @@ import sqlite3
 
 from conftest import running, write_config
 from fakes.openai_server import Reply, error, is_aux, is_loop, text
-from support import UNCLEAR, Gate, contents, is_classifier, judges_say_done, loop_requests, say, tool_result
+from support import UNCLEAR, Gate, contents, is_classifier, is_loop_with, judges_say_done, loop_requests, say, tool_result
 
 TG_LIMIT = 4096
 
@@ -101,8 +101,65 @@ async def test_a_burst_of_short_messages_within_the_debounce_is_one_turn(tmp_pat
         await daemon.engine.wait_for_turns(1, timeout=10)
         await daemon.engine.wait_until(lambda: daemon.engine.idle)
     assert tg.sent(162) == ["All three noted."]
+    # the first message's turn may have begun at once and been asked again: the last request has all
+    assert all(w in contents(loop_requests(llm)[-1]) for w in ("milk", "eggs", "bread"))
+    assert db(tmp_path).execute("SELECT COUNT(*), COUNT(DISTINCT turn_id) FROM journal").fetchone() == (3, 1)
+
+
+async def test_a_lone_message_is_answered_at_once_not_after_the_debounce(tmp_path, llm, tg):
+    """Debouncing must not cost a lone message its latency: with a 5 s window its model
+    request still comes at once (before the window could have passed)."""
+    judges_say_done(llm)
+    hold = Gate(say("Right away."))
+    llm.push(hold, when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 5})
+    async with running(config) as daemon:
+        tg.push_text("a lone question", chat_id=172)
+        await asyncio.wait_for(hold.entered.wait(), 4)
+        hold.release.set()
+        await daemon.engine.wait_for_turns(1)
+    assert tg.sent(172) == ["Right away."]
+
+
+async def test_a_message_following_within_the_debounce_asks_the_first_completion_again_with_both(tmp_path, llm, tg):
+    """The turn began at once on the first message; the second came while its first model call
+    ran (nothing shown yet): that call is aborted and asked again with both messages."""
+    judges_say_done(llm)
+    first = Gate(say("Only the first."))
+    llm.push(first, when=is_loop)
+    llm.push(say("Both of them."), when=is_loop_with("second half"))
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 2, "mid_turn_messages": "queue"})
+    async with running(config) as daemon:
+        tg.push_text("first half", chat_id=173)
+        await asyncio.wait_for(first.entered.wait(), 10)
+        tg.push_text("second half", chat_id=173)
+        await daemon.engine.wait_for_turns(1, timeout=15)
+        await daemon.engine.wait_until(lambda: daemon.engine.idle)
+    first.release.set()
+    assert tg.sent(173) == ["Both of them."]  # the aborted completion never reached the chat
+    last = loop_requests(llm)[-1]
+    assert "first half" in contents(last) and "second half" in contents(last)
+    conn = db(tmp_path)
+    assert conn.execute("SELECT COUNT(*), COUNT(DISTINCT turn_id) FROM journal").fetchone() == (2, 1)
+    assert conn.execute("SELECT COUNT(*) FROM turns").fetchone() == (1,)
+
+
+async def test_a_message_following_while_the_turn_is_routed_joins_it(tmp_path, llm, tg):
+    judges_say_done(llm)
+    routing = Gate(text("CHAT"))
+    llm.push(routing, when=is_classifier)
+    llm.push(say("Answered together."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 2, "classifier": True})
+    async with running(config) as daemon:
+        tg.push_text(UNCLEAR, chat_id=174)
+        await asyncio.wait_for(routing.entered.wait(), 10)
+        tg.push_text("and one more thing", chat_id=174)
+        await daemon.engine.wait_until(lambda: daemon.engine.progress.accepted >= 2)
+        routing.release.set()
+        await daemon.engine.wait_for_turns(1, timeout=15)
+    assert tg.sent(174) == ["Answered together."]
     [request] = loop_requests(llm)
-    assert all(w in contents(request) for w in ("milk", "eggs", "bread"))
+    assert UNCLEAR in contents(request) and "and one more thing" in contents(request)
 
 
 async def test_debounce_off_starts_a_turn_at_once(tmp_path, llm, tg):

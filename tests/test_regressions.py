@@ -223,9 +223,10 @@ async def test_reset_during_a_turn_keeps_that_turn_out_of_the_fresh_conversation
         slow.release.set()
         await d.engine.wait_for_turns(1)
         tg.push_text("new topic", chat_id=12)
-        await tg.wait_for("sendMessage", n=4)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "fresh")
     fresh = [r for r in loop_requests(llm) if "new topic" in contents(r)][0]
     assert "case-rst" not in contents(fresh)
+    assert "answer to the old topic" not in tg.sent(12)  # /reset stopped it (issue 16)
 
 
 async def test_a_key_echoed_by_the_endpoint_is_not_stored_in_the_trace(tmp_path, llm, tg):
