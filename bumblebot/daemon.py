@@ -36,6 +36,7 @@ from bumblebot.mcp_client import MCPManager
 from bumblebot.mcp_client import secret_values as mcp_secret_values
 from bumblebot.media import MediaFiles, MediaIntake
 from bumblebot.metrics import NO_METRICS, Metrics
+from bumblebot.pacing import PaceLimits, Pacer
 from bumblebot.prompt import PromptBuilder
 from bumblebot.scheduler import Scheduler
 from bumblebot.speech import Speech
@@ -140,10 +141,14 @@ class Daemon:
 
     The parts are attributes (``store``, ``llm``, ``toolbox``, ``delivery``, ``runner``,
     ``engine``) once :meth:`open` ran.
+
+    ``pace``: the limits the Telegram adapter paces its calls by (default: Telegram's
+    published ones, :class:`~bumblebot.pacing.PaceLimits`); the tests scale them down.
     """
 
-    def __init__(self, settings: Settings, secrets: Secrets, entity: Entity) -> None:
+    def __init__(self, settings: Settings, secrets: Secrets, entity: Entity, *, pace: PaceLimits | None = None) -> None:
         self.settings, self.secrets, self.entity = settings, secrets, entity
+        self.pace = pace
         self.store = Store(settings.db_path)
         self.engine: Engine | None = None
         self.llm: LLM | None = None
@@ -162,7 +167,8 @@ class Daemon:
             from adapters.telegram import TelegramAdapter
 
             adapters.append(TelegramAdapter(
-                engine, settings.telegram, secrets.telegram_bot_token.get_secret_value(), media=settings.media
+                engine, settings.telegram, secrets.telegram_bot_token.get_secret_value(), media=settings.media,
+                pacer=Pacer(self.pace),
             ))
         if settings.discord.enabled and secrets.discord_bot_token:
             from adapters.discord import DiscordAdapter

@@ -76,21 +76,34 @@ def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None
     return path
 
 
+#: The Telegram adapter's pace in tests that are not about pacing (``running(pace=...)``): the
+#: published limits (one call a second per chat) would make every test with a few messages
+#: seconds slower; tests/test_pacing.py covers them.
+TEST_PACE_INTERVAL_S = 0.01
+
+
 @contextlib.asynccontextmanager
 async def running(
-    config: Path, *, telegram_token: str | None = TOKEN, discord_token: str | None = None, adapters: Any = None
+    config: Path, *, telegram_token: str | None = TOKEN, discord_token: str | None = None, adapters: Any = None,
+    pace: Any = None,
 ) -> AsyncIterator[Any]:
-    """Run the daemon in this event loop (as ``bumblebot run`` would) and stop it afterwards."""
+    """Run the daemon in this event loop (as ``bumblebot run`` would) and stop it afterwards.
+
+    ``pace``: the Telegram adapter's :class:`~bumblebot.pacing.PaceLimits` (default: calls to
+    one chat :data:`TEST_PACE_INTERVAL_S` apart, the group and overall windows out of reach)."""
     from bumblebot.cli import Daemon
     from bumblebot.config import Secrets, load_settings
     from bumblebot.entity import load_entity
+    from bumblebot.pacing import PaceLimits
 
     settings = load_settings(config)
     secrets = Secrets(
         TELEGRAM_BOT_TOKEN=telegram_token, DISCORD_BOT_TOKEN=discord_token, OPENAI_API_KEY="sk-test-key-not-real-000000"
     )
     entity = load_entity(settings.entity, config_dir=config.parent)
-    daemon = Daemon(settings, secrets, entity)
+    if pace is None:
+        pace = PaceLimits(per_chat_interval_s=TEST_PACE_INTERVAL_S, group_per_minute=10_000, global_per_second=10_000)
+    daemon = Daemon(settings, secrets, entity, pace=pace)
     try:
         await daemon.start(adapters)
         yield daemon

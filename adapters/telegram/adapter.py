@@ -36,6 +36,13 @@ Rules followed: a message is at most 4096 characters (counted in UTF-16 code uni
 conservative bound); the model's Markdown is sent as plain text plus formatting entities
 (:func:`render_chunks`), never with a ``parse_mode``; empty messages are never sent; ``RetryAfter`` is honoured by the delivery
 layer; a 409 ``Conflict`` (another instance polling the same token) is fatal.
+
+Pacing (issue 16): every call to a chat (messages, previews and their edits, deletions,
+files, the typing indicator) goes through one :class:`~bumblebot.pacing.Pacer`, keyed by the
+chat id (a forum's topics share their group's limits): one call at a time per chat, in order,
+about one a second, 20 a minute in a group (a negative chat id), 30 a second overall. A
+``RetryAfter`` from any of them pauses that chat for its ``retry_after``; the typing indicator
+is skipped while the chat is paused and never waits for a turn.
 """
 
 from __future__ import annotations
@@ -86,9 +93,11 @@ from adapters.bots import BotTurnBudget
 from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
 from bumblebot.adapter import MANAGING_COMMANDS, TOO_BIG_TEXT, Adapter, FileKind, Intake
 from bumblebot.config import MediaSettings, TelegramSettings
+from bumblebot.delivery import MAX_INLINE_WAIT_S
 from bumblebot.documents import describe_size
 from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
 from bumblebot.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
+from bumblebot.pacing import Pacer
 from bumblebot.splitting import TELEGRAM_LIMIT, split_text, utf16_len
 
 log = logging.getLogger(__name__)
@@ -133,6 +142,10 @@ STOP_MARKUP = InlineKeyboardMarkup([[InlineKeyboardButton("Stop", callback_data=
 #: private chat, 20 a minute in a group (Bot API FAQ, "broadcasting to users").
 PRIVATE_EDIT_INTERVAL_S = 1.0
 GROUP_EDIT_INTERVAL_S = 3.0
+#: Longest wait of a streamed preview's send or edit for its turn in the chat (issue 16),
+#: seconds: past it the edit is skipped (the preview shows newer text at its next edit, the
+#: final text goes through the outbox), so intermediate text never queues behind messages.
+PREVIEW_WAIT_S = 2.0
 #: Updates asked of getUpdates: messages, their edits, and the Stop button's presses.
 ALLOWED_UPDATES = ["message", "edited_message", "callback_query"]
 
@@ -261,13 +274,17 @@ class TelegramAdapter(Adapter):
         intake: the engine, as adapters see it.
         settings: the ``telegram`` config section.
         token: the bot token (``TELEGRAM_BOT_TOKEN``); never logged.
+        media: the ``media`` config section.
+        pacer: paces every call to a chat (default: one with Telegram's published limits).
     """
 
     platform = Platform.TELEGRAM
 
     def __init__(
-        self, intake: Intake, settings: TelegramSettings, token: str, *, media: MediaSettings | None = None
+        self, intake: Intake, settings: TelegramSettings, token: str, *, media: MediaSettings | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
+        self.pacer = pacer or Pacer()
         self.intake = intake
         self.settings = settings
         self.media = media or MediaSettings()
@@ -765,6 +782,29 @@ class TelegramAdapter(Adapter):
     def chunks(self, text: str) -> list[TelegramChunk]:
         return render_chunks(text)
 
+    @contextlib.asynccontextmanager
+    async def _paced(self, chat: ChatRef, *, ticket: str | None = None, preview: bool = False) -> AsyncIterator[None]:
+        """One call to ``chat`` in its turn (:meth:`Pacer.slot <bumblebot.pacing.Pacer.slot>`),
+        Telegram's errors as :class:`DeliveryFailed` (:func:`_refusals`); a ``RetryAfter``
+        pauses the chat for its ``retry_after``, and the call's retry (the same ``ticket``:
+        the delivery layer's chunk key) keeps its place before the calls queued meanwhile.
+
+        Messages queued in the chat wait their turn whatever it takes, so their order holds;
+        a known wait over the delivery layer's :data:`~bumblebot.delivery.MAX_INLINE_WAIT_S`
+        (a long pause) is refused at once, retryable with ``retry_after``, so the message is
+        left pending instead of holding its caller. A ``preview`` send or edit is skipped
+        (retryable) when other calls are queued or its turn is over :data:`PREVIEW_WAIT_S` away."""
+        key = chat.chat_id
+        wait = PREVIEW_WAIT_S if preview else MAX_INLINE_WAIT_S
+        async with _refusals(), self.pacer.slot(
+            key, group=int(key) < 0, ticket=ticket, max_wait_s=wait, droppable=preview
+        ):
+            try:
+                yield
+            except RetryAfter as exc:
+                self.pacer.pause(key, _seconds(exc.retry_after))
+                raise
+
     async def send_chunk(self, chat: ChatRef, chunk: TelegramChunk, *, key: str) -> str:
         """Send one message (Telegram has no idempotency key: ``key`` is not used).
 
@@ -774,7 +814,7 @@ class TelegramAdapter(Adapter):
         """
         chat_id = int(chat.chat_id)
         thread = int(chat.thread_id) if chat.thread_id else None
-        async with _refusals():
+        async with self._paced(chat, ticket=key):
             try:
                 message = await self._send(chat_id, thread, chunk)
             except ChatMigrated as exc:
@@ -796,14 +836,14 @@ class TelegramAdapter(Adapter):
 
     async def send_preview(self, chat: ChatRef, text: str, *, key: str) -> str:
         thread = int(chat.thread_id) if chat.thread_id else None
-        async with _refusals():
+        async with self._paced(chat, preview=True):
             message = await self.app.bot.send_message(
                 chat_id=int(chat.chat_id), text=_preview_text(text), message_thread_id=thread, reply_markup=STOP_MARKUP
             )
         return str(message.message_id)
 
     async def edit_preview(self, chat: ChatRef, message_id: str, text: str, *, final: bool = False) -> None:
-        async with _refusals():
+        async with self._paced(chat, preview=not final):
             try:
                 await self.app.bot.edit_message_text(
                     _preview_text(text), chat_id=int(chat.chat_id), message_id=int(message_id),
@@ -816,9 +856,11 @@ class TelegramAdapter(Adapter):
     async def finish_preview(self, chat: ChatRef, message_id: str, chunk: TelegramChunk, *, key: str) -> str:
         """Edit the preview into the final, formatted first chunk. Without ``reply_markup`` the
         edit takes the Stop button away (Bot API, editMessageText). A preview that is gone or
-        can no longer be edited is replaced by a new message."""
+        can no longer be edited is replaced by a new message (each call in its turn: the
+        deletion and the new message wait for theirs)."""
         chat_id = int(chat.chat_id)
-        async with _refusals():
+        gone = False
+        async with self._paced(chat, ticket=key):
             try:
                 try:
                     await self.app.bot.edit_message_text(
@@ -835,13 +877,15 @@ class TelegramAdapter(Adapter):
                 if "not found" not in reason and "can't be edited" not in reason:
                     raise
                 log.info("Telegram: the streamed message %s in %s is gone (%s); sending it anew", message_id, chat_id, exc.message)
-                with contextlib.suppress(TelegramError):
-                    await self.app.bot.delete_message(chat_id, int(message_id))
-                return await self.send_chunk(chat, chunk, key=key)
+                gone = True
+        if gone:
+            with contextlib.suppress(DeliveryFailed):
+                await self.delete_message(chat, message_id)
+            return await self.send_chunk(chat, chunk, key=key)
         return message_id
 
     async def delete_message(self, chat: ChatRef, message_id: str) -> None:
-        async with _refusals():
+        async with self._paced(chat):
             await self.app.bot.delete_message(int(chat.chat_id), int(message_id))
 
     async def _send(self, chat_id: int, thread: int | None, chunk: TelegramChunk) -> Message:
@@ -910,7 +954,7 @@ class TelegramAdapter(Adapter):
         # still times out may have arrived: it is not sent again (one copy at most)
         timeouts = {"write_timeout": UPLOAD_TIMEOUT_S, "read_timeout": UPLOAD_TIMEOUT_S}
         try:
-            async with _refusals():
+            async with self._paced(chat, ticket=key):
                 if kind == "photo":
                     try:
                         message = await bot.send_photo(
@@ -932,8 +976,22 @@ class TelegramAdapter(Adapter):
         return str(message.message_id)
 
     async def send_typing(self, chat: ChatRef) -> None:
-        await self.app.bot.send_chat_action(
-            chat_id=int(chat.chat_id),
-            action=ChatAction.TYPING,
-            message_thread_id=int(chat.thread_id) if chat.thread_id else None,
-        )
+        """``sendChatAction``, outside the chat's turn (it never waits for messages, nor counts
+        against them); skipped while the chat is paused after a 429.
+
+        Raises:
+            DeliveryFailed: Telegram refused it; a ``RetryAfter`` pauses the chat and sets
+                ``retry_after`` (the refresh waits it out, :meth:`Adapter.typing`).
+        """
+        if self.pacer.paused_for(chat.chat_id) > 0:
+            return
+        async with _refusals():
+            try:
+                await self.app.bot.send_chat_action(
+                    chat_id=int(chat.chat_id),
+                    action=ChatAction.TYPING,
+                    message_thread_id=int(chat.thread_id) if chat.thread_id else None,
+                )
+            except RetryAfter as exc:
+                self.pacer.pause(chat.chat_id, _seconds(exc.retry_after))
+                raise
