@@ -1,0 +1,397 @@
+"""Pacing (issue 16, items 2 and 5): one scheduler per adapter for every call to a chat, and a
+typing indicator that honours a 429.
+
+The unit tests run :class:`~bumblebot.pacing.Pacer` with Telegram's published limits on an
+event loop with virtual time (:class:`VirtualClockLoop`: when nothing is ready, the clock jumps
+to the next timer), so a minute of pacing takes no time and every instant is exact. The
+end-to-end tests run the real python-telegram-bot against tests/fakes/telegram_server.py
+with a scaled-down interval, asserting only lower bounds of the spacing the fake recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import selectors
+from collections.abc import AsyncIterator, Coroutine
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from conftest import running, write_config
+from fakes.openai_server import is_loop
+from fakes.telegram_server import retry_after_body
+from support import Gate, say
+
+from bumblebot.adapter import Adapter
+from bumblebot.errors import DeliveryFailed
+from bumblebot.events import ChatRef, Platform
+from bumblebot.pacing import MIN_TRACKED, PaceLimits, Pacer
+
+TELEGRAM = PaceLimits()  # the published limits: 1 s per chat, 20 a minute per group, 30 a second
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """Polls the real selector without blocking; a wait for a timer moves the clock instead."""
+
+    def __init__(self, loop: VirtualClockLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        events = super().select(0)
+        if not events and timeout is None:
+            raise RuntimeError("deadlock: nothing is scheduled and nothing can wake the loop")
+        if not events and timeout:
+            self._loop.now += timeout
+        return events
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock only moves when every task waits for a timer."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        super().__init__(_JumpingSelector(self))
+
+    def time(self) -> float:
+        return self.now
+
+
+def virtual(main: Coroutine[Any, Any, Any]) -> Any:
+    loop = VirtualClockLoop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.close()
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class Recorder:
+    """Calls made through a pacer: (name, start, end) in the order they started."""
+
+    def __init__(self, pacer: Pacer, call_s: float = 0.0) -> None:
+        self.pacer, self.call_s = pacer, call_s
+        self.calls: list[tuple[str, float, float]] = []
+
+    async def call(self, chat: str, name: str, *, group: bool = False, **slot: Any) -> None:
+        async with self.pacer.slot(chat, group=group, **slot):
+            start = now()
+            await asyncio.sleep(self.call_s)  # the platform's answer takes a while
+            self.calls.append((name, start, now()))
+
+    def names(self) -> list[str]:
+        return [n for n, _, _ in self.calls]
+
+    def starts(self) -> list[float]:
+        return [s for _, s, _ in self.calls]
+
+
+# -- the pacer with Telegram's limits ----------------------------------------------------------
+
+
+def test_the_defaults_are_telegrams_published_limits():
+    assert (TELEGRAM.per_chat_interval_s, TELEGRAM.group_per_minute, TELEGRAM.global_per_second) == (1.0, 20, 30)
+    with pytest.raises(ValueError):
+        PaceLimits(group_per_minute=0)
+
+
+def test_twenty_messages_to_one_chat_in_one_second_go_a_second_apart_in_order():
+    async def main() -> Recorder:
+        rec = Recorder(Pacer(TELEGRAM), call_s=0.05)
+        # the failing input of issue 16: 20 replies to one chat asked for within one second
+        tasks = []
+        for i in range(20):
+            tasks.append(asyncio.create_task(rec.call("1001", f"reply {i}")))
+            await asyncio.sleep(0.04)
+        await asyncio.gather(*tasks)
+        return rec
+
+    rec = virtual(main())
+    assert rec.names() == [f"reply {i}" for i in range(20)]  # in order, none dropped
+    for (_, _, end), (_, start, _) in pairwise(rec.calls):
+        assert start - end >= 1.0  # a second from the end of one call to the start of the next
+    assert rec.starts()[-1] - rec.starts()[0] >= 19.0  # not 20 sends within a second
+
+
+def test_the_21st_message_to_a_group_in_a_minute_waits_for_the_window():
+    async def main() -> Recorder:
+        rec = Recorder(Pacer(TELEGRAM), call_s=0.1)
+        await asyncio.gather(*(rec.call("-100123", f"m{i}", group=True) for i in range(25)))
+        return rec
+
+    rec = virtual(main())
+    assert rec.names() == [f"m{i}" for i in range(25)]
+    ends = [e for _, _, e in rec.calls]
+    starts = rec.starts()
+    assert starts[19] - starts[0] < 60  # the first 20 only need the one-second spacing
+    for i in range(20, 25):
+        assert starts[i] >= ends[i - 20] + 60.0  # never more than 20 in any minute
+    # a private chat (no group window) is not held by it
+    rec2 = virtual(_private_burst(25))
+    assert rec2.starts()[-1] - rec2.starts()[0] < 60
+
+
+async def _private_burst(n: int) -> Recorder:
+    rec = Recorder(Pacer(TELEGRAM), call_s=0.1)
+    await asyncio.gather(*(rec.call("1001", f"m{i}") for i in range(n)))
+    return rec
+
+
+def test_no_more_than_thirty_calls_a_second_across_chats():
+    async def main() -> Recorder:
+        rec = Recorder(Pacer(TELEGRAM))
+        await asyncio.gather(*(rec.call(str(chat), f"{chat}.{i}") for i in range(3) for chat in range(40)))
+        return rec
+
+    rec = virtual(main())
+    assert len(rec.calls) == 120
+    starts = sorted(rec.starts())
+    for i in range(len(starts) - 30):
+        assert starts[i + 30] - starts[i] >= 1.0  # any 31 calls span at least a second
+    for chat in range(40):  # each chat's own calls still in order and a second apart
+        mine = [(n, s) for n, s, _ in rec.calls if n.startswith(f"{chat}.")]
+        assert [n for n, _ in mine] == [f"{chat}.{i}" for i in range(3)]
+        assert all(b - a >= 1.0 for (_, a), (_, b) in pairwise(mine))
+
+
+def test_a_429_pauses_the_chat_and_its_retry_keeps_its_place():
+    async def main() -> tuple[Recorder, float]:
+        pacer = Pacer(TELEGRAM)
+        rec = Recorder(pacer, call_s=0.05)
+        refused_at: list[float] = []
+
+        async def first_is_refused() -> None:  # as Delivery does: refused, wait retry_after, retry
+            with contextlib.suppress(DeliveryFailed):
+                async with pacer.slot("7", ticket="row1.0", max_wait_s=30):
+                    refused_at.append(now())
+                    pacer.pause("7", 5.0)
+                    raise DeliveryFailed("429", retryable=True, retry_after=5.0)
+            await asyncio.sleep(5.0)
+            await rec.call("7", "row1 (retried)", ticket="row1.0", max_wait_s=30)
+
+        tasks = [asyncio.create_task(first_is_refused())]
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(rec.call("7", f"row{i}", ticket=f"row{i}.0")) for i in range(2, 5)]
+        tasks.append(asyncio.create_task(rec.call("8", "other chat")))
+        assert pacer.paused_for("8") == 0.0
+        await asyncio.gather(*tasks)
+        return rec, refused_at[0]
+
+    rec, refused_at = virtual(main())
+    in_7 = [(n, s) for n, s, _ in rec.calls if n != "other chat"]
+    assert [n for n, _ in in_7] == ["row1 (retried)", "row2", "row3", "row4"]  # order kept, nothing lost
+    assert in_7[0][1] >= refused_at + 5.0  # nothing to the chat inside retry_after
+    other = next(s for n, s, _ in rec.calls if n == "other chat")
+    assert other < refused_at + 1.0  # another chat is not held up
+
+
+def test_a_pause_longer_than_the_wait_bound_is_refused_at_once_and_paused_for_reports_it():
+    async def main() -> tuple[float, DeliveryFailed, float]:
+        pacer = Pacer(TELEGRAM)
+        pacer.pause("9", 120.0)
+        left = pacer.paused_for("9")
+        start = now()
+        with pytest.raises(DeliveryFailed) as refused:
+            async with pacer.slot("9", max_wait_s=30):
+                raise AssertionError("sent inside the pause")
+        return left, refused.value, now() - start
+
+    left, refused, waited = virtual(main())
+    assert left == 120.0
+    assert refused.retryable and refused.retry_after == pytest.approx(120.0)
+    assert waited == 0.0  # refused at once, not after 30 s
+
+
+def test_a_droppable_call_never_queues_behind_others():
+    async def main() -> list[str]:
+        pacer = Pacer(TELEGRAM)
+        rec = Recorder(pacer, call_s=0.5)
+        busy = asyncio.create_task(rec.call("3", "message"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(DeliveryFailed):
+            async with pacer.slot("3", droppable=True):
+                raise AssertionError("an edit went before the message")
+        await busy
+        await rec.call("3", "edit", droppable=True, max_wait_s=2.0)  # free again: it goes
+        return rec.names()
+
+    assert virtual(main()) == ["message", "edit"]
+
+
+def test_a_cancelled_waiter_does_not_hold_the_queue():
+    async def main() -> list[str]:
+        rec = Recorder(Pacer(TELEGRAM), call_s=0.1)
+        tasks = [asyncio.create_task(rec.call("5", f"m{i}")) for i in range(4)]
+        await asyncio.sleep(0.5)  # m0 sent; m1 waits for the spacing, m2 and m3 queue
+        tasks[2].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return rec.names()
+
+    assert virtual(main()) == ["m0", "m1", "m3"]
+
+
+def test_memory_stays_bounded_with_many_chats():
+    async def main() -> tuple[int, int, int]:
+        pacer = Pacer(TELEGRAM)
+        peak = 0
+        for chat in range(3000):  # a chat is forgotten a second after its call
+            async with pacer.slot(str(chat)):
+                pass
+            peak = max(peak, pacer.tracked)
+        for chat in range(300):  # a group is remembered for its window (a minute)
+            async with pacer.slot(str(-chat - 1), group=True):
+                pass
+        groups = pacer.tracked
+        await asyncio.sleep(61.0)
+        for chat in range(3000, 3600):
+            async with pacer.slot(str(chat)):
+                pass
+        return peak, groups, pacer.tracked
+
+    peak, groups, after = virtual(main())
+    assert peak <= 2 * MIN_TRACKED  # 3000 chats used, a few dozen remembered at a time
+    assert groups >= 300  # still inside their window
+    assert after <= 2 * MIN_TRACKED  # forgotten once the window is over
+
+
+# -- typing holds for a 429's retry_after ---------------------------------------------------------
+
+
+class TypingOnly(Adapter):
+    """An adapter whose typing indicator Telegram refuses once with retry_after."""
+
+    platform = Platform.CONSOLE
+
+    def __init__(self, retry_after: float) -> None:
+        self.retry_after = retry_after
+        self.sent: list[float] = []
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def chunks(self, text: str) -> list[str]:
+        return [text]
+    async def send_chunk(self, chat: ChatRef, chunk: Any, *, key: str) -> str:
+        return "1"
+
+    async def send_typing(self, chat: ChatRef) -> None:
+        self.sent.append(now())
+        if len(self.sent) == 1:
+            raise DeliveryFailed("429", retryable=True, retry_after=self.retry_after)
+
+
+def test_typing_refresh_waits_out_retry_after_not_its_interval():
+    async def main() -> list[float]:
+        adapter = TypingOnly(retry_after=3.0)
+        async with adapter.typing(ChatRef(Platform.CONSOLE, "1"), interval_s=0.5) as handle:
+            await asyncio.sleep(2.0)
+            handle.pause()  # the first words show, then the turn waits on the model again
+            await asyncio.sleep(0.1)
+            handle.resume()
+            await asyncio.sleep(3.0)
+        return adapter.sent
+
+    sent = virtual(main())
+    assert sent[1] - sent[0] >= 3.0  # not the fixed 0.5 s inside the flood window
+    assert all(b - a >= 0.5 for a, b in pairwise(sent[1:]))  # then the interval again
+
+
+# -- end to end: real python-telegram-bot against the fake -------------------------------------------
+
+FAST = PaceLimits(per_chat_interval_s=0.05)  # the published ones, one chat's spacing scaled down
+
+
+@contextlib.asynccontextmanager
+async def paced_daemon(tmp_path, llm, tg, pace: PaceLimits = FAST, **sections: Any) -> AsyncIterator[Any]:
+    async with running(write_config(tmp_path, llm, tg, **sections), pace=pace) as daemon:
+        yield daemon
+
+
+def spacing(calls: list[Any]) -> list[float]:
+    return [b.time - a.time for a, b in pairwise(calls)]
+
+
+async def test_twenty_commands_in_one_second_are_answered_spaced_in_order(tmp_path, llm, tg):
+    async with paced_daemon(tmp_path, llm, tg):
+        for i in range(20):  # the failing input: 20 commands to one chat within one second
+            tg.push_text(f"/nosuch{i}", chat_id=1301)
+        calls = await tg.wait_for("sendMessage", n=20, timeout=20, predicate=lambda p: p.get("chat_id") == 1301)
+    assert [c.params["text"] for c in calls] == [f"Unknown command /nosuch{i}. Try /help." for i in range(20)]
+    assert min(spacing(calls)) >= FAST.per_chat_interval_s
+
+
+async def queued(d: Any, chat: ChatRef, texts: list[str]) -> list[Any]:
+    """Outbox rows for ``texts`` to ``chat``, written in order (nothing sent yet)."""
+    conversation = await d.store.conversation(chat)
+    return [await d.store.outbox_add(conversation.id, None, chat, t) for t in texts]
+
+
+async def test_replies_queued_at_once_reach_the_chat_spaced_and_in_order(tmp_path, llm, tg):
+    texts = [f"reply {i:02d}" for i in range(20)]
+    async with paced_daemon(tmp_path, llm, tg) as d:
+        first, *rest = await queued(d, ChatRef(Platform.TELEGRAM, "1302"), texts)
+        reports = [await d.delivery.deliver(first)]
+        reports += await asyncio.gather(*(d.delivery.deliver(row) for row in rest))  # 19 at the same instant
+    assert all(r.delivered for r in reports)
+    calls = [c for c in tg.calls if c.method == "sendMessage" and c.params.get("chat_id") == 1302]
+    assert [c.params["text"] for c in calls] == texts  # in order, none dropped, once each
+    assert min(spacing(calls)) >= FAST.per_chat_interval_s
+
+
+class WatchedPacer(Pacer):
+    """A pacer that records when it paused a chat (the test waits for it)."""
+
+    def __init__(self, limits: PaceLimits) -> None:
+        super().__init__(limits)
+        self.paused_at: list[float] = []
+        self.paused = asyncio.Event()
+
+    def pause(self, chat_key: str, seconds: float) -> None:
+        super().pause(chat_key, seconds)
+        self.paused_at.append(now())
+        self.paused.set()
+
+
+async def test_a_429_pauses_that_chat_only_and_order_is_kept(tmp_path, llm, tg, monkeypatch):
+    texts = [f"paused {i}" for i in range(4)]
+    async with paced_daemon(tmp_path, llm, tg) as d:
+        adapter = d.adapters[0]
+        pacer = WatchedPacer(FAST)
+        monkeypatch.setattr(adapter, "pacer", pacer)
+        paused, other = ChatRef(Platform.TELEGRAM, "1303"), ChatRef(Platform.TELEGRAM, "1304")
+        rows = await queued(d, paused, texts)
+        [elsewhere] = await queued(d, other, ["not held up"])
+        tg.fail_next("sendMessage", 429, retry_after_body(1))
+        first = asyncio.create_task(d.delivery.deliver(rows[0]))
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 1303)  # it has the turn
+        rest = [asyncio.create_task(d.delivery.deliver(row)) for row in rows[1:]]  # queued behind it
+        await asyncio.wait_for(pacer.paused.wait(), 5)  # refused: 429, retry_after 1
+        await adapter.send_typing(paused)  # skipped inside the pause: no call
+        assert (await d.delivery.deliver(elsewhere)).delivered
+        reports = await asyncio.gather(first, *rest)
+    assert all(r.delivered for r in reports)
+    to_paused = [c for c in tg.calls if c.params.get("chat_id") == 1303]
+    assert [c.method for c in to_paused] == ["sendMessage"] * 5  # no typing inside the pause
+    _, *after = to_paused
+    assert [c.params["text"] for c in after] == texts  # the refused one goes first when retried
+    assert after[0].time - pacer.paused_at[0] >= 1.0  # nothing to that chat within retry_after
+    [answered] = [c for c in tg.calls if c.params.get("chat_id") == 1304]
+    assert answered.time < after[0].time  # the other chat was answered meanwhile
+    assert min(spacing(after)) >= FAST.per_chat_interval_s
+
+
+async def test_a_typing_429_holds_the_next_chat_action_for_retry_after(tmp_path, llm, tg):
+    slow = Gate(say("done thinking"))
+    llm.push(slow, when=is_loop)
+    tg.fail_next("sendChatAction", 429, retry_after_body(1))
+    async with paced_daemon(tmp_path, llm, tg, engine={"typing_interval_s": 0.05, "shutdown_grace_s": 5}):
+        tg.push_text("take your time", chat_id=1305)
+        actions = await tg.wait_for("sendChatAction", n=3, timeout=10)
+        slow.release.set()
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 1305)
+    # the failing input: a 0.05 s refresh after a 429 that asked for 1 s
+    assert actions[1].time - actions[0].time >= 1.0
+    assert actions[2].time - actions[1].time >= 0.05
