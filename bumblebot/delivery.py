@@ -85,6 +85,9 @@ class Delivery:
         self._lock = asyncio.Lock()
         self._in_flight: set[int] = set()
         self._prefix: str | None = None
+        #: messages :meth:`post` is delivering, and the last one per chat
+        self.posting: set[asyncio.Task[None]] = set()
+        self._posted: dict[str, asyncio.Task[None]] = {}
 
     def register(self, adapter: Adapter) -> None:
         """Make ``adapter`` the route for its platform's messages."""
@@ -123,6 +126,41 @@ class Delivery:
     async def send(self, conversation_id: int, chat: ChatRef, text: str) -> DeliveryReport:
         """Record ``text`` (outside any turn: a command's answer, a refusal) and deliver it."""
         return await self.deliver(await self.store.outbox_add(conversation_id, None, chat, text))
+
+    async def post(self, conversation_id: int, chat: ChatRef, text: str) -> OutboxEntry:
+        """Record ``text`` (outside any turn) and deliver it in the background, after what was
+        posted to the same chat before it (order kept); returns the row once it is written.
+
+        For the callers that must not wait for the platform's pace: an adapter's intake
+        answering a command (issue 16: 20 commands in a second from one chat would hold every
+        other chat's next Telegram update for 20 s). The row counts as being sent from the
+        start, so the sweeper never sends it alongside; a crash before it is out leaves it
+        pending for the sweeper of the next start. :attr:`posting` holds the tasks."""
+        entry = await self.store.outbox_add(conversation_id, None, chat, text)
+        self._in_flight.add(entry.id)
+        before = self._posted.get(chat.key)
+
+        async def deliver() -> None:
+            try:
+                if before is not None:
+                    await asyncio.wait([before])  # in order; how the one before went does not matter
+                await self.deliver(entry)
+            finally:
+                self._in_flight.discard(entry.id)
+
+        task = asyncio.create_task(deliver(), name=f"bumblebot:{chat.key}:post")
+        self._posted[chat.key] = task
+        self.posting.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self.posting.discard(finished)
+            if self._posted.get(chat.key) is finished:
+                del self._posted[chat.key]
+            if not finished.cancelled() and finished.exception() is not None:
+                log.error("message to %s not delivered: %r; the sweeper retries it", chat.key, finished.exception())
+
+        task.add_done_callback(done)
+        return entry
 
     async def deliver(self, entry: OutboxEntry, attempts: int | None = None) -> DeliveryReport:
         """Send an outbox row now, with retries; the row records every outcome."""

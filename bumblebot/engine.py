@@ -153,6 +153,7 @@ class Engine:
         for actor in actors:
             actor.stop()
         running = [a.task for a in actors if a.task is not None and not a.task.done()]
+        running += list(self._delivery.posting)  # command answers on their way out
         if running:
             _, pending = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
             for task in pending:
@@ -419,9 +420,14 @@ class Engine:
         log.info("%s: refused user %s (not in the allowlist)", inbound.chat.platform.value, inbound.sender_id)
 
     async def reply(self, chat: ChatRef, text: str) -> None:
-        """Send ``text`` to ``chat`` through the outbox, outside any turn."""
+        """Send ``text`` to ``chat`` through the outbox, outside any turn (a command's answer, a
+        refusal). The row is written before this returns; it is delivered in the background,
+        after the replies queued to the same chat before it, so an adapter's intake is never
+        held up by the platform's pace (20 commands in a second from one chat would otherwise
+        hold every other chat's next update for 20 s on Telegram). A crash before it is sent
+        leaves the row to the outbox sweeper."""
         conversation = await self._store.conversation(chat)
-        await self._delivery.send(conversation.id, chat, text)
+        await self._delivery.post(conversation.id, chat, text)
 
     async def cursor(self, key: str) -> str | None:
         return await self._store.get_kv(key)

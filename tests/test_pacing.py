@@ -323,6 +323,24 @@ async def test_twenty_commands_in_one_second_are_answered_spaced_in_order(tmp_pa
     assert min(spacing(calls)) >= FAST.per_chat_interval_s
 
 
+async def test_commands_paced_in_one_chat_do_not_hold_up_another_chat(tmp_path, llm, tg):
+    """Regression (pacing review): a command's answer was sent inside Telegram's poller, so 20
+    commands from one chat held every other chat's next update until they were all out."""
+    from support import judges_say_done, say
+
+    judges_say_done(llm)
+    llm.push(say("Hello, other chat."), when=lambda r: "tools" in r)
+    async with paced_daemon(tmp_path, llm, tg, pace=PaceLimits(per_chat_interval_s=0.5)):
+        for i in range(10):
+            tg.push_text(f"/nosuch{i}", chat_id=1305)  # 10 answers at 0.5 s each: 4.5 s of pace
+        tg.push_text("hi", chat_id=1306)
+        [other] = await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 1306, timeout=10)
+        calls = await tg.wait_for("sendMessage", n=10, timeout=20, predicate=lambda p: p.get("chat_id") == 1305)
+    assert other.params["text"] == "Hello, other chat."
+    assert other.time < calls[-1].time  # answered while the first chat's answers were still paced
+    assert [c.params["text"] for c in calls] == [f"Unknown command /nosuch{i}. Try /help." for i in range(10)]
+
+
 async def queued(d: Any, chat: ChatRef, texts: list[str]) -> list[Any]:
     """Outbox rows for ``texts`` to ``chat``, written in order (nothing sent yet)."""
     conversation = await d.store.conversation(chat)
