@@ -5,9 +5,11 @@ streamed preview edited while the final text goes out) must not become a burst o
 that is the pattern behind hours-long flood bans (field-bugs.md item 20). A :class:`Pacer`
 gives each call its turn:
 
-- calls to one chat go one at a time, in the order they asked (FIFO), at least
-  :attr:`PaceLimits.per_chat_interval_s` apart, counted from the end of the previous call (so
-  the spacing holds at the platform whatever the network's delay);
+- calls to one chat go one at a time, in the order they asked (FIFO); a chat may take
+  :attr:`PaceLimits.per_chat_burst` calls at once (a reply of a few chunks, a streamed
+  preview and its final edit), then one per :attr:`PaceLimits.per_chat_interval_s` (a token
+  bucket, refilled from the end of each call, so the spacing holds at the platform whatever
+  the network's delay);
 - calls to one group are at most :attr:`PaceLimits.group_per_minute` in any 60 s;
 - calls to all chats together are at most :attr:`PaceLimits.global_per_second` in any 1 s
   (across chats no order is promised);
@@ -56,18 +58,23 @@ class PaceLimits:
     API FAQ, see the module docstring).
 
     Args:
-        per_chat_interval_s: least seconds between the end of one call to a chat and the start
-            of the next (Telegram: "avoid sending more than one message per second" in a chat).
+        per_chat_interval_s: seconds per call to one chat, sustained (Telegram: "avoid sending
+            more than one message per second" in a chat); ``0``: no per-chat limit.
+        per_chat_burst: calls a chat that has been quiet may take at once before the interval
+            applies (3: a reply in two or three chunks, or a streamed preview and its final
+            edit, is not held back; twenty replies still go about a second apart).
         group_per_minute: most calls to one group in any 60 s (Telegram: 20).
         global_per_second: most calls to all chats together in any 1 s (Telegram: about 30).
     """
 
     per_chat_interval_s: float = 1.0
+    per_chat_burst: int = 3
     group_per_minute: int = 20
     global_per_second: int = 30
 
     def __post_init__(self) -> None:
-        if self.per_chat_interval_s < 0 or self.group_per_minute < 1 or self.global_per_second < 1:
+        if (self.per_chat_interval_s < 0 or self.per_chat_burst < 1 or self.group_per_minute < 1
+                or self.global_per_second < 1):
             raise ValueError(f"pace limits must be positive: {self}")
 
 
@@ -83,7 +90,8 @@ class _Chat:
 
     queue: deque[_Waiter] = field(default_factory=deque)  # calls waiting for the turn, in order
     busy: bool = False  # a call has the turn
-    next_at: float = 0.0  # loop time before which no call may start (spacing)
+    spent: float = 0.0  # calls of the burst allowance in use (each one back per interval)
+    spent_at: float = 0.0  # loop time ``spent`` was last brought up to date
     paused_until: float = 0.0  # loop time before which the platform asked for silence (a 429)
     sent: deque[float] = field(default_factory=deque)  # a group's recent call ends, oldest first
     held_for: str | None = None  # the ticket of a refused call whose retry gets the next turn
@@ -93,7 +101,14 @@ class _Chat:
     def idle(self, now: float) -> bool:
         """Nothing it remembers can hold a call any more: it may be forgotten."""
         window = self.sent[-1] + GROUP_WINDOW_S if self.sent else 0.0
-        return not self.busy and not self.queue and now >= max(self.next_at, self.paused_until, self.held_until, window)
+        return (not self.busy and not self.queue and self.spent_now(now, 1.0) == 0
+                and now >= max(self.paused_until, self.held_until, window))
+
+    def spent_now(self, now: float, interval_s: float) -> float:
+        """The burst allowance in use at ``now``: one call comes back per ``interval_s``."""
+        if interval_s <= 0:
+            return 0.0
+        return max(0.0, self.spent - (now - self.spent_at) / interval_s)
 
 
 class Pacer:
@@ -168,8 +183,8 @@ class Pacer:
                     chat.held_for, chat.held_until = ticket, chat.paused_until + HOLD_GRACE_S
                 raise
             finally:
-                end = loop.time()
-                chat.next_at = max(chat.next_at, end + self.limits.per_chat_interval_s)
+                end = loop.time()  # the call counts from its end: the allowance refills from here
+                chat.spent, chat.spent_at = chat.spent_now(end, self.limits.per_chat_interval_s) + 1.0, end
                 if group:
                     chat.sent.append(end)
                     while len(chat.sent) > self.limits.group_per_minute:
@@ -255,7 +270,10 @@ class Pacer:
             now = loop.time()
             while self._recent and self._recent[0] + GLOBAL_WINDOW_S <= now:
                 self._recent.popleft()
-            ready = max(chat.next_at, chat.paused_until)
+            ready = chat.paused_until
+            over = chat.spent_now(now, limits.per_chat_interval_s) - (limits.per_chat_burst - 1)
+            if over > 0:  # the burst is used up: the next call once one is back
+                ready = max(ready, now + over * limits.per_chat_interval_s)
             if group and len(chat.sent) >= limits.group_per_minute:
                 ready = max(ready, chat.sent[-limits.group_per_minute] + GROUP_WINDOW_S)
             if len(self._recent) >= limits.global_per_second:
