@@ -20,7 +20,11 @@ reply plus ``end_turn``, tool-less requests (classifier, judges, summaries) with
 added to every request: a whole answer after ``L``; a streamed one starts after ``L/2`` and
 spreads its chunks over the other ``L/2`` (so it is complete after ``L`` too).
 
-Load is closed-loop: every chat sends a message, waits for the complete reply, sends the next.
+Load is closed-loop: every chat sends a message, waits for the complete reply, reads it for
+``THINK_S`` (2 s) and sends the next. The pause is a person reading; without it a chat would
+write again the instant the answer arrives, which is the flood Telegram's per-chat limit (about
+one message a second) forbids, and Bumblebot's pacer (``bumblebot/pacing.py``) would rightly
+hold every such reply for a second, so the run would measure the pacing, not the bot.
 One warm-up turn per chat is not measured (it creates the conversation; with history it loads
 it). Measured per run (see ``docs/performance.md`` for the definitions): turns per second,
 latency from pushing the update to the first visible text (first ``sendMessage`` or
@@ -72,6 +76,8 @@ TEXTS = (
     "what's up?", "nice one", "ok cool", "hi there friend", "how was your day?",
 )
 STREAM_CHARS = 8  # characters per streamed chunk
+#: Seconds a chat reads a reply before it writes again (see the module docstring).
+THINK_S = 2.0
 TURN_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -427,9 +433,15 @@ class Result:
 
 async def chat_turns(tg: BenchTelegram, chat_id: int, result: Result, *, count: int | None, deadline: float | None,
                      start_index: int, phase: str, timeout: float) -> None:
-    """One chat's closed loop: push a message, wait for the complete reply, repeat."""
+    """One chat's closed loop: push a message, wait for the complete reply, read it for
+    :data:`THINK_S`, repeat."""
     i = 0
     while (count is None or i < count) and (deadline is None or time.monotonic() < deadline):
+        before = tg.watches.get(chat_id)
+        if before is not None and before.complete is not None:
+            await asyncio.sleep(max(0.0, before.complete + THINK_S - time.monotonic()))
+            if deadline is not None and time.monotonic() >= deadline:
+                break
         watch = Watch(pushed=time.monotonic())
         tg.watches[chat_id] = watch
         tg.push_text(TEXTS[(chat_id + start_index + i) % len(TEXTS)], chat_id=chat_id, first_name="Alice",
@@ -678,7 +690,7 @@ def targets(by: dict[tuple[str, str], Result], quick: bool) -> list[str]:
 
 
 def cases(quick: bool) -> list[Case]:
-    d = 1.5 if quick else 5.0
+    d = 4.5 if quick else 10.0  # several turns per chat, with THINK_S between them
     hist_chats = 3 if quick else 10
     out = [
         Case("c10-L0", 10, 0.0, True, duration=d),
@@ -754,7 +766,11 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         f"whole answer comes after *L*; a streamed one starts after *L*/2 and spreads its chunks ({STREAM_CHARS} "
         "characters each) over the other *L*/2."),
         ("- **Load.** Closed loop: each chat sends a plain chat message (greetings, reactions, small talk), waits for "
-        "the complete reply, then sends the next, for the run's measured window. One warm-up turn per chat comes "
+        f"the complete reply, reads it for {THINK_S:g} s, then sends the next, for the run's measured window. The "
+        "reading pause stands for a person: a chat that writes again the instant the answer arrives is the flood "
+        "Telegram's per-chat limit (about a message a second) forbids, and Bumblebot's pacer (issue 16) holds such "
+        "replies for it, so the run would measure the pacing rather than the bot. Turns per second include the "
+        "pauses (both bots alike). One warm-up turn per chat comes "
         "first and is not measured (it creates the conversation; in the history runs it loads it)."),
         ("- **History runs**: Bumblebot only; before it starts, every chat is given 10, 1,000 or 10,000 messages of "
         "finished history through `bumblebot.store.Store.import_history`, copies of a real turn recorded in an "
