@@ -147,8 +147,10 @@ class ConversationActor:
                 self._burst_since = now
             self._burst_prev, self._burst_at = self._burst_at, now
             self.conversation.last_arrival = now
-            if continues and self.busy:
-                self.conversation.burst.set()  # the turn that began with it is asked again
+            if continues and self.busy and now - self._burst_since < DEBOUNCE_MAX_S:
+                # the turn that began with it is asked again (not for ever: a chat that never
+                # stops writing gets its answer, and the rest is steered in as usual)
+                self.conversation.burst.set()
         inbox.append(entry)
         self._wake.set()
 

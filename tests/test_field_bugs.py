@@ -144,6 +144,45 @@ async def test_a_message_following_within_the_debounce_asks_the_first_completion
     assert conn.execute("SELECT COUNT(*) FROM turns").fetchone() == (1,)
 
 
+async def test_a_chat_that_never_stops_writing_still_gets_its_answer(tmp_path, monkeypatch):
+    """Regression: each message within the debounce sent a turn still being routed back to the
+    inbox; with a message every 0.15 s and routing that takes 0.3 s (the classifier), no turn
+    would ever begin. The actor with a stand-in runner that routes slowly (pure logic)."""
+    import bumblebot.actor
+    from bumblebot.actor import ConversationActor, Progress
+    from bumblebot.conversation import Conversation
+    from bumblebot.events import ChatRef, Inbound, Platform
+    from bumblebot.store import JournalEntry, Store
+    from bumblebot.turn import Finished, Requeued
+
+    monkeypatch.setattr(bumblebot.actor, "DEBOUNCE_MAX_S", 1.0)
+
+    class SlowRouter:
+        calls = 0
+
+        async def run(self, conversation, entries):
+            self.calls += 1
+            await asyncio.sleep(0.3)  # the classifier deciding the route
+            return Requeued(entries) if conversation.burst.is_set() else Finished("done")
+
+    chat = ChatRef(Platform.TELEGRAM, "176")
+    async with Store(tmp_path / "b.db") as store:
+        runner, progress, ready = SlowRouter(), Progress(), asyncio.Event()
+        ready.set()
+        actor = ConversationActor(await Conversation.load(store, chat), runner, ready=ready, idle_unload_s=60,
+                                  progress=progress, debounce_s=0.3)
+        task = asyncio.create_task(actor.run())
+        for i in range(40):  # the stimulus: a message every 0.15 s for up to 6 s
+            actor.enqueue(JournalEntry(i + 1, Inbound(chat, str(i), "1", "Alice", f"part {i}"), "pending"))
+            await asyncio.sleep(0.15)
+            if progress.turns_finished:
+                break
+        actor.stop()
+        await asyncio.wait_for(task, 5)
+    assert progress.turns_finished >= 1  # a turn began while the messages kept coming
+    assert runner.calls < 15
+
+
 async def test_a_message_following_while_the_turn_is_routed_joins_it(tmp_path, llm, tg):
     judges_say_done(llm)
     routing = Gate(text("CHAT"))
