@@ -18,7 +18,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from bumblebot.conversation import DEBOUNCE_MAX_S, Conversation, paste_part
+from bumblebot.conversation import DEBOUNCE_MAX_S, PASTE_SETTLE_S, Conversation, paste_part
 from bumblebot.store import JournalEntry, RunningTurn
 from bumblebot.turn import Finished, Outcome, Postponed, Requeued, Suspended, TurnRunner
 
@@ -34,9 +34,6 @@ EARLY_JITTER_S = 0.5
 ALBUM_SETTLE_S = 1.0
 #: Longest wait for an album's parts, seconds from its first.
 ALBUM_MAX_WAIT_S = 5.0
-#: Quiet seconds awaited after a message long enough to be one part of a paste the client cut
-#: up (:func:`~bumblebot.conversation.paste_part`): the next part may take a moment.
-PASTE_SETTLE_S = 1.5
 
 
 class Progress:
@@ -94,7 +91,7 @@ class ConversationActor:
         self.conversation = conversation
         self._debounce_s = debounce_s
         self._burst_at = -1e9  # when the last message from a person arrived (loop time)
-        self._burst_prev = -1e9  # when the one before it did
+        self._turn_burst = -1e9  # ``_burst_since`` of the burst the running turn began with
         self._burst_since = 0.0  # when the first message waiting in the inbox arrived
         self._runner = runner
         self._ready = ready
@@ -141,16 +138,19 @@ class ConversationActor:
             if not inbox or inbox[-1].inbound.album != entry.inbound.album:
                 self._album_since = now
             self._album_at = now
-        if entry.inbound.source == "chat":
-            continues = self._debounce_s > 0 and now - self._burst_at <= self._debounce_s
+        if entry.inbound.source == "chat" and self._debounce_s > 0:
+            conversation = self.conversation
+            continues = now <= conversation.settle_at  # within the quiet the last message asked for
             if not continues:
                 self._burst_since = now
-            self._burst_prev, self._burst_at = self._burst_at, now
-            self.conversation.last_arrival = now
-            if continues and self.busy and now - self._burst_since < DEBOUNCE_MAX_S:
-                # the turn that began with it is asked again (not for ever: a chat that never
-                # stops writing gets its answer, and the rest is steered in as usual)
-                self.conversation.burst.set()
+            self._burst_at = now
+            quiet = max(self._debounce_s, PASTE_SETTLE_S) if paste_part(entry.inbound) else self._debounce_s
+            conversation.settle_at = now + quiet
+            if continues and self.busy and self._burst_since == self._turn_burst and now - self._burst_since < DEBOUNCE_MAX_S:
+                # the turn that began with this burst is asked again with it (not for ever: a
+                # chat that never stops writing gets its answer, the rest steered in as usual);
+                # a burst that began after the turn did waits for its own
+                conversation.burst.set()
         inbox.append(entry)
         self._wake.set()
 
@@ -179,8 +179,8 @@ class ConversationActor:
         """Seconds to wait before the inbox is taken (0: take it now): for more parts of an
         album (until :data:`ALBUM_SETTLE_S` after its last part, at most
         :data:`ALBUM_MAX_WAIT_S` after its first), or for the rest of a burst of messages
-        (``debounce_s`` after the last, :data:`PASTE_SETTLE_S` after a part of a long paste,
-        at most :data:`DEBOUNCE_MAX_S` after the first)."""
+        (``debounce_s`` after the last, :data:`~bumblebot.conversation.PASTE_SETTLE_S` after a
+        part of a long paste, at most :data:`DEBOUNCE_MAX_S` after the first)."""
         inbox = self.conversation.inbox
         if not inbox:
             return 0.0
@@ -188,13 +188,10 @@ class ConversationActor:
         if last.album:
             until = min(self._album_at + ALBUM_SETTLE_S, self._album_since + ALBUM_MAX_WAIT_S)
         elif last.source == "chat" and self._debounce_s > 0:
-            if paste_part(last):
-                quiet = max(self._debounce_s, PASTE_SETTLE_S)
-            elif self._burst_at - self._burst_prev <= self._debounce_s:
-                quiet = self._debounce_s  # a burst is on: wait for its end
-            else:
+            if not paste_part(last) and self._burst_since == self._burst_at:
                 return 0.0  # a lone message: its turn begins at once (and is asked again if one follows)
-            until = min(self._burst_at + quiet, self._burst_since + DEBOUNCE_MAX_S)
+            # a burst is on (or a paste has begun): wait for the quiet its last message asked for
+            until = min(self.conversation.settle_at, self._burst_since + DEBOUNCE_MAX_S)
         else:
             return 0.0
         return max(0.0, until - asyncio.get_running_loop().time())
@@ -241,13 +238,14 @@ class ConversationActor:
                 await self._progress.notify()
             elif self._postponed is not None and self._postponed_due <= asyncio.get_running_loop().time():
                 # the file service may be back: the waiting messages go first again
-                conversation.inbox[:0] = self._postponed.entries
+                conversation.requeue(self._postponed.entries)
                 self._postponed = None
             elif conversation.inbox and (wait := self._settle_wait()) > 0:
                 if await self._sleep(wait):  # more photos of the album, or messages, may be on their way
                     return
             elif conversation.inbox:
                 conversation.burst.clear()
+                self._turn_burst = self._burst_since
                 await self._turn(lambda: self._runner.run(conversation, conversation.take_inbox()))
             elif self._postponed is not None:  # nothing else to do: sleep until the retry
                 if await self._sleep(self._postponed_due - asyncio.get_running_loop().time()):
@@ -334,9 +332,9 @@ class ConversationActor:
             if outcome.entries:
                 self._postponed = outcome
                 self._postponed_due = asyncio.get_running_loop().time() + outcome.retry_in
-            self.conversation.inbox[:0] = outcome.ready
+            self.conversation.requeue(outcome.ready)
         elif isinstance(outcome, Requeued):  # a burst goes on: answered with the rest of it
-            self.conversation.inbox[:0] = outcome.entries
+            self.conversation.requeue(outcome.entries)
         elif isinstance(outcome, Finished):
             self._progress.turns_finished += 1
         await self._progress.notify()

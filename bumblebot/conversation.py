@@ -60,6 +60,9 @@ PASTE_PART_CHARS = {Platform.TELEGRAM: 3900, Platform.DISCORD: 1900}
 #: Longest a burst of messages is waited for (``cognition.debounce_s``), seconds from its first
 #: message: people who keep writing cannot hold the chat up for ever.
 DEBOUNCE_MAX_S = 10.0
+#: Quiet seconds a part of a long paste (:func:`paste_part`) asks for before the burst counts as
+#: over (``cognition.debounce_s`` otherwise): the client sends the next part a moment later.
+PASTE_SETTLE_S = 1.5
 
 
 def paste_part(inbound: Inbound) -> bool:
@@ -404,8 +407,9 @@ class Conversation:
         self.stop_pending = False
         #: entries taken for the next turn that has not begun yet (its files, its route)
         self.taken: list[JournalEntry] = []
-        #: loop time the last message from a person arrived (``ConversationActor.enqueue``)
-        self.last_arrival = 0.0
+        #: loop time until which the burst of messages from people goes on: the last one's
+        #: arrival plus the quiet it asks for (``ConversationActor.enqueue``)
+        self.settle_at = 0.0
         #: set when a message continues a burst (``cognition.debounce_s``) while a turn that
         #: began at once is prepared or awaits its first completion: it is asked again with it
         self.burst = asyncio.Event()
@@ -450,6 +454,8 @@ class Conversation:
         number = await self._store.reset(self.id, set_aside=sorted(ids))
         self.inbox = [e for e in self.inbox if e.id not in ids]
         self.fence = max(self.fence, fence)
+        if self.turn is None:
+            self.stop_pending = False  # the stop that came with it was for what it set aside
         self.record = ConversationRecord(self.id, self.chat, number)
         self.session = Session(self._store, self.id, number, [], CompactionState(None, 0, 0, 0, 0.0), self.key)
         return aside
@@ -459,7 +465,8 @@ class Conversation:
         row and the user message). ``None`` when a ``/reset`` came after them while the turn
         was being prepared: they were set aside (:meth:`reset`), no turn begins."""
         self.taken = []
-        if entries and all(e.inbound.source == "chat" and e.id < self.fence for e in entries):
+        entries = self._after_fence(entries)
+        if not entries:
             self.stop_pending = False  # the stop that came with the /reset was for this turn
             return None
         user = user_message(entries, await background_of(self._store, entries))
@@ -531,6 +538,15 @@ class Conversation:
     async def drop(self, entries: list[JournalEntry]) -> None:
         """``/stop`` while ``entries`` wait (for a file service): they are settled unanswered."""
         await self._store.settle_journal([e.id for e in entries], "ignored")
+
+    def _after_fence(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+        """``entries`` without the messages from people a ``/reset`` set aside."""
+        return [e for e in entries if not (e.inbound.source == "chat" and e.id < self.fence)]
+
+    def requeue(self, entries: list[JournalEntry]) -> None:
+        """Put ``entries`` (taken by a turn that did not begin) back at the head of the inbox,
+        except those a ``/reset`` set aside meanwhile."""
+        self.inbox[:0] = self._after_fence(entries)
 
     def take_inbox(self, *, steering: bool = False) -> list[JournalEntry]:
         """What the next turn answers, in arrival order: the messages from people waiting at

@@ -291,8 +291,8 @@ class TurnIO(TurnPort):
         conversation = self._conversation
         loop = asyncio.get_running_loop()
         give_up = loop.time() + DEBOUNCE_MAX_S
-        while (left := min(conversation.last_arrival + self._debounce_s, give_up) - loop.time()) > 0:
-            await asyncio.sleep(left)  # a message meanwhile moves last_arrival on: wait again
+        while (left := min(conversation.settle_at, give_up) - loop.time()) > 0:
+            await asyncio.sleep(left)  # a message meanwhile moves settle_at on: wait again
         conversation.burst.clear()
 
     async def take_steering(self, *, burst: bool = False) -> list[Message]:
@@ -308,10 +308,10 @@ class TurnIO(TurnPort):
             try:
                 entries = await self._prepare(entries)
             except MediaUnavailable as exc:  # a file service is down: they get a turn of their own, which waits
-                self._conversation.inbox[:0] = exc.entries or entries
+                self._conversation.requeue(exc.entries or entries)
                 return []
             if not self.steer_images and any(prepared(e).images for e in entries):
-                self._conversation.inbox[:0] = entries  # this turn's model may not see: a turn of their own
+                self._conversation.requeue(entries)  # this turn's model may not see: a turn of their own
                 return []
         if any(prepared(e).voice for e in entries):
             self._turn.state["voice_reply"] = self._turn.state.get("voice_reply", False) or self._voice_mirror
@@ -593,18 +593,21 @@ class TurnRunner:
             await self._note(turn, "\n".join(notices))
         return await self._drive(conversation, turn, {})
 
-    async def _prepare_steering(self, entries: list[JournalEntry]) -> list[JournalEntry]:
-        """Messages taken mid-turn: their files fetched, a very long text kept as a file."""
+    async def _prepare_steering(self, entries: list[JournalEntry], turn: Turn) -> list[JournalEntry]:
+        """Messages taken mid-turn: their files fetched, a text kept as a file when, with what
+        people wrote in the turn so far, it is too long to show (a paste steered in parts)."""
         assert self.media is not None
-        return await self._fold_long(await self.media.prepare(entries))
+        said = sum(len(m.content) for m in turn.transcript if m.role == "user")
+        return await self._fold_long(await self.media.prepare(entries), already=said)
 
-    async def _fold_long(self, entries: list[JournalEntry]) -> list[JournalEntry]:
-        """``entries`` whose texts together pass :data:`LONG_INPUT_SHARE` of the window
-        (``cognition.max_context_tokens``, 4 characters a token) become one excerpt naming
-        the file that keeps the whole text (``MediaIntake.keep_long_text``): a long paste on a
-        small window is a document to read, not a request the endpoint refuses as too long."""
+    async def _fold_long(self, entries: list[JournalEntry], *, already: int = 0) -> list[JournalEntry]:
+        """``entries`` whose texts together (with ``already`` characters the turn holds) pass
+        :data:`LONG_INPUT_SHARE` of the window (``cognition.max_context_tokens``, 4 characters
+        a token) become one excerpt naming the file that keeps the whole text
+        (``MediaIntake.keep_long_text``): a long paste on a small window is a document to read,
+        not a request the endpoint refuses as too long."""
         limit = int(self.cfg.max_context_tokens * 4 * LONG_INPUT_SHARE)
-        if self.media is None or sum(len(e.inbound.text) for e in entries) <= limit:
+        if self.media is None or already + sum(len(e.inbound.text) for e in entries) <= limit:
             return entries
         try:
             folded = await self.media.keep_long_text(entries, merge_text(entries))
@@ -700,7 +703,7 @@ class TurnRunner:
             conversation, turn, self.delivery, self.outages,
             steer=self.cfg.mid_turn_messages == "steer", trace=trace,
             stream_interval_s=self.streaming.stream_edit_interval_s if streams and self.streaming else None,
-            prepare=self._prepare_steering if self.media is not None else None,
+            prepare=(lambda entries: self._prepare_steering(entries, turn)) if self.media is not None else None,
             voice_mirror=self.voice is not None and self.voice.reply == "mirror", debounce_s=self.cfg.debounce_s,
             steer_images=steer_images,
         )
