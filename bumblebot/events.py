@@ -22,6 +22,12 @@ _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
 _BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u180e\u034f")
 
 
+def storable_text(text: str) -> str:
+    """``text`` with lone UTF-16 surrogates replaced by U+FFFD: SQLite, and the UTF-8 of every
+    request, refuse them (a model or a client may send ``"\\ud800"`` in its JSON)."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
 def blank(text: str) -> bool:
     """Whether ``text`` shows nothing: empty, whitespace, or only invisible characters
     (``"\u200b\u200d"``, a BOM, variation selectors, Hangul fillers). Such a message never

@@ -48,7 +48,7 @@ from typing import Any, Protocol, TypeVar
 
 from bumblebot.compaction import cap_tool_result
 from bumblebot.errors import ContextTooLong
-from bumblebot.events import blank
+from bumblebot.events import blank, storable_text
 from bumblebot.gate import (
     MAX_GATE_CONTINUES,
     CompletionGate,
@@ -58,7 +58,7 @@ from bumblebot.gate import (
     progress_only,
 )
 from bumblebot.llm import LLM, Completion, SayListener, ToolCall
-from bumblebot.messages import Message, json_object, valid_arguments
+from bumblebot.messages import Message, json_object, json_text, valid_arguments
 from bumblebot.reasoning import strip_reasoning
 from bumblebot.store import OutboxEntry
 from bumblebot.toolkit import DeliveryReport, Toolbox, ToolContext, ToolKind, ToolResult
@@ -811,7 +811,7 @@ class AgentLoop:
                 calls = [call for call, _ in fitted]
                 unusable = {call.id: error for call, error in fitted if error is not None}
                 # text of only invisible characters is no text (strict endpoints refuse it)
-                content = "" if blank(completion.content) else completion.content
+                content = "" if blank(completion.content) else storable_text(completion.content)
                 message = Message(role="assistant", content=content, tool_calls=[c.to_api() for c in calls])
                 await port.record(message)  # before any side effect: a crash from here on is resumable
                 state.on_assistant(message)
@@ -847,7 +847,7 @@ class AgentLoop:
             # A completion without tool calls: the endpoint did not force tools.
             await port.settle_previews()  # a say streamed before an escalation asked again
             text = _fit_text(for_the_user(completion.content.strip()), limits)
-            text = "" if blank(text) else text
+            text = "" if blank(text) else storable_text(text)
             capped = len(state.delivered) >= limits.max_messages
             if text and not turn.undeliverable and not capped and not self._suppressed(text, state):
                 await turn.reply(text)  # recorded with its outbox row; counts the step
@@ -1261,10 +1261,11 @@ def _fit_call(call: ToolCall, limits: LoopLimits) -> tuple[ToolCall, str | None]
         problem = str(exc)
     else:
         if call.name == "say" and isinstance(args.get("text"), str):
-            clean = _fit_text(strip_reasoning(args["text"]), limits)  # history never keeps reasoning
+            # history never keeps reasoning, nor a lone surrogate (no store or request takes one)
+            clean = storable_text(_fit_text(strip_reasoning(args["text"]), limits))
             if clean != args["text"]:
                 args["text"] = clean
-                return ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False)), None
+                return ToolCall(id=call.id, name=call.name, arguments=json_text(args)), None
         return call, None
     error = (
         f"Not run: the arguments of {call.name} were {problem}; they began {_clip(call.arguments, 80)!r}. "

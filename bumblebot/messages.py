@@ -154,6 +154,17 @@ def estimate_tools(tool_schemas: list[dict[str, Any]]) -> int:
     return estimate_text_tokens(json.dumps(tool_schemas, separators=(",", ":")))
 
 
+def json_text(value: Any) -> str:
+    """``value`` as JSON text, non-ASCII kept readable; with ``\\uXXXX`` escapes instead when it
+    holds a lone surrogate, which no UTF-8 writer (SQLite, an HTTP body) takes raw."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value)
+    return text
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"not valid JSON ({name} is not a JSON value)")
 
@@ -203,7 +214,7 @@ def clip_arguments(arguments: str, max_chars: int) -> str:
             return [clip(v) for v in node]
         return node
 
-    return json.dumps(clip(value), ensure_ascii=False)
+    return json_text(clip(value))
 
 
 def _sound_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +222,11 @@ def _sound_call(call: dict[str, Any]) -> dict[str, Any]:
     (recorded by a version before issue 16) are sent as ``{}``, so one bad call in an old
     history cannot make a strict endpoint refuse every later request."""
     fn = call.get("function") or {}
-    if valid_arguments(fn.get("arguments") or ""):
+    arguments = fn.get("arguments") or ""
+    if valid_arguments(arguments):
+        try:
+            arguments.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (an older version kept one raw)
+            return {**call, "function": {**fn, "arguments": json_text(json.loads(arguments))}}
         return call
     return {**call, "function": {**fn, "arguments": "{}"}}

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,6 +51,8 @@ import aiosqlite
 from bumblebot.errors import StoreError
 from bumblebot.events import Attachment, ChatKind, ChatRef, Inbound, Platform
 from bumblebot.messages import Message
+
+log = logging.getLogger(__name__)
 
 PRUNED_PLACEHOLDER = "[Old tool output cleared to save context space]"
 INSTANCE_KEY = "store.instance"
@@ -423,7 +427,16 @@ class Store:
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """Serialise a write transaction; commits on success, rolls back on error."""
         async with self._write_lock:
-            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                await self.db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if "within a transaction" not in str(exc):
+                    raise
+                # a write cancelled while its BEGIN ran (the statement still ran in aiosqlite's
+                # thread, its ROLLBACK never did) left one open: end it, or no write works again
+                log.warning("a transaction was left open by a cancelled write; rolling it back")
+                await self.db.execute("ROLLBACK")
+                await self.db.execute("BEGIN IMMEDIATE")
             try:
                 yield self.db
             except BaseException:
@@ -1315,7 +1328,12 @@ def _task(r: aiosqlite.Row) -> TaskRecord:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: SQLite refuses it raw, escaped it is fine
+        return json.dumps(value, default=str)
+    return text
 
 
 def _message(r: aiosqlite.Row) -> Message:
