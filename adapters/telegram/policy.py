@@ -37,7 +37,10 @@ __all__ = ["MessageFacts", "Verdict", "command_target", "decide", "may_manage"]
 
 #: Statuses of ``getChatMember`` that administer a chat (Bot API ``ChatMember``).
 ADMIN_STATUSES = frozenset({"creator", "administrator"})
-_COMMAND = re.compile(r"/(?P<name>[A-Za-z0-9_]{1,32})(?:@(?P<bot>[A-Za-z0-9_]{1,64}))?(?=\s|$)")
+#: ``/name`` or ``/name@bot`` at the start of a message: a username has letters, digits and
+#: ``_`` only, so whatever follows it (a space, ``.``, ``,``, ``-``) ends it, as Telegram's own
+#: ``bot_command`` entity does (``/reset@other_bot.`` is for ``other_bot``).
+_COMMAND = re.compile(r"/(?P<name>[A-Za-z0-9_]{1,32})(?:@(?P<bot>[A-Za-z0-9_]{1,64}))?(?![A-Za-z0-9_@])")
 
 
 class Verdict(StrEnum):
