@@ -88,6 +88,11 @@ class Delivery:
         #: messages :meth:`post` is delivering, and the last one per chat
         self.posting: set[asyncio.Task[None]] = set()
         self._posted: dict[str, asyncio.Task[None]] = {}
+        #: per chat: rows the platform asked to wait longer than MAX_INLINE_WAIT_S for, and
+        #: the loop time the wait ends (:meth:`_later`)
+        self._waiting: dict[str, set[int]] = {}
+        self._waiting_until: dict[str, float] = {}
+        self._retries: set[asyncio.Task[None]] = set()
 
     def register(self, adapter: Adapter) -> None:
         """Make ``adapter`` the route for its platform's messages."""
@@ -163,7 +168,16 @@ class Delivery:
         return entry
 
     async def deliver(self, entry: OutboxEntry, attempts: int | None = None) -> DeliveryReport:
-        """Send an outbox row now, with retries; the row records every outcome."""
+        """Send an outbox row now, with retries; the row records every outcome.
+
+        While the platform has the chat waiting longer than :data:`MAX_INLINE_WAIT_S` (a long
+        429, a full group window) with rows left ``pending``, a newer row for that chat waits
+        with them (``queued``): they all go, in order, as the wait ends (:meth:`_later`), so
+        a reply never overtakes the rest of an earlier one."""
+        key = entry.chat.key
+        if key in self._waiting and entry.id not in self._waiting[key]:
+            self._waiting[key].add(entry.id)
+            return DeliveryReport(delivered=False, queued=True, error="the chat is rate limited; sent in order after it")
         self._in_flight.add(entry.id)
         try:
             report = await self._attempts(entry, attempts or self.attempts)
@@ -191,6 +205,7 @@ class Delivery:
             return DeliveryReport(delivered=False, error=error)
         sent = list(entry.platform_message_ids)
         error = ""
+        wait_s: float | None = None  # the platform's wait, when longer than can be waited here
         for attempt in range(attempts):
             try:
                 for index in range(len(sent), len(chunks)):
@@ -215,10 +230,11 @@ class Delivery:
                     log.warning("delivery to %s refused: %s", entry.chat.key, error)
                     await self.store.outbox_progress(entry.id, status="failed", message_ids=sent, error=error)
                     return DeliveryReport(delivered=False, error=error, chat_unreachable=exc.chat_unreachable)
+                if exc.retry_after is not None and exc.retry_after > MAX_INLINE_WAIT_S:
+                    wait_s = exc.retry_after
+                    break
                 if attempt + 1 < attempts:
                     delay = exc.retry_after if exc.retry_after is not None else self.base_delay_s * 2**attempt
-                    if delay > MAX_INLINE_WAIT_S:
-                        break
                     await asyncio.sleep(delay)
                 continue
             await self.store.outbox_progress(entry.id, status="sent", message_ids=sent)
@@ -232,7 +248,49 @@ class Delivery:
             return DeliveryReport(delivered=True)
         log.warning("delivery to %s failed for now, will retry: %s", entry.chat.key, error)
         await self.store.outbox_progress(entry.id, status="pending", message_ids=sent, error=error)
+        if wait_s is not None:
+            self._later(entry, wait_s)
         return DeliveryReport(delivered=False, queued=True, error=error)
+
+    def _later(self, entry: OutboxEntry, wait_s: float) -> None:
+        """``entry`` waits ``wait_s`` seconds for the platform: it is tried again as that ends
+        (not at the next sweep, after newer messages went out), with the rows of its chat that
+        came meanwhile, in order."""
+        key = entry.chat.key
+        loop = asyncio.get_running_loop()
+        self._waiting.setdefault(key, set()).add(entry.id)
+        until = loop.time() + wait_s
+        if until <= self._waiting_until.get(key, 0.0):
+            return  # a timer for a later end is already set
+        self._waiting_until[key] = until
+
+        def fire() -> None:
+            if self._waiting_until.get(key) != until:
+                return  # a longer wait came since: its own timer goes
+            task = asyncio.ensure_future(self._after_wait(key))
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+
+        loop.call_at(until, fire)
+
+    async def _after_wait(self, key: str) -> None:
+        """The chat's wait is over: its waiting rows, oldest first, and those that join meanwhile."""
+        loop = asyncio.get_running_loop()
+        while (ids := self._waiting.get(key)) and self._waiting_until.get(key, 0.0) <= loop.time():
+            batch = set(ids)
+            self._waiting[key] = set()  # rows queued from now wait behind this batch's retries
+            try:
+                await self.retry_pending(only=batch, waited=True)
+            except Exception:
+                log.exception("retry of the rows waiting for %s failed; the sweeper has them", key)
+                break
+            if not self._waiting.get(key) and self._waiting_until.get(key, 0.0) <= loop.time():
+                break
+        if self._waiting_until.get(key, 0.0) <= loop.time():  # no new wait: the chat is free again
+            left = self._waiting.pop(key, set())
+            self._waiting_until.pop(key, None)
+            if left:  # joined during the last retry: they go now, in order
+                await self.retry_pending(only=left)
 
     @staticmethod
     def _parts(adapter: Adapter, entry: OutboxEntry) -> list[Any]:
@@ -274,9 +332,10 @@ class Delivery:
         except MediaError as exc:
             raise DeliveryFailed(f"the voice reply could not be made: {exc}", retryable=exc.retryable) from exc
 
-    async def retry_pending(self, only: set[int] | None = None) -> int:
-        """One attempt at every pending outbox message (or those of ``only``, row ids), never
-        at one being sent meanwhile. Returns how many were delivered."""
+    async def retry_pending(self, only: set[int] | None = None, *, waited: bool = False) -> int:
+        """One attempt at every pending outbox message, oldest first (or those of ``only``, row
+        ids), never at one being sent meanwhile; rows of a chat the platform has waiting are
+        left to the end of that wait (``waited``: this is it). Returns how many were delivered."""
         delivered = 0
         async with self._lock:
             for listed in await self.store.outbox_pending():
@@ -284,9 +343,21 @@ class Delivery:
                     continue
                 if listed.chat.platform not in self._adapters or listed.id in self._in_flight:
                     continue
+                if not waited and listed.chat.key in self._waiting:
+                    continue  # goes, in order, when the platform's wait is over
                 entry = await self.store.outbox_entry(listed.id)  # the list may be stale by now
                 if entry is None or entry.status != "pending" or entry.id in self._in_flight:
                     continue
-                report = await self.deliver(entry, 1)
+                report = await self._deliver_now(entry) if waited else await self.deliver(entry, 1)
                 delivered += int(report.delivered)
         return delivered
+
+    async def _deliver_now(self, entry: OutboxEntry) -> DeliveryReport:
+        """One attempt at ``entry`` when its chat's wait is over (not deferred behind it)."""
+        self._in_flight.add(entry.id)
+        try:
+            report = await self._attempts(entry, 1)
+        finally:
+            self._in_flight.discard(entry.id)
+        self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")
+        return report

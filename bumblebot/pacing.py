@@ -155,8 +155,7 @@ class Pacer:
                 ``None``: a call that keeps no place after a 429.
             max_wait_s: longest wait once the call has its turn, seconds (``None``: as long
                 as it takes); a longer one (a long pause, a full group window) is refused at
-                once, and the turn is not kept for its retry. The wait in the queue is not
-                bounded, so that calls keep their order.
+                once. The wait in the queue is not bounded, so that calls keep their order.
             droppable: a call that may be skipped (a streamed preview's edit: newer text
                 follows): refused at once when another call to the chat has or waits for the
                 turn, so it never queues behind messages.
@@ -179,7 +178,8 @@ class Pacer:
                 yield
             except BaseException:
                 pause = chat.paused_until - loop.time()
-                if ticket is not None and chat.paused_until > paused_before and (max_wait_s is None or pause <= max_wait_s):
+                # kept however long the pause: the delivery layer tries it again as it ends
+                if ticket is not None and chat.paused_until > paused_before and pause > 0:
                     chat.held_for, chat.held_until = ticket, chat.paused_until + HOLD_GRACE_S
                 raise
             finally:
