@@ -393,3 +393,108 @@ async def test_reset_while_the_turn_is_being_routed_sets_its_message_aside(tmp_p
     conn = db(tmp_path)
     assert conn.execute("SELECT COUNT(*) FROM turns").fetchone() == (1,)
     assert dict(conn.execute("SELECT text, status FROM journal").fetchall())[UNCLEAR] == "ignored"
+
+
+# -- regressions from the review of issue 16 ---------------------------------------------------
+
+
+async def test_reset_while_a_burst_is_routed_sets_it_aside_and_answers_the_next_message(tmp_path, llm, tg):
+    """Review: A is routed (slow classifier), B continues the burst, /reset, then C. The burst went
+    back to the inbox with A, merged with C, and the stop the reset left pending stopped C's turn."""
+    judges_say_done(llm)
+    routing = Gate(text("CHAT"))
+    llm.push(routing, when=is_classifier)
+    llm.push(say("Answer to C."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 1.0, "classifier": True})
+    async with running(config) as daemon:
+        tg.push_text(UNCLEAR, chat_id=180)
+        await asyncio.wait_for(routing.entered.wait(), 10)
+        tg.push_text("B continues the burst", chat_id=180)
+        await daemon.engine.wait_until(lambda: daemon.engine.progress.accepted >= 2)
+        tg.push_text("/reset", chat_id=180)
+        await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        tg.push_text("C after the reset", chat_id=180)
+        await daemon.engine.wait_until(lambda: daemon.engine.progress.accepted >= 3)
+        routing.release.set()
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Answer to C.", timeout=15)
+        await daemon.engine.wait_until(lambda: daemon.engine.idle)
+    assert not any(UNCLEAR in contents(r) or "B continues" in contents(r) for r in loop_requests(llm))
+    conn = db(tmp_path)
+    status = dict(conn.execute("SELECT substr(text, 1, 20), status FROM journal WHERE text NOT LIKE '/%'").fetchall())
+    assert status == {UNCLEAR[:20]: "ignored", "B continues the burs": "ignored", "C after the reset": "done"}
+    users = conn.execute("SELECT session, content FROM messages WHERE role='user'").fetchall()
+    assert users == [(2, "C after the reset")]
+    assert conn.execute("SELECT json_extract(trace, '$.stop_reason') FROM turns").fetchall() == [("end_turn",)]
+
+
+async def test_a_lead_message_then_a_slow_paste_is_still_one_turn_on_a_slow_model(tmp_path, llm, tg):
+    """Review: "here is my log" then 13 paste parts 0.4 s apart with a model taking 1.5 s a call:
+    the burst was waited out for the debounce only, so parts 2-13 became a second turn."""
+    judges_say_done(llm)
+    llm.push(say("One answer to the log.", delay=1.5), when=is_loop)
+    llm.push(say("One answer to the log.", delay=1.5), when=is_loop)
+    paste = "\n".join(f"line {i:05d}: " + "lorem ipsum dolor sit amet " * 2 for i in range(780))[:50_000].rstrip()
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 0.3})
+    async with running(config) as daemon:
+        tg.push_text("here is my log, what is wrong?", chat_id=181)
+        await asyncio.sleep(0.1)  # the stimulus: the paste follows the question
+        for part in telegram_parts(paste):
+            tg.push_text(part, chat_id=181)
+            await asyncio.sleep(0.4)
+        await daemon.engine.wait_for_turns(1, timeout=30)
+        await daemon.engine.wait_until(lambda: daemon.engine.idle, timeout=15)
+    assert tg.sent(181) == ["One answer to the log."]
+    assert db(tmp_path).execute("SELECT COUNT(DISTINCT turn_id), COUNT(*) FROM journal").fetchone() == (1, 14)
+    assert paste in contents(loop_requests(llm)[-1])
+
+
+async def test_two_quick_messages_long_after_a_turn_began_wait_for_their_own_turn(tmp_path, llm, tg):
+    """Review: in queue mode X's turn had been thinking for a while when A and B came 0.1 s apart;
+    they counted as a burst of X's and aborted its completion. They are a burst of their own."""
+    judges_say_done(llm)
+    slow = Gate(say("Answer to X only."))
+    llm.push(slow, when=is_loop)
+    llm.push(say("Answer to A and B."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 0.3, "mid_turn_messages": "queue"})
+    async with running(config) as daemon:
+        tg.push_text("X: a question", chat_id=182)
+        await asyncio.wait_for(slow.entered.wait(), 10)
+        await asyncio.sleep(0.6)  # the stimulus: well after X's own burst
+        tg.push_text("A: unrelated", chat_id=182)
+        tg.push_text("B: unrelated too", chat_id=182)
+        await daemon.engine.wait_until(lambda: daemon.engine.queue_depth == 2)
+        slow.release.set()
+        await daemon.engine.wait_for_turns(2, timeout=10)
+    assert tg.sent(182) == ["Answer to X only.", "Answer to A and B."]
+    assert len(loop_requests(llm)) == 2  # X's completion was not aborted
+
+
+async def test_a_say_whose_text_holds_a_lone_surrogate_after_reasoning_is_cut_does_not_poison_the_chat(tmp_path, llm, tg):
+    """Review: {"text": "<think>x</think>hi \\ud800 there"}: cutting the reasoning re-wrote the
+    arguments with a raw lone surrogate; the outbox insert failed and every later request too."""
+    judges_say_done(llm)
+    llm.push(_call("say", '{"text": "<think>x</think>hi \\ud800 there"}'), when=is_loop)
+    llm.push(say("Next turn is fine."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("hi there", chat_id=183)
+        await daemon.engine.wait_for_turns(1, timeout=15)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:  # and after a restart
+        tg.push_text("after a restart", chat_id=183)
+        await daemon.engine.wait_for_turns(1, timeout=15)
+    assert tg.sent(183) == ["hi \ufffd there", "Next turn is fine."]
+    assert llm.violations == []
+
+
+async def test_reset_for_another_bot_followed_by_punctuation_resets_nothing(tmp_path, llm, tg):
+    """Review: ``/reset@other_bot.`` (and ``,``, ``!``, ``-bot``) reset this bot's conversation."""
+    judges_say_done(llm)
+    llm.push(say("Noted."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("remember 42", chat_id=184)
+        await daemon.engine.wait_for_turns(1)
+        for command in ("/reset@other_bot.", "/reset@other_bot, please", "/reset@other_bot!", "/reset@other-bot"):
+            tg.push_text(command, chat_id=184)
+        tg.push_text("/status", chat_id=184)  # answered after the four: they were handled by then
+        await tg.wait_for("sendMessage", n=2, predicate=lambda p: p.get("chat_id") == 184)
+    assert not any("Fresh start" in t for t in tg.sent(184))
+    assert db(tmp_path).execute("SELECT session FROM conversations").fetchone() == (1,)

@@ -418,3 +418,32 @@ async def test_a_typing_429_holds_the_next_chat_action_for_retry_after(tmp_path,
     # the failing input: a 0.05 s refresh after a 429 that asked for 1 s
     assert actions[1].time - actions[0].time >= 1.0
     assert actions[2].time - actions[1].time >= 0.05
+
+
+async def test_a_429_longer_than_the_inline_wait_mid_reply_keeps_the_reply_in_order(tmp_path, llm, tg, monkeypatch):
+    """Review of issue 16: the second chunk of a reply got a 429 longer than the inline wait; it
+    was left to the sweeper (30 s later) and the answer to the next message, sent as the pause
+    ended, came before it. Now the rows wait for the pause's end and go in order. (The 30 s
+    inline wait is scaled to 1 s and the 429's retry_after to 2 s.)"""
+    import adapters.telegram.adapter as telegram_adapter
+    import bumblebot.delivery as delivery
+    from fakes.telegram_server import retry_after_body
+    from support import judges_say_done, say
+
+    monkeypatch.setattr(delivery, "MAX_INLINE_WAIT_S", 1.0)
+    monkeypatch.setattr(telegram_adapter, "MAX_INLINE_WAIT_S", 1.0)
+    judges_say_done(llm)
+    long = "\n".join(f"paragraph {i}: " + "words " * 20 for i in range(60))  # two messages
+    llm.push(say(long), when=lambda r: "tools" in r)
+    llm.push(say("answer to the second message"), when=lambda r: "tools" in r)
+    async with paced_daemon(tmp_path, llm, tg) as daemon:
+        tg.push_text("write a lot", chat_id=1310)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 1310)
+        tg.fail_next("sendMessage", 429, retry_after_body(2))
+        await daemon.engine.wait_for_turns(1, timeout=10)
+        tg.push_text("and now?", chat_id=1310)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "answer to the second message", timeout=10)
+    shown = tg.shown(1310)
+    assert len(shown) == 3 and shown[2] == "answer to the second message"
+    assert shown[0].startswith("paragraph 0:") and shown[1].startswith("paragraph ")  # the reply whole, first
+    assert "\n".join(shown[:2]).count("paragraph") == 60

@@ -231,3 +231,16 @@ def test_the_outage_clock_starts_at_the_earliest_failure_any_turn_recorded():
     watch.back()
     assert recovered.is_set() and watch.down_since is None and watch.told == set()
     assert watch.failed(200.0) == 200.0 and not watch.recovered.is_set()  # a new outage, a new event
+
+
+async def test_a_transaction_left_open_by_a_cancelled_write_does_not_block_every_later_write(tmp_path):
+    """Review of issue 16: a write cancelled while its BEGIN ran left the connection inside a
+    transaction (the statement ran in aiosqlite's thread, the ROLLBACK never did): every later
+    write failed with "cannot start a transaction within a transaction"."""
+    from bumblebot.store import Store
+
+    async with Store(tmp_path / "b.db") as store:
+        await store.db.execute("BEGIN IMMEDIATE")  # what the cancelled write left behind
+        await store.set_kv("k", "v")
+        assert await store.get_kv("k") == "v"
+        assert not store.db.in_transaction
