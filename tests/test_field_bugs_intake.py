@@ -389,3 +389,25 @@ async def test_telegram_a_reply_in_a_private_chat_shows_what_it_replies_to(tmp_p
         tg.push_text("and where?", chat_id=21, reply_to=ours)
         await d.engine.wait_for_turns(2)
     assert user_text(loop_requests(llm)[1]).endswith("[Replying to you: The meeting is at noon.]\nand where?")
+
+
+async def test_discord_a_slow_quote_lookup_holds_up_only_its_own_channel(tmp_path, llm, dc):
+    """Review of issue 16: one intake lock for all of Discord was held while a replied-to message
+    was fetched for its quote (up to 5 s), so every channel's messages waited. Now the order is
+    kept per channel. (The lookup is slowed by a 429 discord.py waits out, 2 s.)"""
+    judges_say_done(llm)
+    dc.add_guild(GUILD_ID, [CHANNEL_ID], name="Hive")
+    llm.push(say("answer in the guild"), when=lambda r: is_loop(r) and "meanwhile" in user_text(r))
+    llm.push(say("answer in the DM"), when=lambda r: is_loop(r) and "still true" in user_text(r))
+    async with discord_bot(dc, discord_config(tmp_path, llm, dc)) as d:
+        dm = dc.dm_channel_id()
+        old = dc.message_payload("an old note about the roadmap", dm)  # never seen by the client
+        fetch = dc.message_payload("still true?", dm, referenced_message=old)
+        del fetch["referenced_message"]  # Discord did not resolve it: the client looks it up
+        dc.fail_next_rate_limited("GET", rf"/channels/{dm}/messages/{old['id']}", retry_after=2.0)
+        await dc.dispatch("MESSAGE_CREATE", fetch)
+        await dc.wait_for_call("GET", rf"/channels/{dm}/messages/{old['id']}")  # the lookup waits
+        await dc.send_guild_message("meanwhile, in the guild", GUILD_ID, CHANNEL_ID, mention_bot=True)
+        await d.engine.wait_for_turns(2, timeout=15)
+    guild, direct = (dc.matching_calls("POST", rf"/channels/{c}/messages", status=200)[-1] for c in (CHANNEL_ID, dm))
+    assert guild.time < direct.time  # the guild's answer did not wait for the DM's lookup

@@ -251,7 +251,8 @@ class DiscordAdapter(Adapter):
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ready = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
-        self._intake = asyncio.Lock()
+        #: per channel: a lock (messages journaled in arrival order) and how many hold or wait for it
+        self._intake: dict[int, tuple[asyncio.Lock, list[int]]] = {}
         self._bot_budget = BotTurnBudget()
         self._saved_endpoints: tuple[str, yarl.URL] | None = None
         self._stopping = False
@@ -347,8 +348,22 @@ class DiscordAdapter(Adapter):
 
     # -- intake ------------------------------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _in_order(self, channel_id: int) -> AsyncIterator[None]:
+        """One message of a channel at a time, in arrival order (FIFO); other channels are not
+        held up (a replied-to message fetched for a quote can take seconds)."""
+        lock, users = self._intake.setdefault(channel_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._intake[channel_id]
+
     async def _on_message(self, message: discord.Message) -> None:
-        async with self._intake:  # FIFO: journal in arrival order
+        async with self._in_order(message.channel.id):  # FIFO: journal in arrival order
             await self._take(message)
 
     async def _take(self, message: discord.Message) -> None:
@@ -412,7 +427,7 @@ class DiscordAdapter(Adapter):
         message = payload.message
         if not _text_edited(payload):
             return
-        async with self._intake:
+        async with self._in_order(message.channel.id):
             me = self.client.user
             if me is None or message.author.id == me.id or message.type not in _ANSWERED_TYPES:
                 return
