@@ -344,15 +344,20 @@ def describe_wrong(wrong: dict[str, int], db: Path) -> str:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("debounce_s", [0.0, 0.3], ids=["at-once", "debounced"])
 async def test_sigkill_drill_answers_every_message_exactly_once(
-    tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram
+    tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, debounce_s: float
 ):
+    """``debounced`` runs the same drill with bursts merged (issue 16): turns restarted or sent
+    back to the inbox for a burst must still answer every message exactly once."""
     seed = drill_seed()
     rng = random.Random(seed)
     model = DrillModel(random.Random(f"{seed}:latency"))
     llm.default = model
     # one say per token; a merged turn can answer more than the default four messages
-    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_messages_per_turn": 20})
+    config = write_config(
+        tmp_path, llm, tg, cognition={"classifier": False, "max_messages_per_turn": 20, "debounce_s": debounce_s}
+    )
     tokens = drill_tokens(rng)
     kill_plan = [rng.randint(1, 20) for _ in range(rng.randint(3, 5))]
     # each killed life releases whole rounds (every chat gets new messages), the last one the rest
