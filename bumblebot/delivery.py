@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 #: Longest platform-requested wait honoured inline, seconds; longer ones leave the row pending.
 MAX_INLINE_WAIT_S = 30.0
+#: Seconds before rows still waiting after their wait ended (the platform kept failing) are
+#: tried again, in order (instead of the next sweep, which newer rows would go ahead of).
+WAITING_RETRY_S = 5.0
 #: Deliveries (the first, then sweeps 30 s apart) a voice reply is tried for while the speech
 #: service is down, before it is given up (its text went out at the first).
 VOICE_SWEEPS = 2
@@ -92,7 +95,10 @@ class Delivery:
         #: the loop time the wait ends (:meth:`_later`)
         self._waiting: dict[str, set[int]] = {}
         self._waiting_until: dict[str, float] = {}
-        self._retries: set[asyncio.Task[None]] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        #: the retries running as a wait ends (the engine lets them finish before it stops)
+        self.retrying: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def register(self, adapter: Adapter) -> None:
         """Make ``adapter`` the route for its platform's messages."""
@@ -111,7 +117,10 @@ class Delivery:
 
     def preview_target(self, chat: ChatRef) -> tuple[Adapter, float] | None:
         """The adapter that can stream into ``chat`` and its least seconds between edits there,
-        ``None`` when it cannot (not connected, or a platform without streamed messages)."""
+        ``None`` when it cannot (not connected, or a platform without streamed messages) or
+        must not now (rows wait there for the platform: a preview would go ahead of them)."""
+        if chat.key in self._waiting:
+            return None
         adapter = self._adapters.get(chat.platform)
         interval = adapter.stream_interval_s(chat) if adapter is not None else None
         return None if adapter is None or interval is None else (adapter, interval)
@@ -265,32 +274,55 @@ class Delivery:
         self._waiting_until[key] = until
 
         def fire() -> None:
-            if self._waiting_until.get(key) != until:
+            self._timers.pop(key, None)
+            if self._waiting_until.get(key) != until or self._closed:
                 return  # a longer wait came since: its own timer goes
             task = asyncio.ensure_future(self._after_wait(key))
-            self._retries.add(task)
-            task.add_done_callback(self._retries.discard)
+            self.retrying.add(task)
+            task.add_done_callback(self.retrying.discard)
 
-        loop.call_at(until, fire)
+        old = self._timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        self._timers[key] = loop.call_at(until, fire)
 
     async def _after_wait(self, key: str) -> None:
-        """The chat's wait is over: its waiting rows, oldest first, and those that join meanwhile."""
+        """The chat's wait is over: its waiting rows go, oldest first (those that join meanwhile
+        after them), each with the full attempts. The first one left pending stops the batch:
+        it and the rest keep waiting, behind a new wait (the platform's, or
+        :data:`WAITING_RETRY_S`), so nothing overtakes it. Not under the sweeper's lock: other
+        chats never wait for this one's pace."""
         loop = asyncio.get_running_loop()
-        while (ids := self._waiting.get(key)) and self._waiting_until.get(key, 0.0) <= loop.time():
-            batch = set(ids)
-            self._waiting[key] = set()  # rows queued from now wait behind this batch's retries
-            try:
-                await self.retry_pending(only=batch, waited=True)
-            except Exception:
-                log.exception("retry of the rows waiting for %s failed; the sweeper has them", key)
-                break
-            if not self._waiting.get(key) and self._waiting_until.get(key, 0.0) <= loop.time():
-                break
-        if self._waiting_until.get(key, 0.0) <= loop.time():  # no new wait: the chat is free again
-            left = self._waiting.pop(key, set())
-            self._waiting_until.pop(key, None)
-            if left:  # joined during the last retry: they go now, in order
-                await self.retry_pending(only=left)
+        while ids := self._waiting.get(key):
+            batch = sorted(ids)
+            ids.clear()  # rows queued from now on join the set, behind this batch
+            for i, row_id in enumerate(batch):
+                entry = await self.store.outbox_entry(row_id)
+                if entry is None or entry.status != "pending" or row_id in self._in_flight:
+                    continue
+                report = await self._deliver_now(entry)
+                if report.delivered or not report.queued:
+                    continue
+                # still waiting: it and the rest of the batch go first when it is over
+                self._waiting.setdefault(key, set()).update(batch[i:])
+                if self._waiting_until.get(key, 0.0) <= loop.time():
+                    self._later(entry, WAITING_RETRY_S)
+                return
+        self._waiting.pop(key, None)
+        self._waiting_until.pop(key, None)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop the waits' timers and let a retry in progress finish (at most ``timeout``
+        seconds), before the store closes; the rows still waiting stay ``pending`` for the
+        sweeper of the next start."""
+        self._closed = True
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        if self.retrying:
+            _, late = await asyncio.wait(list(self.retrying), timeout=timeout)
+            for task in late:
+                task.cancel()
 
     @staticmethod
     def _parts(adapter: Adapter, entry: OutboxEntry) -> list[Any]:
@@ -332,10 +364,10 @@ class Delivery:
         except MediaError as exc:
             raise DeliveryFailed(f"the voice reply could not be made: {exc}", retryable=exc.retryable) from exc
 
-    async def retry_pending(self, only: set[int] | None = None, *, waited: bool = False) -> int:
+    async def retry_pending(self, only: set[int] | None = None) -> int:
         """One attempt at every pending outbox message, oldest first (or those of ``only``, row
         ids), never at one being sent meanwhile; rows of a chat the platform has waiting are
-        left to the end of that wait (``waited``: this is it). Returns how many were delivered."""
+        left to the end of that wait. Returns how many were delivered."""
         delivered = 0
         async with self._lock:
             for listed in await self.store.outbox_pending():
@@ -343,20 +375,20 @@ class Delivery:
                     continue
                 if listed.chat.platform not in self._adapters or listed.id in self._in_flight:
                     continue
-                if not waited and listed.chat.key in self._waiting:
+                if listed.chat.key in self._waiting:
                     continue  # goes, in order, when the platform's wait is over
                 entry = await self.store.outbox_entry(listed.id)  # the list may be stale by now
                 if entry is None or entry.status != "pending" or entry.id in self._in_flight:
                     continue
-                report = await self._deliver_now(entry) if waited else await self.deliver(entry, 1)
+                report = await self.deliver(entry, 1)
                 delivered += int(report.delivered)
         return delivered
 
     async def _deliver_now(self, entry: OutboxEntry) -> DeliveryReport:
-        """One attempt at ``entry`` when its chat's wait is over (not deferred behind it)."""
+        """``entry`` when its chat's wait is over (not deferred behind it), with the full attempts."""
         self._in_flight.add(entry.id)
         try:
-            report = await self._attempts(entry, 1)
+            report = await self._attempts(entry, self.attempts)
         finally:
             self._in_flight.discard(entry.id)
         self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")

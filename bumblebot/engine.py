@@ -153,7 +153,7 @@ class Engine:
         for actor in actors:
             actor.stop()
         running = [a.task for a in actors if a.task is not None and not a.task.done()]
-        running += list(self._delivery.posting)  # command answers on their way out
+        running += list(self._delivery.posting) + list(self._delivery.retrying)  # messages on their way out
         if running:
             _, pending = await asyncio.wait(running, timeout=self.settings.shutdown_grace_s)
             for task in pending:
@@ -168,6 +168,7 @@ class Engine:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._delivery.close()  # before the store closes: no retry may write after it
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
