@@ -146,7 +146,8 @@ class ConversationActor:
             self._burst_at = now
             quiet = max(self._debounce_s, PASTE_SETTLE_S) if paste_part(entry.inbound) else self._debounce_s
             conversation.settle_at = now + quiet
-            if continues and self.busy and self._burst_since == self._turn_burst and now - self._burst_since < DEBOUNCE_MAX_S:
+            if (continues and self.busy and not entry.inbound.album and self._burst_since == self._turn_burst
+                    and now - self._burst_since < DEBOUNCE_MAX_S):
                 # the turn that began with this burst is asked again with it (not for ever: a
                 # chat that never stops writing gets its answer, the rest steered in as usual);
                 # a burst that began after the turn did waits for its own

@@ -465,7 +465,7 @@ class Conversation:
         row and the user message). ``None`` when a ``/reset`` came after them while the turn
         was being prepared: they were set aside (:meth:`reset`), no turn begins."""
         self.taken = []
-        entries = self._after_fence(entries)
+        entries = self.after_fence(entries)
         if not entries:
             self.stop_pending = False  # the stop that came with the /reset was for this turn
             return None
@@ -539,14 +539,14 @@ class Conversation:
         """``/stop`` while ``entries`` wait (for a file service): they are settled unanswered."""
         await self._store.settle_journal([e.id for e in entries], "ignored")
 
-    def _after_fence(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+    def after_fence(self, entries: list[JournalEntry]) -> list[JournalEntry]:
         """``entries`` without the messages from people a ``/reset`` set aside."""
         return [e for e in entries if not (e.inbound.source == "chat" and e.id < self.fence)]
 
     def requeue(self, entries: list[JournalEntry]) -> None:
         """Put ``entries`` (taken by a turn that did not begin) back at the head of the inbox,
         except those a ``/reset`` set aside meanwhile."""
-        self.inbox[:0] = self._after_fence(entries)
+        self.inbox[:0] = self.after_fence(entries)
 
     def take_inbox(self, *, steering: bool = False) -> list[JournalEntry]:
         """What the next turn answers, in arrival order: the messages from people waiting at

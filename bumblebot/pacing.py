@@ -98,10 +98,10 @@ class _Chat:
     held_until: float = 0.0
     wake: asyncio.TimerHandle | None = None  # re-grants the turn when a hold runs out
 
-    def idle(self, now: float) -> bool:
+    def idle(self, now: float, interval_s: float) -> bool:
         """Nothing it remembers can hold a call any more: it may be forgotten."""
         window = self.sent[-1] + GROUP_WINDOW_S if self.sent else 0.0
-        return (not self.busy and not self.queue and self.spent_now(now, 1.0) == 0
+        return (not self.busy and not self.queue and self.spent_now(now, interval_s) == 0
                 and now >= max(self.paused_until, self.held_until, window))
 
     def spent_now(self, now: float, interval_s: float) -> float:
@@ -216,7 +216,7 @@ class Pacer:
         if chat is None:
             if len(self._chats) >= self._sweep_at:
                 now = asyncio.get_running_loop().time()
-                self._chats = {k: c for k, c in self._chats.items() if not c.idle(now)}
+                self._chats = {k: c for k, c in self._chats.items() if not c.idle(now, self.limits.per_chat_interval_s)}
                 self._sweep_at = max(MIN_TRACKED, 2 * len(self._chats))
             chat = self._chats[chat_key] = _Chat()
         return chat

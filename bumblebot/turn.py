@@ -561,12 +561,14 @@ class TurnRunner:
                 async with self.delivery.typing(conversation.chat, self.engine_cfg.typing_interval_s):
                     entries = await self.media.prepare(entries, final=self._waited_out(entries))
             except MediaUnavailable as exc:
-                known = exc.entries or entries
+                known = conversation.after_fence(exc.entries or entries)  # a /reset meanwhile set some aside
                 waiting = [e for e in known if e.inbound.attachments and e.media is None]
                 ready = [e for e in known if not (e.inbound.attachments and e.media is None)]
                 if conversation.stop_pending:  # /stop while they were fetched: not answered after all
                     conversation.stop_pending = False
                     await conversation.drop(waiting)
+                    return Postponed([], 0.0, ready)
+                if not waiting:  # nothing left to wait for (a /reset set them aside)
                     return Postponed([], 0.0, ready)
                 postponed = await self._postpone(conversation, waiting, exc)
                 return dataclasses.replace(postponed, ready=ready)
@@ -574,11 +576,12 @@ class TurnRunner:
                 self._media_waits.pop(entry.id, None)
             self._media_told.discard(conversation.key)
         if conversation.burst.is_set() and self.cfg.debounce_s > 0:
-            return Requeued(entries)  # the burst goes on: one turn for all of it
+            return await self._requeue(conversation, entries)  # the burst goes on: one turn for all of it
+        raw = entries
         entries = await self._fold_long(entries)
         state = await self._start_state(entries)
         if conversation.burst.is_set() and self.cfg.debounce_s > 0:
-            return Requeued(entries)
+            return await self._requeue(conversation, raw)  # as they came: the next turn folds them again
         notices = [n for e in entries for n in prepared(e).notices]
         if any(prepared(e).voice for e in entries) and self.voice is not None and self.voice.reply == "mirror":
             state["voice_reply"] = True
@@ -616,6 +619,17 @@ class TurnRunner:
             return entries
         log.info("%d characters in %s kept as a file for the model to read", sum(len(e.inbound.text) for e in entries), entries[0].inbound.chat.key)
         return folded
+
+    @staticmethod
+    async def _requeue(conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
+        """The burst goes on while ``entries``' turn is prepared: back to the inbox, to be
+        answered with the rest. A ``/stop`` that came meanwhile was for them: they are settled
+        unanswered and what came after the stop gets a turn of its own."""
+        if conversation.stop_pending:
+            conversation.stop_pending = False
+            await conversation.drop(entries)
+            return Finished("stopped")
+        return Requeued(entries)
 
     def _waited_out(self, entries: list[JournalEntry]) -> bool:
         """Whether the files of ``entries`` have waited ``engine.outage_limit_s`` for a service
