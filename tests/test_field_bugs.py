@@ -498,3 +498,57 @@ async def test_reset_for_another_bot_followed_by_punctuation_resets_nothing(tmp_
         await tg.wait_for("sendMessage", n=2, predicate=lambda p: p.get("chat_id") == 184)
     assert not any("Fresh start" in t for t in tg.sent(184))
     assert db(tmp_path).execute("SELECT session FROM conversations").fetchone() == (1,)
+
+
+async def test_a_message_after_stop_while_the_turn_is_routed_is_answered(tmp_path, llm, tg):
+    """Second review: /stop while A was routed, then B within the burst window: B sent A's turn
+    back to the inbox, the stop survived it, and the merged turn [A, B] began stopped."""
+    judges_say_done(llm)
+    routing = Gate(text("CHAT"))
+    llm.push(routing, when=is_classifier)
+    llm.push(say("Answer to B."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 2, "classifier": True})
+    async with running(config) as daemon:
+        tg.push_text(UNCLEAR, chat_id=185)
+        await asyncio.wait_for(routing.entered.wait(), 10)
+        tg.push_text("/stop", chat_id=185)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Stopped.")
+        tg.push_text("actually, what is 2+2?", chat_id=185)
+        await daemon.engine.wait_until(lambda: daemon.engine.progress.accepted >= 2)
+        routing.release.set()
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Answer to B.", timeout=15)
+    assert not any(UNCLEAR in contents(r) for r in loop_requests(llm))  # A was stopped
+    status = dict(db(tmp_path).execute("SELECT substr(text, 1, 12), status FROM journal").fetchall())
+    assert status[UNCLEAR[:12]] == "ignored" and status["actually, wh"] == "done"
+
+
+async def test_reset_while_a_photo_downloads_and_then_fails_promises_nothing(tmp_path, llm, tg, monkeypatch):
+    """Second review: /reset while a photo's download hung, then the download failed (Telegram
+    unreachable): the set-aside message was postponed and the chat told "I'll answer as soon as
+    I can", which never happened. (The download is held, then fails, by a stand-in for it.)"""
+    import io
+
+    from PIL import Image
+
+    import adapters.telegram.adapter as telegram_adapter
+    from bumblebot.errors import MediaError
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def download(self, attachment, dest):
+        entered.set()
+        await release.wait()
+        raise MediaError("Telegram could not be reached", retryable=True)
+
+    monkeypatch.setattr(telegram_adapter.TelegramAdapter, "download", download)
+    image = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(image, "JPEG")
+    judges_say_done(llm)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_photo([(64, 64, image.getvalue())], caption="look at this", chat_id=186)
+        await asyncio.wait_for(entered.wait(), 10)
+        tg.push_text("/reset", chat_id=186)
+        await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        release.set()
+        await daemon.engine.wait_until(lambda: daemon.engine.idle and not daemon.engine.waiting)
+    assert not any("can't get to the file" in t for t in tg.sent(186))

@@ -11,6 +11,7 @@ with a scaled-down interval, asserting only lower bounds of the spacing the fake
 from __future__ import annotations
 
 import asyncio
+import json
 import dataclasses
 import contextlib
 import selectors
@@ -447,3 +448,115 @@ async def test_a_429_longer_than_the_inline_wait_mid_reply_keeps_the_reply_in_or
     assert len(shown) == 3 and shown[2] == "answer to the second message"
     assert shown[0].startswith("paragraph 0:") and shown[1].startswith("paragraph ")  # the reply whole, first
     assert "\n".join(shown[:2]).count("paragraph") == 60
+
+
+# -- regressions from the second review of issue 16 ---------------------------------------------
+
+THREE = "\n".join(f"paragraph {i}: " + "words " * 20 for i in range(90))  # three messages
+
+
+def _scaled_inline_wait(monkeypatch: Any, seconds: float = 1.0) -> None:
+    import adapters.telegram.adapter as telegram_adapter
+    import bumblebot.delivery as delivery
+
+    monkeypatch.setattr(delivery, "MAX_INLINE_WAIT_S", seconds)
+    monkeypatch.setattr(telegram_adapter, "MAX_INLINE_WAIT_S", seconds)
+
+
+async def test_a_second_429_as_a_long_wait_ends_still_keeps_the_reply_in_order(tmp_path, llm, tg, monkeypatch):
+    """Second review: chunk 2 got a long 429, then a short one when retried at the wait's end;
+    the row was left to the sweeper and the next answer went ahead of the rest of the reply."""
+    from fakes.telegram_server import retry_after_body
+    from support import judges_say_done, say
+
+    _scaled_inline_wait(monkeypatch)
+    judges_say_done(llm)
+    llm.push(say(THREE), when=lambda r: "tools" in r)
+    llm.push(say("answer to the next message"), when=lambda r: "tools" in r)
+    async with paced_daemon(tmp_path, llm, tg) as daemon:
+        tg.push_text("write a lot", chat_id=1450)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 1450)
+        tg.fail_next("sendMessage", 429, retry_after_body(2))  # longer than the (scaled) inline wait
+        tg.fail_next("sendMessage", 429, retry_after_body(1))  # and a short one at its retry
+        await daemon.engine.wait_for_turns(1, timeout=10)
+        tg.push_text("and now?", chat_id=1450)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "answer to the next message", timeout=15)
+    shown = tg.shown(1450)
+    assert [s.split(":")[0] for s in shown] == ["paragraph 0", "paragraph 30", "paragraph 60", "answer to the next message"]
+
+
+async def test_a_stop_while_waiting_rows_go_out_sends_none_twice_after_the_restart(tmp_path, llm, tg, monkeypatch):
+    """Second review: the daemon stopped while the rows of a wait went out; the store closed under
+    the retry, a sent row stayed pending and went again after the restart."""
+    from fakes.telegram_server import retry_after_body
+
+    _scaled_inline_wait(monkeypatch)
+    slow = PaceLimits(per_chat_interval_s=0.3, per_chat_burst=1)
+    chat = ChatRef(Platform.TELEGRAM, "1511")
+    async with paced_daemon(tmp_path, llm, tg, pace=slow) as d:
+        conversation = await d.store.conversation(chat)
+        rows = [await d.store.outbox_add(conversation.id, None, chat, f"x{i}") for i in range(6)]
+        tg.fail_next("sendMessage", 429, retry_after_body(2))
+        for row in rows:
+            assert (await d.delivery.deliver(row)).queued
+        await tg.wait_for("sendMessage", timeout=10, predicate=lambda p: p.get("text") == "x5")  # stopped as the last goes out
+    async with paced_daemon(tmp_path, llm, tg, pace=slow) as d:
+        await d.engine.sweep_outbox()  # whatever is still pending goes now
+    assert tg.shown(1511) == [f"x{i}" for i in range(6)]  # each once, in order
+
+
+async def test_one_chats_wait_does_not_hold_up_another_chats(tmp_path, llm, tg, monkeypatch):
+    """Second review: the retries at a wait's end ran under the sweeper's lock, so a chat whose
+    wait ended later waited for another chat's whole paced batch."""
+    from fakes.telegram_server import retry_after_body
+
+    _scaled_inline_wait(monkeypatch)
+    slow = PaceLimits(per_chat_interval_s=0.5, per_chat_burst=1)
+    x, y = ChatRef(Platform.TELEGRAM, "1501"), ChatRef(Platform.TELEGRAM, "1502")
+    async with paced_daemon(tmp_path, llm, tg, pace=slow) as d:
+        cx, cy = await d.store.conversation(x), await d.store.conversation(y)
+        xs = [await d.store.outbox_add(cx.id, None, x, f"x{i}") for i in range(10)]  # 10 at 0.5 s: 4.5 s
+        tg.fail_next("sendMessage", 429, retry_after_body(2))
+        for row in xs:
+            assert (await d.delivery.deliver(row)).queued
+        yrow = await d.store.outbox_add(cy.id, None, y, "y0")
+        tg.fail_next("sendMessage", 429, retry_after_body(2))
+        assert (await d.delivery.deliver(yrow)).queued
+        await tg.wait_for("sendMessage", n=2, timeout=20, predicate=lambda p: p.get("text") == "y0")  # refused, then sent
+        await tg.wait_for("sendMessage", timeout=20, predicate=lambda p: p.get("text") == "x9")
+    # the last call with each text is the one that got through
+    sent = {c.params["text"]: c.time for c in tg.calls if c.method == "sendMessage" and c.params.get("chat_id") in (1501, 1502)}
+    assert sent["y0"] < sent["x9"]  # y went when its own wait ended, not after all of x
+    assert tg.shown(1501) == [f"x{i}" for i in range(10)]
+
+
+async def test_a_streamed_answer_does_not_jump_into_a_reply_that_waits_for_a_full_group_window(tmp_path, llm, tg, monkeypatch):
+    """Second review: in a group whose 20-a-minute window was full, the rest of a reply waited
+    and the next turn's streamed preview went out in the middle of it. No preview is streamed
+    into a chat whose rows wait; the answer comes after them. (The window is scaled to 3 calls
+    in 4 s and the inline wait to 1 s.)"""
+    import adapters.telegram.adapter as telegram_adapter
+    import bumblebot.pacing as pacing
+    from support import judges_say_done, say
+
+    _scaled_inline_wait(monkeypatch)
+    monkeypatch.setattr(pacing, "GROUP_WINDOW_S", 4.0)
+    monkeypatch.setattr(telegram_adapter, "GROUP_EDIT_INTERVAL_S", 0.2)
+    judges_say_done(llm)
+    llm.push(say(THREE + "\n" + THREE), when=lambda r: "tools" in r)  # six messages
+    second = say("answer to the second message, streamed slowly so the preview is tried while the window is full and as it frees")
+    second.stream_chars, second.stream_delay = 3, 0.1
+    llm.push(second, when=lambda r: "tools" in r)
+    config = write_config(tmp_path, llm, tg, delivery={"streaming": "on", "stream_edit_interval_s": 0.2},
+                          telegram={"respond_in_groups": "always"})
+    async with running(config, pace=PaceLimits(per_chat_interval_s=0.01, group_per_minute=3)) as daemon:
+        tg.push_text("write a lot", chat_id=-1420, chat_type="group")
+        await daemon.engine.wait_for_turns(1, timeout=20)
+        tg.push_text("and now?", chat_id=-1420, chat_type="group")
+        await daemon.engine.wait_for_turns(2, timeout=40)
+        answer = second.message["tool_calls"][0]["function"]["arguments"]
+        text = json.loads(answer)["text"]
+        await tg.wait_for("sendMessage", timeout=30, predicate=lambda p: p.get("text") == text)
+    shown = tg.shown(-1420)
+    assert len(shown) >= 4 and shown[-1] == text  # the whole reply first (3 messages or more), then the answer
+    assert all(s.startswith("paragraph ") for s in shown[:-1])
