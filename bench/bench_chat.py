@@ -798,6 +798,13 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         "",
         ("- The fakes run in the benchmark process on the same 2 cores as the bot; their own CPU per turn is in "
         "the notes."),
+        ("- Bumblebot keeps to Telegram's published limits (issue 16, `bumblebot/pacing.py`): about 30 messages a "
+        "second overall, one a second per chat after a burst of three. The baseline does not, so in the runs that "
+        "ask for more than 30 replies a second (100 chats, and 1,000 at once) Bumblebot's throughput and latency "
+        "are bound by that limit, not by its own cost; a streamed reply takes two calls when the overall window has "
+        "room (preview and final edit), one when it is full (the preview gives way). On Telegram itself the "
+        "baseline's extra rate would end in 429s and flood waits. Compare those runs' CPU per turn, not their "
+        "turns per second."),
         ("- With 100 or more requests in flight the baseline's CPU goes mostly to httpcore's connection-pool "
         "bookkeeping (seen with httpcore 1.0.9: every pool event scans the pooled connections for each queued "
         "request), so its throughput at 100 chats is below its throughput at 10 chats. A bot that keeps fewer "

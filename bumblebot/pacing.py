@@ -172,7 +172,7 @@ class Pacer:
         await self._take_turn(chat, ticket)
         try:
             deadline = None if max_wait_s is None else loop.time() + max_wait_s
-            await self._wait_limits(chat, group, deadline)
+            await self._wait_limits(chat, group, deadline, droppable=droppable)
             paused_before = chat.paused_until
             try:
                 yield
@@ -261,9 +261,12 @@ class Pacer:
         chat.wake = None
         self._grant(chat)
 
-    async def _wait_limits(self, chat: _Chat, group: bool, deadline: float | None) -> None:
+    async def _wait_limits(self, chat: _Chat, group: bool, deadline: float | None, *, droppable: bool = False) -> None:
         """Sleep until every limit allows a call to ``chat``, then count it in the overall
-        window (checked and counted with no pause in between: no other call slips in)."""
+        window (checked and counted with no pause in between: no other call slips in). A
+        ``droppable`` call never waits for the overall window: when it is full the call is
+        refused at once, so under load the calls that must get out (messages, final edits)
+        have it, and previews are what gives way."""
         loop = asyncio.get_running_loop()
         limits = self.limits
         while True:
@@ -277,6 +280,8 @@ class Pacer:
             if group and len(chat.sent) >= limits.group_per_minute:
                 ready = max(ready, chat.sent[-limits.group_per_minute] + GROUP_WINDOW_S)
             if len(self._recent) >= limits.global_per_second:
+                if droppable:
+                    raise DeliveryFailed("the overall window is full: a preview gives way", retryable=True)
                 ready = max(ready, self._recent[-limits.global_per_second] + GLOBAL_WINDOW_S)
             if ready <= now:
                 self._recent.append(now)
