@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 
 #: Longest platform-requested wait honoured inline, seconds; longer ones leave the row pending.
 MAX_INLINE_WAIT_S = 30.0
-#: Seconds before rows still waiting after their wait ended (the platform kept failing) are
-#: tried again, in order (instead of the next sweep, which newer rows would go ahead of).
-WAITING_RETRY_S = 5.0
+#: Seconds before a row left pending with no wait named by the platform (it kept failing) is
+#: tried again, its chat's later rows waiting behind it in order (instead of the next sweep,
+#: which newer rows would go ahead of).
+WAITING_RETRY_S = 10.0
 #: Deliveries (the first, then sweeps 30 s apart) a voice reply is tried for while the speech
 #: service is down, before it is given up (its text went out at the first).
 VOICE_SWEEPS = 2
@@ -215,6 +216,7 @@ class Delivery:
         sent = list(entry.platform_message_ids)
         error = ""
         wait_s: float | None = None  # the platform's wait, when longer than can be waited here
+        retry_after: float | None = None  # the last wait the platform asked for
         for attempt in range(attempts):
             try:
                 for index in range(len(sent), len(chunks)):
@@ -239,6 +241,7 @@ class Delivery:
                     log.warning("delivery to %s refused: %s", entry.chat.key, error)
                     await self.store.outbox_progress(entry.id, status="failed", message_ids=sent, error=error)
                     return DeliveryReport(delivered=False, error=error, chat_unreachable=exc.chat_unreachable)
+                retry_after = exc.retry_after
                 if exc.retry_after is not None and exc.retry_after > MAX_INLINE_WAIT_S:
                     wait_s = exc.retry_after
                     break
@@ -257,8 +260,11 @@ class Delivery:
             return DeliveryReport(delivered=True)
         log.warning("delivery to %s failed for now, will retry: %s", entry.chat.key, error)
         await self.store.outbox_progress(entry.id, status="pending", message_ids=sent, error=error)
-        if wait_s is not None:
-            self._later(entry, wait_s)
+        if wait_s is not None or retry_after is not None:
+            # rate limited (a long 429, or the last of a few short ones): its chat waits with
+            # it, so no later row overtakes it, and it is tried again as the wait ends; other
+            # failures (the platform unreachable) are the sweeper's, every 30 s
+            self._later(entry, wait_s if wait_s is not None else retry_after or WAITING_RETRY_S)
         return DeliveryReport(delivered=False, queued=True, error=error)
 
     def _later(self, entry: OutboxEntry, wait_s: float) -> None:

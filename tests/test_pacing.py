@@ -579,3 +579,20 @@ def test_a_droppable_call_gives_way_when_the_overall_window_is_full():
 
     names, refused = virtual(main())
     assert len(names) == 30 and refused
+
+
+async def test_three_short_429s_in_a_row_keep_the_turns_messages_in_order(tmp_path, llm, tg):
+    """Third review: three 429s (retry_after 1 s) on a turn's first say used up its attempts; the
+    row was left to the sweeper (30 s) and the second say went first."""
+    from fakes.telegram_server import retry_after_body
+    from support import judges_say_done, say
+
+    judges_say_done(llm)
+    llm.push(say("part one", "part two"), when=lambda r: "tools" in r)
+    tg.fail_next("sendMessage", 429, retry_after_body(1), times=3)
+    async with paced_daemon(tmp_path, llm, tg) as daemon:
+        tg.push_text("tell me in two parts", chat_id=1520)
+        await daemon.engine.wait_for_turns(1, timeout=20)
+        await tg.wait_for("sendMessage", n=4, timeout=15, predicate=lambda p: p.get("text") == "part one")  # 3 refused
+        await tg.wait_for("sendMessage", timeout=15, predicate=lambda p: p.get("text") == "part two")
+    assert tg.shown(1520) == ["part one", "part two"]
