@@ -188,14 +188,7 @@ class Delivery:
         if key in self._waiting and entry.id not in self._waiting[key]:
             self._waiting[key].add(entry.id)
             return DeliveryReport(delivered=False, queued=True, error="the chat is rate limited; sent in order after it")
-        self._in_flight.add(entry.id)
-        try:
-            report = await self._attempts(entry, attempts or self.attempts)
-        finally:
-            self._in_flight.discard(entry.id)
-        # metrics hook (issue 14): one outcome per delivery (its inline retries included)
-        self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")
-        return report
+        return await self._deliver_now(entry, attempts or self.attempts)
 
     async def _attempts(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
         adapter = self._adapters.get(entry.chat.platform)
@@ -306,7 +299,7 @@ class Delivery:
                 entry = await self.store.outbox_entry(row_id)
                 if entry is None or entry.status != "pending" or row_id in self._in_flight:
                     continue
-                report = await self._deliver_now(entry)
+                report = await self._deliver_now(entry, self.attempts)
                 if report.delivered or not report.queued:
                     continue
                 # still waiting: it and the rest of the batch go first when it is over
@@ -390,12 +383,13 @@ class Delivery:
                 delivered += int(report.delivered)
         return delivered
 
-    async def _deliver_now(self, entry: OutboxEntry) -> DeliveryReport:
-        """``entry`` when its chat's wait is over (not deferred behind it), with the full attempts."""
+    async def _deliver_now(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
+        """Send ``entry`` now (never deferred behind its chat's wait), with ``attempts``."""
         self._in_flight.add(entry.id)
         try:
-            report = await self._attempts(entry, self.attempts)
+            report = await self._attempts(entry, attempts)
         finally:
             self._in_flight.discard(entry.id)
+        # metrics hook (issue 14): one outcome per delivery (its inline retries included)
         self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")
         return report

@@ -195,6 +195,5 @@ class Inbound:
         if not any(_SURROGATE.search(value) for value in (self.text, self.sender_name, self.quote)):
             return self
         return dataclasses.replace(
-            self, text=_SURROGATE.sub("\ufffd", self.text), sender_name=_SURROGATE.sub("\ufffd", self.sender_name),
-            quote=_SURROGATE.sub("\ufffd", self.quote),
+            self, text=storable_text(self.text), sender_name=storable_text(self.sender_name), quote=storable_text(self.quote),
         )

@@ -125,7 +125,7 @@ class Message:
         """The dict sent to a chat-completions endpoint. ``content`` is never ``None``."""
         out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
         if self.role == "assistant" and self.tool_calls:
-            out["tool_calls"] = [_sound_call(c) for c in self.tool_calls]
+            out["tool_calls"] = self.tool_calls
         if self.role == "tool":
             out["tool_call_id"] = self.tool_call_id
         return out
@@ -154,14 +154,15 @@ def estimate_tools(tool_schemas: list[dict[str, Any]]) -> int:
     return estimate_text_tokens(json.dumps(tool_schemas, separators=(",", ":")))
 
 
-def json_text(value: Any) -> str:
+def json_text(value: Any, *, default: Any = None) -> str:
     """``value`` as JSON text, non-ASCII kept readable; with ``\\uXXXX`` escapes instead when it
-    holds a lone surrogate, which no UTF-8 writer (SQLite, an HTTP body) takes raw."""
-    text = json.dumps(value, ensure_ascii=False)
+    holds a lone surrogate, which no UTF-8 writer (SQLite, an HTTP body) takes raw. ``default``
+    as for :func:`json.dumps`."""
+    text = json.dumps(value, ensure_ascii=False, default=default)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(value)
+        return json.dumps(value, default=default)
     return text
 
 
@@ -217,10 +218,11 @@ def clip_arguments(arguments: str, max_chars: int) -> str:
     return json_text(clip(value))
 
 
-def _sound_call(call: dict[str, Any]) -> dict[str, Any]:
-    """A recorded tool call as a request carries it: arguments that are not a JSON object
-    (recorded by a version before issue 16) are sent as ``{}``, so one bad call in an old
-    history cannot make a strict endpoint refuse every later request."""
+def sound_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call read back from the store as a request may carry it: arguments that are not a
+    JSON object (recorded by a version before issue 16) become ``{}``, and a raw lone surrogate
+    is escaped, so one bad call in an old history cannot make a strict endpoint refuse every
+    later request. (What this version records is sound already: ``loop._fit_call``.)"""
     fn = call.get("function") or {}
     arguments = fn.get("arguments") or ""
     if valid_arguments(arguments):

@@ -50,7 +50,7 @@ import aiosqlite
 
 from bumblebot.errors import StoreError
 from bumblebot.events import Attachment, ChatKind, ChatRef, Inbound, Platform
-from bumblebot.messages import Message
+from bumblebot.messages import Message, json_text, sound_call
 
 log = logging.getLogger(__name__)
 
@@ -1328,23 +1328,22 @@ def _task(r: aiosqlite.Row) -> TaskRecord:
 
 
 def _json(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: SQLite refuses it raw, escaped it is fine
-        return json.dumps(value, default=str)
-    return text
+    return json_text(value, default=str)
+
+
+def _tool_calls(r: aiosqlite.Row) -> list[dict[str, Any]] | None:
+    """A row's tool calls, healed once as they are read (``messages.sound_call``)."""
+    return [sound_call(c) for c in json.loads(r["tool_calls"])] if r["tool_calls"] else None
 
 
 def _message(r: aiosqlite.Row) -> Message:
     if r["pruned"] and r["role"] == "assistant":  # an old step of a turn that outgrew the window
-        full = Message(role="assistant", content=r["content"], tool_calls=json.loads(r["tool_calls"]) if r["tool_calls"] else None,
-                       id=int(r["id"]), note=bool(r["note"]))
+        full = Message(role="assistant", content=r["content"], tool_calls=_tool_calls(r), id=int(r["id"]), note=bool(r["note"]))
         return full.with_clipped_calls()
     return Message(
         role=r["role"],
         content=PRUNED_PLACEHOLDER if r["pruned"] else r["content"],
-        tool_calls=json.loads(r["tool_calls"]) if r["tool_calls"] else None,
+        tool_calls=_tool_calls(r),
         tool_call_id=r["tool_call_id"],
         name=r["name"],
         id=int(r["id"]),

@@ -260,14 +260,12 @@ class TurnIO(TurnPort):
         prepare: Callable[[list[JournalEntry]], Any] | None = None,
         voice_mirror: bool = False,
         steer_images: bool = True,
-        debounce_s: float = 0.0,
     ) -> None:
         self._prepare = prepare
-        self._debounce_s = debounce_s
         # only a new turn answering people may be asked again for a burst (not a resumed one,
-        # nor a scheduled one)
+        # nor a scheduled one); the actor sets the event only when cognition.debounce_s > 0
         fresh = not turn.resumed and bool(turn.entries) and turn.entries[0].inbound.source == "chat"
-        self.burst = conversation.burst if fresh and debounce_s > 0 else None
+        self.burst = conversation.burst if fresh else None
         #: ``voice.reply: mirror``: replies to a voice note go out as voice too
         self._voice_mirror = voice_mirror
         #: the turn runs on ``llm.model``: photos sent meanwhile may join it
@@ -575,12 +573,12 @@ class TurnRunner:
             for entry in entries:
                 self._media_waits.pop(entry.id, None)
             self._media_told.discard(conversation.key)
-        if conversation.burst.is_set() and self.cfg.debounce_s > 0:
+        if conversation.burst.is_set():
             return await self._requeue(conversation, entries)  # the burst goes on: one turn for all of it
         raw = entries
         entries = await self._fold_long(entries)
         state = await self._start_state(entries)
-        if conversation.burst.is_set() and self.cfg.debounce_s > 0:
+        if conversation.burst.is_set():
             return await self._requeue(conversation, raw)  # as they came: the next turn folds them again
         notices = [n for e in entries for n in prepared(e).notices]
         if any(prepared(e).voice for e in entries) and self.voice is not None and self.voice.reply == "mirror":
@@ -718,7 +716,7 @@ class TurnRunner:
             steer=self.cfg.mid_turn_messages == "steer", trace=trace,
             stream_interval_s=self.streaming.stream_edit_interval_s if streams and self.streaming else None,
             prepare=(lambda entries: self._prepare_steering(entries, turn)) if self.media is not None else None,
-            voice_mirror=self.voice is not None and self.voice.reply == "mirror", debounce_s=self.cfg.debounce_s,
+            voice_mirror=self.voice is not None and self.voice.reply == "mirror",
             steer_images=steer_images,
         )
 
