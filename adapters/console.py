@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
+from markdown_it import MarkdownIt
 from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.markdown import Markdown
@@ -68,6 +69,16 @@ HELP_HERE = (
     "finish and then leaves (Ctrl-C again leaves at once). What you type while I'm answering "
     "waits for the reply."
 )
+
+
+class LiteralMarkdown(Markdown):
+    """rich's Markdown with character references left as written: CommonMark would show
+    ``&amp;`` as ``&``, and the model's text must arrive as it wrote it."""
+
+    def __init__(self, markup: str) -> None:
+        super().__init__("")
+        self.markup = markup
+        self.parsed = MarkdownIt().enable("strikethrough").enable("table").disable("entity").parse(markup)
 
 
 class ChatIntake(Intake, Protocol):
@@ -265,7 +276,7 @@ class ConsoleAdapter(Adapter):
             grid = Table.grid(padding=(0, 1))
             grid.add_column(no_wrap=True)
             grid.add_column()
-            grid.add_row(Text(f"{self.intake.entity_name}:", style="bold cyan"), Markdown(text))
+            grid.add_row(Text(f"{self.intake.entity_name}:", style="bold cyan"), LiteralMarkdown(text))
             self._show(grid)
         return str(next(self._ids))
 

@@ -18,7 +18,7 @@ import httpx
 from bumblebot.config import Secrets, Settings, effective_base_url
 from bumblebot.entity import Entity
 from bumblebot.errors import ModelError, StoreError
-from bumblebot.llm import LLM, ForcingFallback, stream_key, tool_choice_key, vision_key
+from bumblebot.llm import LLM, ForcingFallback, stream_key, tool_choice_key, thinking_key, vision_key
 from bumblebot.store import Store
 
 PING_TOOL = {
@@ -104,6 +104,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     if probe_ran:
         _line(True, "streaming", streaming)
     _line(True, "images", await _images_line(settings, base_url, llm.model))
+    _line(True, "thinking", await _thinking_line(settings, base_url, llm.model))
     stt = settings.llm.transcription_base_url or base_url
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
@@ -223,6 +224,24 @@ async def _images_line(settings: Settings, base_url: str, model: str) -> str:
         return (f"not sent: the daemon remembers that {model} refused them ({_reason(remembered)}); "
                 "it tries again 24 h after that")
     return f"sent to {model} until the endpoint refuses one (llm.vision: auto)"
+
+
+async def _thinking_line(settings: Settings, base_url: str, model: str) -> str:
+    """Whether deliberate turns ask for thinking: ``llm.thinking``, and what the daemon
+    remembers of the model."""
+    t = settings.llm.thinking
+    if t.mode == "off":
+        return "never asked for (llm.thinking.mode: off)"
+    if t.mode == "extra_body":
+        return "deliberate turns send llm.thinking.extra_body_on, the others extra_body_off"
+    asked = f"deliberate turns send reasoning_effort={t.reasoning_effort}"
+    if t.mode == "reasoning_effort":
+        return asked + " (llm.thinking.mode: reasoning_effort)"
+    remembered = await _stored_kv(settings, thinking_key(base_url, model))
+    if remembered:
+        return (f"not asked for: the daemon remembers that {model} refused reasoning_effort "
+                f"({_reason(remembered)}); it tries again 24 h after that")
+    return asked + " until the endpoint refuses it (llm.thinking.mode: auto; not tried here)"
 
 
 def _groups_line(tg: Any, me: dict[str, Any]) -> str:

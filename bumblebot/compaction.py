@@ -41,7 +41,7 @@ from bumblebot.compaction_prompts import (
 )
 from bumblebot.knowledge import KnowledgeFile
 from bumblebot.messages import Message, estimate_messages
-from bumblebot.reasoning import strip_reasoning
+from bumblebot.textrules import strip_reasoning
 
 __all__ = [
     "PLACEHOLDER", "SUMMARY_HEADER", "SUMMARY_HEADINGS", "CompactionOutcome", "FlushParseError",

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from bumblebot.messages import Message
-from bumblebot.reasoning import strip_reasoning
+from bumblebot.textrules import strip_reasoning
 
 #: The summary template, in order (spec, "Structured summary").
 SUMMARY_HEADINGS = (

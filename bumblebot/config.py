@@ -56,13 +56,15 @@ def _off_is_text(value: Any) -> Any:
 class ThinkingSettings(_Section):
     """How this endpoint is asked to think (deliberate) or not (reflex). Reasoning text is never shown."""
 
-    mode: Literal["off", "reasoning_effort", "extra_body"] = Field(
-        "off",
-        description="off: never request thinking; reasoning_effort: send OpenAI's reasoning_effort "
-        "on deliberate turns; extra_body: merge extra_body_on / extra_body_off into the request",
+    mode: Literal["auto", "off", "reasoning_effort", "extra_body"] = Field(
+        "auto",
+        description="auto: send OpenAI's reasoning_effort on deliberate turns unless the endpoint refuses "
+        "it (then not, remembered per endpoint and model, tried again a day later); off: never request "
+        "thinking; reasoning_effort: always send it; extra_body: merge extra_body_on / extra_body_off "
+        "into the request",
     )
     reasoning_effort: Literal["minimal", "low", "medium", "high"] = Field(
-        "medium", description="value of reasoning_effort on deliberate turns (mode reasoning_effort)"
+        "medium", description="value of reasoning_effort on deliberate turns (modes auto and reasoning_effort)"
     )
     extra_body_on: dict[str, Any] = Field(
         default_factory=dict,

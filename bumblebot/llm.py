@@ -54,7 +54,7 @@ from openai.types.chat import ChatCompletion
 from bumblebot.config import LLMSettings
 from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
 from bumblebot.metrics import NO_METRICS, Metrics
-from bumblebot.reasoning import strip_reasoning
+from bumblebot.textrules import call_as_text, strip_reasoning
 from bumblebot.streaming import JsonStringField
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,6 @@ _STATUS_PREFIX = re.compile(r"^Error code: \d+(?: - )?")  # the openai client's 
 STREAM_RETRY_S = 24 * 3600.0
 #: Statuses of a streamed request that say nothing about streaming: never retried unstreamed.
 _NOT_ABOUT_STREAMING = frozenset({401, 403, 408, 409, 429})
-#: A tool call written out as text (a server that streams calls badly).
-_CALL_AS_TEXT = re.compile(r"<tool_call>|^\s*\{\s*\"name\"\s*:")
 EMPTY_ANSWER = "the answer came out empty"
 #: Streamed requests in a row that get no answer (dropped, a 5xx) where the same request sent
 #: whole is answered, before the endpoint gets whole requests only.
@@ -106,6 +104,8 @@ STREAM_CHECKS = 3
 
 #: Seconds before a model remembered as unable to see images is sent one again.
 VISION_RETRY_S = 24 * 3600.0
+#: Seconds before a model that refused ``reasoning_effort`` is asked to think again.
+THINKING_RETRY_S = 24 * 3600.0
 #: A 500 that is about the images of the request (llama.cpp server without a projector:
 #: "image input is not supported - hint: ... mmproj").
 _IMAGE_RE = re.compile(r"image|vision|multimodal|mmproj|content.{0,20}(type|part)", re.IGNORECASE)
@@ -231,6 +231,12 @@ def without_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m = {**m, "content": "\n".join(t for t in texts if t)}
         out.append(m)
     return out
+
+
+def thinking_key(base_url: str, model: str) -> str:
+    """The ``kv`` key recording that ``model`` at ``base_url`` refuses ``reasoning_effort``:
+    JSON ``{"reason": str, "since": float}`` (epoch seconds)."""
+    return f"llm.thinking:{base_url}|{model}"
 
 
 def stream_key(base_url: str) -> str:
@@ -448,7 +454,7 @@ class LLM:
 
     def _thinking_params(self, thinking: bool) -> dict[str, Any]:
         t = self.settings.thinking
-        if t.mode == "reasoning_effort":
+        if t.mode in ("auto", "reasoning_effort"):
             return {"reasoning_effort": t.reasoning_effort} if thinking else {}
         if t.mode == "extra_body":
             return dict(t.extra_body_on if thinking else t.extra_body_off)
@@ -488,7 +494,11 @@ class LLM:
 
     async def vision_refusal(self, model: str | None = None) -> str | None:
         """Why ``model`` is remembered as unable to see images, ``None`` when it is not."""
-        raw = await self.capabilities.get(vision_key(self.base_url, model or self.settings.model))
+        return await self._reason_of(vision_key(self.base_url, model or self.settings.model))
+
+    async def _reason_of(self, key: str) -> str | None:
+        """The ``reason`` a remembered refusal under ``key`` gives, ``None`` when there is none."""
+        raw = await self.capabilities.get(key)
         if not raw:
             return None
         try:
@@ -548,8 +558,58 @@ class LLM:
         thinking: bool,
         on_say: SayListener | None,
     ) -> Completion:
-        """:meth:`complete` without its metrics: images sent, left out or retried without."""
+        """:meth:`complete` without its metrics: thinking asked for or not (``auto``: unless
+        the endpoint refused it), then :meth:`_complete_seeing`."""
         model = model or self.settings.model
+        kwargs: dict[str, Any] = dict(
+            model=model, max_tokens=max_tokens, temperature=temperature, tools=tools, on_say=on_say
+        )
+        if not thinking or self.settings.thinking.mode != "auto":
+            return await self._complete_seeing(messages, thinking=thinking, **kwargs)
+        if not await self.thinks(model):
+            return await self._complete_seeing(messages, thinking=False, **kwargs)
+        try:
+            return await self._complete_seeing(messages, thinking=True, **kwargs)
+        except ModelError as exc:
+            if isinstance(exc, ContextTooLong) or exc.status not in (400, 422):
+                raise
+            refusal = exc
+        try:  # the same request without asking for thinking: answered, it was the ask
+            completion = await self._complete_seeing(messages, thinking=False, **kwargs)
+        except ModelError:
+            raise refusal from None  # not about thinking
+        await self._no_thinking(model, str(refusal))
+        return completion
+
+    async def thinks(self, model: str | None = None) -> bool:
+        """Whether deliberate requests to ``model`` ask for thinking: ``llm.thinking.mode``,
+        and under ``auto`` whether the endpoint has not refused it (within
+        :data:`THINKING_RETRY_S`)."""
+        mode = self.settings.thinking.mode
+        if mode != "auto":
+            return mode != "off"
+        model = model or self.settings.model
+        return not await self._refused(thinking_key(self.base_url, model), THINKING_RETRY_S, f"asking {model} to think again")
+
+    async def _no_thinking(self, model: str, reason: str) -> None:
+        """Remember that ``model`` refuses to be asked for thinking (:func:`thinking_key`)."""
+        reason = reason[:_REASON_CHARS]
+        value = json.dumps({"reason": reason, "since": self._clock()}, ensure_ascii=False)
+        await self.capabilities.set(thinking_key(self.base_url, model), value)
+        log.warning(
+            "endpoint %s: model %s refuses reasoning_effort (%s); deliberate turns do not ask it to think "
+            "from now on (tried again in %s)", self.base_url, model, reason, _duration(THINKING_RETRY_S),
+        )
+
+    async def thinking_refusal(self, model: str | None = None) -> str | None:
+        """Why ``model`` is remembered as refusing thinking, ``None`` when it is not."""
+        return await self._reason_of(thinking_key(self.base_url, model or self.settings.model))
+
+    async def _complete_seeing(
+        self, messages: list[dict[str, Any]], *, model: str, max_tokens: int, temperature: float | None,
+        tools: list[dict[str, Any]] | None, thinking: bool, on_say: SayListener | None,
+    ) -> Completion:
+        """One completion with images sent, left out, or retried without."""
         kwargs: dict[str, Any] = dict(
             model=model, max_tokens=max_tokens, temperature=temperature, tools=tools, thinking=thinking, on_say=on_say
         )
@@ -917,7 +977,9 @@ class LLM:
                 json.loads(call.arguments)
             except ValueError:
                 return f"arguments of {call.name} are not JSON"
-        if not completion.tool_calls and _CALL_AS_TEXT.search(completion.content):
+        names = {t.get("function", {}).get("name") for t in params["tools"] if isinstance(t, dict)}
+        # template markup anywhere in the text is a call the stream failed to deliver as one
+        if not completion.tool_calls and ("<tool_call>" in completion.content or call_as_text(completion.content, names)):
             return "tool calls arrived as text"
         if not completion.tool_calls and not completion.content.strip():
             return EMPTY_ANSWER  # llama-cpp-python streams function calls as nothing
@@ -930,13 +992,7 @@ class LLM:
 
     async def stream_fallback(self) -> str | None:
         """Why the endpoint gets whole answers instead of streams, ``None`` while it streams."""
-        raw = await self.capabilities.get(stream_key(self.base_url))
-        if not raw:
-            return None
-        try:
-            return str(json.loads(raw).get("reason") or "reason not recorded")
-        except (ValueError, AttributeError):
-            return "reason not recorded"
+        return await self._reason_of(stream_key(self.base_url))
 
     async def _stream_failed(self, reason: str, *, at_once: bool = False) -> None:
         """A streamed request failed where a whole one was answered: streaming is switched

@@ -1,32 +1,44 @@
 """The bounded agent loop of one turn (spec, "Agent loop").
 
 Each step sends one chat completion with every tool and tool forcing. Tool calls of a step run
-concurrently (``asyncio.gather``), each under a timeout. Speaking is the ``say`` tool; ending
-is ``end_turn``, which goes through the completion gate. Text the model writes alongside tool
-calls is private reasoning and is never delivered. A plain-text answer (an endpoint that does
-not enforce ``tool_choice``) is delivered as an implicit ``say`` unless it only repeats what
-was already said.
+concurrently, each under a timeout. Speaking is the ``say`` tool; ending is ``end_turn``, which
+goes through the completion gate. Text the model writes alongside tool calls is private
+reasoning and is never delivered. A plain-text answer (an endpoint that does not enforce
+``tool_choice``) is the model's last word: it is delivered, and the gate judges the ending.
 
-**Checkpoints** (issue 8). Every step is recorded as it happens, through the :class:`TurnPort`:
-the assistant message *before* its tools run, each tool result as soon as it completes, and
-every message for the user in the outbox. What the loop knows of a turn (:class:`LoopState`:
-what was said, which work tools ran, the repeat guard) is a function of that record, so a turn
-resumed after a crash rebuilds it with :meth:`LoopState.replay` and goes on:
+**The model decides when its turn is over.** A turn ends when the model calls ``end_turn``
+(or answers in plain text) and the completion gate accepts; otherwise only at a limit: the
+step cap, a model that repeats itself without progress (``looping``), replies that keep
+hitting the token budget (``budget``), a full window, or ``/stop``. Delivering a ``say`` never
+ends a turn. A turn that stops at a limit tells the user so once, in words the model is asked
+for (in the user's language), or a plain note when it cannot give them.
+
+**Delivery.** Every ``say`` is delivered as written, except an exact repeat (same text after
+whitespace and case normalisation) of a message already delivered in this turn, and except
+past the turn's message cap, which the model is told. Only the text rules of
+:mod:`bumblebot.textrules` remove anything (reasoning, a call written as text, the engine's own
+notes echoed); every removal is recorded in the trace. A say that will not be delivered is
+never streamed as a preview.
+
+**Checkpoints.** Every step is recorded as it happens, through the :class:`TurnPort`: the
+assistant message *before* its tools run, each tool result as soon as it completes, and every
+message for the user in the outbox. What the loop knows of a turn (:class:`LoopState`) is a
+function of that record, so a turn resumed after a crash rebuilds it with
+:meth:`LoopState.replay` and goes on:
 
 * a call whose result was recorded is never run again;
-* a ``say`` that was cut off is answered from the outbox (delivered, queued, or never sent);
+* a ``say`` (or ``send_file``) cut off before it reached the outbox is delivered as recorded
+  (nothing of it was sent: there is no outbox row), one that reached it is answered from its
+  row (delivered, queued, or refused);
 * any other call that was cut off gets a result saying it was interrupted and may or may not
   have taken effect; it is not silently run again;
-* a step that had ended the turn (``end_turn``, or a plain-text reply) goes to the gate again,
-  unless one of its ``say`` calls did not get out: then, as in a live step, the model is told
-  and goes on.
+* a step that had ended the turn goes to the gate again.
 
 Limits: tool continuation rounds are clamped to [0, 16]; steps are capped at
 ``max(6, min(25, 6 + rounds))``; a work tool called in three consecutive steps is refused from
 the third (spec, "Repeat guard"); three steps in a row that bring nothing new stop a looping
-model; after 3 consecutive length-limited completions the model is told to use ``write_file``.
-A turn that ends with nothing said gets one tool-less try for a plain answer, then an honest
-short message, never silence. A reflex turn ends at its first real reply.
+model; after 3 consecutive length-limited completions the model is told to write long output
+to a file (or to say less at a time), and a fourth stops the turn.
 
 Internal nudges (post-tool, gate) live only in the request of the next step: they are never
 stored as if the user had written them.
@@ -43,24 +55,16 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from difflib import SequenceMatcher
 from typing import Any, Protocol, TypeVar
 
 from bumblebot.compaction import cap_tool_result
 from bumblebot.errors import ContextTooLong
 from bumblebot.events import blank, storable_text
-from bumblebot.gate import (
-    MAX_GATE_CONTINUES,
-    CompletionGate,
-    GateDecision,
-    GateInput,
-    Preview,
-    progress_only,
-)
+from bumblebot.gate import MAX_GATE_CONTINUES, CompletionGate, GateDecision, GateInput, Preview
 from bumblebot.llm import LLM, Completion, SayListener, ToolCall
 from bumblebot.messages import Message, json_object, json_text, valid_arguments
-from bumblebot.reasoning import strip_reasoning
 from bumblebot.store import OutboxEntry
+from bumblebot.textrules import TURN_CONTEXT, EchoFilter, call_as_text, may_be_call, shown_so_far, strip_reasoning
 from bumblebot.toolkit import DeliveryReport, Toolbox, ToolContext, ToolKind, ToolResult
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,8 @@ PREVIEW_CHARS = 280
 PREVIEW_COUNT = 8
 #: The same work tool in this many consecutive steps is refused (spec, "Repeat guard").
 REPEAT_LIMIT = 3
+#: Length-limited completions in a row before the model is told to write long output to a
+#: file; one more after that ends the turn (``budget``).
 LENGTH_STALL_LIMIT = 3
 #: Steps in a row that bring nothing new (no new message, no work call that is not a repeat)
 #: before the loop stops: the model is looping.
@@ -93,14 +99,27 @@ INTERRUPTED = (
     "taken effect; check before you repeat it."
 )
 NEVER_SENT = "interrupted before it was sent; it was not delivered"
+
+#: Plain notes, for when the model cannot give the words itself (it failed, the window is full).
 STEP_CAP_MESSAGE = (
     "I had to stop here: this took more steps than I'm allowed in one turn. "
     "Tell me to continue and I'll pick it up from where I stopped."
 )
+LOOPING_MESSAGE = "Sorry, I got stuck on that and couldn't finish. Could you put it another way?"
+BUDGET_MESSAGE = "Sorry, my answer kept running past the length I'm allowed, so I stopped. Ask me for a shorter part?"
+CONTEXT_FULL_MESSAGE = (
+    "I had to stop here: this conversation filled my memory. Tell me to continue and I'll go on from a summary."
+)
 NO_REPLY_MESSAGE = "Sorry, I couldn't put an answer together this time. Could you say that again?"
-LOOPING_MESSAGE = "Sorry, I got stuck on that and couldn't answer. Could you put it another way?"
 UNFINISHED_MESSAGE = "Sorry, I didn't get that done this time{why}. Tell me if I should try again."
-_PRO_FORMA = frozenset({"done", "done.", "ok", "ok.", "okay", "okay.", "sure", "got it", "✅", "👍", "all done", "all done."})
+
+#: Why a turn stopped at a limit, as the model is told when asked for its closing words.
+_LIMIT_WHY = {
+    "step_cap": "you used every step one turn may take",
+    "looping": "your last steps repeated themselves without progress",
+    "budget": "your replies kept running past the length limit",
+}
+_LIMIT_NOTES = {"step_cap": STEP_CAP_MESSAGE, "looping": LOOPING_MESSAGE, "budget": BUDGET_MESSAGE}
 
 
 def max_steps(rounds: int) -> int:
@@ -116,95 +135,10 @@ def canonical_arguments(arguments: str) -> str:
         return arguments.strip()
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.lower().split())
-
-
-_FILLER = re.compile(
-    r"^(is there )?anything else( i can (help|do)[^?]*)?\??$|^let me know if[^.!?]*[.!?]?$"
-    r"|^(i )?hope (this|that) helps[.!]?$|^(feel free to ask|happy to help)[^.!?]*[.!?]?$",
-    re.IGNORECASE,
-)
-
-
-def repeats_said(text: str, said: list[str]) -> bool:
-    """``text`` only repeats what was already delivered, or is a pro-forma "done" or closing
-    filler ("Anything else I can help with?") after something was said.
-
-    A repeat is judged on words (lowercased, outer punctuation dropped): the text's words
-    appear in that order within something said, or match it at difflib ratio
-    :data:`NEAR_DUPLICATE` or more, where no word that differs carries a digit ("at 5pm" and
-    "at 6pm" are different facts).
-    """
-    norm = _norm(text)
-    if not norm:
-        return True
-    if said and (norm.strip(" .!") in {p.strip(" .!") for p in _PRO_FORMA} or _FILLER.match(norm)):
-        return True
-    words = _words(text)
-    if not words or not said:
-        return not words and bool(said)
-    key = "\x00" + "\x00".join(words) + "\x00"
-    for earlier in said:
-        other = _words(earlier)
-        if key in "\x00" + "\x00".join(other) + "\x00" or _near(words, other):
-            return True
-    return False
-
-
-#: Word-level similarity at or above which two messages are the same message.
-NEAR_DUPLICATE = 0.85
-#: Words compared for near-duplicates (difflib is quadratic in the worst case, on the loop).
-SIMILARITY_WORDS = 400
-_OUTER_PUNCTUATION = "\"'`.,;:!?()[]{}<>«»“”‘’…-–—*_~"
-
-
-def _words(text: str) -> list[str]:
-    out = []
-    for token in text.lower().split()[:SIMILARITY_WORDS]:
-        token = token.strip(_OUTER_PUNCTUATION)
-        if token:
-            out.append(token)
-    return out
-
-
-def _near(a: list[str], b: list[str]) -> bool:
-    if 2 * min(len(a), len(b)) < NEAR_DUPLICATE * (len(a) + len(b)):
-        return False
-    if any(any(c.isdigit() for c in w) for w in set(a) ^ set(b)):
-        return False
-    matcher = SequenceMatcher(None, a, b, autojunk=False)
-    return matcher.quick_ratio() >= NEAR_DUPLICATE and matcher.ratio() >= NEAR_DUPLICATE
-
-
-#: Words of a message that only says work is under way ("Good question! Let me think.").
-_PROGRESS_CUES = (
-    "let me", "let's see", "one moment", "one sec", "just a moment", "give me a", "hold on",
-    "hang on", "on it", "checking", "looking into", "looking it up", "thinking", "working on",
-    "i'll", "i will", "i'm going to", "bear with me",
-)
-#: Cues that announce work only when they open the message ("I'll check"), not when they close
-#: an answer ("I'm great! I'll be around all day.").
-_FUTURE_CUES = frozenset({"i'll", "i will", "i'm going to"})
-#: A message longer than this is content, whatever cue it has.
-PROGRESS_NOTE_CHARS = 100
-
-
-def progress_note(text: str) -> bool:
-    """``text`` only says work is under way: the gate's progress-only check, or a short
-    message with a progress cue (:data:`_PROGRESS_CUES`). Linear in the text."""
-    if progress_only(text):
-        return True
-    norm = _norm(text).replace("let me know", "")
-    if len(norm) > PROGRESS_NOTE_CHARS:
-        return False
-    # the cue opens the message or its last sentence ("Good question! Let me check."): an
-    # answer that merely contains "I'll" somewhere ("I'm great! I'll be around") is content
-    last = _SENTENCE_END.split(norm.rstrip(" .!"))[-1].lstrip(" \"'*-")
-    if any(norm.lstrip(" \"'*-").startswith(cue) for cue in _PROGRESS_CUES):
-        return True
-    # a closing "Let me check." after a greeting is a note; a closing "I'll be around" is not
-    return any(last.startswith(cue) for cue in _PROGRESS_CUES if cue not in _FUTURE_CUES)
+def repeat_key(text: str) -> str:
+    """What two messages must share to be the same message: their text with runs of
+    whitespace made one space, case folded."""
+    return " ".join(text.split()).casefold()
 
 
 def _say_text(arguments: str) -> str:
@@ -229,8 +163,6 @@ class LoopLimits:
     max_messages: int = 4
     #: a reflex completion cut at ``max_tokens`` is asked again once with this budget
     escalate_tokens: int | None = None
-    #: a reflex turn: a step that said something and ran no work tool ends the turn
-    one_reply: bool = False
     #: a scheduled or autonomous turn: it may end without a message (nothing is said for it)
     silent_ok: bool = False
 
@@ -249,11 +181,28 @@ class StepTrace:
 
 @dataclass(slots=True)
 class LoopTrace:
-    """What a run of the loop did, for ``bumblebot trace`` (steps of earlier runs included)."""
+    """What a run of the loop did, for ``bumblebot trace`` (steps of earlier runs included).
+
+    ``cuts``: every text the engine removed or did not deliver, with the rule that did it
+    (``reasoning``, ``engine_echo``, ``call_as_text``, ``exact_repeat``, ``message_cap``,
+    ``say_budget``, ``result_cap``) and the step it happened in. ``told``: how a turn that
+    stopped at a limit told the user (``"model"``: in the model's words; ``"note"``: a plain
+    note), ``None`` when it did not have to."""
 
     steps: list[dict[str, Any]] = field(default_factory=list)
     gate: list[dict[str, Any]] = field(default_factory=list)
     thoughts: list[str] = field(default_factory=list)
+    cuts: list[dict[str, Any]] = field(default_factory=list)
+    #: how a turn that stopped at a limit told the user: in the model's words, or a plain note
+    told: str | None = None
+
+    def cut(self, rule: str, *, call: str | None = None, chars: int | None = None) -> None:
+        entry: dict[str, Any] = {"step": len(self.steps), "rule": rule}
+        if call:
+            entry["call"] = call
+        if chars is not None:
+            entry["chars"] = chars
+        self.cuts.append(entry)
 
 
 @dataclass(slots=True)
@@ -309,9 +258,10 @@ class TurnPort(Protocol):
     async def answered(self) -> None:
         """The model answered a completion (an outage, if there was one, is over)."""
 
-    def on_say(self) -> SayListener | None:
+    def on_say(self, clean: Callable[[str], str]) -> SayListener | None:
         """Where the text of ``say`` calls goes while a completion is streamed (shown in the
-        chat as it is written, ``bumblebot/preview.py``); ``None``: nothing is streamed."""
+        chat as it is written, ``bumblebot/preview.py``); ``None``: nothing is streamed.
+        ``clean`` is what of the raw text so far may be shown."""
         return None
 
     def bind_say(self, index: int, call_id: str) -> None:
@@ -324,9 +274,13 @@ class TurnPort(Protocol):
     def waiting(self) -> None:
         """The turn waits on the model again (the typing indicator shows)."""
 
+    def judging(self) -> None:
+        """The reply is on screen and the completion check runs (no typing indicator)."""
+
     async def stopped(self) -> None:
         """Record that the user stopped the turn (``/stop``), with what of it they saw, as the
         turn's end."""
+
 
 
 class LoopState:
@@ -337,6 +291,7 @@ class LoopState:
         self._kind = kind
         self.user_texts: list[str] = []
         self.delivered: list[str] = []
+        self._delivered_keys: set[str] = set()
         self.steps = 0
         self.work_calls = 0
         self.work_ok = 0
@@ -384,14 +339,23 @@ class LoopState:
             return
         self.steps += 1
         if not message.tool_calls and message.content.strip():
-            self._said(message.content)
+            self.said(message.content)
 
-    def _said(self, text: str) -> None:
-        if _norm(text) not in {_norm(t) for t in self.delivered}:
+    def said(self, text: str) -> None:
+        key = repeat_key(text)
+        if key not in self._delivered_keys:
+            self._delivered_keys.add(key)
             self.delivered.append(text)
 
     def already_said(self, text: str) -> bool:
-        return _norm(text) in {_norm(t) for t in self.delivered}
+        """``text`` is an exact repeat of a message delivered in this turn (:func:`repeat_key`)."""
+        return repeat_key(text) in self._delivered_keys
+
+    def may_still_repeat(self, text: str) -> bool:
+        """``text``, a message still being written, is so far the beginning of one delivered
+        in this turn: it may yet turn out to be an exact repeat."""
+        key = repeat_key(text)
+        return any(done.startswith(key) for done in self._delivered_keys)
 
     def plan(self, calls: list[ToolCall]) -> list[tuple[ToolCall, bool]]:
         """Each call of one step with whether it may run (spec, "Repeat guard"): a work tool
@@ -409,10 +373,10 @@ class LoopState:
         return plan
 
     def step_done(self, said_before: int, ran: list[tuple[ToolCall, bool]], *, cut: bool = False) -> None:
-        """Count a step that brought nothing new (nothing said, no work call that ran with new
-        arguments): :data:`IDLE_STEP_LIMIT` of them in a row mean the model is looping. A step
-        cut at the token budget (``cut``) is trying, not looping, and a step that ends the turn
-        is the completion gate's to judge: both are left out."""
+        """Count a step that brought nothing new (nothing delivered, no work call that ran with
+        new arguments): :data:`IDLE_STEP_LIMIT` of them in a row mean the model is looping. A
+        step cut at the token budget (``cut``) is trying, not looping, and a step that ends
+        the turn is the completion gate's to judge: both are left out."""
         if cut or any(call.name == "end_turn" for call, _ in ran):
             return
         fresh = False
@@ -427,18 +391,17 @@ class LoopState:
         if call.name == "say" and result.ok:
             text = _say_text(call.arguments)
             if text:
-                self._said(text)
+                self.said(text)
         if self._kind(call.name) is ToolKind.WORK:
             self.work_calls += 1
             self.work_ok += int(result.ok)
             self.previews.append(Preview(call.name, result.ok, result.content[:PREVIEW_CHARS]))
 
     def gate_input(
-        self, ended_by: str, hit_length: bool, continues: int, *, reflex: bool = False, silent_ok: bool = False
+        self, ended_by: str, hit_length: bool, continues: int, *, silent_ok: bool = False,
+        work_tools: tuple[str, ...] = (),
     ) -> GateInput:
-        """What the gate judges. ``reflex``: the router sent the turn to reflex; it stays a
-        reflex chat turn for the gate only while no mid-turn message joined the input the
-        router saw (a steered "and write it to a file" was never routed)."""
+        """What the gate judges."""
         return GateInput(
             user_text="\n".join(self.user_texts),
             visible=list(self.delivered),
@@ -448,8 +411,8 @@ class LoopState:
             ended_by=ended_by,
             last_hit_length=hit_length,
             continues_so_far=continues,
-            chat_reflex=reflex and len(self.user_texts) == 1,
             silent_ok=silent_ok,
+            work_tools=work_tools,
         )
 
 
@@ -458,15 +421,47 @@ def _call(api: dict[str, Any]) -> ToolCall:
     return ToolCall(id=api.get("id") or "", name=fn.get("name") or "", arguments=fn.get("arguments") or "{}")
 
 
+class Visible:
+    """What of the model's text may reach the user, by the text rules
+    (:mod:`bumblebot.textrules`): reasoning, the engine's own notes echoed, and a tool call
+    written as text are removed, each removal recorded in the trace."""
+
+    def __init__(self, tools: frozenset[str], trace: LoopTrace) -> None:
+        self.tools = tools
+        self.echoes = EchoFilter([TURN_CONTEXT])
+        self._trace = trace
+
+    def __call__(self, text: str, *, call: str | None = None) -> str:
+        out = strip_reasoning(text)
+        if out != text.strip():
+            self._trace.cut("reasoning", call=call, chars=len(text) - len(out))
+        echoed = self.echoes(out)
+        if echoed != out:
+            self._trace.cut("engine_echo", call=call, chars=len(out) - len(echoed))
+        if echoed and call_as_text(echoed, self.tools):
+            self._trace.cut("call_as_text", call=call, chars=len(echoed))
+            return ""
+        return echoed
+
+    def preview(self, raw: str) -> str:
+        """What of a say still being written may be shown (no trace: the final text is
+        judged, and recorded, when the call is complete)."""
+        return self.echoes(shown_so_far(raw))
+
+
 class TurnState:
     """The running turn as agency tools see it (:class:`bumblebot.toolkit.TurnControl`)."""
 
-    def __init__(self, port: TurnPort, state: LoopState, thoughts: list[str], max_messages: int) -> None:
+    def __init__(
+        self, port: TurnPort, state: LoopState, trace: LoopTrace, max_messages: int, visible: Visible
+    ) -> None:
         self._port = port
         self._state = state
+        self._trace = trace
         self._max_messages = max_messages
+        self._visible = visible
         self._order = asyncio.Lock()  # FIFO: several say() calls of one step keep call order
-        self.thoughts = thoughts
+        self.thoughts = trace.thoughts
         self.end_requested = False
         #: a say of the current step did not get out (the turn must not end on it)
         self.lost = False
@@ -474,9 +469,9 @@ class TurnState:
         self.undeliverable: str | None = None
 
     async def say(self, text: str, *, call_id: str | None = None) -> DeliveryReport:
-        """Deliver a ``say``: not at all when it (nearly) repeats what this turn said, or when
-        the turn already sent :attr:`LoopLimits.max_messages` messages (issue 9)."""
-        text = for_the_user(text)
+        """Deliver a ``say`` as written; not an exact repeat of a message this turn delivered,
+        and nothing past :attr:`LoopLimits.max_messages` messages."""
+        text = self._visible(text, call=call_id)
         if not text:
             return DeliveryReport(
                 delivered=False, dropped="not sent: nothing left after removing reasoning and engine notes"
@@ -484,18 +479,20 @@ class TurnState:
         if self.undeliverable:
             return DeliveryReport(delivered=False, error=self.undeliverable)
         async with self._order:  # checked under the lock: two equal says of one step count too
-            said = self._state.delivered
-            if said and repeats_said(text, said):
+            if self._state.already_said(text):
+                self._trace.cut("exact_repeat", call=call_id, chars=len(text))
                 return DeliveryReport(delivered=True, duplicate=True)
-            if len(said) >= self._max_messages:
+            said = len(self._state.delivered)
+            if said >= self._max_messages:
+                self._trace.cut("message_cap", call=call_id, chars=len(text))
                 return DeliveryReport(
                     delivered=False,
-                    dropped=f"not sent: this turn already sent {len(said)} messages, the most it may; "
+                    dropped=f"not sent: this turn already sent {said} messages, the most it may; "
                     "stop talking and call end_turn",
                 )
             report = await self._port.say(text, tool_call_id=call_id)
             if report.ok:
-                self._state._said(text)
+                self._state.said(text)
             else:
                 self.lost = True
         self._note_unreachable(report)
@@ -515,7 +512,8 @@ class TurnState:
         if self.undeliverable:
             return DeliveryReport(delivered=False, error=self.undeliverable)
         async with self._order:
-            report = await self._port.send_file(str(path), for_the_user(caption) if caption else "", tool_call_id=call_id)
+            clean = self._visible(caption, call=call_id) if caption else ""
+            report = await self._port.send_file(str(path), clean, tool_call_id=call_id)
         self._note_unreachable(report)
         return report
 
@@ -528,6 +526,51 @@ class TurnState:
 
     def think(self, thought: str) -> None:
         self.thoughts.append(thought)
+
+
+class _SayStream:
+    """Which ``say`` calls of the completion being streamed are shown as they are written.
+
+    A say is previewed only when it will be delivered as far as can be told: the turn's
+    message cap leaves room for it (counting the says of this completion shown before it), it
+    is not (yet) the beginning of a message already delivered in this turn (an exact repeat is
+    never delivered, so it must never flash up), and it cannot still turn out to be a tool call
+    written as text. Until then its text is held; once it may show, all of it goes to the
+    preview at once and the rest as it comes."""
+
+    def __init__(self, port: TurnPort, state: LoopState, limits: LoopLimits, turn: TurnState, visible: Visible) -> None:
+        self._listener = port.on_say(visible.preview)
+        self._state = state
+        self._limits = limits
+        self._turn = turn
+        self._visible = visible
+        self._held: dict[int, str] = {}
+        self.shown: set[int] = set()
+
+    @property
+    def listener(self) -> SayListener | None:
+        return None if self._listener is None else self
+
+    def reset(self) -> None:
+        self._held.clear()
+        self.shown.clear()
+
+    def __call__(self, index: int, text: str) -> None:
+        if self._listener is None or self._turn.undeliverable:
+            return
+        if index in self.shown:
+            self._listener(index, text)
+            return
+        so_far = self._held.get(index, "") + text
+        self._held[index] = so_far
+        if len(self._state.delivered) + len(self.shown) >= self._limits.max_messages:
+            return
+        visible = self._visible.preview(so_far)
+        if not visible or self._state.may_still_repeat(visible) or may_be_call(visible, self._visible.tools):
+            return
+        self.shown.add(index)
+        del self._held[index]
+        self._listener(index, so_far)
 
 
 class RequestBuilder:
@@ -560,7 +603,7 @@ class RequestBuilder:
 
 class _StepBudget:
     """One step's results share ``max_tool_result_chars`` (each is already capped alone):
-    parallel calls must not overflow the window between them (field-bugs.md item 12). Results
+    parallel calls must not overflow the window between them. Results
     are fitted as they complete, so each can be recorded at once."""
 
     def __init__(self, budget: int, calls: int) -> None:
@@ -654,6 +697,34 @@ async def _all_or_none(coros: list[Coroutine[Any, Any, _T]]) -> list[_T]:
     return [t.result() for t in tasks]
 
 
+@dataclass(slots=True)
+class _Run:
+    """One run of the loop over a turn: its collaborators and what changes from step to step."""
+
+    port: TurnPort
+    requests: RequestBuilder
+    limits: LoopLimits
+    trace: LoopTrace
+    state: LoopState
+    turn: TurnState
+    visible: Visible
+    stream: _SayStream
+    ctx: ToolContext
+    work_tools: tuple[str, ...]
+    used_ids: set[str]
+    stop_reason: str = "step_cap"
+    #: how the model ended its turn (``"end_turn"`` or ``"text"``), for the gate to judge
+    ended_by: str | None = None
+    nudge: str | None = None
+    hit_length: bool = False
+    length_stalls: int = 0
+    gate_continues: int = 0
+    #: the gate's last CONTINUE: what the turn still owes
+    unmet: GateDecision | None = None
+    #: the first completion was asked again once, for a burst
+    restarted: bool = False
+
+
 class AgentLoop:
     """Runs one turn. Collaborators come in through the constructor."""
 
@@ -676,286 +747,313 @@ class AgentLoop:
             ModelError: the endpoint failed (after the one retry on a context-length refusal);
                 every step before it is recorded, so the turn can be resumed later.
         """
+        run = self._start(port, requests, limits, trace, conversation)
+        run.ended_by, run.nudge = await self._close_interrupted(run)
+        while await self._step(run):
+            pass
+        return await self._close(run)
+
+    def _start(
+        self, port: TurnPort, requests: RequestBuilder, limits: LoopLimits, trace: LoopTrace, conversation: str
+    ) -> _Run:
+        names = [s["function"]["name"] for s in requests.tool_schemas if isinstance(s.get("function"), dict)]
         state = LoopState.replay(port.transcript, self.toolbox.kind)
-        turn = TurnState(port, state, trace.thoughts, limits.max_messages)
+        visible = Visible(frozenset(names), trace)
+        turn = TurnState(port, state, trace, limits.max_messages, visible)
         ctx = ToolContext(
             workspace=self.tool_context.workspace, data_dir=self.tool_context.data_dir, turn=turn,
             conversation=conversation, extras=self.tool_context.extras,
         )
-        length_stalls = gate_continues = 0
-        stop_reason = "step_cap"
-        unmet: GateDecision | None = None  # the gate's last CONTINUE: what the turn still owes
-        schemas = requests.tool_schemas
-        used_ids = requests.call_ids()
-        interrupted = await self._lost_work(port)  # a crash cut off a step that lost something: redone
-        ended_by, nudge = await self._close_interrupted(port, state)
-        hit_length = False
-        listener = port.on_say()
-        previewing: set[int] = set()  # says of the completion being streamed that are shown
+        return _Run(
+            port=port, requests=requests, limits=limits, trace=trace, state=state, turn=turn, visible=visible,
+            stream=_SayStream(port, state, limits, turn, visible), ctx=ctx,
+            work_tools=tuple(n for n in names if self.toolbox.kind(n) is ToolKind.WORK),
+            used_ids=requests.call_ids(),
+        )
 
-        def on_say(index: int, text: str) -> None:
-            # nothing is shown that could not be sent (the turn's message cap, counting the
-            # says of this completion shown before this one)
-            if listener is None or turn.undeliverable:
-                return
-            if index not in previewing:
-                if len(state.delivered) + len(previewing) >= limits.max_messages:
-                    return
-                previewing.add(index)
-            listener(index, text)
-
-        stop = port.stop
-        restarted = False  # the first completion was asked again once, for a burst
-        while True:
-            if stop.is_set():
-                stop_reason = "stopped"
-                break
-            if ended_by is not None:  # the model ended its turn: may it?
-                capped = gate_continues >= MAX_GATE_CONTINUES
-                try:
-                    decision = await _unless_stopped(
-                        stop, self.gate.check(state.gate_input(
-                            ended_by, hit_length, gate_continues, reflex=limits.one_reply, silent_ok=limits.silent_ok
-                        ))
-                    )
-                except Stopped:
-                    stop_reason = "stopped"
-                    break
-                trace.gate.append(_gate_entry(len(trace.steps), decision))
-                if decision.done:
-                    stop_reason = "end_turn" if ended_by == "end_turn" else "final_reply"
-                    if capped and unmet is not None and state.work_ok == 0 and state.delivered:
-                        stop_reason += "+unfinished"  # only promises were said: say so (issue 9)
-                    break
-                gate_continues += 1
-                unmet = decision
-                nudge = decision.nudge
-                if ended_by == "text" and length_stalls >= LENGTH_STALL_LIMIT:
-                    nudge = (nudge or "") + " " + LENGTH_ADVICE
-                ended_by = None
-            if state.steps >= limits.max_steps:
-                break
-            if state.idle_steps >= IDLE_STEP_LIMIT:
-                stop_reason = "looping"  # no need to wait for the step cap
-                break
-            if turn.undeliverable:
-                stop_reason = "undeliverable"  # e.g. the user blocked the bot: stop spending tokens
-                break
-            if limits.max_steps - state.steps >= STEER_MIN_STEPS_LEFT:
-                # later messages wait for the next turn: this one must keep steps to answer them
-                for steer in await port.take_steering():
-                    state.on_user(steer)
-                    nudge = None
-            request, estimate = await requests.build(nudge)
-            port.waiting()
-            previewing.clear()
-            # the first completion of a turn that began at once may be asked again when the
-            # burst it began with goes on (cognition.debounce_s): it has shown nothing yet
-            burst = port.burst if not trace.steps and not restarted and not state.delivered else None
-            try:
-                completion = await _unless_stopped(stop, self._complete_fitting(
-                    request, nudge, requests, schemas, limits, on_say if listener is not None else None
-                ), burst=burst, may_restart=lambda: not previewing)
-            except Stopped:
-                stop_reason = "stopped"
-                break
-            except Burst:
-                restarted = True
-                try:
-                    await _unless_stopped(stop, port.settle_burst())
-                except Stopped:
-                    stop_reason = "stopped"
-                    break
-                for steer in await port.take_steering(burst=True):
-                    state.on_user(steer)
-                nudge = None
-                continue
-            except ContextTooLong:
-                if not state.delivered:
-                    raise  # nothing got through: the turn fails with the "too long" note
-                # the turn's own steps filled the window after it had answered: stop here; the
-                # next turn starts from compacted history (issue 9)
-                stop_reason = "context_full"
-                break
-            step = StepTrace(
-                step=len(trace.steps) + 1,
-                finish_reason=completion.finish_reason,
-                prompt_tokens=completion.prompt_tokens,
-                completion_tokens=completion.completion_tokens,
-                estimate=estimate,
-                tool_choice=completion.tool_choice,
-            )
-            await port.answered()
-            await requests.observe_usage(completion.prompt_tokens, estimate)
-            if _cut_short(completion) and limits.escalate_tokens and limits.escalate_tokens > limits.max_tokens:
-                # a reply cut by the reflex budget: ask again once with the deliberate one,
-                # before anything of it is run or delivered (issue 9)
-                limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
-                try:
-                    completion = await _unless_stopped(
-                        stop, self._complete(request, schemas, limits, on_say if listener is not None else None)
-                    )
-                except Stopped:
-                    stop_reason = "stopped"
-                    break
-                step.finish_reason, step.escalated = completion.finish_reason, True
-                step.completion_tokens = completion.completion_tokens
-            trace.steps.append(_fields(step))
-            hit_length = completion.hit_length
-            length_stalls = length_stalls + 1 if hit_length else 0
-            nudge = None
-            said_before = len(state.delivered)
-
-            if completion.tool_calls:
-                fitted = [_fit_call(_unique_id(c, used_ids), limits) for c in completion.tool_calls]
-                calls = [call for call, _ in fitted]
-                unusable = {call.id: error for call, error in fitted if error is not None}
-                # text of only invisible characters is no text (strict endpoints refuse it)
-                content = "" if blank(completion.content) else storable_text(completion.content)
-                message = Message(role="assistant", content=content, tool_calls=[c.to_api() for c in calls])
-                await port.record(message)  # before any side effect: a crash from here on is resumable
-                state.on_assistant(message)
-                for streamed, call in zip(completion.tool_calls, calls, strict=True):
-                    if streamed.index is not None and call.name == "say" and call.id not in unusable:
-                        port.bind_say(streamed.index, call.id)
-                plan = state.plan(calls)
-                turn.lost = False
-                failed = await self._run_calls(port, state, plan, ctx, limits, step, unusable)
-                await port.settle_previews()
-                state.step_done(said_before, plan, cut=hit_length)
-                said_now = state.delivered[said_before:]
-                # "On it!" is a promise, not the reply: the turn goes on (the gate's own check);
-                # the first step after a crash redoes the step it cut off, whose work is done
-                # already: saying again what did not get out is not the end of the turn
-                redo, interrupted = interrupted, False
-                if limits.one_reply and said_now and not redo and not all(
-                    progress_only(t) for t in said_now
-                ) and not any(allowed and self.toolbox.kind(call.name) is ToolKind.WORK for call, allowed in plan):
-                    turn.end_requested = True  # a reflex turn is one reply (docs/cognition.md)
-                if limits.one_reply and len(state.delivered) >= limits.max_messages:
-                    turn.end_requested = True  # nothing more can be said: a reflex turn is over
-                if turn.end_requested:
-                    turn.end_requested = False
-                    if not turn.lost:  # a message that did not get out must not end the turn
-                        ended_by = "end_turn"
-                        continue
-                nudge = post_tool_nudge(failed, state.delivered)
-                if length_stalls >= LENGTH_STALL_LIMIT:
-                    nudge += " " + LENGTH_ADVICE
-                continue
-
-            # A completion without tool calls: the endpoint did not force tools.
-            await port.settle_previews()  # a say streamed before an escalation asked again
-            text = _fit_text(for_the_user(completion.content.strip()), limits)
-            text = "" if blank(text) else storable_text(text)
-            capped = len(state.delivered) >= limits.max_messages
-            if text and not turn.undeliverable and not capped and not self._suppressed(text, state):
-                await turn.reply(text)  # recorded with its outbox row; counts the step
-            else:
-                state.steps += 1
-                if text:
-                    step.tool_calls.append({"name": "(final reply)", "suppressed": True})
-            state.step_done(said_before, [], cut=hit_length)
-            ended_by = "text"
-
-        if stop_reason == "stopped":
-            await port.stopped()  # what was delivered stays; nothing more is said
-            return LoopResult(messages=port.transcript, stop_reason=stop_reason, delivered=list(state.delivered))
-        if limits.silent_ok and not state.delivered:
-            # a scheduled or autonomous turn that said nothing: silence is its answer
-            return LoopResult(messages=port.transcript, stop_reason=stop_reason + "+silent", delivered=[])
-        if not state.delivered and stop_reason in ("step_cap", "looping", "end_turn", "final_reply") and not turn.undeliverable:
-            # nothing reached the user: ask once more, without tools, for a plain answer
-            text = await self._last_chance(requests, limits)
-            if text:
-                await turn.reply(text)
-                stop_reason += "+last_chance"
-        if (
-            stop_reason in ("step_cap", "looping") and state.delivered and state.work_ok == 0
-            and all(progress_note(t) for t in state.delivered)
-        ):
-            stop_reason += "+unfinished"  # only promises got out before it stopped (issue 9 review)
-            unmet = unmet or GateDecision(done=False, reason="", nudge=None, judge=None)
-        note = None
-        if stop_reason.endswith("+unfinished") and unmet is not None:
-            note = UNFINISHED_MESSAGE.format(why=f" ({_clip(unmet.reason, 120)})" if unmet.reason else "")
-        elif stop_reason in ("step_cap", "looping") and not state.delivered:
-            # only when nothing got through: what was said stands
-            note = STEP_CAP_MESSAGE if stop_reason == "step_cap" else LOOPING_MESSAGE
-        elif stop_reason not in ("undeliverable", "step_cap", "looping") and not state.delivered:
-            stop_reason += "+fallback"
-            note = NO_REPLY_MESSAGE
-        if note is not None:
-            # recorded, and marked as the end: the next turn knows what the user saw, and a
-            # crash from here on finishes the turn instead of sending the note again
-            await turn.reply(note, note=True, closing=stop_reason)
-        return LoopResult(messages=port.transcript, stop_reason=stop_reason, delivered=list(state.delivered))
-
-    async def _last_chance(self, requests: RequestBuilder, limits: LoopLimits) -> str:
-        """One tool-less completion asking for a plain answer, for a turn about to end with
-        nothing said (a weak model that only looped on tools); ``""`` when that fails too."""
+    async def _step(self, run: _Run) -> bool:
+        """One round: judge an ending, check the limits, take what arrived meanwhile, ask the
+        model, act on its answer. ``False`` when the turn is over (``run.stop_reason`` says why)."""
+        if run.port.stop.is_set():
+            run.stop_reason = "stopped"
+            return False
+        if run.ended_by is not None and await self._gate(run):
+            return False
+        limit = self._limit(run)
+        if limit is not None:
+            run.stop_reason = limit
+            return False
+        if run.limits.max_steps - run.state.steps >= STEER_MIN_STEPS_LEFT:
+            # later messages wait for the next turn: this one must keep steps to answer them
+            for steer in await run.port.take_steering():
+                run.state.on_user(steer)
+                run.nudge = None
         try:
-            request, _ = await requests.build(LAST_CHANCE_NUDGE)
-            # without the tool rounds: a weak model shown them only writes another call as text,
-            # and some servers refuse tool messages in a request that offers no tools
-            request = _plain_conversation(request)
-            completion = await self.llm.complete(
-                request, model=limits.model, max_tokens=min(limits.max_tokens, LAST_CHANCE_MAX_TOKENS),
-                temperature=limits.temperature,
-            )
-        except Exception as exc:  # the honest note is sent instead
-            log.info("last-chance reply failed: %s", exc)
-            return ""
-        text = for_the_user(completion.content.strip())
-        return text if len(text) <= LAST_CHANCE_MAX_TOKENS * 4 else text[: LAST_CHANCE_MAX_TOKENS * 4 - 1].rstrip() + "…"
+            completion = await self._ask(run)
+        except Stopped:
+            run.stop_reason = "stopped"
+            return False
+        except ContextTooLong:
+            if not run.state.delivered:
+                raise  # nothing got through: the turn fails with the "too long" note
+            # the turn's own steps filled the window after it had answered: stop here; the
+            # next turn starts from compacted history
+            run.stop_reason = "context_full"
+            return False
+        if completion is None:  # a burst went on: asked again with all of it
+            return True
+        if completion.tool_calls:
+            await self._act(run, completion)
+        else:
+            await self._answer(run, completion)
+        return True
+
+    async def _gate(self, run: _Run) -> bool:
+        """The model ended its turn: may it? ``True`` when the turn is over."""
+        ended_by, run.ended_by = run.ended_by, None
+        run.port.judging()
+        try:
+            decision = await _unless_stopped(run.port.stop, self.gate.check(run.state.gate_input(
+                ended_by or "end_turn", run.hit_length, run.gate_continues,
+                silent_ok=run.limits.silent_ok, work_tools=run.work_tools,
+            )))
+        except Stopped:
+            run.stop_reason = "stopped"
+            return True
+        run.trace.gate.append(_gate_entry(len(run.trace.steps), decision))
+        if decision.done:
+            run.stop_reason = "end_turn" if ended_by == "end_turn" else "final_reply"
+            capped = run.gate_continues >= MAX_GATE_CONTINUES
+            if capped and run.unmet is not None and run.state.work_ok == 0 and run.state.delivered:
+                run.stop_reason += "+unfinished"  # the check found it undone to the end: say so
+            return True
+        run.gate_continues += 1
+        run.unmet = decision
+        run.nudge = decision.nudge
+        if ended_by == "text" and run.length_stalls >= LENGTH_STALL_LIMIT:
+            run.nudge = (run.nudge or "") + " " + self._length_advice(run)
+        return False
 
     @staticmethod
-    def _suppressed(text: str, state: LoopState) -> bool:
-        """Spec, "Intermediate delivery": a plain-text final reply after ``say``. With no work
-        tool in the turn, the model already answered through ``say``: the final text is dropped,
-        unless every ``say`` was only a progress note ("On it!"), then the text is the answer.
-        After work tools, only a reply that repeats what was said (or closing filler) is
-        dropped; new content is never lost."""
-        if not state.delivered:
-            return False
-        if state.work_calls == 0 and not all(progress_note(t) for t in state.delivered):
-            return True
-        return repeats_said(text, state.delivered)
+    def _limit(run: _Run) -> str | None:
+        """The limit the turn has reached, if any (it stops there)."""
+        if run.state.steps >= run.limits.max_steps:
+            return "step_cap"
+        if run.state.idle_steps >= IDLE_STEP_LIMIT:
+            return "looping"  # no need to wait for the step cap
+        if run.length_stalls > LENGTH_STALL_LIMIT:
+            return "budget"  # told to write less at a time, and still cut
+        if run.turn.undeliverable:
+            return "undeliverable"  # e.g. the user blocked the bot: stop spending tokens
+        return None
+
+    async def _ask(self, run: _Run) -> Completion | None:
+        """The step's completion (a reflex reply cut by its budget asked again once with the
+        deliberate one); ``None`` when more messages of the burst the turn began with came
+        while its first completion was awaited: it was aborted, and the rest of the burst
+        taken in."""
+        stop, limits = run.port.stop, run.limits
+        request, estimate = await run.requests.build(run.nudge)
+        if run.nudge:
+            run.visible.echoes.add(run.nudge)
+        run.port.waiting()
+        run.stream.reset()
+        # the first completion of a turn that began at once may be asked again when the
+        # burst it began with goes on (cognition.debounce_s): it has shown nothing yet
+        first = not run.trace.steps and not run.restarted and not run.state.delivered
+        try:
+            completion = await _unless_stopped(stop, self._complete_fitting(
+                request, run.nudge, run.requests, limits, run.stream.listener
+            ), burst=run.port.burst if first else None, may_restart=lambda: not run.stream.shown)
+        except Burst:
+            run.restarted = True
+            await _unless_stopped(stop, run.port.settle_burst())
+            for steer in await run.port.take_steering(burst=True):
+                run.state.on_user(steer)
+            run.nudge = None
+            return None
+        step = StepTrace(
+            step=len(run.trace.steps) + 1,
+            finish_reason=completion.finish_reason,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            estimate=estimate,
+            tool_choice=completion.tool_choice,
+        )
+        await run.port.answered()
+        await run.requests.observe_usage(completion.prompt_tokens, estimate)
+        if _cut_short(completion) and limits.escalate_tokens and limits.escalate_tokens > limits.max_tokens:
+            # a reply cut by the reflex budget: ask again once with the deliberate one, before
+            # anything of it is run or delivered (what was streamed of it is taken down)
+            limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
+            await run.port.settle_previews()
+            run.stream.reset()
+            completion = await _unless_stopped(stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener))
+            step.finish_reason, step.escalated = completion.finish_reason, True
+            step.completion_tokens = completion.completion_tokens
+        run.trace.steps.append(_fields(step))
+        run.hit_length = completion.hit_length
+        run.length_stalls = run.length_stalls + 1 if run.hit_length else 0
+        run.nudge = None
+        return completion
+
+    async def _act(self, run: _Run, completion: Completion) -> None:
+        """A step with tool calls: record it, run the calls, and decide what the model is told
+        next (or that it ended its turn)."""
+        state, port = run.state, run.port
+        said_before = len(state.delivered)
+        fitted = [self._fit_call(_unique_id(c, run.used_ids), run) for c in completion.tool_calls]
+        calls = [call for call, _ in fitted]
+        unusable = {call.id: error for call, error in fitted if error is not None}
+        # text of only invisible characters is no text (strict endpoints refuse it)
+        content = "" if blank(completion.content) else storable_text(completion.content)
+        message = Message(role="assistant", content=content, tool_calls=[c.to_api() for c in calls])
+        await port.record(message)  # before any side effect: a crash from here on is resumable
+        state.on_assistant(message)
+        for streamed, call in zip(completion.tool_calls, calls, strict=True):
+            if streamed.index is not None and call.name == "say" and call.id not in unusable:
+                port.bind_say(streamed.index, call.id)
+        plan = state.plan(calls)
+        run.turn.lost = False
+        failed = await self._run_calls(run, plan, unusable)
+        await port.settle_previews()
+        state.step_done(said_before, plan, cut=run.hit_length)
+        if run.turn.end_requested:
+            run.turn.end_requested = False
+            if not run.turn.lost:  # a message that did not get out must not end the turn
+                run.ended_by = "end_turn"
+                return
+        run.nudge = post_tool_nudge(failed, state.delivered)
+        if run.length_stalls >= LENGTH_STALL_LIMIT:
+            run.nudge += " " + self._length_advice(run)
+
+    async def _answer(self, run: _Run, completion: Completion) -> None:
+        """A completion without tool calls (the endpoint did not force tools): the model's
+        last word. It is delivered as any say would be, and the gate judges the ending."""
+        state = run.state
+        await run.port.settle_previews()  # a say streamed before an escalation asked again
+        said_before = len(state.delivered)
+        text = self._fit_text(run.visible(completion.content), run)
+        text = "" if blank(text) else storable_text(text)
+        if text and state.already_said(text):
+            run.trace.cut("exact_repeat", chars=len(text))
+            text = ""
+        elif text and len(state.delivered) >= run.limits.max_messages:
+            run.trace.cut("message_cap", chars=len(text))
+            text = ""
+        if text and not run.turn.undeliverable:
+            await run.turn.reply(text)  # recorded with its outbox row; counts the step
+        else:
+            state.steps += 1
+        state.step_done(said_before, [], cut=run.hit_length)
+        run.ended_by = "text"
+
+    async def _close(self, run: _Run) -> LoopResult:
+        """The loop is over: say what the user must still be told, once.
+
+        A turn the model ended with nothing said gets one tool-less try for a plain answer,
+        then an honest note. A turn that stopped at a limit (or that the check found undone to
+        the end) gets closing words: the model is asked, without tools, to tell the user in
+        their language what it did and what is left; a plain note when it cannot. Nothing is
+        added past the turn's message cap, to an automation's turn (nobody is waiting for an
+        apology), nor to a chat the platform refuses."""
+        state, stop_reason = run.state, run.stop_reason
+        if stop_reason == "stopped":
+            await run.port.stopped()  # what was delivered stays; nothing more is said
+            return self._result(run, stop_reason)
+        if run.limits.silent_ok:
+            # a scheduled or autonomous turn: silence is an answer, and nobody awaits an apology
+            return self._result(run, stop_reason if state.delivered else stop_reason + "+silent")
+        if stop_reason == "undeliverable" or len(state.delivered) >= run.limits.max_messages:
+            return self._result(run, stop_reason)
+        if not state.delivered and stop_reason in ("end_turn", "final_reply"):
+            text = await self._plain_words(run, LAST_CHANCE_NUDGE, LAST_CHANCE_MAX_TOKENS)
+            if text:
+                await run.turn.reply(text)
+                return self._result(run, stop_reason + "+last_chance")
+            stop_reason += "+fallback"
+            await run.turn.reply(NO_REPLY_MESSAGE, note=True, closing=stop_reason)
+            return self._result(run, stop_reason)
+        if stop_reason == "context_full":
+            await run.turn.reply(CONTEXT_FULL_MESSAGE, note=True, closing=stop_reason)  # the window has no room to ask
+            return self._result(run, stop_reason)
+        if stop_reason.endswith("+unfinished"):
+            reason = _clip(run.unmet.reason, 120) if run.unmet and run.unmet.reason else ""
+            why = f"a check found the request not done yet: {reason}" if reason else "a check found the request not done yet"
+            note = UNFINISHED_MESSAGE.format(why=f" ({reason})" if reason else "")
+            return self._result(run, await self._closing_words(run, stop_reason, why, note))
+        if stop_reason in _LIMIT_WHY:
+            why, note = _LIMIT_WHY[stop_reason], _LIMIT_NOTES[stop_reason]
+            return self._result(run, await self._closing_words(run, stop_reason, why, note))
+        return self._result(run, stop_reason)
+
+    async def _closing_words(self, run: _Run, stop_reason: str, why: str, note: str) -> str:
+        """Tell the user once why the turn stopped: in the model's words when it gives new
+        ones, else ``note`` (the trace's ``closing`` says which). Recorded as the turn's end (a
+        crash from here on finishes the turn instead of saying it again)."""
+        text = await self._plain_words(run, CLOSING_NUDGE.format(why=why), CLOSING_MAX_TOKENS)
+        if text and not run.state.already_said(text):
+            run.trace.told = "model"
+            await run.turn.reply(text, closing=stop_reason)
+        else:
+            run.trace.told = "note"
+            await run.turn.reply(note, note=True, closing=stop_reason)
+        return stop_reason
+
+    @staticmethod
+    def _result(run: _Run, stop_reason: str) -> LoopResult:
+        return LoopResult(messages=run.port.transcript, stop_reason=stop_reason, delivered=list(run.state.delivered))
+
+    async def _plain_words(self, run: _Run, nudge: str, max_tokens: int) -> str:
+        """One tool-less completion with ``nudge``, its text as it may reach the user; ``""``
+        when it fails or says nothing usable."""
+        limits = run.limits
+        try:
+            request, _ = await run.requests.build(nudge)
+            run.visible.echoes.add(nudge)
+            # without the tool rounds: a weak model shown them only writes another call as text,
+            # and some servers refuse tool messages in a request that offers no tools
+            completion = await self.llm.complete(
+                _plain_conversation(request), model=limits.model, max_tokens=min(limits.max_tokens, max_tokens),
+                temperature=limits.temperature,
+            )
+        except Exception as exc:  # the plain note is sent instead
+            log.info("a tool-less reply failed: %s", exc)
+            return ""
+        text = run.visible(completion.content)
+        if len(text) > max_tokens * 4:
+            run.trace.cut("say_budget", chars=len(text) - max_tokens * 4)
+            text = text[: max_tokens * 4 - 1].rstrip() + "…"
+        return "" if blank(text) else storable_text(text)
+
+    def _length_advice(self, run: _Run) -> str:
+        return LENGTH_ADVICE_FILE if "write_file" in run.visible.tools else LENGTH_ADVICE
 
     async def _complete_fitting(
         self,
         request: list[dict[str, Any]],
         nudge: str | None,
         requests: RequestBuilder,
-        schemas: list[dict[str, Any]],
         limits: LoopLimits,
         on_say: SayListener | None = None,
     ) -> Completion:
         """One completion; a context-length refusal compacts (or prunes) and retries once."""
         try:
-            return await self._complete(request, schemas, limits, on_say)
+            return await self._complete(request, requests.tool_schemas, limits, on_say)
         except ContextTooLong as exc:
-            # spec/issue: compact (or prune) and retry once; a second refusal ends the turn
+            # compact (or prune) and retry once; a second refusal ends the turn
             await requests.observe_refusal(exc.prompt_tokens)  # estimates were low: learn now
             await requests.shrink()
             request, _ = await requests.build(nudge)
-            return await self._complete(request, schemas, limits, on_say)
+            return await self._complete(request, requests.tool_schemas, limits, on_say)
 
-    async def _run_calls(
-        self,
-        port: TurnPort,
-        state: LoopState,
-        plan: list[tuple[ToolCall, bool]],
-        ctx: ToolContext,
-        limits: LoopLimits,
-        step: StepTrace,
-        unusable: dict[str, str] | None = None,
-    ) -> list[str]:
+    async def _run_calls(self, run: _Run, plan: list[tuple[ToolCall, bool]], unusable: dict[str, str]) -> list[str]:
         """Run a step's calls concurrently, recording each result as it completes; returns the
         names of the calls that failed. A call in ``unusable`` (id -> why) is not run: its
         result is that error."""
-        budget = _StepBudget(limits.max_tool_result_chars, len(plan))
-        unusable = unusable or {}
+        budget = _StepBudget(run.limits.max_tool_result_chars, len(plan))
+        ctx, port = run.ctx, run.port
+        step = run.trace.steps[-1]
 
         async def one(call: ToolCall, allowed: bool) -> tuple[ToolResult, float]:
             call_ctx = ToolContext(
@@ -965,45 +1063,38 @@ class AgentLoop:
             if call.id in unusable:
                 result, seconds = ToolResult.error(unusable[call.id]), 0.0
             elif call.name in UNTIMED:  # a delivery is never cut off halfway (see _execute)
-                result, seconds = await self._execute(call, allowed, call_ctx, limits)
+                result, seconds = await self._execute(call, allowed, call_ctx, run)
             else:
                 try:
-                    result, seconds = await _unless_stopped(port.stop, self._execute(call, allowed, call_ctx, limits))
+                    result, seconds = await _unless_stopped(port.stop, self._execute(call, allowed, call_ctx, run))
                 except Stopped:
                     result, seconds = ToolResult.error(STOPPED_RESULT), 0.0
-            result = budget.fit(result)
+            fitted = budget.fit(result)
+            if fitted is not result:
+                run.trace.cut("result_cap", call=call.id, chars=len(result.content) - len(fitted.content))
             await port.record(
-                Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=result.ok)
+                Message(role="tool", content=fitted.content, tool_call_id=call.id, name=call.name, ok=fitted.ok)
             )
-            return result, seconds
+            return fitted, seconds
 
         results = await _all_or_none([one(c, allowed) for c, allowed in plan])
         failed: list[str] = []
         for (call, _), (result, seconds) in zip(plan, results, strict=True):
-            step.tool_calls.append(
+            step["tool_calls"].append(
                 {"name": call.name, "ok": result.ok, "seconds": round(seconds, 3), "kind": str(self.toolbox.kind(call.name))}
             )
-            state.on_result(call, result)
+            run.state.on_result(call, result)
             if not result.ok:
                 failed.append(call.name)
         return failed
 
-    async def _lost_work(self, port: TurnPort) -> bool:
-        """A crash cut off a step that lost something: a work call, or a ``say`` that never got
-        out (a say already sent lost nothing)."""
-        open_calls = [_call(c) for c in _open_calls(port.transcript)]
-        if not open_calls:
-            return False
-        sent = {e.tool_call_id for e in await port.outbox() if e.tool_call_id and e.status == "sent"}
-        return any(
-            self.toolbox.kind(c.name) is ToolKind.WORK or (c.name == "say" and c.id not in sent) for c in open_calls
-        )
-
-    async def _close_interrupted(self, port: TurnPort, state: LoopState) -> tuple[str | None, str | None]:
+    async def _close_interrupted(self, run: _Run) -> tuple[str | None, str | None]:
         """Resume: give the calls a crash cut off a result, and say what the last recorded
         step asks for next: ``("end_turn" | "text", None)`` when it had ended the turn (the
-        gate decides again), ``(None, nudge)`` after a tool round, ``(None, None)`` otherwise."""
-        closed = await self._close_open_calls(port, ToolResult.error(INTERRUPTED), state)
+        gate decides again), ``(None, nudge)`` after a tool round, ``(None, None)`` otherwise.
+        A ``say`` or ``send_file`` that never reached the outbox is delivered now, as recorded."""
+        port = run.port
+        closed = await self._close_open_calls(port, ToolResult.error(INTERRUPTED), run)
         if closed:
             log.info("resumed a turn: %d interrupted call(s) closed", closed)
         last = port.transcript[-1]
@@ -1016,31 +1107,50 @@ class AgentLoop:
         ended = any(_call(c).name == "end_turn" for c in block[0].tool_calls or ())
         if ended and not any(_lost(m) for m in block[1:]):
             return "end_turn", None
-        return None, post_tool_nudge(failed, state.delivered)
+        return None, post_tool_nudge(failed, run.state.delivered)
 
     async def abandon(self, port: TurnPort, reason: str) -> None:
         """The turn ends without the loop (a bug stopped it mid-step, or it is given up after
         repeated crashes): give its cut-off calls a result, so the history stays a valid
-        sequence. A ``say`` gets what its delivery did; a work call ``not completed: <reason>``."""
+        sequence. A ``say`` gets what its delivery did (nothing new is sent); a work call
+        ``not completed: <reason>``."""
         await self._close_open_calls(port, ToolResult.error(f"not completed: {reason}"))
 
-    async def _close_open_calls(self, port: TurnPort, other: ToolResult, state: LoopState | None = None) -> int:
-        """Record a result for each call of the transcript that has none; returns how many."""
+    async def _close_open_calls(self, port: TurnPort, other: ToolResult, run: _Run | None = None) -> int:
+        """Record a result for each call of the transcript that has none; returns how many.
+        With ``run`` (a resume), a delivery with no outbox row is made now."""
         open_calls = [_call(c) for c in _open_calls(port.transcript)]
         if not open_calls:
             return 0
-        sent = {e.tool_call_id: e for e in await port.outbox() if e.tool_call_id}
+        rows = {e.tool_call_id: e for e in await port.outbox() if e.tool_call_id}
         for call in open_calls:
-            if call.name in DELIVERIES:
-                result = _delivery_of(sent.get(call.id)).as_result()
+            if call.name in DELIVERIES and run is not None and call.id not in rows:
+                result = await self._deliver_recorded(call, run)
+            elif call.name in DELIVERIES:
+                result = _delivery_of(rows.get(call.id)).as_result()
             elif call.name in _COMPLETED_ON_RESUME:
                 result = ToolResult(_COMPLETED_ON_RESUME[call.name])
             else:
                 result = other
             await port.record(Message(role="tool", content=result.content, tool_call_id=call.id, name=call.name, ok=result.ok))
-            if state is not None:
-                state.on_result(call, result)
+            if run is not None:
+                run.state.on_result(call, result)
         return len(open_calls)
+
+    async def _deliver_recorded(self, call: ToolCall, run: _Run) -> ToolResult:
+        """A ``say`` or ``send_file`` recorded before a crash that never reached the outbox:
+        nothing of it was sent, so it is delivered now, exactly as recorded."""
+        if call.name == "say":
+            text = _say_text(call.arguments)
+            if not text:
+                return ToolResult.error("nothing to say: text is empty")
+            return (await run.turn.say(text, call_id=call.id)).as_result()
+        ctx = run.ctx
+        call_ctx = ToolContext(
+            workspace=ctx.workspace, data_dir=ctx.data_dir, turn=ctx.turn, conversation=ctx.conversation,
+            call_id=call.id, extras=ctx.extras,
+        )
+        return await self.toolbox.execute(call.name, call.arguments, call_ctx)
 
     async def _complete(
         self, request: list[dict[str, Any]], schemas: list[dict[str, Any]], limits: LoopLimits,
@@ -1056,11 +1166,10 @@ class AgentLoop:
             on_say=on_say,
         )
 
-    async def _execute(
-        self, call: ToolCall, run: bool, ctx: ToolContext, limits: LoopLimits
-    ) -> tuple[ToolResult, float]:
+    async def _execute(self, call: ToolCall, run_it: bool, ctx: ToolContext, run: _Run) -> tuple[ToolResult, float]:
         started = time.monotonic()
-        if not run:
+        limits = run.limits
+        if not run_it:
             return (
                 ToolResult.error(
                     f"Not executed: {call.name} already ran in your last {REPEAT_LIMIT - 1} steps, and "
@@ -1081,9 +1190,49 @@ class AgentLoop:
             except TimeoutError:
                 result = ToolResult.error(f"{call.name} timed out after {timeout:g} s")
         if len(result.content) > limits.max_tool_result_chars:
-            # one huge result must not brick the session (field-bugs.md item 12)
+            # one huge result must not brick the session
+            run.trace.cut("result_cap", call=call.id, chars=len(result.content) - limits.max_tool_result_chars)
             result = ToolResult(cap_tool_result(result.content, limits.max_tool_result_chars), ok=result.ok)
         return result, time.monotonic() - started
+
+    def _fit_text(self, text: str, run: _Run) -> str:
+        limit = _reply_chars(run.limits)
+        if len(text) <= limit:
+            return text
+        run.trace.cut("say_budget", chars=len(text) - limit + 1)
+        return text[: limit - 1].rstrip() + "…"
+
+    def _fit_call(self, call: ToolCall, run: _Run) -> tuple[ToolCall, str | None]:
+        """The call as it is recorded and run, and why it cannot run (``None``: it can).
+
+        Arguments that are not a JSON object (garbage, or cut off at the token budget) are
+        recorded as ``{}`` and the call is not run: strict endpoints (vLLM) refuse a history
+        holding invalid arguments for every later request, and a server that ignored
+        ``max_tokens`` must not grow the transcript past the window with them. A ``say`` keeps
+        no reasoning, and one longer than the step's budget allowed is cut to it before it is
+        recorded or sent: one reply must not outgrow the window.
+        """
+        try:
+            args = json_object(call.arguments)
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if call.name == "say" and isinstance(args.get("text"), str):
+                raw = args["text"]
+                reasoned = strip_reasoning(raw)
+                if reasoned != raw.strip():
+                    run.trace.cut("reasoning", call=call.id, chars=len(raw) - len(reasoned))
+                # history never keeps reasoning, nor a lone surrogate (no store or request takes one)
+                clean = storable_text(self._fit_text(reasoned, run))
+                if clean != raw:
+                    args["text"] = clean
+                    return ToolCall(id=call.id, name=call.name, arguments=json_text(args)), None
+            return call, None
+        error = (
+            f"Not run: the arguments of {call.name} were {problem}; they began {_clip(call.arguments, 80)!r}. "
+            "Call it again with a JSON object of its parameters, and keep it short."
+        )
+        return ToolCall(id=call.id, name=call.name, arguments="{}"), error
 
 
 #: The result of a tool call ``/stop`` cut off.
@@ -1096,62 +1245,22 @@ LAST_CHANCE_MAX_TOKENS = 512
 LAST_CHANCE_NUDGE = (
     "[Same turn] No tools now. Write your answer to the user's last message as plain text."
 )
+#: Closing words are a sentence or two.
+CLOSING_MAX_TOKENS = 160
+CLOSING_NUDGE = (
+    "[Same turn] No tools now: your turn is over ({why}). Write to the user, in the language they "
+    "wrote in, a short plain message: your answer if you have one; otherwise honestly what you did, "
+    "what is left, and that they can ask you to go on."
+)
 
-LENGTH_ADVICE = (
+LENGTH_ADVICE_FILE = (
     "Your last replies hit the length limit three times in a row. Put long output in a file with "
     "write_file, then say() a short summary and where the file is."
 )
-
-
-#: Words of the engine's own notes (:func:`post_tool_nudge`, the gate's nudges) that a weak
-#: model copies into what it says; a sentence holding one never reaches the user.
-_ENGINE_ECHO = re.compile(
-    r"\[same turn\]|\[turn context\]|tool results are ready(?:\.(?:\s|$)|;)|already told the user \(do not repeat\)"
-    r"|call more tools, say\(\)|no tools now\.|write your answer to the user's last message",
-    re.IGNORECASE,
+LENGTH_ADVICE = (
+    "Your last replies hit the length limit three times in a row. Say less at a time: several "
+    "short say() calls instead of one long one."
 )
-#: Splits text into sentences, keeping each separator (so line breaks survive).
-_SENTENCE_END = re.compile(r"(?<=[.!?])([ \t]+)")
-#: The few character references models emit in chat text (a doubled ``&amp;`` first).
-_HTML_REF = re.compile(r"&(?:amp;)?(#39|#x27|#34|quot|apos|amp);")
-_HTML_CHARS = {"#39": "'", "#x27": "'", "#34": '"', "quot": '"', "apos": "'", "amp": "&"}
-
-
-#: Plain text that is a tool call in disguise (``functions.list_directory: { }``, a
-#: ``<tool_call>`` block, a bare ``{"name": …}`` object): never an answer for the user.
-_CALL_AS_TEXT = re.compile(r"^\s*(?:functions\.\w+\s*[:(]|<tool_call>|\{\s*\"(?:name|function)\"\s*:)", re.IGNORECASE)
-
-
-def for_the_user(text: str) -> str:
-    """``text`` as it may reach the user: reasoning removed, a tool call written out as text
-    dropped whole, sentences that echo the engine's notes ("[Same turn] Tool results are
-    ready…", copied by weak models) dropped, and HTML character references some models emit
-    (``I&#39;m``) decoded outside code. Linear time."""
-    text = strip_reasoning(text)
-    if "&" in text and "`" not in text:
-        # first: an echo may come encoded (user&#39;s). Only the references models emit, and
-        # not in URLs ("?a=1&copy=2" must stay as it is)
-        text = " ".join(
-            word if "://" in word else _HTML_REF.sub(lambda m: _HTML_CHARS[m.group(1)], word)
-            for word in text.split(" ")
-        )
-    if _CALL_AS_TEXT.match(text):
-        return ""
-    if _ENGINE_ECHO.search(text):
-        lines, fenced = [], False
-        for line in text.split("\n"):
-            if line.lstrip().startswith("```"):
-                fenced = not fenced
-            if fenced or not _ENGINE_ECHO.search(line):
-                lines.append(line)
-                continue
-            parts = _SENTENCE_END.split(line)  # sentence, separator, sentence, …
-            kept = [parts[i] + (parts[i + 1] if i + 1 < len(parts) else "")
-                    for i in range(0, len(parts), 2) if not _ENGINE_ECHO.search(parts[i])]
-            if kept:
-                lines.append("".join(kept).rstrip())  # an echo-only line goes entirely
-        text = "\n".join(lines).strip()
-    return text
 
 
 def _plain_conversation(request: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1232,46 +1341,13 @@ def _unique_id(call: ToolCall, used: set[str]) -> ToolCall:
         token = uuid.uuid4().hex
         new_id = token[:9] if _ALNUM9.match(call.id) else f"call_{token[:24]}"
     used.add(new_id)
-    return call if new_id == call.id else ToolCall(id=new_id, name=call.name, arguments=call.arguments)
+    return call if new_id == call.id else ToolCall(id=new_id, name=call.name, arguments=call.arguments, index=call.index)
 
 
 def _reply_chars(limits: LoopLimits) -> int:
     """The longest message a step may say: its token budget, in characters, with slack for
     the estimate (some servers ignore ``max_tokens``)."""
     return max(MIN_REPLY_CHARS, int(limits.max_tokens * 4 * REPLY_SLACK))
-
-
-def _fit_text(text: str, limits: LoopLimits) -> str:
-    limit = _reply_chars(limits)
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def _fit_call(call: ToolCall, limits: LoopLimits) -> tuple[ToolCall, str | None]:
-    """The call as it is recorded and run, and why it cannot run (``None``: it can).
-
-    Arguments that are not a JSON object (garbage, or cut off at the token budget) are recorded
-    as ``{}`` and the call is not run: strict endpoints (vLLM) refuse a history holding invalid
-    arguments for every later request, and a server that ignored ``max_tokens`` must not grow
-    the transcript past the window with them. A ``say`` longer than the step's budget allowed
-    is cut to it before it is recorded or sent: one reply must not outgrow the window.
-    """
-    try:
-        args = json_object(call.arguments)
-    except ValueError as exc:
-        problem = str(exc)
-    else:
-        if call.name == "say" and isinstance(args.get("text"), str):
-            # history never keeps reasoning, nor a lone surrogate (no store or request takes one)
-            clean = storable_text(_fit_text(strip_reasoning(args["text"]), limits))
-            if clean != args["text"]:
-                args["text"] = clean
-                return ToolCall(id=call.id, name=call.name, arguments=json_text(args)), None
-        return call, None
-    error = (
-        f"Not run: the arguments of {call.name} were {problem}; they began {_clip(call.arguments, 80)!r}. "
-        "Call it again with a JSON object of its parameters, and keep it short."
-    )
-    return ToolCall(id=call.id, name=call.name, arguments="{}"), error
 
 
 def _cut_short(completion: Completion) -> bool:

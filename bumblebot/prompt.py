@@ -18,6 +18,7 @@ from pathlib import Path
 from bumblebot.entity import Entity, load_entity
 from bumblebot.events import ChatKind, Inbound
 from bumblebot.knowledge import KnowledgeFile, Memory, Section, parse_sections, relevant
+from bumblebot.textrules import TURN_CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ reasoning and is never shown to anyone.
 - When a request needs real work (files, commands, web pages, facts to look up), do it with the \
 work tools in this same turn, then tell the user what the tools actually returned. Never promise \
 work for later and never claim a result you did not get from a tool.
-- When you have answered, call `end_turn`. You may call several tools in one step.
+- Your turn lasts until you call `end_turn`: call it once you have answered and the work is done. \
+You may call several tools in one step; a reply and `end_turn` can go together.
 - The latest user message begins with a [Turn context] block written by the system (time, \
 platform, who is speaking). It is not from the user; never quote it back."""
 
@@ -46,7 +48,8 @@ platform, who is speaking). It is not from the user; never quote it back."""
 PROTOCOL_SHORT = """\
 # How you act
 - Talk only with `say` (plain text is never shown). Do real work with the work tools in this \
-turn and report what they returned; never promise work for later. Call `end_turn` when done.
+turn and report what they returned; never promise work for later. Your turn lasts until you \
+call `end_turn` (it may go in the same step as your last `say`).
 - The [Turn context] block at the start of the latest user message is from the system."""
 
 #: System prompt levels (small windows get a higher one, see ``TurnRunner.fixed_part``): 0 all;
@@ -202,7 +205,7 @@ class PromptBuilder:
         inb = info.inbound
         local = info.now.astimezone(self.entity.zone)
         lines = [
-            "[Turn context]",
+            TURN_CONTEXT,
             f"Time: {local:%A %Y-%m-%d %H:%M} ({self.entity.timezone})",
             f"Platform: {inb.chat.platform.value}, "
             + ("private chat" if inb.chat_kind is ChatKind.PRIVATE else "group chat (several people)"),

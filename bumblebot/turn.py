@@ -47,15 +47,7 @@ from bumblebot.llm import LLM, SayListener
 from bumblebot.logs import bind
 from bumblebot.metrics import NO_METRICS, Metrics
 from bumblebot.media import MediaFiles, MediaIntake, MediaUnavailable, answerable, prepared
-from bumblebot.loop import (
-    STOPPED_NOTE,
-    AgentLoop,
-    LoopLimits,
-    LoopTrace,
-    TurnPort,
-    for_the_user,
-    max_steps,
-)
+from bumblebot.loop import STOPPED_NOTE, AgentLoop, LoopLimits, LoopTrace, TurnPort, max_steps
 from bumblebot.messages import (
     MESSAGE_OVERHEAD_TOKENS,
     Message,
@@ -63,7 +55,6 @@ from bumblebot.messages import (
     estimate_tools,
 )
 from bumblebot.preview import LivePreview
-from bumblebot.reasoning import shown_so_far
 from bumblebot.prompt import PromptBuilder, TurnInfo
 from bumblebot.scheduler import Scheduler
 from bumblebot.router import CLASSIFIER_MAX_TOKENS, CLASSIFIER_TEMPERATURE, Route, RouteDecision, route
@@ -210,12 +201,6 @@ class OutageWatch:
         self.told.clear()
 
 
-def _preview_text(text: str) -> str:
-    """What of a say still being written may be shown: no reasoning, not even one whose
-    block is still open, and nothing the user must not see (``for_the_user``)."""
-    return for_the_user(shown_so_far(text))
-
-
 async def keep_open_stream(turn: Turn, adapter: Adapter | None, entry: OutboxEntry) -> str:
     """``/stop`` after an outage or a restart: a preview left open stays as it was last
     shown (its Stop button removed); returns that text (``""``: nothing was shown)."""
@@ -282,6 +267,7 @@ class TurnIO(TurnPort):
         self.typing = Typing()
         target = delivery.preview_target(turn.chat) if stream_interval_s is not None else None
         self._target = None if target is None else (target[0], max(target[1], stream_interval_s or 0.0))
+        self._clean: Callable[[str], str] = str.strip  # what of a say being written may show (the loop's)
         self._streaming: dict[int, LivePreview] = {}  # this step's, by stream position
         self._bound: dict[str, LivePreview] = {}  # by the say call that takes them over
 
@@ -366,7 +352,8 @@ class TurnIO(TurnPort):
             return entry
         return None
 
-    def on_say(self) -> SayListener | None:
+    def on_say(self, clean: Callable[[str], str]) -> SayListener | None:
+        self._clean = clean
         return None if self._target is None else self._preview
 
     def _preview(self, index: int, text: str) -> None:
@@ -381,7 +368,7 @@ class TurnIO(TurnPort):
                     other.add("", start=True)
             live = self._streaming[index] = LivePreview(
                 self._turn, adapter, interval_s=interval, key=self._delivery.preview_key,
-                on_shown=self.typing.pause, clean=_preview_text,
+                on_shown=self.typing.pause, clean=self._clean,
             )
         live.add(text)
 
@@ -412,6 +399,9 @@ class TurnIO(TurnPort):
 
     def waiting(self) -> None:
         self.typing.resume()
+
+    def judging(self) -> None:
+        self.typing.pause()
 
     async def stopped(self) -> None:
         shown = await self.keep_previews()
@@ -785,7 +775,6 @@ class TurnRunner:
             max_tokens=min(cap, cfg.reflex_max_tokens) if reflex else deliberate,
             max_messages=cfg.max_messages_per_turn,
             escalate_tokens=deliberate if reflex else None,
-            one_reply=reflex,
             model=self.llm.reflex_model if reflex else self.llm.model,
             thinking=not reflex,
             tool_timeout_s=cfg.tool_timeout_s,
@@ -807,7 +796,9 @@ class TurnRunner:
             limits = dataclasses.replace(limits, model=self.llm.model)
         if limits.silent_ok and turn.entries and turn.entries[0].inbound.source == "autonomous":
             limits = dataclasses.replace(limits, max_messages=1)  # unprompted: one message at most
-        trace = LoopTrace(steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])))
+        trace = LoopTrace(
+            steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])), cuts=list(earlier.get("cuts", [])),
+        )
         compactions = list(earlier.get("compactions", []))
         requests: Requests | None = None
 
@@ -824,6 +815,8 @@ class TurnRunner:
                 steps=trace.steps,
                 gate=trace.gate,
                 thoughts=trace.thoughts,
+                cuts=trace.cuts,
+                told=trace.told,
                 compactions=compactions + (requests.compactions if requests else []),
                 prompt_tokens=[s["prompt_tokens"] for s in trace.steps],
                 estimates=[s["estimate"] for s in trace.steps],

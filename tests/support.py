@@ -100,7 +100,7 @@ def is_classifier(request: dict[str, Any]) -> bool:
 
 
 def is_adequacy_judge(request: dict[str, Any]) -> bool:
-    return is_aux(request) and "used none successfully" in contents(request)
+    return is_aux(request) and "delivered what the user asked for" in contents(request)
 
 
 def is_grounding_judge(request: dict[str, Any]) -> bool:

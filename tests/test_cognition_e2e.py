@@ -50,7 +50,7 @@ async def test_hi_is_reflex_without_classifier(tmp_path, llm, tg):
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
     assert not [r for r in llm.requests if is_classifier(r)]
-    assert len(llm.requests) == 1  # no classifier, no judge (issue 11)
+    assert len(loop_requests(llm)) == 1 and len([r for r in llm.requests if is_adequacy_judge(r)]) == 1
     first = loop_requests(llm)[0]
     assert first["max_tokens"] == 512 and first["model"] == "reflex-model"
     assert "reasoning_effort" not in first  # thinking off on reflex
@@ -58,9 +58,9 @@ async def test_hi_is_reflex_without_classifier(tmp_path, llm, tg):
     no_violations(llm)
 
 
-async def test_a_plain_greeting_makes_exactly_one_model_request(tmp_path, llm, tg):
-    """Issue 11, "A plain greeting makes exactly one model request": a greeting with a name
-    is reflex by the heuristic (no classifier) and its reply ends the turn with no judge."""
+async def test_a_plain_greeting_makes_one_turn_request_and_one_small_check(tmp_path, llm, tg):
+    """A greeting with a name is reflex by the heuristic (no classifier): one completion,
+    then the completion check, which reads only the message and the reply."""
     judges_say_done(llm)
     llm.push(say("Hi! I'm doing well, thanks."), when=is_loop)
     async with running(config(tmp_path, llm, tg)) as d:
@@ -68,21 +68,21 @@ async def test_a_plain_greeting_makes_exactly_one_model_request(tmp_path, llm, t
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
-    assert len(llm.requests) == 1
-    assert loop_requests(llm) == llm.requests
+    loop, judge = llm.requests
+    assert loop_requests(llm) == [loop] and is_adequacy_judge(judge)
+    assert "hello Sam" in contents(judge) and "# Who you are" not in contents(judge)  # no history, no prompt
     assert tg.sent(1) == ["Hi! I'm doing well, thanks."]
     assert trace["route"] == "reflex" and trace["route_reason"].startswith("greeting:")
-    assert [(g["done"], g["judge"]) for g in trace["gate"]] == [(True, None)]
-    assert trace["gate"][0]["reason"] == "reflex chat turn: no judge (router decided)"
+    assert [(g["done"], g["judge"]) for g in trace["gate"]] == [(True, "adequacy")]
     assert trace["stop_reason"] == "end_turn"
     no_violations(llm)
 
 
-async def test_a_brief_chat_question_is_one_request_and_a_deliberate_turn_keeps_its_judge(
+async def test_a_brief_chat_question_and_a_deliberate_turn_both_get_their_check(
     tmp_path, llm, tg
 ):
-    """A brief chat question (reflex, "brief") costs one request; a deliberate turn in the same
-    chat, answered without work tools, still gets its adequacy judge."""
+    """A brief chat question (reflex, "brief") costs one completion and its check; a
+    deliberate turn in the same chat, answered without work tools, gets the same judge."""
     judges_say_done(llm)
     llm.push(say("Tea, mostly."), when=is_loop_with("coffee or tea"))
     llm.push(say("Let's plan it step by step."), when=is_loop_with("how bees communicate"))
@@ -90,7 +90,7 @@ async def test_a_brief_chat_question_is_one_request_and_a_deliberate_turn_keeps_
         tg.push_text("do you prefer coffee or tea?", chat_id=1)
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
-        assert len(llm.requests) == 1
+        assert len(llm.requests) == 2
         tg.push_text("help me research how bees communicate", chat_id=1)
         await tg.wait_for("sendMessage", n=2)
         await d.engine.wait_for_turns(2)
@@ -98,9 +98,9 @@ async def test_a_brief_chat_question_is_one_request_and_a_deliberate_turn_keeps_
     assert first["route"] == "reflex" and first["route_reason"].startswith("brief:")
     assert second["route"] == "deliberate" and second["route_reason"].startswith("research:")
     judges = [r for r in llm.requests if is_adequacy_judge(r)]
-    assert len(judges) == 1 and "how bees communicate" in contents(judges[0])
-    assert [g["judge"] for g in second["gate"]] == ["adequacy"]
-    assert len(llm.requests) == 3  # the chat turn's one, the deliberate turn's loop and judge
+    assert len(judges) == 2 and "how bees communicate" in contents(judges[1])
+    assert [g["judge"] for g in first["gate"]] == [g["judge"] for g in second["gate"]] == ["adequacy"]
+    assert len(llm.requests) == 4  # each turn: its loop request and its check
     no_violations(llm)
 
 
@@ -138,7 +138,7 @@ async def test_uncertain_input_asks_the_classifier_once(tmp_path, llm, tg):
     assert "tools" not in classifier[0]
     assert loop_requests(llm)[0]["max_tokens"] == 512  # CHAT stays reflex
     assert trace["classifier_label"] == "CHAT"
-    assert len(llm.requests) == 2  # classifier and loop: a reflex chat reply needs no judge
+    assert len(llm.requests) == 3  # classifier, loop and the check
 
 
 async def test_failed_classifier_goes_deliberate(tmp_path, llm, tg):
@@ -252,9 +252,8 @@ async def test_same_call_a_third_time_in_a_row_is_not_executed(tmp_path, llm, tg
 async def test_text_beside_tool_calls_is_private_and_repeated_final_is_not_resent(tmp_path, llm, tg):
     judges_say_done(llm)
     llm.push(tool_calls(("say", {"text": "the answer is 4"}), content="let me think... secret reasoning"), when=is_loop)
-    llm.push(text("The answer is 4."), when=is_loop)  # a plain final that repeats the say
+    llm.push(text("The answer  is 4"), when=is_loop)  # a plain final that repeats the say exactly
     async with running(config(tmp_path, llm, tg)):
-        # deliberate (a reflex turn would end at its first say): the plain final comes next
         tg.push_text("Explain step by step how Python computes 2+2 and what the result is.", chat_id=1)
         await tg.wait_for("sendMessage")
         await llm.wait_for_requests(3)
@@ -309,19 +308,22 @@ async def test_a_looping_model_is_stopped_before_the_step_cap(tmp_path, llm, tg)
     assert trace["stop_reason"] == "looping"
 
 
-async def test_a_turn_that_said_something_ends_at_the_cap_without_the_stop_message(tmp_path, llm, tg):
-    """Issue 9: at the step cap what the model said stands; no "I had to stop" on top."""
+async def test_a_turn_that_said_something_and_hit_the_cap_says_once_that_it_stopped(tmp_path, llm, tg):
+    """What the model said stands, and the user is told the turn stopped at the cap (not
+    left to guess whether more is coming); the model gave no closing words, so the plain note."""
+    from bumblebot.loop import STEP_CAP_MESSAGE
+
     judges_say_done(llm)
     llm.push(say("Here is what I found so far: it is sunny.", end=False), when=is_loop)
     for i in range(5):
         step = ("read_file", {"path": f"f{i}.txt"}) if i % 2 else ("list_directory", {"path": f"d{i}"})
         llm.push(tool_calls(step), when=is_loop)
     async with running(config(tmp_path, llm, tg, tool_continuation_rounds=0)) as d:
-        tg.push_text("dig deeper into the files", chat_id=1)  # deliberate ("file"): no one-reply end
+        tg.push_text("dig deeper into the files", chat_id=1)
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
-    assert tg.sent(1) == ["Here is what I found so far: it is sunny."]
-    assert trace["stop_reason"] == "step_cap"
+    assert tg.sent(1) == ["Here is what I found so far: it is sunny.", STEP_CAP_MESSAGE]
+    assert trace["stop_reason"] == "step_cap" and trace["told"] == "note"
 
 
 async def test_three_length_stalls_bring_the_write_file_advice(tmp_path, llm, tg):

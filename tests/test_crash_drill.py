@@ -15,11 +15,13 @@ see, plus what the tools left behind on disk:
   is part of every later request, and is not delivered again.
 
 The fake model is a rule, not a script, where a crash can land anywhere: it answers only what
-is not answered yet *in the messages of its request*: a ``say`` call whose tool result says it
-was delivered (or queued) counts, one reported undelivered does not.
-It deliberately ignores the daemon's prose hints such as "Already delivered to the user: ...":
-an engine that resumes an interrupted turn from its checkpointed steps passes, an engine that
-re-runs the turn from scratch and relies on the model heeding a hint does not.
+is not answered yet *in the messages of its request*, and it never says again a text its
+history already holds, whatever that ``say`` call's result reports (as capable models do: they
+do not repeat themselves). So the engine must deliver every ``say`` it recorded exactly once by
+itself: one a crash cut off before it reached the outbox is delivered when the turn resumes.
+The model ignores the daemon's prose hints such as "Already told the user: ...": an engine
+that resumes an interrupted turn from its checkpointed steps passes, an engine that re-runs the
+turn from scratch and relies on the model heeding a hint does not.
 
 Kill moments are event-driven: "the k-th model request of this daemon's life arrives" (k
 random), and the kill happens while the fake holds that request. Before the signal the fake
@@ -105,10 +107,18 @@ def said_texts(request: dict[str, Any]) -> list[str]:
     return out
 
 
-def assistant_texts(request: dict[str, Any]) -> list[str]:
-    """``say`` texts plus plain assistant text: everything the model has answered so far."""
-    plain = [_text_of(m.get("content")) for m in request["messages"] if m["role"] == "assistant"]
-    return said_texts(request) + plain
+def written_texts(request: dict[str, Any]) -> list[str]:
+    """Texts of every ``say`` call in ``request``, whatever its result says, plus plain
+    assistant text: everything the model has written so far."""
+    out = [_text_of(m.get("content")) for m in request["messages"] if m["role"] == "assistant"]
+    for m in request["messages"]:
+        for call in m.get("tool_calls") or ():
+            if call["function"]["name"] == "say":
+                try:
+                    out.append(str(json.loads(call["function"]["arguments"]).get("text", "")))
+                except ValueError:
+                    out.append(call["function"]["arguments"])
+    return out
 
 
 def chat_of(request: dict[str, Any]) -> int | None:
@@ -139,9 +149,10 @@ def judge_or(loop_reply: Callable[[dict[str, Any]], Reply]) -> Callable[[dict[st
 
 
 def answer_what_is_unanswered(request: dict[str, Any]) -> Reply:
-    """One ``say("a:<token>")`` per token asked and not yet answered; ``end_turn`` if none."""
+    """One ``say("a:<token>")`` per token asked and not yet answered in its history (a text
+    it wrote once is never written again); ``end_turn`` if none."""
     asked = {m.group() for t in user_texts(request) for m in TOKEN.finditer(t)}
-    answered = {a for t in assistant_texts(request) for a in ANSWER.findall(t)}
+    answered = {a for t in written_texts(request) for a in ANSWER.findall(t)}
     todo = sorted(asked - answered, key=token_order)
     if not todo:
         return end_turn()

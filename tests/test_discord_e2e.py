@@ -333,7 +333,7 @@ async def test_send_failing_with_503_stays_pending_and_is_sent_after_restart(tmp
         await dc.wait_for_call("POST", MESSAGES, n=3, status=503)
         await d.engine.wait_for_turns(1)  # the queued say counts as said: the turn ended
         rows = await d.store._all("SELECT status, attempts, last_error FROM outbox")
-    assert len(llm.requests) == 1  # a reflex chat reply: no judge
+    assert len(loop_requests(llm)) == 1  # the queued say counts as said: the check lets it end
     assert [(r[0], r[1]) for r in rows] == [("pending", 1)] and "503" in rows[0][2]
     assert dc.messages_sent() == []
     async with bot(dc, path) as d:

@@ -1,11 +1,11 @@
 """Nothing blocks the event loop (issue 9, "Nothing blocks the loop", defect 1).
 
-* The gate's progress-only check and the router's cues are linear in the text: the inputs that
-  made the old regexes backtrack for minutes return at once. "At once" is proven without a
+* The text rules and the router's cues are linear in the text: inputs that make a backtracking
+  regex or a quadratic scan run for minutes return at once. "At once" is proven without a
   timed test: the call runs in a child process with a generous timeout (5 s) that the old code
   overran by minutes. Not in a thread: a regex holds the GIL while it backtracks, so the
   thread that waits on ``join(timeout)`` cannot even run until the match is over.
-* Two chats: while one chat's model answers with the pathological text, the other is answered.
+* Two chats: while one chat's model answers with a pathological text, the other is answered.
 * ``LoopWatchdog`` logs a deliberate stall once, with the function's name, and nothing on a
   healthy loop; it stops cleanly.
 """
@@ -27,40 +27,36 @@ from conftest import running, write_config
 from fakes.openai_server import text
 from support import contents, is_adequacy_judge, is_loop_with, judges_say_done, say
 
-from bumblebot.gate import (
-    PROGRESS_ONLY_MAX_CHARS,
-    CompletionGate,
-    GateInput,
-    _announcements_only,
-    progress_only,
-)
+from bumblebot.gate import CompletionGate, GateInput
 from bumblebot.router import heuristic
 from bumblebot.watchdog import LoopWatchdog, location
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The issue's input: the old regex matched it, but one more word after it ("... 42")
-#: made it backtrack: 1.2 s at 10 clauses, 20 s at 12, four to five times more per clause.
-ISSUE_TEXT = "let me check, " * 12 + "..."
+#: Texts that would make a backtracking pattern or a quadratic scan hold the loop for seconds.
 PATHOLOGICAL = [
-    ISSUE_TEXT,
+    "[a] " * 50_000,
+    ". " * 100_000 + "x",
+    "{" * 100_000,
+    '{"name": ' * 30_000,
+    "<tool_call>" * 20_000,
+    "functions." + "a" * 100_000,
+    "```\n" * 30_000,
+    "<think>" * 20_000 + "</think" * 20_000,
     "let me check, " * 12 + "... 42",
-    "let me check, " * 20 + "... the answer is 42",
-    "let me check, " * 50 + "... 42",
-    "I'll check, " * 30 + "... done",
-    ("let me check, " * 800)[:10_000],
-    "on it " * 2000 + "?!",
 ]
+TOOLS = "{'say', 'read_file', 'end_turn'}"
+NOTES = "['[Same turn] Tool results are ready. Already told the user (do not repeat): \"a\".']"
 
 
 def finishes(function: str, value: str, timeout: float = 5.0, *, args: str = "") -> Any:
-    """``function(value, *args)`` (``"module:name"``; ``args`` is Python source evaluated in
-    the function's module) in a child process: whether its result is truthy; fails if it has
+    """``function(value, *args)`` (``"module:expression"``, the expression evaluated in the
+    module's namespace; ``args`` is Python source evaluated there too) in a child process: whether its result is truthy; fails if it has
     not returned within ``timeout`` seconds (the child is then killed)."""
-    module, name = function.split(":")
+    module, name = function.split(":", 1)
     rest = f", *[{args}]" if args else ""
     code = (
-        f"import json, sys; from {module} import *; from {module} import {name} as f; "
+        f"import json, sys; from {module} import *; f = {name}; "
         f"print(json.dumps(bool(f(sys.stdin.read(){rest}))))"
     )
     try:
@@ -74,78 +70,16 @@ def finishes(function: str, value: str, timeout: float = 5.0, *, args: str = "")
     return json.loads(done.stdout)
 
 
-PROGRESS_ONLY = "bumblebot.gate:progress_only"
-SCAN = "bumblebot.gate:_announcements_only"  # the scan itself, without the length bound
+# -- the text rules --------------------------------------------------------------------------------
 
 
-# -- the gate -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("value", PATHOLOGICAL, ids=lambda v: f"{len(v)}chars")
-def test_progress_only_returns_at_once_on_pathological_text(value):
-    assert finishes(PROGRESS_ONLY, value) == progress_only(value)
-    assert finishes(SCAN, value) == _announcements_only(value)
-
-
-def test_the_length_bound_is_the_only_difference_on_long_text():
-    assert _announcements_only(("let me check, " * 800)[:10_000])  # all announcement
-    assert not progress_only(("let me check, " * 800)[:10_000])  # but far too long
-    assert _announcements_only("let me check, " * 50 + "...")
-    assert not progress_only("let me check, " * 50 + "...")
-
-
-@pytest.mark.parametrize("reply", [
-    ISSUE_TEXT,
-    "On it! Let me check that for you...",
-    "ok, I'll write it now",
-    "Sure, give me a minute.",
-    "OK. On it!",
-    "I'm looking into it 🙂",
-    "I am working on it, hold on",
-    "I’ll take care of it.",  # a typographic apostrophe
-    "got it  -  will do it",
-    "Alright! Coming right up.",
-    "Let me check… one sec",
-])  # fmt: skip
-def test_announcements_are_progress_only(reply):
-    assert progress_only(reply)
-
-
-@pytest.mark.parametrize("reply", [
-    "",
-    "   \n",
-    "...",
-    "The port is 8080.",
-    "Let me check. The port is 8080.",
-    "okay, the answer is 42",
-    "let me check, " * 12 + "... 42",
-    "okok",  # words are whole words
-    "Sure thing, here you go: 42",
-    "let me\ncheck",  # a phrase's words share a line
-])  # fmt: skip
-def test_answers_are_not_progress_only(reply):
-    assert not progress_only(reply)
-
-
-def test_progress_only_bound_is_in_characters_after_stripping():
-    fits = " ".join(["ok"] * 100)[:PROGRESS_ONLY_MAX_CHARS].rstrip()
-    assert len(fits) <= PROGRESS_ONLY_MAX_CHARS and progress_only(f"  {fits}  \n")
-    assert not progress_only(fits + " ok ok")
-
-
-async def test_the_issue_text_is_judged_progress_only_without_a_judge_call():
-    async def judge(messages: list[dict[str, Any]]) -> str:
-        raise AssertionError("no judge for a progress-only reply")
-
-    gate = CompletionGate(judge)
-    inp = GateInput(user_text="what is the port?", visible=[ISSUE_TEXT], work_calls=0, work_ok=0, ended_by="text")
-    decision = await gate.check(inp)
-    assert not decision.done and decision.reason == "progress-only reply without work"
-
-
-def test_user_demands_tools_is_linear():
-    assert finishes("bumblebot.gate:user_demands_tools", "check the " * 20_000 + "file")
-    assert not finishes("bumblebot.gate:user_demands_tools", "check " * 20_000)
+@pytest.mark.parametrize("value", PATHOLOGICAL, ids=lambda v: f"{v[:8]!r}x{len(v)}")
+@pytest.mark.parametrize("rule", [
+    "strip_reasoning", "shown_so_far", f"EchoFilter({NOTES})", f"lambda text: call_as_text(text, {TOOLS})",
+    f"lambda text: may_be_call(text, {TOOLS})",
+])
+def test_the_text_rules_return_at_once_on_pathological_text(rule, value):
+    finishes(f"bumblebot.textrules:{rule}", value)
 
 
 # -- the router -----------------------------------------------------------------------------------
@@ -176,8 +110,8 @@ def test_router_still_finds_file_names_and_domains():
 # -- two chats ------------------------------------------------------------------------------------
 
 
-async def test_another_chat_is_answered_while_the_pathological_text_is_judged(tmp_path, llm, tg, caplog):
-    """Chat A's model answers with the text that froze the loop; chat B, written as that
+async def test_another_chat_is_answered_while_a_pathological_text_is_delivered(tmp_path, llm, tg, caplog):
+    """Chat A's model answers with a text that once froze the loop; chat B, written as that
     answer goes out, is answered within a few seconds (it used to wait for minutes)."""
     caplog.set_level(logging.WARNING, logger="bumblebot.watchdog")
     judges_say_done(llm)
@@ -190,14 +124,12 @@ async def test_another_chat_is_answered_while_the_pathological_text_is_judged(tm
     llm.push(answer_a, when=is_loop_with("question from chat A"))
     llm.push(say("hi B!"), when=is_loop_with("hello from chat B"))
     async with running(write_config(tmp_path, llm, tg)) as d:
-        # deliberate ("research"), so its reply goes to the adequacy judge (a reflex chat
-        # reply would end with no judge, issue 11)
         tg.push_text("question from chat A: research what the answer is", chat_id=1)
         await tg.wait_for("sendMessage", timeout=5, predicate=lambda p: int(p["chat_id"]) == 2)
         await tg.wait_for("sendMessage", timeout=5, predicate=lambda p: int(p["chat_id"]) == 1)
         await d.engine.wait_for_turns(2)
     assert tg.sent(2) == ["hi B!"]
-    assert tg.sent(1) == [pathological]  # not progress only: the adequacy judge let it end
+    assert tg.sent(1) == [pathological]  # delivered as written, and the adequacy judge let it end
     assert any(is_adequacy_judge(r) and pathological[:40] in contents(r) for r in llm.requests)
     assert not [r for r in caplog.records if "bumblebot.gate" in r.getMessage()]
     assert not llm.unscripted

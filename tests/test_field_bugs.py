@@ -221,10 +221,11 @@ async def test_debounce_off_starts_a_turn_at_once(tmp_path, llm, tg):
 # -- 2. tool-call arguments a strict endpoint refuses -----------------------------------------
 
 
-def _call(name: str, arguments: str) -> Reply:
-    return Reply(message={"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_nan", "type": "function", "function": {"name": name, "arguments": arguments}},
-    ]}, finish_reason="tool_calls")
+def _call(name: str, arguments: str, *, end: bool = False) -> Reply:
+    calls = [{"id": "call_nan", "type": "function", "function": {"name": name, "arguments": arguments}}]
+    if end:
+        calls.append({"id": "call_end", "type": "function", "function": {"name": "end_turn", "arguments": "{}"}})
+    return Reply(message={"role": "assistant", "content": None, "tool_calls": calls}, finish_reason="tool_calls")
 
 
 async def test_tool_call_arguments_with_nan_are_stored_as_valid_json_and_the_model_told(tmp_path, llm, tg):
@@ -473,7 +474,7 @@ async def test_a_say_whose_text_holds_a_lone_surrogate_after_reasoning_is_cut_do
     """Review: {"text": "<think>x</think>hi \\ud800 there"}: cutting the reasoning re-wrote the
     arguments with a raw lone surrogate; the outbox insert failed and every later request too."""
     judges_say_done(llm)
-    llm.push(_call("say", '{"text": "<think>x</think>hi \\ud800 there"}'), when=is_loop)
+    llm.push(_call("say", '{"text": "<think>x</think>hi \\ud800 there"}', end=True), when=is_loop)
     llm.push(say("Next turn is fine."), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)) as daemon:
         tg.push_text("hi there", chat_id=183)

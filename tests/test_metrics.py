@@ -93,10 +93,10 @@ async def test_metrics_serves_the_counters_of_real_turns(tmp_path, llm, tg):
 
     assert value(after, "bumblebot_turns_total", status="done") == 2.0
     assert value(after, "bumblebot_turns_total", status="failed") == 0.0
-    assert value(after, "bumblebot_model_requests_total", outcome="ok") == 2.0
+    assert value(after, "bumblebot_model_requests_total", outcome="ok") == 4.0  # each turn: its step and its check
     assert value(after, "bumblebot_model_requests_total", outcome="error") == 0.0
     assert value(after, "bumblebot_model_requests_total", outcome="timeout") == 0.0
-    assert value(after, "bumblebot_model_request_seconds_count") == 2.0
+    assert value(after, "bumblebot_model_request_seconds_count") == 4.0
     assert value(after, "bumblebot_model_request_seconds_sum") > 0.0
     assert value(after, "bumblebot_deliveries_total", outcome="sent") == 2.0
     assert value(after, "bumblebot_deliveries_total", outcome="failed") == 0.0

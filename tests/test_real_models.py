@@ -12,12 +12,12 @@ import json
 from typing import Any
 
 from conftest import running, write_config
-from fakes.openai_server import Reply, error, is_aux, is_loop, text, tool_calls
+from fakes.openai_server import Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
 from support import contents, judges_say_done, loop_requests, say, tool_result
 
-from bumblebot.loop import LoopState, repeats_said
+from bumblebot.loop import LoopState
 from bumblebot.messages import estimate_text_tokens, estimate_tools
-from bumblebot.reasoning import strip_reasoning
+from bumblebot.textrules import strip_reasoning
 from bumblebot.toolkit import ToolKind
 
 
@@ -131,33 +131,29 @@ async def test_a_turn_sends_at_most_four_messages_and_the_model_is_told(tmp_path
     assert results.count('"dropped": true') == 2 and "end_turn" in results  # the model is told why
 
 
-async def test_a_near_duplicate_message_is_dropped(tmp_path, llm, tg):
+async def test_a_reworded_message_is_the_model_s_to_send(tmp_path, llm, tg):
+    """Only an exact repeat is held back: a near-identical message may be a correction."""
     judges_say_done(llm)
     llm.push(tool_calls(("say", {"text": "Sure, I can help with that."})), when=is_loop)
     llm.push(say("Sure, I can help you with that!"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("can you help?", chat_id=94)
         await d.engine.wait_for_turns(1)
-    assert tg.sent(94) == ["Sure, I can help with that."]
+    assert tg.sent(94) == ["Sure, I can help with that.", "Sure, I can help you with that!"]
 
 
-def test_near_duplicates_are_judged_on_words_and_numbers_matter():
-    assert repeats_said("Sure, I can help you with that!", ["Sure, I can help with that."])
-    assert not repeats_said("The meeting is at 6pm.", ["The meeting is at 5pm."])
-    assert not repeats_said("a:q101-3", ["a:q101-2"])
-    assert repeats_said("ok", ["the answer is 4"])  # pro-forma after an answer
-
-
-async def test_one_answer_per_message_after_a_say_only_turn(tmp_path, llm, tg):
-    """Issue 9 defect 5: "Hey! I'm good, thanks" and "I'm doing well, thanks for asking!"
-    both arrived. No work tool, the answer already said: the final text is dropped."""
+async def test_a_plain_final_text_that_repeats_a_say_exactly_is_not_sent_again(tmp_path, llm, tg):
+    """An endpoint not forcing tools: the model's plain last word repeats what it said (case
+    and spacing aside), so it is not sent twice; a different last word would be."""
     judges_say_done(llm)
     llm.push(tool_calls(("say", {"text": "Hey! I'm good, thanks"})), when=is_loop)
-    llm.push(text("I'm doing well, thanks for asking!"), when=is_loop)  # an endpoint not forcing tools
+    llm.push(text("hey!  I'm good,\nthanks"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("how are you?", chat_id=95)
         await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
     assert tg.sent(95) == ["Hey! I'm good, thanks"]
+    assert [c["rule"] for c in trace["cuts"]] == ["exact_repeat"]
 
 
 async def test_the_final_text_is_sent_when_say_only_carried_a_progress_note(tmp_path, llm, tg):
@@ -175,6 +171,8 @@ async def test_hollow_promises_end_with_an_honest_message(tmp_path, llm, tg):
     and the user got only the promise."""
 
     def judge(request: dict[str, Any]) -> Reply:
+        if is_last_chance(request):
+            return error(500, "no closing words from this model")
         if is_aux(request):
             return text("CONTINUE: the file was never written")
         return say("On it!")
@@ -186,7 +184,7 @@ async def test_hollow_promises_end_with_an_honest_message(tmp_path, llm, tg):
         trace = (await d.store.recent_turns())[0]["trace"]
     sent = tg.sent(97)
     assert sent[0] == "On it!" and "didn't get that done" in sent[-1] and "never written" in sent[-1]
-    assert trace["stop_reason"].endswith("+unfinished")
+    assert len(sent) == 2 and trace["stop_reason"] == "end_turn+unfinished" and trace["told"] == "note"
 
 
 async def test_a_say_cut_by_the_reflex_budget_is_asked_again_with_the_deliberate_one(tmp_path, llm, tg):
@@ -325,9 +323,13 @@ async def test_garbage_arguments_are_not_run_and_never_stored(tmp_path, llm, tg)
             assert isinstance(json.loads(call["function"]["arguments"]), dict)
 
 
-async def test_a_turn_that_fills_the_window_after_answering_ends_quietly(tmp_path, llm, tg):
+async def test_a_turn_that_fills_the_window_after_answering_says_it_stopped(tmp_path, llm, tg):
     """Regression (real SmolLM2 run): a turn that had answered, then kept going until the
-    window was full, told the user "this conversation got too long" after its answer."""
+    window was full, told the user "this conversation got too long, send /reset" after its
+    answer. It stopped without the model ending it: the user is told so, and that the next
+    message goes on."""
+    from bumblebot.loop import CONTEXT_FULL_MESSAGE
+
     judges_say_done(llm)
     llm.push(tool_calls(("say", {"text": "Done: notes.txt has your list."})), when=is_loop)
     llm.push(error(400, "This model's maximum context length is 4096 tokens"), when=is_loop)
@@ -338,7 +340,7 @@ async def test_a_turn_that_fills_the_window_after_answering_ends_quietly(tmp_pat
         await d.engine.wait_for_turns(1)
         tg.push_text("and now?", chat_id=92)
         await d.engine.wait_for_turns(2)
-    assert tg.sent(92) == ["Done: notes.txt has your list.", "Next answer."]
+    assert tg.sent(92) == ["Done: notes.txt has your list.", CONTEXT_FULL_MESSAGE, "Next answer."]
     import sqlite3
 
     rows = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
@@ -349,41 +351,20 @@ async def test_a_turn_that_fills_the_window_after_answering_ends_quietly(tmp_pat
 # -- what the real SmolLM2 run showed: floods, echoed engine notes, tool loops ------------------
 
 
-async def test_a_reflex_turn_is_one_reply_even_when_the_model_never_ends_it(tmp_path, llm, tg):
-    """Regression (real run): "hi" got four near-identical greetings, one per step, until the
-    message cap; the model never called end_turn."""
+async def test_a_model_that_never_ends_its_turn_is_bounded_by_the_message_cap(tmp_path, llm, tg):
+    """What the real SmolLM2 run showed: "hi" got greeting after greeting, one per step; the
+    model never called end_turn. A delivered message does not end a turn, so the turn's
+    message cap bounds it: the model is told, and the turn stops when it brings nothing new."""
     judges_say_done(llm)
     greetings = iter(["Hello Alice, how are you today?", "How are you today, Alice?", "Hello again!", "Hi!"])
-    llm.default = lambda r: tool_calls(("say", {"text": next(greetings)})) if is_loop(r) else text("DONE: fine")
+    llm.default = lambda r: tool_calls(("say", {"text": next(greetings, "Hi!")})) if is_loop(r) else text("DONE: fine")
     async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("hi", chat_id=93)
         await d.engine.wait_for_turns(1)
-    assert tg.sent(93) == ["Hello Alice, how are you today?"]
-    assert len(loop_requests(llm)) == 1
-
-
-def test_echoed_engine_notes_and_html_references_never_reach_the_user():
-    from bumblebot.loop import for_the_user, post_tool_nudge
-
-    nudge = post_tool_nudge(["say"], ["Hello"])
-    assert for_the_user(nudge) == ""
-    assert for_the_user("Same turn, tool results are ready. I&#39;m fine, thanks!") == "I'm fine, thanks!"
-    # ordinary English stays, and so do line breaks (issue 9 review)
-    chess = "In chess you can't move two pieces in the same turn."
-    assert for_the_user(chess) == chess
-    listing = "Line one.\nLine two.\n- item: same turn rules\n- item two"
-    assert for_the_user(listing) == listing
-    assert for_the_user("Sure.\n[Same turn] Tool results are ready.\nThe file is saved.") == "Sure.\nThe file is saved."
-    assert for_the_user("Use `a &amp; b` in code") == "Use `a &amp; b` in code"  # code is left alone
-    # what SmolLM2 wrote when asked for plain text after tool rounds
-    assert for_the_user("functions.list_directory: { }") == ""
-    assert for_the_user("Write your answer to the user's last message as plain text.") == ""  # the last try, echoed
-    assert for_the_user("Write your answer to the user&#39;s last message as plain text.") == ""  # encoded
-    said = "The new [Turn context] block at the start of the latest user message is from the system. Hi!"
-    assert for_the_user(said) == "Hi!"  # SmolLM2 quoting the system prompt
-    assert for_the_user('{"name": "say", "arguments": {"text": "hi"}}') == ""
-    for hostile in ("a" * 200_000 + " same turn", "failed: " + "a, " * 60_000 + "!", "x. " * 80_000):
-        for_the_user(hostile)  # linear: a super-linear pattern would hang here
+        trace = (await d.store.recent_turns())[0]["trace"]
+    assert tg.sent(93) == ["Hello Alice, how are you today?", "How are you today, Alice?", "Hello again!", "Hi!"]
+    assert trace["stop_reason"] == "looping" and len(loop_requests(llm)) == 7
+    assert {c["rule"] for c in trace["cuts"]} == {"exact_repeat"}
 
 
 async def test_a_model_that_only_loops_on_tools_still_gets_a_plain_answer_out(tmp_path, llm, tg):
@@ -507,21 +488,14 @@ async def test_reasoning_inside_say_is_never_stored(tmp_path, llm, tg):
     assert "secret plan" not in stored and "The user wants X" not in stored
 
 
-def test_an_answer_that_ends_with_a_cue_is_not_a_progress_note():
-    from bumblebot.loop import progress_note
-
-    assert not progress_note("Hey! I'm good, thanks. Let me know if you need anything!")
-    assert not progress_note("I'm great! I'll be around all day.")
-    assert progress_note("Good question! Let me check.")
-    assert progress_note("On it!") and progress_note("I'll look that up.")
-
-
 async def test_promises_that_end_by_looping_get_the_honest_message(tmp_path, llm, tg):
     """Regression (review): a turn that only promised and then looped ended without saying the
     work was not done."""
-    from bumblebot.loop import UNFINISHED_MESSAGE
+    from bumblebot.loop import LOOPING_MESSAGE
 
     def reply(request: dict[str, Any]) -> Reply:
+        if is_last_chance(request):
+            return error(500, "no closing words from this model")
         if is_aux(request):
             return text("CONTINUE: the file was never written")
         return tool_calls(("say", {"text": "On it! Writing the file now."}))  # repeats, never ends
@@ -531,24 +505,25 @@ async def test_promises_that_end_by_looping_get_the_honest_message(tmp_path, llm
         tg.push_text("write hello.py that prints hi", chat_id=84)
         await d.engine.wait_for_turns(1)
     sent = tg.sent(84)
-    assert sent[0] == "On it! Writing the file now." and sent[-1] == UNFINISHED_MESSAGE.format(why="")
+    assert sent == ["On it! Writing the file now.", LOOPING_MESSAGE]
 
 
 # -- second review of the fixes ------------------------------------------------------------------
 
 
 def test_user_text_keeps_urls_test_names_and_plain_sentences():
-    from bumblebot.loop import for_the_user, post_tool_nudge
-    from bumblebot.reasoning import strip_reasoning
+    from bumblebot.loop import post_tool_nudge
+    from bumblebot.textrules import EchoFilter
 
+    nudge = post_tool_nudge(["read_file"], ["hi"])
+    echoes = EchoFilter([nudge])
     url = "see https://x.com/?q=x&region=us&copy=2 ok"
-    assert for_the_user(url) == url  # html.unescape made "®ion" and "©" of it
+    assert echoes(url) == url  # html.unescape once turned "&region" and "&copy" into symbols
     for kept in ("Failed: test_login, test_logout.", "Same turn, different story: I fixed it.",
                  "Tool results are ready: 3 files, a.py b.py c.py", "line one  \nline two",
                  "```\n[Same turn] Tool results are ready.\n```"):
-        assert for_the_user(kept) == kept
-    assert for_the_user(post_tool_nudge(["read_file"], ["hi"])) == ""  # failures ride in the marked sentence
-    assert strip_reasoning("İİİİ <think>secret</think> answer here") == "İİİİ  answer here"
+        assert echoes(kept) == kept
+    assert echoes(nudge) == ""  # failures ride in the marked sentence
 
 
 async def test_a_reflex_promise_is_not_the_reply(tmp_path, llm, tg):

@@ -604,9 +604,9 @@ async def test_a_reflex_turn_redoing_a_step_a_crash_cut_off_reaches_its_second_p
     assert tg.sent(88) == ["part one", "part two"]
 
 
-async def test_a_crash_that_cut_off_only_a_delivered_say_gives_no_extra_reply(tmp_path, llm, tg):
-    """Third review of issue 11: the redo exception also applied when the cut-off step had
-    lost nothing (its say was sent), so a weak model greeted once more after the restart."""
+async def test_a_say_that_got_out_before_a_crash_is_not_sent_again(tmp_path, llm, tg):
+    """The crash came after the say was sent: the resumed turn reads that from its outbox
+    row, tells the model it was delivered, and goes on from there."""
     judges_say_done(llm)
     chat = ChatRef(Platform.TELEGRAM, "89")
     async with Store(tmp_path / "data" / "bumblebot.db") as store:
@@ -622,15 +622,17 @@ async def test_a_crash_that_cut_off_only_a_delivered_say_gives_no_extra_reply(tm
         entry = await store.speak(conversation.id, conversation.session, turn_id, chat, "Hello!", tool_call_id="c1")
         await store.outbox_progress(entry.id, status="sent", message_ids=["5"])  # it got out; then the crash
     takes = iter(range(10))
-    llm.default = lambda r: tool_calls(("say", {"text": f"Hello again, take {next(takes)}!"})) if is_loop(r) else text("DONE: fine")
+    llm.default = lambda r: say(f"Hello again, take {next(takes)}!") if is_loop(r) else text("DONE: fine")
     async with running(write_config(tmp_path, llm, tg)) as d:
         await d.engine.wait_for_turns(1)
-    assert tg.sent(89) == ["Hello again, take 0!"]  # one reply, as any reflex step
+    assert tg.sent(89) == ["Hello again, take 0!"]  # "Hello!" was not sent a second time
+    [request] = loop_requests(llm)
+    assert tool_result(request, "say") == [{"delivered": True, "queued": False}]
 
 
-async def test_a_redo_step_that_fills_the_message_cap_ends_the_reflex_turn(tmp_path, llm, tg):
-    """Third review of issue 11: a redo step that said more than the cap allows went on asking
-    the model, every later say capped, until the loop gave up as looping."""
+async def test_a_resumed_step_that_fills_the_message_cap_is_told_and_bounded(tmp_path, llm, tg):
+    """A resumed step said more than the cap allows: three messages get out, the model is told
+    of the rest, and a model that goes on saying nothing new is stopped as looping."""
     judges_say_done(llm)
     chat = ChatRef(Platform.TELEGRAM, "90")
     async with Store(tmp_path / "data" / "bumblebot.db") as store:
@@ -648,5 +650,7 @@ async def test_a_redo_step_that_fills_the_message_cap_ends_the_reflex_turn(tmp_p
     config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_messages_per_turn": 3})
     async with running(config) as d:
         await d.engine.wait_for_turns(1)
-    assert len(tg.sent(90)) == 3
-    assert len(loop_requests(llm)) == 1
+        trace = (await d.store.recent_turns())[0]["trace"]
+    assert tg.sent(90) == [f"Here is file number {i}." for i in range(3)]
+    assert len(loop_requests(llm)) == 4 and trace["stop_reason"] == "looping"
+    assert [r.get("dropped") for r in tool_result(loop_requests(llm)[1], "say")] == [None] * 3 + [True] * 5

@@ -205,9 +205,10 @@ async def test_a_streamed_say_over_the_limit_ends_split_as_usual(tmp_path, llm, 
     assert len(tg.shown(43)) == 3
 
 
-async def test_a_streamed_say_that_is_not_sent_is_taken_down(tmp_path, llm, tg):
-    """A say the turn drops (here: it repeats what the turn already said) was on screen while
-    it streamed; it must not stay there as a second copy."""
+async def test_a_streamed_say_that_repeats_what_was_said_is_never_shown(tmp_path, llm, tg):
+    """A say the turn will not deliver (it repeats exactly what the turn already said) must not
+    flash up while it streams: its text is held while it is the beginning of a message
+    already delivered, and once complete it is known to be a repeat."""
     judges_say_done(llm)
     llm.push(say(LONG, end=False), when=is_loop)
     again = say(LONG + " ")
@@ -217,8 +218,11 @@ async def test_a_streamed_say_that_is_not_sent_is_taken_down(tmp_path, llm, tg):
         tg.push_text("explain the python code in detail", chat_id=44)  # deliberate: two steps
         progress = daemon.engine.progress
         await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=10)
+        trace = (await daemon.store.recent_turns())[0]["trace"]
     assert tg.shown(44) == [LONG]
-    assert any(c.method == "deleteMessage" for c in tg.calls)
+    assert len([c for c in tg.calls if c.method == "sendMessage"]) == 1  # no second preview was opened
+    assert not any(c.method == "deleteMessage" for c in tg.calls)
+    assert [c["rule"] for c in trace["cuts"]] == ["exact_repeat"]
 
 
 async def test_typing_shows_until_the_first_words(tmp_path, llm, tg):

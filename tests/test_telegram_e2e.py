@@ -6,19 +6,20 @@ import asyncio
 import sqlite3
 
 from conftest import TOKEN, running, write_config
-from fakes.openai_server import FakeOpenAI, is_loop, text
+from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
 from support import Gate, contents, judges_say_done, loop_requests, say
 
 from bumblebot.llm import ForcingFallback
 
 
 async def test_say_then_end_turn_reaches_send_message_with_typing(tmp_path, llm, tg):
-    llm.push(say("hey you"), when=is_loop)  # no judge is scripted: a reflex chat reply needs none
+    llm.push(say("hey you"), when=is_loop)
+    llm.push(text("DONE: a greeting"), when=is_aux)  # the completion check
     async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("hi", chat_id=1001)
         await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "hey you")
         await d.engine.wait_for_turns(1)
-    assert len(llm.requests) == 1
+    assert len(llm.requests) == 2
     assert tg.sent(1001) == ["hey you"]
     assert [c for c in tg.calls if c.method == "sendChatAction" and c.params.get("action") == "typing"]
     first = loop_requests(llm)[0]

@@ -163,12 +163,17 @@ def render_chunks(markdown: str, limit: int = TELEGRAM_LIMIT) -> list[TelegramCh
 
     ``telegramify-markdown`` turns Markdown into plain text plus ``MessageEntity`` objects, so
     no ``parse_mode`` is needed and no reply can fail with "can't parse entities"
-    (field-bugs.md items 14 and 16); its splitter cuts at newlines and clips entities that span
+    (Telegram answers "can't parse entities" to a reply with a stray ``*``); its splitter cuts at newlines and clips entities that span
     a cut. Whitespace at the end of a chunk is dropped (Telegram trims it anyway). If the
     conversion fails, the text is sent as it is, split by :func:`bumblebot.splitting.split_text`.
     """
+    # CommonMark decodes character references (``&amp;`` becomes ``&``), but the model's text
+    # must arrive as written: each ``&`` goes through the converter as a private-use character
+    # no text holds (one UTF-16 unit, like ``&``, so entity offsets stay right) and comes back
     try:
-        plain, entities = telegramify_markdown.convert(markdown)
+        amp = _unused_character(markdown)
+        plain, entities = telegramify_markdown.convert(markdown.replace("&", amp))
+        plain = plain.replace(amp, "&")
         parts = telegramify_markdown.split_entities(plain, entities, limit)
     except Exception:  # a converter bug must never cost the user the message
         log.exception("Telegram: Markdown conversion failed; sending plain text")
@@ -191,6 +196,14 @@ def render_chunks(markdown: str, limit: int = TELEGRAM_LIMIT) -> list[TelegramCh
             )
         out.append(TelegramChunk(text, tuple(kept)))
     return out
+
+
+def _unused_character(text: str) -> str:
+    """A character of Unicode's private-use area that ``text`` does not hold."""
+    for code in range(0xE000, 0xF900):
+        if chr(code) not in text:
+            return chr(code)
+    raise ValueError("text holds every private-use character")  # 6,400 distinct ones: not a chat message
 
 
 def _seconds(value: int | float | timedelta) -> float:

@@ -28,7 +28,9 @@ nothing arrives but a finish reason, as llama-cpp-python streams function calls)
 when a provider fails mid-stream) and ``stream_truncated`` (the body ends after half the
 chunks, with no finish reason and no ``[DONE]``).
 ``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
-streaming do; ``streamed`` counts the streamed answers.
+streaming do; ``streamed`` counts the streamed answers. ``reject_reasoning_effort=True``
+refuses any request carrying ``reasoning_effort`` with the 400 OpenAI gives for a model that
+does not reason.
 
 Strictness (on by default, like the strictest real endpoints): a history holding tool-call
 arguments that are not a JSON object is refused with 400 (vLLM), and so is a user or
@@ -171,9 +173,10 @@ def is_loop(request: Request) -> bool:
 
 
 def is_last_chance(request: Request) -> bool:
-    """Predicate: the loop's tool-less last try for a plain answer (``LAST_CHANCE_NUDGE``)."""
+    """Predicate: one of the loop's tool-less requests for plain words: a last try for an
+    answer (``LAST_CHANCE_NUDGE``) or closing words at a limit (``CLOSING_NUDGE``)."""
     return not is_loop(request) and any(
-        "No tools now. Write your answer" in _content_text(m.get("content")) for m in request.get("messages", [])
+        "[Same turn] No tools now" in _content_text(m.get("content")) for m in request.get("messages", [])
     )
 
 
@@ -318,8 +321,10 @@ class FakeOpenAI:
                  reject_null_content: bool = True, validate_sequence: bool = True,
                  default: Callable[[Request], Any] | None = None,
                  reject_stream: int | None = None, reject_invalid_arguments: bool = True,
-                 reject_blank_text: bool = True) -> None:
+                 reject_blank_text: bool = True, reject_reasoning_effort: bool = False) -> None:
         self.models = list(models)
+        #: refuse ``reasoning_effort`` with OpenAI's 400, as its models without reasoning do
+        self.reject_reasoning_effort = reject_reasoning_effort
         #: refuse a history with tool-call arguments that are not a JSON object (as vLLM does)
         self.reject_invalid_arguments = reject_invalid_arguments
         #: refuse blank user/assistant text (as Anthropic models through OpenRouter do)
@@ -586,6 +591,12 @@ class FakeOpenAI:
             error_body = _error_body(status, message)
             error_body["error"]["param"] = param
             return Reply(status=status, body=error_body)
+        if self.reject_reasoning_effort and "reasoning_effort" in body:
+            self.rejected.append(body)
+            error_body = _error_body(400, "Unsupported parameter: 'reasoning_effort' is not supported with this model.",
+                                     "unsupported_parameter")
+            error_body["error"]["param"] = "reasoning_effort"
+            return Reply(status=400, body=error_body)
         if self.reject_stream and body.get("stream"):
             self.rejected.append(body)
             return error(self.reject_stream, "stream: streaming is not supported by this server")

@@ -1,0 +1,307 @@
+"""The agent loop (bumblebot/loop.py): what the model says reaches the user as said, and the
+model decides when its turn is over.
+
+Each case replays its failing input through the real python-telegram-bot and openai clients
+against the fakes: a French promise the completion check once never saw, a joke cut after its
+first line, a correction dropped as a repeat, a JSON answer dropped as "a call", character
+references decoded, a looping turn that went silent after "checking", a say lost to a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from conftest import running, write_config
+from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
+from support import Gate, contents, is_adequacy_judge, is_grounding_judge, judges_say_done, loop_requests, say, tool_result
+
+from bumblebot.conversation import Session  # noqa: F401  (the store's records, for the crash case)
+from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.loop import LOOPING_MESSAGE
+from bumblebot.messages import Message
+from bumblebot.store import Store
+
+
+def streaming(tmp_path, llm, tg, **sections):
+    return write_config(tmp_path, llm, tg, delivery={"streaming": "on", "stream_edit_interval_s": 0.2}, **sections)
+
+
+async def finished(d: Any, n: int = 1) -> dict[str, Any]:
+    await d.engine.wait_for_turns(n)
+    return (await d.store.recent_turns())[0]["trace"]
+
+
+# -- the model decides when its turn ends --------------------------------------------------------
+
+
+async def test_a_french_promise_gets_its_check_and_its_work(tmp_path, llm, tg):
+    """"ajoute du lait à ma liste de courses", answered with a promise and end_turn: the check
+    once ran only when an English pattern matched a promise, so nothing was ever added."""
+    llm.push(say("D'accord, je vais l'ajouter à ta liste !"), when=is_loop)
+    llm.push(text("CONTINUE: rien n'a été ajouté à la liste"), when=is_adequacy_judge)
+    llm.push(
+        tool_calls(("append_file", {"path": "courses.md", "content": "- lait\n"}), ("say", {"text": "C'est ajouté : lait."}),
+                   ("end_turn", {})),
+        when=lambda r: is_loop(r) and "was not done yet" in contents(r),
+    )
+    llm.push(text("DONE: the list holds lait"), when=is_grounding_judge)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("ajoute du lait à ma liste de courses", chat_id=301)
+        trace = await finished(d)
+        workspace = d.settings.workspace
+    assert (workspace / "courses.md").read_text() == "- lait\n"
+    assert tg.sent(301) == ["D'accord, je vais l'ajouter à ta liste !", "C'est ajouté : lait."]
+    assert trace["route"] == "reflex" and [g["judge"] for g in trace["gate"]] == ["adequacy", "grounding"]
+    [judge] = [r for r in llm.requests if is_adequacy_judge(r)]
+    assert "ajoute du lait" in contents(judge) and "je vais l'ajouter" in contents(judge)
+    nudge = loop_requests(llm)[1]["messages"][-1]["content"]
+    assert "append_file" in nudge and "run_command" not in nudge  # only tools this turn offers
+    assert not llm.unscripted
+
+
+async def test_a_joke_announced_without_end_turn_arrives(tmp_path, llm, tg):
+    """"tell me a joke": "Sure, here's one:" without end_turn ended the turn, and the joke never came."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Sure, here's one:"})), when=is_loop)
+    llm.push(say("Why did the bee get married? Because he found his honey."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("tell me a joke", chat_id=302)
+        trace = await finished(d)
+    assert tg.sent(302) == ["Sure, here's one:", "Why did the bee get married? Because he found his honey."]
+    assert trace["stop_reason"] == "end_turn" and len(loop_requests(llm)) == 2
+
+
+async def test_eight_fun_facts_one_message_each_all_arrive(tmp_path, llm, tg):
+    """Three arrived and the turn ended, though the model never ended it."""
+    judges_say_done(llm)
+    facts = [f"Fun fact {i}: bees have {i + 4} ways to say hello." for i in range(8)]
+    for fact in facts[:-1]:
+        llm.push(tool_calls(("say", {"text": fact})), when=is_loop)
+    llm.push(say(facts[-1]), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "debounce_s": 0, "max_messages_per_turn": 8})
+    async with running(config) as d:
+        tg.push_text("tell me eight fun facts, one message each", chat_id=303)
+        trace = await finished(d)
+    assert tg.sent(303) == facts
+    assert trace["stop_reason"] == "end_turn" and trace["cuts"] == []
+
+
+async def test_past_the_message_cap_the_model_is_told_and_ends_its_turn(tmp_path, llm, tg):
+    judges_say_done(llm)
+    facts = [f"Fun fact {i}." for i in range(6)]
+    llm.push(tool_calls(*[("say", {"text": f}) for f in facts]), when=is_loop)
+    llm.push(tool_calls(("end_turn", {})), when=lambda r: is_loop(r) and "the most it may" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("tell me six fun facts, one message each", chat_id=304)
+        trace = await finished(d)
+    assert tg.sent(304) == facts[:4]
+    results = tool_result(loop_requests(llm)[1], "say")
+    assert [bool(r.get("dropped")) for r in results] == [False] * 4 + [True] * 2
+    assert [c["rule"] for c in trace["cuts"]] == ["message_cap", "message_cap"]
+    assert trace["stop_reason"] == "end_turn"
+
+
+# -- delivery: as the model wrote it -------------------------------------------------------------
+
+
+async def test_a_corrected_near_identical_message_arrives(tmp_path, llm, tg):
+    """The correction was dropped as a repeat and the model told it had already said it."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "The plan: buy milk, eggs and bread."})), when=is_loop)
+    llm.push(say("The plan: buy milk, eggs and rice."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what's the plan?", chat_id=305)
+        trace = await finished(d)
+    assert tg.sent(305) == ["The plan: buy milk, eggs and bread.", "The plan: buy milk, eggs and rice."]
+    assert tool_result(loop_requests(llm)[1], "say") == [{"delivered": True, "queued": False}]
+    assert trace["cuts"] == []
+
+
+async def test_an_exact_repeat_is_sent_once_and_the_model_told(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "The plan: buy milk."})), when=is_loop)
+    llm.push(say("the plan:   BUY milk."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what's the plan?", chat_id=306)
+        trace = await finished(d)
+    assert tg.sent(306) == ["The plan: buy milk."]
+    assert [c["rule"] for c in trace["cuts"]] == ["exact_repeat"]
+    [(result,)] = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT content FROM messages WHERE role='tool' AND name='say' ORDER BY id DESC LIMIT 1").fetchall()
+    assert "already said this" in json.loads(result)["note"]
+
+
+async def test_a_json_answer_arrives_unchanged(tmp_path, llm, tg):
+    """The say `{"name": "Bob", "age": 3}` was dropped as "a tool call written as text", and
+    the check then asked for a visible reply that never came."""
+    judges_say_done(llm)
+    answer = '{"name": "Bob", "age": 3}'
+    llm.push(say(answer), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("give me a JSON object for a person named Bob aged 3", chat_id=307)
+        trace = await finished(d)
+    assert tg.sent(307) == [answer]
+    assert trace["cuts"] == [] and trace["stop_reason"] == "end_turn"
+
+
+async def test_a_call_written_as_text_naming_an_offered_tool_is_not_delivered(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": '{"name": "read_file", "arguments": {"path": "notes.md"}}'})), when=is_loop)
+    llm.push(say("Your notes are empty."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what's in my notes?", chat_id=308)
+        trace = await finished(d)
+    assert tg.sent(308) == ["Your notes are empty."]
+    assert [c["rule"] for c in trace["cuts"]] == ["call_as_text"]
+
+
+async def test_character_references_arrive_as_written(tmp_path, llm, tg):
+    """"write &amp;amp; to show &amp;" arrived as "write & to show &"."""
+    judges_say_done(llm)
+    explanation = "In HTML, write &amp;amp; to show &amp; and `&lt;` for <. I&#39;m sure."
+    llm.push(say(explanation), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("how do I show an ampersand in HTML?", chat_id=309)
+        await finished(d)
+    assert tg.sent(309) == ["In HTML, write &amp;amp; to show &amp; and &lt; for <. I&#39;m sure."]  # the code span is an entity, not text
+
+
+async def test_engine_notes_echoed_by_a_weak_model_are_removed_and_traced(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("read_file", {"path": "missing.md"})), when=is_loop)
+    llm.push(
+        say("[Same turn] Tool results are ready; failed: read_file. The file does not exist yet."),
+        when=lambda r: is_loop(r) and "Tool results are ready; failed: read_file." in contents(r),
+    )
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("read missing.md", chat_id=310)
+        trace = await finished(d)
+    assert tg.sent(310) == ["The file does not exist yet."]
+    assert [c["rule"] for c in trace["cuts"]] == ["engine_echo"]
+
+
+# -- a turn that stops at a limit ---------------------------------------------------------------
+
+
+def looping_model(request: dict[str, Any]) -> Reply:
+    """``[say("checking"), read_file(same file)]`` for ever."""
+    if is_last_chance(request):
+        return error(500, "no closing words from this model")
+    if is_aux(request):
+        return text("DONE: fine")
+    return tool_calls(("say", {"text": "checking"}), ("read_file", {"path": "plan.md"}))
+
+
+async def test_a_looping_turn_ends_with_an_honest_message_and_no_preview_flicker(tmp_path, llm, tg):
+    """The user saw "checking" and then nothing, and three previews of the dropped "checking"
+    flashed up and vanished."""
+    llm.default = looping_model
+    async with running(streaming(tmp_path, llm, tg)) as d:
+        tg.push_text("check my plan please", chat_id=311)
+        trace = await finished(d)
+    assert tg.shown(311) == ["checking", LOOPING_MESSAGE]
+    assert not any(c.method == "deleteMessage" for c in tg.calls)  # nothing flashed up and went
+    assert len([c for c in tg.calls if c.method == "sendMessage"]) == 2
+    assert trace["stop_reason"] == "looping" and trace["told"] == "note"
+
+
+async def test_closing_words_come_from_the_model_in_the_user_s_language(tmp_path, llm, tg):
+    def model(request: dict[str, Any]) -> Reply:
+        if is_last_chance(request):
+            return text("Je me suis arrêté : je tournais en rond sur plan.md. Redis-moi si je dois continuer.")
+        return looping_model(request)
+
+    llm.default = model
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("vérifie mon plan s'il te plaît", chat_id=312)
+        trace = await finished(d)
+    assert tg.sent(312) == ["checking", "Je me suis arrêté : je tournais en rond sur plan.md. Redis-moi si je dois continuer."]
+    assert trace["told"] == "model"
+    [closing] = [r for r in llm.requests if is_last_chance(r)]
+    assert "tools" not in closing and "language they wrote in" in contents(closing)
+
+
+async def test_a_scheduled_turn_that_stops_at_a_limit_stays_silent(tmp_path, llm, tg):
+    llm.default = lambda r: tool_calls(("think", {"thought": "hmm"})) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        chat = ChatRef(Platform.TELEGRAM, "313")
+        await d.engine.submit(Inbound(chat, "task:1:0", "313", "Ann", "[Scheduled task] check the plan",
+                                      ChatKind.PRIVATE, source="automation"))
+        trace = await finished(d)
+    assert tg.sent(313) == [] and trace["stop_reason"] == "looping+silent"
+    assert not [r for r in llm.requests if is_last_chance(r)]
+
+
+# -- a crash between recording a say and delivering it ---------------------------------------------
+
+
+async def test_a_say_recorded_before_a_crash_is_delivered_as_recorded_once(tmp_path, llm, tg):
+    """The resumed turn told the model the say was "interrupted before it was sent", and a
+    model that never repeats itself left the user unanswered."""
+    chat = ChatRef(Platform.TELEGRAM, "314")
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        journal_id = await store.journal(Inbound(chat, "1", "314", "Ann", "what's 2+2?", ChatKind.PRIVATE))
+        conversation = await store.conversation(chat)
+        state = {"route": "reflex", "route_reason": "brief", "resumes": 0, "active": True}
+        turn_id = await store.begin_turn(
+            conversation.id, conversation.session, [journal_id], Message(role="user", content="what's 2+2?"), state
+        )
+        step = Message(role="assistant", content="", tool_calls=[
+            {"id": "c1", "type": "function", "function": {"name": "say", "arguments": '{"text": "It is 4."}'}},
+            {"id": "c2", "type": "function", "function": {"name": "end_turn", "arguments": "{}"}},
+        ])
+        await store.record(conversation.id, conversation.session, turn_id, [step], state=state)
+        # the crash: the step is recorded, its say never reached the outbox
+
+    def never_repeats(request: dict[str, Any]) -> Reply:
+        return tool_calls(("end_turn", {})) if is_loop(request) else text("DONE: answered")
+
+    llm.default = never_repeats
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await d.engine.wait_for_turns(1)
+        status = await d.store._all("SELECT status FROM journal")
+    assert tg.sent(314) == ["It is 4."]
+    assert [tuple(r) for r in status] == [("done",)]
+    rows = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT content FROM messages WHERE role='tool' AND tool_call_id='c1'").fetchall()
+    assert [json.loads(r[0]) for r in rows] == [{"delivered": True, "queued": False}]  # history shows it delivered
+    assert loop_requests(llm) == []  # the recorded end_turn went to the check, which accepted it
+
+
+# -- thinking ------------------------------------------------------------------------------------
+
+
+async def test_deliberate_turns_ask_for_thinking_and_reflex_turns_do_not(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Hi!"), when=is_loop)
+    llm.push(say("Here is the plan."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=315)
+        await finished(d)
+        tg.push_text("help me research the history of the bicycle and compare the sources", chat_id=315)
+        await finished(d, 2)
+    reflex, deliberate = loop_requests(llm)
+    assert "reasoning_effort" not in reflex and deliberate["reasoning_effort"] == "medium"
+    assert not [r for r in llm.requests if is_aux(r) and "reasoning_effort" in r]  # judges never think
+
+
+async def test_an_endpoint_that_refuses_thinking_is_asked_without_it_and_that_is_remembered(tmp_path, tg):
+    async with FakeOpenAI(reject_reasoning_effort=True) as llm:
+        judges_say_done(llm)
+        llm.push(say("Here is the plan."), when=is_loop)
+        llm.push(say("And here is more."), when=is_loop)
+        async with running(write_config(tmp_path, llm, tg)) as d:
+            tg.push_text("help me research the history of the bicycle and compare the sources", chat_id=316)
+            await finished(d)
+        async with running(write_config(tmp_path, llm, tg)) as d:  # after a restart
+            tg.push_text("now research the history of the tandem and compare it", chat_id=316)
+            await finished(d)
+            remembered = await d.store.get_kv(f"llm.thinking:{llm.base_url}|test-model")
+    assert tg.sent(316) == ["Here is the plan.", "And here is more."]
+    # refused once (with tool_choice "required", then "auto"); without it, and the next turn, answered
+    assert len(llm.rejected) == 2
+    sent = [r for r in loop_requests(llm) if r not in llm.rejected]
+    assert len(sent) == 2 and all("reasoning_effort" not in r for r in sent)
+    assert "reasoning_effort" in json.loads(remembered)["reason"]

@@ -1,0 +1,137 @@
+"""The text rules (bumblebot/textrules.py): the only places the engine reads what the model
+wrote. Each rule removes text that is not for the user, and nothing the user asked for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bumblebot.textrules import (
+    TURN_CONTEXT,
+    EchoFilter,
+    call_as_text,
+    may_be_call,
+    shown_so_far,
+    strip_reasoning,
+)
+
+TOOLS = frozenset({"say", "end_turn", "read_file", "list_directory", "write_file"})
+
+
+# -- reasoning ---------------------------------------------------------------------------------
+
+
+def test_reasoning_blocks_lone_closing_tags_and_cut_off_thoughts_are_removed():
+    assert strip_reasoning("<think>plan</think>Hello") == "Hello"
+    assert strip_reasoning("thinking…</think>answer") == "answer"  # the template opened it
+    assert strip_reasoning("<think>cut off mid-thought") == ""
+    assert strip_reasoning("<THINKING>x</THINKING> hi <reasoning>y</reasoning>!") == "hi !"
+
+
+def test_a_tag_mentioned_mid_reply_stays():
+    mentioned = "Use a <thinking> tag in your prompt to see it."
+    assert strip_reasoning(mentioned) == mentioned
+
+
+def test_case_folding_keeps_positions_of_characters_that_grow_when_lowered():
+    assert strip_reasoning("İİİİ <think>secret</think> answer here") == "İİİİ  answer here"
+
+
+def test_a_streamed_reply_shows_nothing_of_an_open_block_nor_half_a_tag():
+    assert shown_so_far("<think>still thinking") == ""
+    assert shown_so_far("Hello <thi") == "Hello"
+    assert shown_so_far("<think>a</think>Hello") == "Hello"
+
+
+# -- call as text -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>',
+    '<tool_call>{"name": "read_file", "arguments": {"pa',  # cut off inside the block
+    "functions.list_directory: { }",
+    'functions.read_file({"path": "a"})',
+    '{"name": "read_file", "arguments": {"path": "notes.md"}}',
+    '{"name": "say", "parameters": {"text": "hi"}}',  # Llama 3.1's JSON tool format
+    '[{"name": "say", "arguments": {}}, {"name": "end_turn", "arguments": {}}]',
+    '{"type": "function", "function": {"name": "read_file", "arguments": "{}"}}',
+    '```json\n{"name": "read_file", "arguments": {"path": "a"}}\n```',
+])
+def test_a_reply_that_is_only_a_call_in_a_template_syntax_is_a_call(text):
+    assert call_as_text(text, TOOLS)
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "Bob", "age": 3}',  # the JSON the user asked for: Bob is no tool
+    '{"name": "read_file"}  and that is the name of the tool',
+    '{"name": "read_file", "age": 3}',  # age is no key of a call
+    "functions.unknown_tool: {}",
+    "Here is a call: <tool_call>{}</tool_call>",  # prose around it: not only a call
+    "functions.read_file reads a file.",
+    "Plain words.",
+    "[1, 2, 3]",
+    "{not json",
+])
+def test_text_the_user_asked_for_is_never_a_call(text):
+    assert not call_as_text(text, TOOLS)
+
+
+def test_deeply_nested_json_is_not_a_call_and_does_not_raise():
+    assert not call_as_text("[" * 100_000 + "]" * 100_000, TOOLS)
+
+
+@pytest.mark.parametrize(("so_far", "maybe"), [
+    ("{", True), ('{"na', True), ('{"name": "re', True), ('{"name": "read_file", "arg', True),
+    ('{"name": "B', False), ('{"name": "Bob"', False), ('{"age": 3', False),
+    ("<tool", True), ("functions.re", True), ("functions.xyz", False),
+    ("```", True), ('```json\n{"name"', True), ("Hello", False), ("Sure, here's one:", False),
+])
+def test_a_streamed_reply_is_held_only_while_it_may_still_become_a_call(so_far, maybe):
+    assert may_be_call(so_far, TOOLS) is maybe
+
+
+# -- engine echo --------------------------------------------------------------------------------
+
+NUDGE = (
+    '[Same turn] Tool results are ready; failed: read_file. Already told the user (do not repeat): '
+    '"hi". Next: call more tools, say() to talk to the user, or end_turn() when done.'
+)
+
+
+@pytest.mark.parametrize(("said", "shown"), [
+    ("[Same turn] Tool results are ready; failed: read_file. The answer is 42.", "The answer is 42."),
+    ("Next: call more tools, say() to talk to the user, or end_turn() when done. Bye!", "Bye!"),
+    ("[Same turn] Here is the weather: sunny.", "Here is the weather: sunny."),
+    (f"{TURN_CONTEXT}\nHello", "Hello"),
+    ("Tool results are ready; failed: read_file.", ""),
+])
+def test_sentences_copied_from_the_engine_notes_of_the_turn_are_removed(said, shown):
+    assert EchoFilter([NUDGE, TURN_CONTEXT])(said) == shown
+
+
+@pytest.mark.parametrize("said", [
+    "[1] is a footnote.",
+    "Tool results are ready in the other tab.",  # not a sentence the engine wrote
+    "Keep   this.  Two\tspaces\n\nand this",  # untouched, spacing and all
+    "```\nTool results are ready; failed: read_file.\n```",  # code is kept whole
+    "Next step: call more tools.",
+])
+def test_anything_else_stays_exactly_as_written(said):
+    assert EchoFilter([NUDGE, TURN_CONTEXT])(said) == said
+
+
+def test_only_the_notes_the_engine_sent_count():
+    assert EchoFilter()("Tool results are ready.") == "Tool results are ready."
+    echoes = EchoFilter()
+    echoes.add("[Same turn] Tool results are ready.")
+    assert echoes("Tool results are ready.") == ""
+
+
+def test_a_long_reply_of_sentences_and_brackets_goes_through_every_rule():
+    """Every rule reads the text in one pass (they run on the event loop): a 200,000-character
+    reply of sentences and brackets is handled, and only the echoed sentences go."""
+    text = "[a] b. " * 30_000 + json.dumps({"name": "x" * 1000})
+    assert EchoFilter([NUDGE])(text)
+    assert not call_as_text(text, TOOLS)
+    assert strip_reasoning(text)
