@@ -346,7 +346,13 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
                     f" tools=[{calls}]"
                 )
             for g in t.get("gate", []):
-                print(f"  gate@{g['step']}: {'DONE' if g['done'] else 'CONTINUE'} ({g.get('judge') or 'heuristic'}): {g['reason']}")
+                print(f"  gate@{g['step']}: {'DONE' if g['done'] else 'CONTINUE'} ({g.get('judge') or 'structure'}): {g['reason']}")
+            for c in t.get("cuts", []):
+                what = f" {c['chars']} chars" if c.get("chars") is not None else ""
+                print(f"  cut@{c['step']}: {c['rule']}{what}" + (f" (call {c['call']})" if c.get("call") else ""))
+            if t.get("told"):
+                told = "in the model's words" if t["told"] == "model" else "with a plain note"
+                print(f"  told the user it stopped: {told}")
             for c in t.get("compactions", []):
                 print(f"  compaction: {json.dumps(c)}")
             if t.get("error"):

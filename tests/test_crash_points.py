@@ -11,8 +11,10 @@ saw and what the workspace holds.
 
 The turn (a rule-based model, so it behaves the same wherever the crash lands): ``say`` part
 one and ``append_file`` in one step, then ``say`` part two and ``end_turn``. After a crash the
-model reads its own tool results: a ``say`` reported "not delivered" is said again, an
-``append_file`` reported "interrupted" is checked with ``read_file`` before it is repeated.
+model never says again a text its history holds, whatever the result of that ``say`` reports
+(so a ``say`` recorded before the crash but never sent must be delivered by the engine when it
+resumes the turn), and an ``append_file`` reported "interrupted" is checked with ``read_file``
+before it is repeated.
 
 * On **Discord** every message is seen exactly once for every ``k``: sends carry a nonce.
 * On **Telegram** the same holds except for the send that was in flight at the crash
@@ -114,12 +116,12 @@ def _calls(request: dict[str, Any]) -> list[tuple[str, dict[str, Any], Any]]:
 
 
 def careful_model(request: dict[str, Any]) -> Reply:
-    """Part one and the note, then part two; says again only what was reported undelivered,
-    checks an interrupted append before repeating it."""
+    """Part one and the note, then part two; never says a text twice (what its history holds
+    counts as said), checks an interrupted append before repeating it."""
     if not is_loop(request):
         return text("DONE: fine")
     calls = _calls(request)
-    said = {a["text"] for n, a, r in calls if n == "say" and isinstance(r, dict) and (r.get("delivered") or r.get("queued"))}
+    said = {a.get("text") for n, a, _ in calls if n == "say"}
     appends = [r for n, _, r in calls if n == "append_file"]
     reads = [r for n, _, r in calls if n == "read_file"]
     noted = any(isinstance(r, str) and "appended" in r.lower() for r in appends) or any(
