@@ -18,7 +18,7 @@ import httpx
 from bumblebot.config import Secrets, Settings, effective_base_url
 from bumblebot.entity import Entity
 from bumblebot.errors import ModelError, StoreError
-from bumblebot.llm import LLM, ForcingFallback, stream_key, tool_choice_key, thinking_key, vision_key
+from bumblebot.llm import THINKING_RETRY_S, LLM, ForcingFallback, stream_key, thinking_key, tool_choice_key, vision_key
 from bumblebot.store import Store
 
 PING_TOOL = {
@@ -198,6 +198,14 @@ async def _stored_kv(settings: Settings, key: str) -> str | None:
         return None
 
 
+def _since(raw: str) -> float:
+    """When a remembered refusal was recorded, epoch seconds (0: unknown)."""
+    try:
+        return float(json.loads(raw).get("since") or 0)
+    except (ValueError, AttributeError, TypeError):
+        return 0.0
+
+
 def _reason(raw: str) -> str:
     try:
         return str(json.loads(raw).get("reason") or "reason not recorded")
@@ -238,7 +246,7 @@ async def _thinking_line(settings: Settings, base_url: str, model: str) -> str:
     if t.mode == "reasoning_effort":
         return asked + " (llm.thinking.mode: reasoning_effort)"
     remembered = await _stored_kv(settings, thinking_key(base_url, model))
-    if remembered:
+    if remembered and time.time() - _since(remembered) < THINKING_RETRY_S:
         return (f"not asked for: the daemon remembers that {model} refused reasoning_effort "
                 f"({_reason(remembered)}); it tries again 24 h after that")
     return asked + " until the endpoint refuses it (llm.thinking.mode: auto; not tried here)"

@@ -48,6 +48,10 @@ from bumblebot.watchdog import LoopWatchdog
 log = logging.getLogger("bumblebot")
 
 JUDGE_MAX_TOKENS = 64
+#: A completion check that takes longer (or longer than ``llm.timeout_s``) is given up, retries
+#: included: the turn ends, the check fails open. It runs while the conversation's next message
+#: waits, so it must not hold the chat for the client's whole timeout and retries.
+JUDGE_TIMEOUT_S = 15.0
 LOCK_NAME = "bumblebot.lock"
 
 
@@ -236,8 +240,12 @@ class Daemon:
         )
         await asyncio.to_thread(self.media.clean_partials)  # a killed fetch left half a file
 
+        judge_timeout_s = min(JUDGE_TIMEOUT_S, settings.llm.timeout_s)
+
         async def judge(messages: list[dict[str, Any]]) -> str:
-            return await llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0)
+            return await asyncio.wait_for(
+                llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0), judge_timeout_s
+            )
 
         loop = AgentLoop(
             llm=llm,

@@ -206,6 +206,10 @@ class Delivery:
             error = f"cannot split the message: {type(exc).__name__}"
             await self.store.outbox_progress(entry.id, status="failed", message_ids=entry.platform_message_ids, error=error)
             return DeliveryReport(delivered=False, error=error)
+        if not chunks:  # Markdown that renders to nothing (an HTML comment): no message to send
+            error = "nothing to show: the text renders to an empty message"
+            await self.store.outbox_progress(entry.id, status="failed", message_ids=entry.platform_message_ids, error=error)
+            return DeliveryReport(delivered=False, error=error)
         sent = list(entry.platform_message_ids)
         error = ""
         wait_s: float | None = None  # the platform's wait, when longer than can be waited here

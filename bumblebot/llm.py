@@ -54,7 +54,7 @@ from openai.types.chat import ChatCompletion
 from bumblebot.config import LLMSettings
 from bumblebot.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
 from bumblebot.metrics import NO_METRICS, Metrics
-from bumblebot.textrules import call_as_text, strip_reasoning
+from bumblebot.textrules import holds_call, strip_reasoning
 from bumblebot.streaming import JsonStringField
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,10 @@ STREAM_CHECKS = 3
 VISION_RETRY_S = 24 * 3600.0
 #: Seconds before a model that refused ``reasoning_effort`` is asked to think again.
 THINKING_RETRY_S = 24 * 3600.0
+#: A refusal that names the thinking parameter (OpenAI: "Unsupported parameter: 'reasoning_effort'").
+_REASONING_RE = re.compile(r"reasoning", re.IGNORECASE)
+#: Refusals in a row, each answered without thinking, before an unexplained one is remembered.
+THINKING_STRIKES = 3
 #: A 500 that is about the images of the request (llama.cpp server without a projector:
 #: "image input is not supported - hint: ... mmproj").
 _IMAGE_RE = re.compile(r"image|vision|multimodal|mmproj|content.{0,20}(type|part)", re.IGNORECASE)
@@ -440,6 +444,7 @@ class LLM:
         self._slots = asyncio.Semaphore(settings.max_concurrent_requests)
         self._stream_checks = 0  # unstreamed re-checks that found the model, not the stream, broken
         self._stream_strikes = 0  # streamed requests in a row that failed where a whole one was answered
+        self._thinking_strikes = 0  # unexplained refusals in a row that a request without thinking survived
 
     @property
     def model(self) -> str:
@@ -569,16 +574,21 @@ class LLM:
         if not await self.thinks(model):
             return await self._complete_seeing(messages, thinking=False, **kwargs)
         try:
-            return await self._complete_seeing(messages, thinking=True, **kwargs)
+            completion = await self._complete_seeing(messages, thinking=True, **kwargs)
         except ModelError as exc:
             if isinstance(exc, ContextTooLong) or exc.status not in (400, 422):
                 raise
             refusal = exc
+        else:
+            self._thinking_strikes = 0
+            return completion
         try:  # the same request without asking for thinking: answered, it was the ask
             completion = await self._complete_seeing(messages, thinking=False, **kwargs)
+        except (ModelUnavailable, ContextTooLong):
+            raise  # an outage, or the window: theirs to handle, not a refusal
         except ModelError:
             raise refusal from None  # not about thinking
-        await self._no_thinking(model, str(refusal))
+        await self._thinking_refused(model, refusal)
         return completion
 
     async def thinks(self, model: str | None = None) -> bool:
@@ -591,8 +601,18 @@ class LLM:
         model = model or self.settings.model
         return not await self._refused(thinking_key(self.base_url, model), THINKING_RETRY_S, f"asking {model} to think again")
 
+    async def _thinking_refused(self, model: str, refusal: ModelError) -> None:
+        """A request asking for thinking was refused and the same without it answered. A
+        refusal that names the parameter counts at once; another only when it happens on
+        :data:`THINKING_STRIKES` such requests in a row (a passing 400 from an upstream proxy
+        must not turn thinking off for a day)."""
+        self._thinking_strikes += 1
+        if _REASONING_RE.search(str(refusal)) or self._thinking_strikes >= THINKING_STRIKES:
+            await self._no_thinking(model, str(refusal))
+
     async def _no_thinking(self, model: str, reason: str) -> None:
         """Remember that ``model`` refuses to be asked for thinking (:func:`thinking_key`)."""
+        self._thinking_strikes = 0
         reason = reason[:_REASON_CHARS]
         value = json.dumps({"reason": reason, "since": self._clock()}, ensure_ascii=False)
         await self.capabilities.set(thinking_key(self.base_url, model), value)
@@ -978,8 +998,8 @@ class LLM:
             except ValueError:
                 return f"arguments of {call.name} are not JSON"
         names = {t.get("function", {}).get("name") for t in params["tools"] if isinstance(t, dict)}
-        # template markup anywhere in the text is a call the stream failed to deliver as one
-        if not completion.tool_calls and ("<tool_call>" in completion.content or call_as_text(completion.content, names)):
+        # a call in template markup, in or as the text: the stream failed to deliver it as a call
+        if not completion.tool_calls and holds_call(completion.content, names):
             return "tool calls arrived as text"
         if not completion.tool_calls and not completion.content.strip():
             return EMPTY_ANSWER  # llama-cpp-python streams function calls as nothing

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -148,6 +149,28 @@ def _say_text(arguments: str) -> str:
         return ""
     text = value.get("text") if isinstance(value, dict) else None
     return strip_reasoning(text) if isinstance(text, str) else ""
+
+
+def file_shown(caption: str, path: str) -> str:
+    """What a file sent to the chat shows, as the completion check and the repeat rule read
+    it: its caption and its name."""
+    name = os.path.basename(path)
+    return f"{caption}\n[file {name}]".strip() if name else caption
+
+
+def _shown(call: ToolCall) -> str:
+    """What a ``say`` or ``send_file`` call put before the user: the text; a file's caption
+    and name."""
+    if call.name == "say":
+        return _say_text(call.arguments)
+    try:
+        args = json.loads(call.arguments or "{}")
+    except ValueError:
+        return ""
+    if not isinstance(args, dict):
+        return ""
+    caption = args.get("caption")
+    return file_shown(strip_reasoning(caption) if isinstance(caption, str) else "", str(args.get("path") or ""))
 
 
 @dataclass(slots=True)
@@ -271,6 +294,9 @@ class TurnPort(Protocol):
     async def settle_previews(self) -> None:
         """The step is over: streamed text no ``say`` took over is taken down."""
 
+    def restart_previews(self) -> None:
+        """The completion is asked again: what it streams next starts the shown messages over."""
+
     def waiting(self) -> None:
         """The turn waits on the model again (the typing indicator shows)."""
 
@@ -301,6 +327,8 @@ class LoopState:
         self._calls: dict[str, ToolCall] = {}
         #: (tool, canonical arguments) of every work call that ran this turn
         self._ran: set[tuple[str, str]] = set()
+        #: call id -> whether the repeat guard let it run
+        self.allowed: dict[str, bool] = {}
         self.idle_steps = 0
 
     @classmethod
@@ -369,7 +397,8 @@ class LoopState:
         plan = []
         for call in calls:
             self._calls[call.id] = call
-            plan.append((call, self._streak.get(call.name, 0) < REPEAT_LIMIT or call.name not in work))
+            allowed = self.allowed[call.id] = self._streak.get(call.name, 0) < REPEAT_LIMIT or call.name not in work
+            plan.append((call, allowed))
         return plan
 
     def step_done(self, said_before: int, ran: list[tuple[ToolCall, bool]], *, cut: bool = False) -> None:
@@ -388,8 +417,8 @@ class LoopState:
         self.idle_steps = 0 if fresh or len(self.delivered) > said_before else self.idle_steps + 1
 
     def on_result(self, call: ToolCall, result: ToolResult) -> None:
-        if call.name == "say" and result.ok:
-            text = _say_text(call.arguments)
+        if call.name in DELIVERIES and result.ok:
+            text = _shown(call)
             if text:
                 self.said(text)
         if self._kind(call.name) is ToolKind.WORK:
@@ -444,9 +473,11 @@ class Visible:
         return echoed
 
     def preview(self, raw: str) -> str:
-        """What of a say still being written may be shown (no trace: the final text is
-        judged, and recorded, when the call is complete)."""
-        return self.echoes(shown_so_far(raw))
+        """What of a say still being written may be shown: no reasoning, not even one whose
+        block is still open, no sentence copied from the engine's notes, not even one still
+        being written (no trace: the final text is judged, and recorded, when the call is
+        complete)."""
+        return self.echoes.partial(shown_so_far(raw))
 
 
 class TurnState:
@@ -507,13 +538,30 @@ class TurnState:
         return report
 
     async def send_file(self, path: Any, caption: str, *, call_id: str | None = None) -> DeliveryReport:
-        """A file for the user (``send_file``); its caption is cleaned like a ``say``. In call
-        order with the step's ``say`` calls (the order lock is taken before anything else)."""
+        """A file for the user (``send_file``); its caption is cleaned like a ``say``. A file
+        is a message: the exact-repeat rule and the turn's message cap apply to it as to a
+        ``say``. In call order with the step's ``say`` calls (the order lock is taken before
+        anything else)."""
         if self.undeliverable:
             return DeliveryReport(delivered=False, error=self.undeliverable)
         async with self._order:
             clean = self._visible(caption, call=call_id) if caption else ""
+            shown = file_shown(clean, str(path))
+            if self._state.already_said(shown):
+                self._trace.cut("exact_repeat", call=call_id, chars=len(shown))
+                return DeliveryReport(delivered=True, duplicate=True)
+            said = len(self._state.delivered)
+            if said >= self._max_messages:
+                self._trace.cut("message_cap", call=call_id, chars=len(shown))
+                return DeliveryReport(
+                    delivered=False,
+                    dropped=f"not sent: this turn already sent {said} messages, the most it may; call end_turn",
+                )
             report = await self._port.send_file(str(path), clean, tool_call_id=call_id)
+            if report.ok:
+                self._state.said(shown)
+            else:
+                self.lost = True
         self._note_unreachable(report)
         return report
 
@@ -533,10 +581,12 @@ class _SayStream:
 
     A say is previewed only when it will be delivered as far as can be told: the turn's
     message cap leaves room for it (counting the says of this completion shown before it), it
-    is not (yet) the beginning of a message already delivered in this turn (an exact repeat is
-    never delivered, so it must never flash up), and it cannot still turn out to be a tool call
-    written as text. Until then its text is held; once it may show, all of it goes to the
-    preview at once and the rest as it comes."""
+    is not (yet) the beginning of a message already delivered in this turn, nor of one shown
+    earlier in this completion (an exact repeat is never delivered, so it must never flash
+    up), and it cannot still turn out to be a tool call written as text. Until then its text
+    is held; once it may show, all of it goes to the preview at once and the rest as it comes.
+    Calls stream one after another: when a later say starts to show, an earlier one still
+    held is complete, and it shows first if it will be delivered (messages keep call order)."""
 
     def __init__(self, port: TurnPort, state: LoopState, limits: LoopLimits, turn: TurnState, visible: Visible) -> None:
         self._listener = port.on_say(visible.preview)
@@ -544,7 +594,7 @@ class _SayStream:
         self._limits = limits
         self._turn = turn
         self._visible = visible
-        self._held: dict[int, str] = {}
+        self._texts: dict[int, str] = {}  # the raw text of each say of the completion so far
         self.shown: set[int] = set()
 
     @property
@@ -552,25 +602,45 @@ class _SayStream:
         return None if self._listener is None else self
 
     def reset(self) -> None:
-        self._held.clear()
+        self._texts.clear()
         self.shown.clear()
 
     def __call__(self, index: int, text: str) -> None:
         if self._listener is None or self._turn.undeliverable:
             return
+        self._texts[index] = self._texts.get(index, "") + text
         if index in self.shown:
             self._listener(index, text)
             return
-        so_far = self._held.get(index, "") + text
-        self._held[index] = so_far
-        if len(self._state.delivered) + len(self.shown) >= self._limits.max_messages:
+        visible = self._visible.preview(self._texts[index])
+        if self._held(index, visible) or may_be_call(visible, self._visible.tools):
             return
-        visible = self._visible.preview(so_far)
-        if not visible or self._state.may_still_repeat(visible) or may_be_call(visible, self._visible.tools):
-            return
+        for earlier in sorted(i for i in self._texts if i < index and i not in self.shown):
+            done = self._visible.preview(self._texts[earlier])  # complete: a later call is streaming
+            if not self._held(earlier, done, complete=True) and not call_as_text(done, self._visible.tools):
+                self._show(earlier)
+        if not self._held(index, visible):
+            self._show(index)
+
+    def _held(self, index: int, visible: str, *, complete: bool = False) -> bool:
+        """``visible`` (the say at ``index``, so far or ``complete``) may not show: nothing to
+        show, no room under the cap, or it repeats (or, still growing, may yet repeat) a
+        delivered message or one shown before it."""
+        if not visible or len(self._state.delivered) + len(self.shown) >= self._limits.max_messages:
+            return True
+        if self._state.already_said(visible) or (not complete and self._state.may_still_repeat(visible)):
+            return True
+        key = repeat_key(visible)
+        for other in self.shown:
+            if other < index:
+                shown = repeat_key(self._visible.preview(self._texts[other]))
+                if shown == key or (not complete and shown.startswith(key)):
+                    return True
+        return False
+
+    def _show(self, index: int) -> None:
         self.shown.add(index)
-        del self._held[index]
-        self._listener(index, so_far)
+        self._listener(index, self._texts[index])
 
 
 class RequestBuilder:
@@ -783,8 +853,10 @@ class AgentLoop:
         if limit is not None:
             run.stop_reason = limit
             return False
-        if run.limits.max_steps - run.state.steps >= STEER_MIN_STEPS_LEFT:
-            # later messages wait for the next turn: this one must keep steps to answer them
+        if (run.limits.max_steps - run.state.steps >= STEER_MIN_STEPS_LEFT
+                and len(run.state.delivered) < run.limits.max_messages):
+            # later messages wait for the next turn: this one must keep steps, and room under
+            # its message cap, to answer them
             for steer in await run.port.take_steering():
                 run.state.on_user(steer)
                 run.nudge = None
@@ -884,9 +956,9 @@ class AgentLoop:
         await run.requests.observe_usage(completion.prompt_tokens, estimate)
         if _cut_short(completion) and limits.escalate_tokens and limits.escalate_tokens > limits.max_tokens:
             # a reply cut by the reflex budget: ask again once with the deliberate one, before
-            # anything of it is run or delivered (what was streamed of it is taken down)
+            # anything of it is run or delivered
             limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
-            await run.port.settle_previews()
+            run.port.restart_previews()  # the new text takes the shown messages over
             run.stream.reset()
             completion = await _unless_stopped(stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener))
             step.finish_reason, step.escalated = completion.finish_reason, True
@@ -954,9 +1026,9 @@ class AgentLoop:
         A turn the model ended with nothing said gets one tool-less try for a plain answer,
         then an honest note. A turn that stopped at a limit (or that the check found undone to
         the end) gets closing words: the model is asked, without tools, to tell the user in
-        their language what it did and what is left; a plain note when it cannot. Nothing is
-        added past the turn's message cap, to an automation's turn (nobody is waiting for an
-        apology), nor to a chat the platform refuses."""
+        their language what it did and what is left; a plain note when it cannot (and past the
+        turn's message cap). Nothing is added to an automation's turn (nobody is waiting for
+        an apology), nor to a chat the platform refuses."""
         state, stop_reason = run.state, run.stop_reason
         if stop_reason == "stopped":
             await run.port.stopped()  # what was delivered stays; nothing more is said
@@ -964,7 +1036,7 @@ class AgentLoop:
         if run.limits.silent_ok:
             # a scheduled or autonomous turn: silence is an answer, and nobody awaits an apology
             return self._result(run, stop_reason if state.delivered else stop_reason + "+silent")
-        if stop_reason == "undeliverable" or len(state.delivered) >= run.limits.max_messages:
+        if stop_reason == "undeliverable":
             return self._result(run, stop_reason)
         if not state.delivered and stop_reason in ("end_turn", "final_reply"):
             text = await self._plain_words(run, LAST_CHANCE_NUDGE, LAST_CHANCE_MAX_TOKENS)
@@ -989,9 +1061,11 @@ class AgentLoop:
 
     async def _closing_words(self, run: _Run, stop_reason: str, why: str, note: str) -> str:
         """Tell the user once why the turn stopped: in the model's words when it gives new
-        ones, else ``note`` (the trace's ``closing`` says which). Recorded as the turn's end (a
-        crash from here on finishes the turn instead of saying it again)."""
-        text = await self._plain_words(run, CLOSING_NUDGE.format(why=why), CLOSING_MAX_TOKENS)
+        ones, else ``note`` (the trace's ``told`` says which); only the note past the turn's
+        message cap (the engine's own words never count against it). Recorded as the turn's
+        end (a crash from here on finishes the turn instead of saying it again)."""
+        capped = len(run.state.delivered) >= run.limits.max_messages  # the model may say no more
+        text = "" if capped else await self._plain_words(run, CLOSING_NUDGE.format(why=why), CLOSING_MAX_TOKENS)
         if text and not run.state.already_said(text):
             run.trace.told = "model"
             await run.turn.reply(text, closing=stop_reason)
@@ -1125,7 +1199,9 @@ class AgentLoop:
         rows = {e.tool_call_id: e for e in await port.outbox() if e.tool_call_id}
         for call in open_calls:
             if call.name in DELIVERIES and run is not None and call.id not in rows:
-                result = await self._deliver_recorded(call, run)
+                # the repeat guard decided when the step was recorded
+                allowed = run.state.allowed.get(call.id, True)
+                result = await self._deliver_recorded(call, run) if allowed else _refused(call)
             elif call.name in DELIVERIES:
                 result = _delivery_of(rows.get(call.id)).as_result()
             elif call.name in _COMPLETED_ON_RESUME:
@@ -1170,14 +1246,7 @@ class AgentLoop:
         started = time.monotonic()
         limits = run.limits
         if not run_it:
-            return (
-                ToolResult.error(
-                    f"Not executed: {call.name} already ran in your last {REPEAT_LIMIT - 1} steps, and "
-                    "the same tool a third time in a row is refused. Use the results above, try a "
-                    "different tool, or tell the user what you found and call end_turn."
-                ),
-                0.0,
-            )
+            return _refused(call), 0.0
         if call.name in UNTIMED:
             # delivery bounds itself (a few attempts, each wait capped); cancelling it midway
             # would leave the message pending for the sweeper while the model, told it failed,
@@ -1195,11 +1264,11 @@ class AgentLoop:
             result = ToolResult(cap_tool_result(result.content, limits.max_tool_result_chars), ok=result.ok)
         return result, time.monotonic() - started
 
-    def _fit_text(self, text: str, run: _Run) -> str:
+    def _fit_text(self, text: str, run: _Run, call: str | None = None) -> str:
         limit = _reply_chars(run.limits)
         if len(text) <= limit:
             return text
-        run.trace.cut("say_budget", chars=len(text) - limit + 1)
+        run.trace.cut("say_budget", call=call, chars=len(text) - limit + 1)
         return text[: limit - 1].rstrip() + "…"
 
     def _fit_call(self, call: ToolCall, run: _Run) -> tuple[ToolCall, str | None]:
@@ -1223,7 +1292,7 @@ class AgentLoop:
                 if reasoned != raw.strip():
                     run.trace.cut("reasoning", call=call.id, chars=len(raw) - len(reasoned))
                 # history never keeps reasoning, nor a lone surrogate (no store or request takes one)
-                clean = storable_text(self._fit_text(reasoned, run))
+                clean = storable_text(self._fit_text(reasoned, run, call.id))
                 if clean != raw:
                     args["text"] = clean
                     return ToolCall(id=call.id, name=call.name, arguments=json_text(args)), None
@@ -1296,6 +1365,15 @@ def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
         parts.append(f"Already told the user (do not repeat): {told}.")
     parts.append("Next: call more tools, say() to talk to the user, or end_turn() when done.")
     return " ".join(parts)
+
+
+def _refused(call: ToolCall) -> ToolResult:
+    """The result of a call the repeat guard refused."""
+    return ToolResult.error(
+        f"Not executed: {call.name} already ran in your last {REPEAT_LIMIT - 1} steps, and the same tool "
+        "a third time in a row is refused. Use the results above, try a different tool, or tell the "
+        "user what you found and call end_turn."
+    )
 
 
 def _delivery_of(entry: OutboxEntry | None) -> DeliveryReport:

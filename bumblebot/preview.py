@@ -95,6 +95,13 @@ class LivePreview:
             self._task = asyncio.create_task(self._pump(), name="bumblebot:preview")
         self._changed.set()
 
+    def restart(self) -> None:
+        """The completion is asked again (a reflex reply cut at its budget): the text starts
+        over in the same message, which is edited when the new text shows."""
+        self._parts.clear()
+        self._length = 0
+        self._version += 1
+
     async def _pump(self) -> None:
         try:
             self.entry = await self._turn.open_stream()

@@ -42,6 +42,38 @@ TURN_CONTEXT = "[Turn context]"
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
+def _searchable(text: str) -> str:
+    """``text`` folded to ASCII lower case, with every character inside code (a fenced block,
+    an inline code span) replaced by NUL: same length, so positions carry over, and a tag
+    written in code is never taken for one. One pass over the text."""
+    out = list(text.translate(_ASCII_LOWER))
+    fence = ""
+    at = 0
+    for line in text.split("\n"):
+        end = at + len(line)
+        opening = line.lstrip()[:3]
+        if fence:
+            out[at:end] = "\0" * len(line)
+            if line.lstrip().startswith(fence):
+                fence = ""
+        elif opening in ("```", "~~~"):
+            fence = opening
+            out[at:end] = "\0" * len(line)
+        else:
+            i = at
+            while (start := text.find("`", i, end)) != -1:
+                run = start
+                while run < end and text[run] == "`":
+                    run += 1
+                close = text.find(text[start:run], run, end)
+                if close == -1:
+                    break
+                out[start : close + run - start] = "\0" * (close + run - start - start)
+                i = close + run - start
+        at = end + 1
+    return "".join(out)
+
+
 def strip_reasoning(text: str) -> str:
     """``text`` without its reasoning, stripped of surrounding space.
 
@@ -50,13 +82,14 @@ def strip_reasoning(text: str) -> str:
     in the prompt (Qwen3, DeepSeek-R1 distills return ``…reasoning…</think>answer``), so
     everything up to the last closing tag with no opening tag before it is reasoning; and an
     unclosed opening tag at the very start (a completion cut off mid-thought). A tag merely
-    mentioned in the middle of a reply ("write a <thinking> tag") is left alone. Reasoning
-    *fields* (``reasoning_content``) are never read at all. Literal ``str`` searches, no regex.
+    mentioned in the middle of a reply ("write a <thinking> tag"), or written in code, is left
+    alone. Reasoning *fields* (``reasoning_content``) are never read at all. Literal ``str``
+    searches, no regex.
     """
     if not text:
         return ""
     out = text
-    lower = out.translate(_ASCII_LOWER)  # same length as out: positions carry over
+    lower = _searchable(out)  # same length as out: positions carry over
     for tag in TAGS:
         opening, closing = f"<{tag}>", f"</{tag}>"
         # lone closing tags: everything up to the last one before any opening tag is reasoning
@@ -75,7 +108,7 @@ def strip_reasoning(text: str) -> str:
         if pieces:
             pieces.append(out[at:])
             out = "".join(pieces)
-            lower = out.translate(_ASCII_LOWER)
+            lower = _searchable(out)
         # an unclosed block that opens the text
         if lower.lstrip().startswith(opening):
             return ""
@@ -87,7 +120,7 @@ def shown_so_far(text: str) -> str:
     :func:`strip_reasoning`, and also nothing from an opening tag whose block has not closed
     yet (it may be reasoning still coming), nor a partial tag at the very end (``"<thi"``).
     Linear in the text."""
-    lower = text.translate(_ASCII_LOWER)
+    lower = _searchable(text)
     cut = len(text)
     for tag in TAGS:
         opening, closing = f"<{tag}>", f"</{tag}>"
@@ -116,44 +149,74 @@ _PREFIX_CHARS = 300
 
 def call_as_text(text: str, tools: Collection[str]) -> bool:
     """All of ``text`` is a tool call written as text, in a syntax chat templates use: one or
-    more ``<tool_call>…</tool_call>`` blocks (the last may be cut off), ``functions.<tool>``
-    followed by its arguments, or a JSON object (or a list of them, or one in a code fence)
-    whose ``name`` is one of ``tools`` and whose other keys are a call's. A JSON answer such as
-    ``{"name": "Bob", "age": 3}`` is not a call: Bob is no tool, and ``age`` no key of one."""
-    body = _unfenced(text.strip())
+    more ``<tool_call>…</tool_call>`` blocks each holding a call (the last may be cut off),
+    ``functions.<tool>`` followed by its JSON arguments, or a JSON object (or a list of them)
+    with an offered tool's ``name`` and its ``arguments`` (or ``parameters``), and no key a
+    call does not have. A JSON answer such as ``{"name": "Bob", "age": 3}`` is not a call:
+    Bob is no tool, and ``age`` no key of one; prose that mentions the syntax is not one either."""
+    body = text.strip()
     if body.startswith(_TAG_OPEN):
         while body.startswith(_TAG_OPEN):
             end = body.find(_TAG_CLOSE)
-            if end == -1:
-                return True  # cut off inside the block
+            inner = body[len(_TAG_OPEN) : end if end != -1 else len(body)].strip()
+            if end == -1:  # cut off inside the block
+                return inner.startswith("{") and may_be_call(inner, tools)
+            if not _json_call(inner, tools):
+                return False
             body = body[end + len(_TAG_CLOSE):].lstrip()
         return not body
     if body.startswith(_FUNCTIONS):
         m = _NAME.match(body, len(_FUNCTIONS))
-        rest = body[m.end():].lstrip(" \t:") if m else "x"
-        return m is not None and m.group() in tools and (not rest or rest[0] in "{(")
-    if not body.startswith(("{", "[")):
-        return False
+        if m is None or m.group() not in tools:
+            return False
+        rest = body[m.end():].strip().lstrip(":").strip()
+        if rest.startswith("(") and rest.endswith(")"):
+            rest = rest[1:-1].strip()
+        return not rest or _json_object(rest)
+    return body.startswith(("{", "[")) and _json_call(body, tools)
+
+
+def holds_call(text: str, tools: Collection[str]) -> bool:
+    """``text`` is a call written as text (:func:`call_as_text`), or holds a whole
+    ``<tool_call>`` block with a call of an offered tool (a server that parsed its model's
+    calls badly returns them inside the text)."""
+    if call_as_text(text, tools):
+        return True
+    at = 0
+    while (start := text.find(_TAG_OPEN, at)) != -1:
+        end = text.find(_TAG_CLOSE, start)
+        if end == -1:
+            return False
+        if _json_call(text[start + len(_TAG_OPEN) : end].strip(), tools):
+            return True
+        at = end + len(_TAG_CLOSE)
+    return False
+
+
+def _json_value(text: str) -> object:
     try:
-        value = json.loads(body)
+        return json.loads(text)
     except (ValueError, RecursionError):
-        return False
+        return None
+
+
+def _json_object(text: str) -> bool:
+    return isinstance(_json_value(text), dict)
+
+
+def _json_call(text: str, tools: Collection[str]) -> bool:
+    value = _json_value(text)
     calls = value if isinstance(value, list) and value else [value]
     return all(_is_call(v, tools) for v in calls)
-
-
-def _unfenced(body: str) -> str:
-    """The inside of a text that is one fenced code block (```json … ```), else the text."""
-    if body.startswith("```") and body.endswith("```") and len(body) > 6 and "\n" in body:
-        inner = body[body.index("\n") + 1 : -3]
-        return inner.strip() if "```" not in inner else body
-    return body
 
 
 def _is_call(value: object, tools: Collection[str]) -> bool:
     if isinstance(value, dict) and isinstance(value.get("function"), dict) and set(value) <= _WRAPPER_KEYS:
         value = value["function"]
-    return isinstance(value, dict) and value.get("name") in tools and set(value) <= _CALL_KEYS
+    return (
+        isinstance(value, dict) and value.get("name") in tools and set(value) <= _CALL_KEYS
+        and ("arguments" in value or "parameters" in value)
+    )
 
 
 def may_be_call(text: str, tools: Collection[str]) -> bool:
@@ -161,22 +224,20 @@ def may_be_call(text: str, tools: Collection[str]) -> bool:
     call as text (:func:`call_as_text`): its preview waits until it cannot, or until it is
     complete. Reads at most the first :data:`_PREFIX_CHARS` characters."""
     body = text[:_PREFIX_CHARS].lstrip()
-    if body.startswith("```"):
-        if "\n" not in body:
-            return True
-        body = body[body.index("\n") + 1 :].lstrip()
     for opening in (_TAG_OPEN, _FUNCTIONS):
         if opening.startswith(body):
             return True
     if body.startswith(_TAG_OPEN):
-        return True
+        inner = body[len(_TAG_OPEN):].lstrip()
+        return not inner or (inner.startswith("{") and may_be_call(inner, tools))
     if body.startswith(_FUNCTIONS):
         m = _NAME.match(body, len(_FUNCTIONS))
         if m is None:
             return False
         if m.end() == len(body):  # the name may still grow
             return any(t.startswith(m.group()) for t in tools)
-        return m.group() in tools
+        rest = body[m.end():].lstrip(" \t:")
+        return m.group() in tools and (not rest or rest[0] in "({")
     m = _FIRST_KEY.match(body)
     if m is None:  # not JSON, or its first key not complete yet
         return body.startswith(("{", "[")) and _FIRST_KEY_PREFIX.fullmatch(body) is not None
@@ -198,14 +259,50 @@ _STRING = re.compile(r'"([A-Za-z0-9_-]{1,64})"')
 
 # -- engine echo ----------------------------------------------------------------------------------
 
-#: Splits a line into sentences after their end mark, keeping the mark with the sentence.
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？])[ \t]+")
+_END_MARKS = frozenset(".!?。！？")
+_OPEN_QUOTES, _CLOSE_QUOTES = frozenset('"“'), frozenset('"”')
 #: A marker that opens an engine note: ``[Same turn]``, ``[Turn context]``.
 _MARKER = re.compile(r"\[[^\[\]\n]{1,40}\]")
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.split()).casefold()
+def _sentences(line: str) -> list[str]:
+    """``line`` cut after each sentence's end mark and the blanks after it (joined back, the
+    pieces are the line). An end mark inside double quotes ends nothing: a quoted message
+    stays in the sentence that quotes it. One pass."""
+    pieces, start, quoted, i = [], 0, False, 0
+    while i < len(line):
+        c = line[i]
+        if quoted and c in _CLOSE_QUOTES:
+            quoted = False
+        elif not quoted and c in _OPEN_QUOTES:
+            quoted = True
+        elif not quoted and c in _END_MARKS and i + 1 < len(line) and line[i + 1] in " \t":
+            i += 1
+            while i < len(line) and line[i] in " \t":
+                i += 1
+            pieces.append(line[start:i])
+            start = i
+            continue
+        i += 1
+    if start < len(line):
+        pieces.append(line[start:])
+    return pieces
+
+
+def _key(sentence: str) -> str:
+    """A sentence as it is compared: what it quotes left out (the post-tool note quotes what
+    the model said: its words are the model's, not the engine's), runs of whitespace made one
+    space, case folded."""
+    out, quoted = [], False
+    for c in sentence:
+        if quoted:
+            if c in _CLOSE_QUOTES:
+                quoted = False
+                out.append('"')
+        else:
+            out.append(c)
+            quoted = c in _OPEN_QUOTES
+    return " ".join("".join(out).split()).casefold()
 
 
 def _split_marker(sentence: str) -> tuple[str, str]:
@@ -218,9 +315,10 @@ def _split_marker(sentence: str) -> tuple[str, str]:
 
 class EchoFilter:
     """Removes from what the model says the sentences it copied verbatim from the notes the
-    engine sent it this turn (the post-tool note, the completion check's nudge), and the
-    markers those notes open with. Comparison ignores case and runs of whitespace; code
-    blocks are kept whole."""
+    engine sent it this turn (the post-tool note, the completion check's nudge), with or
+    without the marker those notes open with, and a marker standing alone. Comparison
+    ignores case, runs of whitespace and what the note quotes; code blocks are kept whole, and
+    a sentence that only opens with a marker keeps it."""
 
     def __init__(self, notes: Iterable[str] = ()) -> None:
         self._sentences: set[str] = set()
@@ -230,38 +328,51 @@ class EchoFilter:
 
     def add(self, note: str) -> None:
         for line in note.splitlines():
-            for sentence in _SENTENCE_END.split(line):
+            for sentence in _sentences(line):
                 marker, rest = _split_marker(sentence)
                 if marker:
-                    self._markers.add(_norm(marker))
-                if key := _norm(rest):
-                    self._sentences.add(key)
+                    self._markers.add(_key(marker))
+                for key in (_key(sentence), _key(rest)):
+                    if key:
+                        self._sentences.add(key)
+
+    def _echo(self, sentence: str) -> bool:
+        marker, rest = _split_marker(sentence)
+        if marker and _key(marker) in self._markers and not rest.strip():
+            return True  # a marker alone
+        return _key(sentence) in self._sentences
 
     def __call__(self, text: str) -> str:
         if not self._markers and not self._sentences:
             return text
         lines, fenced = [], False
         for line in text.split("\n"):
-            if line.lstrip().startswith(("```", "~~~")):
+            fence = line.lstrip().startswith(("```", "~~~"))
+            if fence:
                 fenced = not fenced
-            if fenced or line.lstrip().startswith(("```", "~~~")):
+            if fenced or fence:
                 lines.append(line)
                 continue
-            kept, changed = [], False
-            for sentence in _SENTENCE_END.split(line):
-                marker, rest = _split_marker(sentence)
-                if marker and _norm(marker) not in self._markers:
-                    marker, rest = "", sentence
-                if _norm(rest) in self._sentences or (marker and not rest.strip()):
-                    changed = True  # an echoed sentence, or a marker alone: dropped
-                elif marker:
-                    changed = True
-                    kept.append(rest.strip())
-                else:
-                    kept.append(sentence)
-            if not changed:
+            pieces = _sentences(line)
+            kept = [p for p in pieces if not self._echo(p)]
+            if len(kept) == len(pieces):
                 lines.append(line)
             elif kept:  # a line that only echoed goes entirely
-                lines.append(" ".join(kept))
+                lines.append("".join(kept).rstrip())
         return "\n".join(lines).strip()
 
+    def partial(self, text: str) -> str:
+        """What of a text still being written may be shown: :meth:`__call__`, and not its
+        last sentence while that may still grow into an echo (its beginning is the beginning
+        of a sentence or marker of a note)."""
+        shown = self(text)
+        if not shown or not (self._markers or self._sentences) or text[-1:] in " \t\n":
+            return shown
+        head, _, last = shown.rpartition("\n")
+        pieces = _sentences(last)
+        tail = _key(pieces[-1]) if pieces else ""
+        if tail and any(known.startswith(tail) for known in (*self._sentences, *self._markers)):
+            pieces = pieces[:-1]
+            last = "".join(pieces).rstrip()
+            return f"{head}\n{last}".strip() if head else last
+        return shown

@@ -387,6 +387,10 @@ class TurnIO(TurnPort):
         for live in self._previews():
             await live.withdraw()
 
+    def restart_previews(self) -> None:
+        for live in self._streaming.values():
+            live.restart()
+
     async def pause_previews(self) -> None:
         """The turn waits (an outage) or the process stops: previews stay as they are, their
         rows open for the turn's next stream to take over."""

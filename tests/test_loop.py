@@ -17,7 +17,6 @@ from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
 from support import Gate, contents, is_adequacy_judge, is_grounding_judge, judges_say_done, loop_requests, say, tool_result
 
-from bumblebot.conversation import Session  # noqa: F401  (the store's records, for the crash case)
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.loop import LOOPING_MESSAGE
 from bumblebot.messages import Message
@@ -26,6 +25,16 @@ from bumblebot.store import Store
 
 def streaming(tmp_path, llm, tg, **sections):
     return write_config(tmp_path, llm, tg, delivery={"streaming": "on", "stream_edit_interval_s": 0.2}, **sections)
+
+
+def written_slowly(reply: Reply) -> Reply:
+    """A streamed reply whose says arrive a few characters at a time, over a second or so."""
+    reply.stream_chars, reply.stream_delay = 4, 0.03
+    return reply
+
+
+def preview_calls(tg: Any) -> list[tuple[str, str | None]]:
+    return [(c.method, c.params.get("text")) for c in tg.calls if c.method in ("sendMessage", "editMessageText", "deleteMessage")]
 
 
 async def finished(d: Any, n: int = 1) -> dict[str, Any]:
@@ -270,38 +279,166 @@ async def test_a_say_recorded_before_a_crash_is_delivered_as_recorded_once(tmp_p
     assert loop_requests(llm) == []  # the recorded end_turn went to the check, which accepted it
 
 
-# -- thinking ------------------------------------------------------------------------------------
+# -- regressions from the review of the fidelity change -------------------------------------------
 
 
-async def test_deliberate_turns_ask_for_thinking_and_reflex_turns_do_not(tmp_path, llm, tg):
+async def test_a_message_sent_while_a_turn_is_at_its_cap_gets_its_own_turn(tmp_path, llm, tg):
+    """Taken into a turn that could say no more, "also, what's 2+2?" was never answered."""
     judges_say_done(llm)
-    llm.push(say("Hi!"), when=is_loop)
-    llm.push(say("Here is the plan."), when=is_loop)
+    first = Gate(tool_calls(*[("say", {"text": f"Fact {i}."}) for i in range(4)], ("read_file", {"path": "x.md"})))
+    llm.push(first, when=is_loop)
+    llm.push(tool_calls(("end_turn", {})), when=lambda r: is_loop(r) and "Fact 3." in contents(r) and "2+2" not in contents(r))
+    llm.push(say("2+2 is 4."), when=lambda r: is_loop(r) and "what's 2+2" in contents(r))
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("hi", chat_id=315)
+        tg.push_text("four facts please", chat_id=401)
+        await first.entered.wait()
+        tg.push_text("also, what's 2+2?", chat_id=401)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        first.release.set()
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(401) == [f"Fact {i}." for i in range(4)] + ["2+2 is 4."]
+    assert not llm.unscripted
+
+
+async def test_two_equal_says_in_one_step_show_one_preview(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(written_slowly(say("Here is the answer you wanted.", "Here is the answer you wanted.")), when=is_loop)
+    async with running(streaming(tmp_path, llm, tg)) as d:
+        tg.push_text("answer me", chat_id=402)
+        trace = await finished(d)
+    assert tg.shown(402) == ["Here is the answer you wanted."]
+    assert not any(method == "deleteMessage" for method, _ in preview_calls(tg))
+    assert [c["rule"] for c in trace["cuts"]] == ["exact_repeat"]
+
+
+async def test_a_say_that_only_echoes_the_engine_note_is_never_previewed(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("read_file", {"path": "missing.md"})), when=is_loop)
+    llm.push(written_slowly(tool_calls(("say", {"text": "[Same turn] Tool results are ready; failed: read_file."}))),
+             when=lambda r: is_loop(r) and len(loop_requests(llm)) == 2)
+    llm.push(say("The file does not exist."), when=is_loop)
+    async with running(streaming(tmp_path, llm, tg)) as d:
+        tg.push_text("read missing.md", chat_id=403)
         await finished(d)
-        tg.push_text("help me research the history of the bicycle and compare the sources", chat_id=315)
-        await finished(d, 2)
-    reflex, deliberate = loop_requests(llm)
-    assert "reasoning_effort" not in reflex and deliberate["reasoning_effort"] == "medium"
-    assert not [r for r in llm.requests if is_aux(r) and "reasoning_effort" in r]  # judges never think
+    assert tg.shown(403) == ["The file does not exist."]
+    assert [t for method, t in preview_calls(tg) if method == "sendMessage"] == ["The file does not exist."]
+    assert not any(method == "deleteMessage" for method, _ in preview_calls(tg))
 
 
-async def test_an_endpoint_that_refuses_thinking_is_asked_without_it_and_that_is_remembered(tmp_path, tg):
-    async with FakeOpenAI(reject_reasoning_effort=True) as llm:
-        judges_say_done(llm)
-        llm.push(say("Here is the plan."), when=is_loop)
-        llm.push(say("And here is more."), when=is_loop)
-        async with running(write_config(tmp_path, llm, tg)) as d:
-            tg.push_text("help me research the history of the bicycle and compare the sources", chat_id=316)
-            await finished(d)
-        async with running(write_config(tmp_path, llm, tg)) as d:  # after a restart
-            tg.push_text("now research the history of the tandem and compare it", chat_id=316)
-            await finished(d)
-            remembered = await d.store.get_kv(f"llm.thinking:{llm.base_url}|test-model")
-    assert tg.sent(316) == ["Here is the plan.", "And here is more."]
-    # refused once (with tool_choice "required", then "auto"); without it, and the next turn, answered
-    assert len(llm.rejected) == 2
-    sent = [r for r in loop_requests(llm) if r not in llm.rejected]
-    assert len(sent) == 2 and all("reasoning_effort" not in r for r in sent)
-    assert "reasoning_effort" in json.loads(remembered)["reason"]
+async def test_a_reply_asked_again_with_a_bigger_budget_keeps_its_message(tmp_path, llm, tg):
+    """The cut reply's preview was deleted and a new one sent: it flashed."""
+    judges_say_done(llm)
+    cut = Reply(message={"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "say", "arguments": '{"text": "Hi! So, about the garden, th'}}]},
+        finish_reason="length")
+    llm.push(written_slowly(cut), when=is_loop)
+    llm.push(written_slowly(say("Hi! So, about the garden, the tomatoes need sun.")), when=is_loop)
+    async with running(streaming(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=404)
+        await finished(d)
+    assert tg.shown(404) == ["Hi! So, about the garden, the tomatoes need sun."]
+    assert len([1 for method, _ in preview_calls(tg) if method == "sendMessage"]) == 1
+    assert not any(method == "deleteMessage" for method, _ in preview_calls(tg))
+
+
+async def test_a_held_say_keeps_its_place_before_a_later_one(tmp_path, llm, tg):
+    """"The plan: buy milk" was held (it began like a delivered message) and arrived after the
+    say that followed it."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "The plan: buy milk, eggs and bread."})), when=is_loop)
+    llm.push(written_slowly(say("The plan: buy milk", "Anything else you need today?")), when=is_loop)
+    async with running(streaming(tmp_path, llm, tg)) as d:
+        tg.push_text("what's the plan?", chat_id=405)
+        await finished(d)
+    assert tg.shown(405) == ["The plan: buy milk, eggs and bread.", "The plan: buy milk", "Anything else you need today?"]
+
+
+async def test_a_sentence_the_note_quotes_from_the_model_is_not_an_engine_echo(tmp_path, llm, tg):
+    """The post-tool note quotes what the model said; those sentences were taken for the
+    engine's own and "Let me look." was never sent."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Sure. Let me look. Back soon."}), ("read_file", {"path": "a.md"})), when=is_loop)
+    llm.push(tool_calls(("say", {"text": "Let me look."}), ("read_file", {"path": "b.md"})), when=is_loop)
+    llm.push(say("Both files are missing."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("look at a.md and b.md", chat_id=406)
+        trace = await finished(d)
+    assert tg.sent(406) == ["Sure. Let me look. Back soon.", "Let me look.", "Both files are missing."]
+    assert trace["cuts"] == []
+
+
+async def test_prose_about_the_tool_call_tag_arrives(tmp_path, llm, tg):
+    judges_say_done(llm)
+    answer = "<tool_call> is the tag Hermes templates use to wrap a function call."
+    llm.push(say(answer), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what is <tool_call>?", chat_id=407)
+        await finished(d)
+    assert tg.sent(407) == [answer]
+
+
+def workspace_files(config: Any, names: dict[str, str]) -> None:
+    from bumblebot.config import load_settings
+
+    workspace = load_settings(config).workspace
+    workspace.mkdir(parents=True, exist_ok=True)
+    for name, body in names.items():
+        (workspace / name).write_text(body)
+
+
+async def test_files_count_against_the_message_cap(tmp_path, llm, tg):
+    """Six send_file calls and a say sent seven messages past a cap of four."""
+    judges_say_done(llm)
+    config = write_config(tmp_path, llm, tg)
+    workspace_files(config, {f"f{i}.txt": f"file {i}\n" for i in range(6)})
+    llm.push(tool_calls(*[("send_file", {"path": f"f{i}.txt", "caption": f"File {i}"}) for i in range(6)],
+                        ("say", {"text": "All six files sent."}), ("end_turn", {})), when=is_loop)
+    async with running(config) as d:
+        tg.push_text("send me all six files", chat_id=408)
+        trace = await finished(d)
+    files = [c for c in tg.calls if c.method in ("sendDocument", "sendPhoto")]
+    assert len(files) == 4 and tg.sent(408) == []
+    assert [c["rule"] for c in trace["cuts"]] == ["message_cap"] * 3
+
+
+async def test_a_file_with_a_caption_is_a_visible_reply(tmp_path, llm, tg):
+    """The check saw "nothing was said" and the user got the file and then "Sorry, I couldn't
+    put an answer together"."""
+    judges_say_done(llm)
+    config = write_config(tmp_path, llm, tg)
+    workspace_files(config, {"report.txt": "report\n"})
+    llm.push(tool_calls(("send_file", {"path": "report.txt", "caption": "Here is your report."}), ("end_turn", {})),
+             when=is_loop)
+    async with running(config) as d:
+        tg.push_text("send me report.txt", chat_id=409)
+        trace = await finished(d)
+    assert trace["stop_reason"] == "end_turn" and len(loop_requests(llm)) == 1
+    [judge] = [r for r in llm.requests if is_grounding_judge(r)]
+    assert "Here is your report.\n[file report.txt]" in contents(judge)
+    assert tg.sent(409) == []  # the caption went with the document
+
+
+async def test_a_say_that_renders_to_nothing_is_not_delivered_and_the_model_told(tmp_path, llm, tg):
+    """An HTML comment renders to an empty message: nothing was sent, yet it counted as the answer."""
+    judges_say_done(llm)
+    llm.push(say("<!-- I will answer below -->"), when=is_loop)
+    llm.push(say("Hello! How can I help?"), when=lambda r: is_loop(r) and "renders to an empty message" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=410)
+        trace = await finished(d)
+    assert tg.sent(410) == ["Hello! How can I help?"]
+    assert trace["stop_reason"] == "end_turn" and not llm.unscripted
+
+
+async def test_a_check_that_hangs_is_given_up_within_the_request_timeout(tmp_path, llm, tg):
+    """With the client's retries a hanging check held the chat for minutes."""
+    llm.push(say("Hello!"), when=is_loop)
+    llm.default = lambda r: text("DONE: ok", delay=30.0)
+    config = write_config(tmp_path, llm, tg, llm={"base_url": llm.base_url, "model": "test-model",
+                                                  "reflex_model": "reflex-model", "max_retries": 2, "timeout_s": 1})
+    async with running(config) as d:
+        tg.push_text("hi", chat_id=411)
+        trace = await finished(d)
+    assert tg.sent(411) == ["Hello!"]
+    [gate] = trace["gate"]
+    assert gate["done"] and "TimeoutError" in gate["reason"]  # cut at 1 s, not after three 1 s tries

@@ -56,7 +56,6 @@ def test_a_streamed_reply_shows_nothing_of_an_open_block_nor_half_a_tag():
     '{"name": "say", "parameters": {"text": "hi"}}',  # Llama 3.1's JSON tool format
     '[{"name": "say", "arguments": {}}, {"name": "end_turn", "arguments": {}}]',
     '{"type": "function", "function": {"name": "read_file", "arguments": "{}"}}',
-    '```json\n{"name": "read_file", "arguments": {"path": "a"}}\n```',
 ])
 def test_a_reply_that_is_only_a_call_in_a_template_syntax_is_a_call(text):
     assert call_as_text(text, TOOLS)
@@ -72,6 +71,10 @@ def test_a_reply_that_is_only_a_call_in_a_template_syntax_is_a_call(text):
     "Plain words.",
     "[1, 2, 3]",
     "{not json",
+    '```json\n{"name": "read_file", "arguments": {"path": "a"}}\n```',  # an example in a code block
+    "<tool_call> is the tag Hermes templates wrap a call in.",
+    "functions.read_file(path) reads a file.",
+    '{"name": "fetch_url", "type": "tool", "id": 7}',  # no arguments: a description, not a call
 ])
 def test_text_the_user_asked_for_is_never_a_call(text):
     assert not call_as_text(text, TOOLS)
@@ -85,7 +88,8 @@ def test_deeply_nested_json_is_not_a_call_and_does_not_raise():
     ("{", True), ('{"na', True), ('{"name": "re', True), ('{"name": "read_file", "arg', True),
     ('{"name": "B', False), ('{"name": "Bob"', False), ('{"age": 3', False),
     ("<tool", True), ("functions.re", True), ("functions.xyz", False),
-    ("```", True), ('```json\n{"name"', True), ("Hello", False), ("Sure, here's one:", False),
+    ("```", False), ('```json\n{"name"', False), ("Hello", False), ("Sure, here's one:", False),
+    ("<tool_call> is", False), ("functions.read_file reads", False), ("functions.read_file:", True),
 ])
 def test_a_streamed_reply_is_held_only_while_it_may_still_become_a_call(so_far, maybe):
     assert may_be_call(so_far, TOOLS) is maybe
@@ -102,7 +106,6 @@ NUDGE = (
 @pytest.mark.parametrize(("said", "shown"), [
     ("[Same turn] Tool results are ready; failed: read_file. The answer is 42.", "The answer is 42."),
     ("Next: call more tools, say() to talk to the user, or end_turn() when done. Bye!", "Bye!"),
-    ("[Same turn] Here is the weather: sunny.", "Here is the weather: sunny."),
     (f"{TURN_CONTEXT}\nHello", "Hello"),
     ("Tool results are ready; failed: read_file.", ""),
 ])
@@ -112,6 +115,10 @@ def test_sentences_copied_from_the_engine_notes_of_the_turn_are_removed(said, sh
 
 @pytest.mark.parametrize("said", [
     "[1] is a footnote.",
+    "[Same turn] Here is the weather: sunny.",  # a marker opening new words: the words are the model's
+    "[Turn context] is the block the system adds to your message.",
+    "Sure. Let me look. Back soon.",  # quoted by the note ("Already told the user"): still the model's
+    "Let me look.",
     "Tool results are ready in the other tab.",  # not a sentence the engine wrote
     "Keep   this.  Two\tspaces\n\nand this",  # untouched, spacing and all
     "```\nTool results are ready; failed: read_file.\n```",  # code is kept whole
@@ -119,6 +126,28 @@ def test_sentences_copied_from_the_engine_notes_of_the_turn_are_removed(said, sh
 ])
 def test_anything_else_stays_exactly_as_written(said):
     assert EchoFilter([NUDGE, TURN_CONTEXT])(said) == said
+
+
+def test_a_sentence_that_quotes_what_the_model_said_is_the_engine_s():
+    told = 'Already told the user (do not repeat): "Sure. Let me look. Back soon.". Next: say() or end_turn().'
+    echoes = EchoFilter([told])
+    assert echoes('Already told the user (do not repeat): "Sure. Let me look. Back soon.". Ok!') == "Ok!"
+    assert echoes("Sure. Let me look. Back soon.") == "Sure. Let me look. Back soon."
+
+
+@pytest.mark.parametrize(("so_far", "shown"), [
+    ("[Same tu", ""), ("[Same turn] Tool results are re", ""), ("Hello. Tool res", "Hello."),
+    ("Hello there", "Hello there"), ("Tool results are ready; failed: read_file. Fi", "Fi"),
+])
+def test_a_text_still_being_written_hides_a_sentence_that_may_become_an_echo(so_far, shown):
+    assert EchoFilter([NUDGE, TURN_CONTEXT]).partial(so_far) == shown
+
+
+def test_code_is_never_taken_for_reasoning():
+    block = "```html\n<think>x</think>\n```"
+    assert strip_reasoning(block) == block
+    assert strip_reasoning("Use `<think>` and `</think>` tags.") == "Use `<think>` and `</think>` tags."
+    assert strip_reasoning("<think>a</think>Hello `x` <think>b</think>!") == "Hello `x` !"
 
 
 def test_only_the_notes_the_engine_sent_count():

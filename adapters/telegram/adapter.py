@@ -191,7 +191,8 @@ def render_chunks(markdown: str, limit: int = TELEGRAM_LIMIT) -> list[TelegramCh
             kept.append(
                 MessageEntity(
                     type=e.type, offset=e.offset, length=min(e.length, size - e.offset),
-                    url=e.url, language=e.language, custom_emoji_id=e.custom_emoji_id,
+                    url=e.url.replace(amp, "&") if e.url else e.url, language=e.language,
+                    custom_emoji_id=e.custom_emoji_id,
                 )
             )
         out.append(TelegramChunk(text, tuple(kept)))
