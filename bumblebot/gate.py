@@ -161,19 +161,19 @@ class CompletionGate:
             return GateDecision(True, reason or "done", judge=name, raw=raw)
         if name == "grounding":
             nudge = (
-                f"Your reply to the user does not yet reflect the tool results ({reason}). Tell the user "
+                f'Your reply to the user does not yet reflect the tool results (the check says: "{reason}"). Tell the user '
                 "what the tools actually returned, with say(), then end_turn()."
             )
         elif inp.work_tools:
             named = ", ".join(inp.work_tools[:NUDGE_TOOLS]) + (", ..." if len(inp.work_tools) > NUDGE_TOOLS else "")
             nudge = (
-                f"The user asked for real work that was not done yet ({reason}). Do it now with your work "
+                f'The user asked for real work that was not done yet (the check says: "{reason}"). Do it now with your work '
                 f"tools ({named}), then say() the result and end_turn(). If it truly cannot be done, say "
                 "so plainly."
             )
         else:
             nudge = (
-                f"The user asked for something not done yet ({reason}). You have no tools for it: say() "
+                f'The user asked for something not done yet (the check says: "{reason}"). You have no tools for it: say() '
                 "plainly what you can and cannot do, then end_turn()."
             )
         return GateDecision(False, reason or "continue", judge=name, nudge=nudge, raw=raw)

@@ -1023,12 +1023,14 @@ class AgentLoop:
     async def _close(self, run: _Run) -> LoopResult:
         """The loop is over: say what the user must still be told, once.
 
-        A turn the model ended with nothing said gets one tool-less try for a plain answer,
-        then an honest note. A turn that stopped at a limit (or that the check found undone to
-        the end) gets closing words: the model is asked, without tools, to tell the user in
-        their language what it did and what is left; a plain note when it cannot (and past the
-        turn's message cap). Nothing is added to an automation's turn (nobody is waiting for
-        an apology), nor to a chat the platform refuses."""
+        A turn with nothing delivered gets one tool-less try for a plain answer, whether the
+        model ended it or it stopped at a limit (a weak model that only loops on tools can
+        still answer in plain text), then an honest note. A turn that said something and then
+        stopped at a limit (or that the check found undone to the end) gets closing words: the
+        model is asked, without tools, to tell the user in their language what it did and what
+        is left; a plain note when it cannot. Nothing is added past the turn's message cap (it
+        counts every message the user gets), to an automation's turn (nobody is waiting for an
+        apology), nor to a chat the platform refuses."""
         state, stop_reason = run.state, run.stop_reason
         if stop_reason == "stopped":
             await run.port.stopped()  # what was delivered stays; nothing more is said
@@ -1036,17 +1038,21 @@ class AgentLoop:
         if run.limits.silent_ok:
             # a scheduled or autonomous turn: silence is an answer, and nobody awaits an apology
             return self._result(run, stop_reason if state.delivered else stop_reason + "+silent")
-        if stop_reason == "undeliverable":
+        if stop_reason == "undeliverable" or len(state.delivered) >= run.limits.max_messages:
             return self._result(run, stop_reason)
-        if not state.delivered and stop_reason in ("end_turn", "final_reply"):
+        limit = stop_reason in _LIMIT_WHY
+        if not state.delivered and (limit or stop_reason in ("end_turn", "final_reply")):
             text = await self._plain_words(run, LAST_CHANCE_NUDGE, LAST_CHANCE_MAX_TOKENS)
             if text:
                 await run.turn.reply(text)
                 return self._result(run, stop_reason + "+last_chance")
-            stop_reason += "+fallback"
-            await run.turn.reply(NO_REPLY_MESSAGE, note=True, closing=stop_reason)
+            stop_reason += "" if limit else "+fallback"
+            run.trace.told = "note"
+            note = _LIMIT_NOTES[run.stop_reason] if limit else NO_REPLY_MESSAGE
+            await run.turn.reply(note, note=True, closing=stop_reason)
             return self._result(run, stop_reason)
         if stop_reason == "context_full":
+            run.trace.told = "note"
             await run.turn.reply(CONTEXT_FULL_MESSAGE, note=True, closing=stop_reason)  # the window has no room to ask
             return self._result(run, stop_reason)
         if stop_reason.endswith("+unfinished"):
@@ -1054,18 +1060,16 @@ class AgentLoop:
             why = f"a check found the request not done yet: {reason}" if reason else "a check found the request not done yet"
             note = UNFINISHED_MESSAGE.format(why=f" ({reason})" if reason else "")
             return self._result(run, await self._closing_words(run, stop_reason, why, note))
-        if stop_reason in _LIMIT_WHY:
+        if limit:
             why, note = _LIMIT_WHY[stop_reason], _LIMIT_NOTES[stop_reason]
             return self._result(run, await self._closing_words(run, stop_reason, why, note))
         return self._result(run, stop_reason)
 
     async def _closing_words(self, run: _Run, stop_reason: str, why: str, note: str) -> str:
         """Tell the user once why the turn stopped: in the model's words when it gives new
-        ones, else ``note`` (the trace's ``told`` says which); only the note past the turn's
-        message cap (the engine's own words never count against it). Recorded as the turn's
-        end (a crash from here on finishes the turn instead of saying it again)."""
-        capped = len(run.state.delivered) >= run.limits.max_messages  # the model may say no more
-        text = "" if capped else await self._plain_words(run, CLOSING_NUDGE.format(why=why), CLOSING_MAX_TOKENS)
+        ones, else ``note`` (the trace's ``told`` says which). Recorded as the turn's end (a
+        crash from here on finishes the turn instead of saying it again)."""
+        text = await self._plain_words(run, CLOSING_NUDGE.format(why=why), CLOSING_MAX_TOKENS)
         if text and not run.state.already_said(text):
             run.trace.told = "model"
             await run.turn.reply(text, closing=stop_reason)

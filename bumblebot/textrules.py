@@ -313,16 +313,40 @@ def _split_marker(sentence: str) -> tuple[str, str]:
     return m.group(), sentence.lstrip()[m.end():]
 
 
+#: Words in a row copied from a note that make a sentence an echo, however it goes on (a weak
+#: model copies the note and mangles the rest); fewer are a phrase any answer may share.
+ECHO_RUN_WORDS = 6
+
+
+def _words(text: str) -> list[str]:
+    """The words of ``text`` as echoes are compared: case folded, the punctuation around each
+    word left out."""
+    out = []
+    for token in text.casefold().split():
+        word = token.strip("\"'“”‘’()[]{}<>.,;:!?¿¡…*_`~-")
+        if word:
+            out.append(word)
+    return out
+
+
+def _runs(words: list[str]) -> set[tuple[str, ...]]:
+    return {tuple(words[i : i + ECHO_RUN_WORDS]) for i in range(len(words) - ECHO_RUN_WORDS + 1)}
+
+
 class EchoFilter:
-    """Removes from what the model says the sentences it copied verbatim from the notes the
-    engine sent it this turn (the post-tool note, the completion check's nudge), with or
-    without the marker those notes open with, and a marker standing alone. Comparison
-    ignores case, runs of whitespace and what the note quotes; code blocks are kept whole, and
-    a sentence that only opens with a marker keeps it."""
+    """Removes from what the model says the sentences it copied from the notes the engine
+    sent it this turn (the post-tool note, the completion check's nudge, the requests for
+    plain words), with or without the marker those notes open with, and a marker standing
+    alone. A sentence is a copy when it is a sentence of a note (case, runs of whitespace and
+    what the note quotes aside), or when it holds :data:`ECHO_RUN_WORDS` words in a row of
+    one. What a note quotes (the model's own earlier messages, the check's reason) is the
+    model's, never an echo; code blocks are kept whole, and a sentence that only opens with a
+    marker keeps it."""
 
     def __init__(self, notes: Iterable[str] = ()) -> None:
         self._sentences: set[str] = set()
         self._markers: set[str] = set()
+        self._runs: set[tuple[str, ...]] = set()
         for note in notes:
             self.add(note)
 
@@ -335,15 +359,18 @@ class EchoFilter:
                 for key in (_key(sentence), _key(rest)):
                     if key:
                         self._sentences.add(key)
+                self._runs |= _runs(_words(_key(rest)))
 
     def _echo(self, sentence: str) -> bool:
         marker, rest = _split_marker(sentence)
         if marker and _key(marker) in self._markers and not rest.strip():
             return True  # a marker alone
-        return _key(sentence) in self._sentences
+        if _key(sentence) in self._sentences:
+            return True
+        return bool(self._runs) and not self._runs.isdisjoint(_runs(_words(sentence)))
 
     def __call__(self, text: str) -> str:
-        if not self._markers and not self._sentences:
+        if not self._markers and not self._sentences and not self._runs:
             return text
         lines, fenced = [], False
         for line in text.split("\n"):

@@ -29,7 +29,7 @@ from support import (
 from bumblebot.budget import ContextBudget
 from bumblebot.conversation import Session, Turn
 from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.loop import INTERRUPTED, LOOPING_MESSAGE, LoopState
+from bumblebot.loop import INTERRUPTED, LoopState
 from bumblebot.messages import Message
 from bumblebot.store import CompactionState, Store
 from bumblebot.toolkit import ToolKind
@@ -632,8 +632,7 @@ async def test_a_say_that_got_out_before_a_crash_is_not_sent_again(tmp_path, llm
 
 async def test_a_resumed_step_that_fills_the_message_cap_is_told_and_bounded(tmp_path, llm, tg):
     """A resumed step said more than the cap allows: three messages get out, the model is told
-    of the rest, and a model that goes on saying nothing new is stopped as looping, which the
-    user is told."""
+    of the rest, and a model that goes on saying nothing new is stopped as looping."""
     judges_say_done(llm)
     chat = ChatRef(Platform.TELEGRAM, "90")
     async with Store(tmp_path / "data" / "bumblebot.db") as store:
@@ -652,6 +651,6 @@ async def test_a_resumed_step_that_fills_the_message_cap_is_told_and_bounded(tmp
     async with running(config) as d:
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
-    assert tg.sent(90) == [f"Here is file number {i}." for i in range(3)] + [LOOPING_MESSAGE]
+    assert tg.sent(90) == [f"Here is file number {i}." for i in range(3)]
     assert len(loop_requests(llm)) == 4 and trace["stop_reason"] == "looping"
     assert [r.get("dropped") for r in tool_result(loop_requests(llm)[1], "say")] == [None] * 3 + [True] * 5

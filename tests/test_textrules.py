@@ -150,6 +150,23 @@ def test_code_is_never_taken_for_reasoning():
     assert strip_reasoning("<think>a</think>Hello `x` <think>b</think>!") == "Hello `x` !"
 
 
+def test_a_sentence_holding_six_words_in_a_row_of_a_note_is_an_echo_however_it_goes_on():
+    """What SmolLM2-135M sent when asked for closing words: the request, copied and mangled."""
+    closing = ("[Same turn] No tools now: your turn is over (your last steps repeated themselves). Write to the "
+               "user, in the language they wrote in, a short plain message.")
+    echoes = EchoFilter([closing])
+    said = "Write to the user, in the language they wrote their response; otherwise what you did"
+    assert echoes(said) == ""
+    assert echoes("I have nothing to reply.\n\nYour turn is over (your last steps repeated") == "I have nothing to reply."
+    assert echoes("Hello! Write to the user soon.") == "Hello! Write to the user soon."  # five words: a phrase
+
+
+def test_what_a_note_quotes_never_makes_an_echo():
+    told = 'Already told the user (do not repeat): "When I went to the bar my friend said hi to all". Next: end_turn().'
+    echoes = EchoFilter([told])
+    assert echoes("When I went to the bar my friend said hi to all.") == "When I went to the bar my friend said hi to all."
+
+
 def test_only_the_notes_the_engine_sent_count():
     assert EchoFilter()("Tool results are ready.") == "Tool results are ready."
     echoes = EchoFilter()
