@@ -28,6 +28,7 @@ stay as written). Everything here is linear in the text.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Collection, Iterable
@@ -292,9 +293,10 @@ def _sentences(line: str) -> list[str]:
 def _key(sentence: str) -> str:
     """A sentence as it is compared: what it quotes left out (the post-tool note quotes what
     the model said: its words are the model's, not the engine's), runs of whitespace made one
-    space, case folded."""
+    space, case folded, character references read (a server whose chat template escapes the
+    prompt shows the model ``user&#39;s`` for ``user's``, and the model copies that)."""
     out, quoted = [], False
-    for c in sentence:
+    for c in html.unescape(sentence):
         if quoted:
             if c in _CLOSE_QUOTES:
                 quoted = False
@@ -322,7 +324,7 @@ def _words(text: str) -> list[str]:
     """The words of ``text`` as echoes are compared: case folded, the punctuation around each
     word left out."""
     out = []
-    for token in text.casefold().split():
+    for token in html.unescape(text).casefold().split():
         word = token.strip("\"'“”‘’()[]{}<>.,;:!?¿¡…*_`~-")
         if word:
             out.append(word)

@@ -161,6 +161,14 @@ def test_a_sentence_holding_six_words_in_a_row_of_a_note_is_an_echo_however_it_g
     assert echoes("Hello! Write to the user soon.") == "Hello! Write to the user soon."  # five words: a phrase
 
 
+def test_an_echo_through_a_template_that_escapes_the_prompt_is_still_an_echo():
+    """llama-cpp-python's template showed SmolLM2 "user&#39;s"; it copied the note that way.
+    The comparison reads the references; what is delivered keeps them as written."""
+    echoes = EchoFilter(["[Same turn] No tools now. Write your answer to the user's last message as plain text."])
+    assert echoes("Write your answer to the user&#39;s last message as plain text.") == ""
+    assert echoes("It&#39;s fine.") == "It&#39;s fine."
+
+
 def test_what_a_note_quotes_never_makes_an_echo():
     told = 'Already told the user (do not repeat): "When I went to the bar my friend said hi to all". Next: end_turn().'
     echoes = EchoFilter([told])
