@@ -48,8 +48,8 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from bumblebot.adapter import Adapter, Intake
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.core.adapter import Adapter, Intake
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 
 try:
     import readline  # enables line editing for input()
@@ -82,7 +82,7 @@ class LiteralMarkdown(Markdown):
 
 
 class ChatIntake(Intake, Protocol):
-    """The engine as the console sees it: the adapters' :class:`~bumblebot.adapter.Intake`,
+    """The engine as the console sees it: the adapters' :class:`~bumblebot.core.adapter.Intake`,
     plus its observing half (``Engine.idle``, ``Engine.wait_until``), so the prompt comes back
     only once the turn the user started is done."""
 

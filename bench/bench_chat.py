@@ -23,7 +23,7 @@ spreads its chunks over the other ``L/2`` (so it is complete after ``L`` too).
 Load is closed-loop: every chat sends a message, waits for the complete reply, reads it for
 ``THINK_S`` (2 s) and sends the next. The pause is a person reading; without it a chat would
 write again the instant the answer arrives, which is the flood Telegram's per-chat limit (about
-one message a second) forbids, and Bumblebot's pacer (``bumblebot/pacing.py``) would rightly
+one message a second) forbids, and Bumblebot's pacer (``adapters/telegram/pacing.py``) would rightly
 hold every such reply for a second, so the run would measure the pacing, not the bot.
 One warm-up turn per chat is not measured (it creates the conversation; with history it loads
 it). Measured per run (see ``docs/performance.md`` for the definitions): turns per second,
@@ -245,7 +245,7 @@ def child_env() -> dict[str, str]:
 
 
 def streaming_key_supported() -> bool:
-    from bumblebot.config import Settings
+    from bumblebot.core.config import Settings
 
     return "delivery" in Settings.model_fields
 
@@ -326,7 +326,7 @@ async def template_turn(data_dir: Path) -> list[Any] | None:
 
 
 def synthetic_turn() -> list[Any]:
-    from bumblebot.messages import Message
+    from bumblebot.core.messages import Message
 
     calls = [{"id": "call_a", "type": "function", "function": {"name": "say", "arguments": f'{{"text": "{REPLY}"}}'}},
              {"id": "call_b", "type": "function", "function": {"name": "end_turn", "arguments": "{}"}}]
@@ -337,7 +337,7 @@ def synthetic_turn() -> list[Any]:
 
 def copy_turn(template: list[Any], n: int, user_text: str) -> list[Any]:
     """``template`` with fresh tool call ids (suffix ``n``) and the user's text replaced."""
-    from bumblebot.messages import Message
+    from bumblebot.core.messages import Message
 
     out = []
     for m in template:
@@ -353,7 +353,7 @@ def copy_turn(template: list[Any], n: int, user_text: str) -> list[Any]:
 
 async def populate(data_dir: Path, chats: list[int], messages: int, template: list[Any]) -> None:
     """Give every chat ``messages`` messages of finished history, through the Store API."""
-    from bumblebot.events import ChatRef, Platform
+    from bumblebot.core.events import ChatRef, Platform
     from bumblebot.store import Store
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -801,7 +801,7 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         "pauses (both bots alike). One warm-up turn per chat comes "
         "first and is not measured (it creates the conversation; in the history runs it loads it)."),
         ("- **History runs**: Bumblebot only; before it starts, every chat is given 10, 1,000 or 10,000 messages of "
-        "finished history through `bumblebot.store.Store.import_history`, copies of a real turn recorded in an "
+        "finished history through `bumblebot.store.store.Store.import_history`, copies of a real turn recorded in an "
         "earlier run of the same command. Imported history is not compacted yet, so Bumblebot compacts it over its "
         "first turns there: warm-up rounds go on until one makes no summary request (at most "
         f"{MAX_SETTLE_ROUNDS}), and the measured turns see the settled state; the cold first turn and the number of "
@@ -829,7 +829,7 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         "",
         ("- The fakes run in the benchmark process on the same 2 cores as the bot; their own CPU per turn is in "
         "the notes."),
-        ("- Bumblebot keeps to Telegram's published limits (issue 16, `bumblebot/pacing.py`): about 30 messages a "
+        ("- Bumblebot keeps to Telegram's published limits (issue 16, `adapters/telegram/pacing.py`): about 30 messages a "
         "second overall, one a second per chat after a burst of three. The baseline does not, so in the runs that "
         "ask for more than 30 replies a second (100 chats, and 1,000 at once) Bumblebot's throughput and latency "
         "are bound by that limit, not by its own cost; a streamed reply takes two calls when the overall window has "

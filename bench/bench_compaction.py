@@ -14,7 +14,7 @@ in milliseconds, and two ratios measured in the same process:
 * ``x 1k``: against the same phase on the 1k history (linear growth gives ~10 and ~100).
 
 The second table is the per-step cost of re-estimating after appending one message as the
-history grows: :class:`~bumblebot.compaction.RunningEstimate` (incremental, should stay flat)
+history grows: :class:`~bumblebot.cognition.compaction.RunningEstimate` (incremental, should stay flat)
 against a full ``estimate_messages`` re-walk (grows with the history).
 
 Target: estimate + boundaries + prune of a 10k-message history under 50 ms.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bumblebot.compaction import RunningEstimate, find_boundaries, prune_tool_results
-from bumblebot.messages import Message, estimate_messages
+from bumblebot.cognition.compaction import RunningEstimate, find_boundaries, prune_tool_results
+from bumblebot.core.messages import Message, estimate_messages
 
 REPEATS = 7
 SIZES = (1_000, 10_000, 100_000)

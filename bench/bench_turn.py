@@ -25,11 +25,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 import openai  # noqa: E402
 from fakes.openai_server import FakeOpenAI, Reply, is_aux, text, tool_calls  # noqa: E402
 
-from bumblebot.adapter import Adapter  # noqa: E402
-from bumblebot.daemon import Daemon  # noqa: E402
-from bumblebot.config import Secrets, load_settings  # noqa: E402
-from bumblebot.entity import load_entity  # noqa: E402
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform  # noqa: E402
+from bumblebot.core.adapter import Adapter  # noqa: E402
+from bumblebot.app.daemon import Daemon  # noqa: E402
+from bumblebot.core.config import Secrets, load_settings  # noqa: E402
+from bumblebot.core.entity import load_entity  # noqa: E402
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform  # noqa: E402
 
 
 def scripted(request: dict) -> Reply:

@@ -1,5 +1,5 @@
 import sys
 
-from bumblebot.cli import main
+from bumblebot.app.cli import main
 
 sys.exit(main())

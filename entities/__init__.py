@@ -1,1 +1,1 @@
-"""Entity (persona) files shipped with Bumblebot; see ``bumblebot/entity.py`` for the format."""
+"""Entity (persona) files shipped with Bumblebot; see ``bumblebot/core/entity.py`` for the format."""

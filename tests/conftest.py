@@ -89,12 +89,12 @@ async def running(
 ) -> AsyncIterator[Any]:
     """Run the daemon in this event loop (as ``bumblebot run`` would) and stop it afterwards.
 
-    ``pace``: the Telegram adapter's :class:`~bumblebot.pacing.PaceLimits` (default: calls to
+    ``pace``: the Telegram adapter's :class:`~adapters.telegram.pacing.PaceLimits` (default: calls to
     one chat :data:`TEST_PACE_INTERVAL_S` apart, the group and overall windows out of reach)."""
-    from bumblebot.cli import Daemon
-    from bumblebot.config import Secrets, load_settings
-    from bumblebot.entity import load_entity
-    from bumblebot.pacing import PaceLimits
+    from bumblebot.app.cli import Daemon
+    from bumblebot.core.config import Secrets, load_settings
+    from bumblebot.core.entity import load_entity
+    from adapters.telegram.pacing import PaceLimits
 
     settings = load_settings(config)
     secrets = Secrets(

@@ -264,9 +264,9 @@ async def test_autonomy_never_reaches_out_to_refused_strangers_or_command_only_c
 async def test_runs_never_pile_up_and_a_cancelled_task_does_not_run_its_queued_run(tmp_path):
     """Regression: an every-second task during a 6 s outage queued 6 runs, all sent on
     recovery, even after /tasks cancel."""
-    from bumblebot.config import AutomationSettings, AutonomySettings
-    from bumblebot.events import ChatRef, Platform
-    from bumblebot.scheduler import Scheduler
+    from bumblebot.core.config import AutomationSettings, AutonomySettings
+    from bumblebot.core.events import ChatRef, Platform
+    from bumblebot.runtime.scheduler import Scheduler
     from bumblebot.store import Store
     from zoneinfo import ZoneInfo
 

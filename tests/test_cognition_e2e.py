@@ -23,7 +23,7 @@ from support import (
     say,
 )
 
-from bumblebot.toolkit import ToolContext, ToolKind
+from bumblebot.core.toolkit import ToolContext, ToolKind
 
 THINKING = {"thinking": {"mode": "reasoning_effort", "reasoning_effort": "high"}}
 
@@ -311,7 +311,7 @@ async def test_a_looping_model_is_stopped_before_the_step_cap(tmp_path, llm, tg)
 async def test_a_turn_that_said_something_and_hit_the_cap_says_once_that_it_stopped(tmp_path, llm, tg):
     """What the model said stands, and the user is told the turn stopped at the cap (not
     left to guess whether more is coming); the model gave no closing words, so the plain note."""
-    from bumblebot.loop import STEP_CAP_MESSAGE
+    from bumblebot.cognition.loop import STEP_CAP_MESSAGE
 
     judges_say_done(llm)
     llm.push(say("Here is what I found so far: it is sunny.", end=False), when=is_loop)
@@ -384,7 +384,7 @@ async def test_message_during_a_turn_steers_at_the_next_step(tmp_path, llm, tg):
 
 
 async def test_trace_command_shows_why_a_turn_ended(tmp_path, llm, tg, capsys):
-    from bumblebot.cli import main
+    from bumblebot.app.cli import main
 
     judges_say_done(llm)
     llm.push(tool_calls(("read_file", {"path": "nope.txt"})), when=is_loop)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bumblebot.compaction import (
+from bumblebot.cognition.compaction import (
     PLACEHOLDER,
     SUMMARY_HEADER,
     SUMMARY_HEADINGS,
@@ -33,10 +33,10 @@ from bumblebot.compaction import (
     summary_request,
     with_summary,
 )
-from bumblebot.compaction_prompts import FLUSH_SYSTEM, SUMMARY_SYSTEM
-from bumblebot.knowledge import KnowledgeFile
-from bumblebot.messages import Message, estimate_messages
-from bumblebot.sequence import validate
+from bumblebot.cognition.compaction_prompts import FLUSH_SYSTEM, SUMMARY_SYSTEM
+from bumblebot.cognition.knowledge import KnowledgeFile
+from bumblebot.core.messages import Message, estimate_messages
+from bumblebot.cognition.sequence import validate
 
 SETTINGS = settings(max_examples=120, deadline=None)
 CTX = 32768

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from bumblebot.config import Secrets, effective_base_url, find_config, load_settings
-from bumblebot.entity import load_entity
-from bumblebot.errors import ConfigError
+from bumblebot.core.config import Secrets, effective_base_url, find_config, load_settings
+from bumblebot.core.entity import load_entity
+from bumblebot.core.errors import ConfigError
 
 
 def test_defaults_without_a_file(tmp_path):
@@ -137,7 +137,7 @@ def test_entity_errors_name_the_config_file_that_asked_for_it(tmp_path):
 
 
 def test_bumblebot_lines_of_dotenv_count_like_env_vars(tmp_path, monkeypatch):
-    from bumblebot.config import apply_dotenv
+    from bumblebot.core.config import apply_dotenv
 
     (tmp_path / ".env").write_text("BUMBLEBOT_LLM__MODEL=from-dotenv\nBUMBLEBOT_LOG_LEVEL=warning\nTELEGRAM_BOT_TOKEN=1:x\n")
     monkeypatch.setenv("BUMBLEBOT_LOG_LEVEL", "ERROR")  # the real environment wins

@@ -304,7 +304,7 @@ async def test_a_second_ctrl_c_quits_at_once(tmp_path: Path, llm: FakeOpenAI) ->
             code = await exits(proc, terminal, timeout=10)  # the model call is still held
     finally:
         held.release.set()
-    assert code == 130  # bumblebot/cli.py: quit by a second Ctrl-C
+    assert code == 130  # bumblebot/app/cli.py: quit by a second Ctrl-C
     assert "never shown" not in terminal.text
     assert_no_log_line(terminal)
     assert_terminal_given_back(terminal)

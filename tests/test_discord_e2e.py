@@ -21,7 +21,7 @@ from fakes.discord_server import BOT_ID, HUMAN_ID, FakeDiscord
 from fakes.openai_server import FakeOpenAI, is_loop
 from support import contents, judges_say_done, loop_requests, say
 
-from bumblebot.errors import AdapterError
+from bumblebot.core.errors import AdapterError
 
 GUILD_ID = "500000000000000050"
 CHANNEL_ID = "500000000000000051"

@@ -9,7 +9,7 @@ import pytest
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.bots import BotTurnBudget
 from adapters.discord.policy import MessageFacts, Verdict, command_target, decide, parse_command
-from bumblebot.config import DiscordSettings
+from bumblebot.core.config import DiscordSettings
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)

@@ -1,4 +1,4 @@
-"""Documents people send (bumblebot/documents.py) and read_file on a PDF (tools/files.py)."""
+"""Documents people send (bumblebot/media/documents.py) and read_file on a PDF (tools/files.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pypdf
 import pytest
 
 import tools.files as file_tools
-from bumblebot import documents
-from bumblebot.documents import (
+from bumblebot.media import documents
+from bumblebot.media.documents import (
     MAX_NAME_BYTES,
     DocumentError,
     describe_size,
@@ -28,7 +28,7 @@ from bumblebot.documents import (
     safe_name,
     sniff,
 )
-from bumblebot.toolkit import ToolContext, ToolResult
+from bumblebot.core.toolkit import ToolContext, ToolResult
 from tools.files import FILE_TOOLS
 from tools.registry import Registry
 
@@ -759,7 +759,7 @@ def slow_pdf(pages: int, operators: int) -> bytes:
 def test_a_pdf_that_takes_too_long_is_given_up_and_its_worker_killed(tmp_path: Path) -> None:
     """Regression (review of issue 12): an 8 KB PDF whose pages share one content stream of
     text operators cost pypdf 9 s a page, holding a thread of the daemon for minutes."""
-    from bumblebot.documents import pdf_text_bounded
+    from bumblebot.media.documents import pdf_text_bounded
 
     path = tmp_path / "slow.pdf"
     path.write_bytes(slow_pdf(3, 200_000))

@@ -27,9 +27,9 @@ from conftest import running, write_config
 from fakes.openai_server import text
 from support import contents, is_adequacy_judge, is_loop_with, judges_say_done, say
 
-from bumblebot.gate import CompletionGate, GateInput
-from bumblebot.router import heuristic
-from bumblebot.watchdog import LoopWatchdog, location
+from bumblebot.cognition.gate import CompletionGate, GateInput
+from bumblebot.cognition.router import heuristic
+from bumblebot.app.watchdog import LoopWatchdog, location
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,7 +79,7 @@ def finishes(function: str, value: str, timeout: float = 5.0, *, args: str = "")
     f"lambda text: may_be_call(text, {TOOLS})",
 ])
 def test_the_text_rules_return_at_once_on_pathological_text(rule, value):
-    finishes(f"bumblebot.textrules:{rule}", value)
+    finishes(f"bumblebot.core.textrules:{rule}", value)
 
 
 # -- the router -----------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def test_the_text_rules_return_at_once_on_pathological_text(rule, value):
 
 @pytest.mark.parametrize("value", ["a-" * 20_000, "a-" * 50_000 + ".", "x-" * 20_000 + ".md", "-" * 30_000 + "a.com"])
 def test_router_cues_are_linear_on_hyphen_runs(value):
-    assert finishes("bumblebot.router:heuristic", value)  # old `\b[\w-]+\.`: 3 s at 20,000 chars, quadratic
+    assert finishes("bumblebot.cognition.router:heuristic", value)  # old `\b[\w-]+\.`: 3 s at 20,000 chars, quadratic
     assert heuristic(value) is not None
 
 
@@ -95,7 +95,7 @@ def test_router_cues_are_linear_on_hyphen_runs(value):
     "value", ["hello " * 20_000, "hi" + " a" * 50_000, "good morning " + "sam " * 30_000, "hey " + "x" * 100_000]
 )
 def test_router_greeting_and_brief_rules_are_linear(value):
-    assert finishes("bumblebot.router:heuristic", value)  # every one is "long": deliberate
+    assert finishes("bumblebot.cognition.router:heuristic", value)  # every one is "long": deliberate
     assert heuristic(value).reason.startswith("long: ")
 
 
@@ -113,7 +113,7 @@ def test_router_still_finds_file_names_and_domains():
 async def test_another_chat_is_answered_while_a_pathological_text_is_delivered(tmp_path, llm, tg, caplog):
     """Chat A's model answers with a text that once froze the loop; chat B, written as that
     answer goes out, is answered within a few seconds (it used to wait for minutes)."""
-    caplog.set_level(logging.WARNING, logger="bumblebot.watchdog")
+    caplog.set_level(logging.WARNING, logger="bumblebot.app.watchdog")
     judges_say_done(llm)
     pathological = "let me check, " * 20 + "... the answer is 42"
 
@@ -131,7 +131,7 @@ async def test_another_chat_is_answered_while_a_pathological_text_is_delivered(t
     assert tg.sent(2) == ["hi B!"]
     assert tg.sent(1) == [pathological]  # delivered as written, and the adequacy judge let it end
     assert any(is_adequacy_judge(r) and pathological[:40] in contents(r) for r in llm.requests)
-    assert not [r for r in caplog.records if "bumblebot.gate" in r.getMessage()]
+    assert not [r for r in caplog.records if "bumblebot.cognition.gate" in r.getMessage()]
     assert not llm.unscripted
 
 
@@ -159,7 +159,7 @@ class Recorder(logging.Handler):
 @pytest.fixture
 async def recorder() -> Any:
     handler = Recorder(asyncio.get_running_loop())
-    logger = logging.getLogger("bumblebot.watchdog")
+    logger = logging.getLogger("bumblebot.app.watchdog")
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
@@ -191,7 +191,7 @@ async def test_a_blocking_call_is_logged_once_with_its_name(recorder):
 async def test_the_stall_is_named_after_our_own_innermost_frame(recorder):
     blocked = []
 
-    def on_beat() -> None:  # called from bumblebot/watchdog.py: that is the frame named
+    def on_beat() -> None:  # called from bumblebot/app/watchdog.py: that is the frame named
         if not blocked:
             blocked.append(True)
             time.sleep(0.8)
@@ -199,7 +199,7 @@ async def test_the_stall_is_named_after_our_own_innermost_frame(recorder):
     async with LoopWatchdog(threshold_s=0.3, interval_s=0.02, on_beat=on_beat):
         await asyncio.wait_for(recorder.ended.wait(), 5)
     [warning] = recorder.warnings()
-    assert "in bumblebot.watchdog.LoopWatchdog._heartbeat (watchdog.py:" in warning
+    assert "in bumblebot.app.watchdog.LoopWatchdog._heartbeat (watchdog.py:" in warning
 
 
 async def test_a_healthy_loop_logs_nothing(recorder):
@@ -268,7 +268,7 @@ def test_location_prefers_our_own_frames():
         return "DONE: ok"
 
     asyncio.run(CompletionGate(judge).check(GateInput(user_text="hi", visible=["hey"], work_calls=0, work_ok=0)))
-    assert seen[0].startswith("bumblebot.gate.CompletionGate._ask (gate.py:")
+    assert seen[0].startswith("bumblebot.cognition.gate.CompletionGate._ask (gate.py:")
 
 
 def test_thresholds_must_be_positive():
@@ -293,11 +293,11 @@ SPLIT_RUNS = [
 
 @pytest.mark.parametrize("value", SPLIT_RUNS, ids=lambda v: f"{v[:1]!r}x{len(v)}")
 def test_splitting_returns_at_once_on_long_runs(value):
-    assert finishes("bumblebot.splitting:split_markdown", value, args="4096")
+    assert finishes("bumblebot.delivery.splitting:split_markdown", value, args="4096")
 
 
 def test_splitting_still_cuts_at_paragraphs_lines_and_sentences():
-    from bumblebot.splitting import split_text
+    from bumblebot.delivery.splitting import split_text
 
     assert split_text("one two.  \n\nthree four", 12) == ["one two.", "three four"]
     assert split_text("one two three  \nfour", 16) == ["one two three", "four"]

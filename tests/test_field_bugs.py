@@ -148,14 +148,14 @@ async def test_a_chat_that_never_stops_writing_still_gets_its_answer(tmp_path, m
     """Regression: each message within the debounce sent a turn still being routed back to the
     inbox; with a message every 0.15 s and routing that takes 0.3 s (the classifier), no turn
     would ever begin. The actor with a stand-in runner that routes slowly (pure logic)."""
-    import bumblebot.actor
-    from bumblebot.actor import ConversationActor, Progress
-    from bumblebot.conversation import Conversation
-    from bumblebot.events import ChatRef, Inbound, Platform
+    import bumblebot.runtime.actor
+    from bumblebot.runtime.actor import ConversationActor, Progress
+    from bumblebot.runtime.conversation import Conversation
+    from bumblebot.core.events import ChatRef, Inbound, Platform
     from bumblebot.store import JournalEntry, Store
-    from bumblebot.turn import Finished, Requeued
+    from bumblebot.runtime.turn import Finished, Requeued
 
-    monkeypatch.setattr(bumblebot.actor, "DEBOUNCE_MAX_S", 1.0)
+    monkeypatch.setattr(bumblebot.runtime.actor, "DEBOUNCE_MAX_S", 1.0)
 
     class SlowRouter:
         calls = 0
@@ -532,7 +532,7 @@ async def test_reset_while_a_photo_downloads_and_then_fails_promises_nothing(tmp
     from PIL import Image
 
     import adapters.telegram.adapter as telegram_adapter
-    from bumblebot.errors import MediaError
+    from bumblebot.core.errors import MediaError
 
     entered, release = asyncio.Event(), asyncio.Event()
 

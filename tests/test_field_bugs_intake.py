@@ -31,8 +31,8 @@ from fakes.telegram_server import BOT_USER, FakeTelegram
 from support import Gate, contents, judges_say_done, loop_requests, say
 
 from adapters.discord.adapter import DELETED_QUOTE, QUOTE_CHARS, DiscordAdapter
-from bumblebot.config import DiscordSettings
-from bumblebot.events import Inbound
+from bumblebot.core.config import DiscordSettings
+from bumblebot.core.events import Inbound
 
 GROUP = -500
 GUILD_ID = "600000000000000060"
@@ -84,7 +84,7 @@ def journal_texts(tmp_path: Path) -> list[tuple[str, str]]:
 
 
 class RecordingIntake:
-    """The engine as an adapter sees it (``bumblebot.adapter.Intake``), recording each call:
+    """The engine as an adapter sees it (``bumblebot.core.adapter.Intake``), recording each call:
     for the adapter's own decisions, which the daemon's visible behaviour cannot tell apart
     (an update that is no edit and an edit that comes too late both change nothing)."""
 

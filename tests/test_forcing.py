@@ -16,10 +16,10 @@ import pytest
 from conftest import write_config
 from fakes.openai_server import FakeOpenAI, error, is_loop, text, tool_calls
 
-from bumblebot.check import check_all, forcing_mode
-from bumblebot.config import LLMSettings, Secrets, load_settings
-from bumblebot.entity import load_entity
-from bumblebot.errors import ModelUnavailable
+from bumblebot.app.check import check_all, forcing_mode
+from bumblebot.core.config import LLMSettings, Secrets, load_settings
+from bumblebot.core.entity import load_entity
+from bumblebot.core.errors import ModelUnavailable
 from bumblebot.llm import FORCING_RETRY_S, LLM, CapabilityMemory, ForcingFallback, tool_choice_key
 from bumblebot.store import Store
 

@@ -1,4 +1,4 @@
-"""The completion gate (bumblebot/gate.py): it runs on every ending, in any language, and
+"""The completion gate (bumblebot/cognition/gate.py): it runs on every ending, in any language, and
 decides from structure which judge to ask; no list of words decides anything."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from conftest import running, write_config
 from fakes.openai_server import is_loop, text, tool_calls
 from support import Gate, contents, is_adequacy_judge, is_grounding_judge, judges_say_done, say
 
-from bumblebot.gate import CompletionGate, GateInput, parse_verdict
+from bumblebot.cognition.gate import CompletionGate, GateInput, parse_verdict
 from bumblebot.llm import ToolCall
-from bumblebot.loop import LoopState
-from bumblebot.messages import Message
-from bumblebot.toolkit import ToolKind, ToolResult
+from bumblebot.cognition.loop import LoopState
+from bumblebot.core.messages import Message
+from bumblebot.core.toolkit import ToolKind, ToolResult
 
 
 class Judge:

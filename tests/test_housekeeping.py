@@ -16,13 +16,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from bumblebot.adapter import Adapter
-from bumblebot.config import EngineSettings
+from bumblebot.core.adapter import Adapter
+from bumblebot.core.config import EngineSettings
 from bumblebot.delivery import Delivery
-from bumblebot.engine import Engine
-from bumblebot.errors import DeliveryFailed
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.messages import Message
+from bumblebot.runtime.engine import Engine
+from bumblebot.core.errors import DeliveryFailed
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.core.messages import Message
 from bumblebot.store import MIGRATIONS, Pruned, Store
 
 DAY = 86400.0
@@ -108,7 +108,7 @@ async def test_a_pending_row_past_expiry_is_marked_failed_and_never_sent(tmp_pat
         await backdate(store, "outbox", stale, created_at=time.time() - 25 * 3600)
         fresh = await queue(store, "today's answer", at=time.time() - 3600)
         console.down = False
-        with caplog.at_level(logging.WARNING, logger="bumblebot.engine"):
+        with caplog.at_level(logging.WARNING, logger="bumblebot.runtime.engine"):
             assert await engine.sweep_outbox() == 1
         assert console.sent == ["today's answer"]
         expired = await store.outbox_entry(stale)

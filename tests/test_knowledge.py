@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bumblebot.knowledge import (
+from bumblebot.cognition.knowledge import (
     SEED,
     KnowledgeFile,
     Section,

@@ -1,4 +1,4 @@
-"""The model client (bumblebot/llm.py): what it learns about an endpoint, and what it must not
+"""The model client (bumblebot/llm/client.py): what it learns about an endpoint, and what it must not
 take for a lesson. Real openai client, fake endpoint on 127.0.0.1."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
-from bumblebot.logs import redact, setup_logging
+from bumblebot.core.logs import redact, setup_logging
 
 
 def test_redact_known_secrets_and_token_shapes():

@@ -1,4 +1,4 @@
-"""The agent loop (bumblebot/loop.py): what the model says reaches the user as said, and the
+"""The agent loop (bumblebot/cognition/loop.py): what the model says reaches the user as said, and the
 model decides when its turn is over.
 
 Each case replays its failing input through the real python-telegram-bot and openai clients
@@ -14,12 +14,12 @@ import sqlite3
 from typing import Any
 
 from conftest import running, write_config
-from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
+from fakes.openai_server import Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
 from support import Gate, contents, is_adequacy_judge, is_grounding_judge, judges_say_done, loop_requests, say, tool_result
 
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.loop import LOOPING_MESSAGE
-from bumblebot.messages import Message
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.cognition.loop import LOOPING_MESSAGE
+from bumblebot.core.messages import Message
 from bumblebot.store import Store
 
 
@@ -378,7 +378,7 @@ async def test_prose_about_the_tool_call_tag_arrives(tmp_path, llm, tg):
 
 
 def workspace_files(config: Any, names: dict[str, str]) -> None:
-    from bumblebot.config import load_settings
+    from bumblebot.core.config import load_settings
 
     workspace = load_settings(config).workspace
     workspace.mkdir(parents=True, exist_ok=True)

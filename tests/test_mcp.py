@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from bumblebot.logs import bind
-from bumblebot.loop import LoopState
-from bumblebot.mcp_client import MCPManager, MCPSettings, ServerState, probe_servers, secret_values
-from bumblebot.messages import Message
-from bumblebot.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind
+from bumblebot.core.logs import bind
+from bumblebot.cognition.loop import LoopState
+from bumblebot.core.mcp_settings import MCPSettings, secret_values
+from tools.mcp_client import MCPManager, ServerState, probe_servers
+from bumblebot.core.messages import Message
+from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind
 from tools import build_registry
 from tools.mcp import (
     MCPTools,
@@ -545,4 +546,4 @@ def test_only_the_mcp_client_imports_the_sdk() -> None:
             )
             if any(m.split(".")[0] in ("mcp", "mcp_types") for m in modules):
                 users.append(path.relative_to(root).as_posix())
-    assert sorted(set(users)) == ["bumblebot/mcp_client.py"]
+    assert sorted(set(users)) == ["tools/mcp_client.py"]

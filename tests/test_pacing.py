@@ -1,7 +1,7 @@
 """Pacing (issue 16, items 2 and 5): one scheduler per adapter for every call to a chat, and a
 typing indicator that honours a 429.
 
-The unit tests run :class:`~bumblebot.pacing.Pacer` with Telegram's published limits on an
+The unit tests run :class:`~adapters.telegram.pacing.Pacer` with Telegram's published limits on an
 event loop with virtual time (:class:`VirtualClockLoop`: when nothing is ready, the clock jumps
 to the next timer), so a minute of pacing takes no time and every instant is exact. The
 end-to-end tests run the real python-telegram-bot against tests/fakes/telegram_server.py
@@ -25,10 +25,10 @@ from fakes.openai_server import is_loop
 from fakes.telegram_server import retry_after_body
 from support import Gate, say
 
-from bumblebot.adapter import Adapter
-from bumblebot.errors import DeliveryFailed
-from bumblebot.events import ChatRef, Platform
-from bumblebot.pacing import MIN_TRACKED, PaceLimits, Pacer
+from bumblebot.core.adapter import Adapter
+from bumblebot.core.errors import DeliveryFailed
+from bumblebot.core.events import ChatRef, Platform
+from adapters.telegram.pacing import MIN_TRACKED, PaceLimits, Pacer
 
 TELEGRAM = PaceLimits()  # the published limits: 1 s per chat, 20 a minute per group, 30 a second
 
@@ -427,7 +427,7 @@ async def test_a_429_longer_than_the_inline_wait_mid_reply_keeps_the_reply_in_or
     ended, came before it. Now the rows wait for the pause's end and go in order. (The 30 s
     inline wait is scaled to 1 s and the 429's retry_after to 2 s.)"""
     import adapters.telegram.adapter as telegram_adapter
-    import bumblebot.delivery as delivery
+    import bumblebot.delivery.outbox as delivery
     from fakes.telegram_server import retry_after_body
     from support import judges_say_done, say
 
@@ -457,7 +457,7 @@ THREE = "\n".join(f"paragraph {i}: " + "words " * 20 for i in range(90))  # thre
 
 def _scaled_inline_wait(monkeypatch: Any, seconds: float = 1.0) -> None:
     import adapters.telegram.adapter as telegram_adapter
-    import bumblebot.delivery as delivery
+    import bumblebot.delivery.outbox as delivery
 
     monkeypatch.setattr(delivery, "MAX_INLINE_WAIT_S", seconds)
     monkeypatch.setattr(telegram_adapter, "MAX_INLINE_WAIT_S", seconds)
@@ -536,7 +536,7 @@ async def test_a_streamed_answer_does_not_jump_into_a_reply_that_waits_for_a_ful
     into a chat whose rows wait; the answer comes after them. (The window is scaled to 3 calls
     in 4 s and the inline wait to 1 s.)"""
     import adapters.telegram.adapter as telegram_adapter
-    import bumblebot.pacing as pacing
+    import adapters.telegram.pacing as pacing
     from support import judges_say_done, say
 
     _scaled_inline_wait(monkeypatch)

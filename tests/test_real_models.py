@@ -15,10 +15,10 @@ from conftest import running, write_config
 from fakes.openai_server import Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
 from support import contents, judges_say_done, loop_requests, say, tool_result
 
-from bumblebot.loop import LoopState
-from bumblebot.messages import estimate_text_tokens, estimate_tools
-from bumblebot.textrules import strip_reasoning
-from bumblebot.toolkit import ToolKind
+from bumblebot.cognition.loop import LoopState
+from bumblebot.core.messages import estimate_text_tokens, estimate_tools
+from bumblebot.core.textrules import strip_reasoning
+from bumblebot.core.toolkit import ToolKind
 
 
 def window_fake(window: int, reply: Any) -> Any:
@@ -56,7 +56,7 @@ async def test_the_fixed_part_fits_a_quarter_of_a_4k_window(tmp_path, llm, tg):
 async def test_ten_turns_at_a_4096_window_keep_going(tmp_path, llm, tg):
     """Issue 9: by the third message a 4k chat died of "too long"; here ten long turns go
     through compaction against a server that refuses anything over its window."""
-    from bumblebot.compaction import SUMMARY_HEADINGS
+    from bumblebot.cognition.compaction import SUMMARY_HEADINGS
 
     summary = "\n".join(f"## {h}\n- the user keeps asking to be told more about it" for h in SUMMARY_HEADINGS)
 
@@ -249,7 +249,7 @@ async def test_reasoning_before_a_lone_closing_tag_reaches_neither_user_nor_hist
 
 async def test_group_routing_reads_the_words_not_the_speaker(tmp_path, llm, tg):
     """Issue 9 defect 9: "[Python Fan]: hey" was routed as code."""
-    from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+    from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
     from bumblebot.store import JournalEntry
 
     config = write_config(tmp_path, llm, tg, cognition={"classifier": True})
@@ -328,7 +328,7 @@ async def test_a_turn_that_fills_the_window_after_answering_says_it_stopped(tmp_
     window was full, told the user "this conversation got too long, send /reset" after its
     answer. It stopped without the model ending it: the user is told so, and that the next
     message goes on."""
-    from bumblebot.loop import CONTEXT_FULL_MESSAGE
+    from bumblebot.cognition.loop import CONTEXT_FULL_MESSAGE
 
     judges_say_done(llm)
     llm.push(tool_calls(("say", {"text": "Done: notes.txt has your list."})), when=is_loop)
@@ -389,7 +389,7 @@ async def test_a_last_try_that_only_writes_a_call_as_text_is_not_sent(tmp_path, 
     which reached the user."""
     from fakes.openai_server import is_last_chance
 
-    from bumblebot.loop import LOOPING_MESSAGE
+    from bumblebot.cognition.loop import LOOPING_MESSAGE
 
     llm.push(text("functions.list_directory: { }"), when=is_last_chance)
     llm.default = lambda r: tool_calls(("list_directory", {"path": "."})) if is_loop(r) else text("DONE: fine")
@@ -427,7 +427,7 @@ def tokenizer_fake(window: int, reply: Any, chars_per_token: float) -> Any:
 
 
 def _chatty(answer: str) -> Any:
-    from bumblebot.compaction import SUMMARY_HEADINGS
+    from bumblebot.cognition.compaction import SUMMARY_HEADINGS
 
     summary = "\n".join(f"## {h}\n- the user keeps telling me about the garden" for h in SUMMARY_HEADINGS)
 
@@ -492,7 +492,7 @@ async def test_reasoning_inside_say_is_never_stored(tmp_path, llm, tg):
 async def test_promises_that_end_by_looping_get_the_honest_message(tmp_path, llm, tg):
     """Regression (review): a turn that only promised and then looped ended without saying the
     work was not done."""
-    from bumblebot.loop import LOOPING_MESSAGE
+    from bumblebot.cognition.loop import LOOPING_MESSAGE
 
     def reply(request: dict[str, Any]) -> Reply:
         if is_last_chance(request):
@@ -513,8 +513,8 @@ async def test_promises_that_end_by_looping_get_the_honest_message(tmp_path, llm
 
 
 def test_user_text_keeps_urls_test_names_and_plain_sentences():
-    from bumblebot.loop import post_tool_nudge
-    from bumblebot.textrules import EchoFilter
+    from bumblebot.cognition.loop import post_tool_nudge
+    from bumblebot.core.textrules import EchoFilter
 
     nudge = post_tool_nudge(["read_file"], ["hi"])
     echoes = EchoFilter([nudge])

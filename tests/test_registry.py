@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field
 
-from bumblebot.toolkit import DeliveryReport, ToolContext, ToolKind, ToolResult
+from bumblebot.core.toolkit import DeliveryReport, ToolContext, ToolKind, ToolResult
 from tools import build_registry
 from tools.agency import AGENCY_TOOLS
 from tools.registry import Registry, cap_text, make_tool, tool

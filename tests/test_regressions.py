@@ -9,10 +9,10 @@ from conftest import TOKEN, running, write_config
 from fakes.openai_server import error, is_loop, text, tool_calls
 from support import Gate, contents, judges_say_done, loop_requests, say
 
-from bumblebot.adapter import Adapter
+from bumblebot.core.adapter import Adapter
 from bumblebot.delivery import Delivery
-from bumblebot.errors import DeliveryFailed
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.core.errors import DeliveryFailed
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.store import Store
 
 
@@ -149,9 +149,9 @@ async def test_command_moves_the_stored_telegram_offset(tmp_path, llm, tg):
 
 async def test_chat_mode_does_not_answer_pending_telegram_messages(tmp_path, llm, tg):
     """A Telegram message left pending must wait for `bumblebot run`, not be answered by `chat`."""
-    from bumblebot.cli import Daemon
-    from bumblebot.config import Secrets, load_settings
-    from bumblebot.entity import load_entity
+    from bumblebot.app.cli import Daemon
+    from bumblebot.core.config import Secrets, load_settings
+    from bumblebot.core.entity import load_entity
 
     config = write_config(tmp_path, llm, tg)
     async with Store(tmp_path / "data" / "bumblebot.db") as store:
@@ -364,7 +364,7 @@ async def test_a_tail_that_alone_overflows_is_pruned_after_a_refusal(tmp_path, l
     async with Store(tmp_path / "data" / "bumblebot.db") as store:
         conversation = await store.conversation(ChatRef(Platform.TELEGRAM, "19"))
         calls = [{"id": f"c{i}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}} for i in range(3)]
-        from bumblebot.messages import Message
+        from bumblebot.core.messages import Message
 
         history = [Message(role="user", content="read the logs"), Message(role="assistant", content="", tool_calls=calls)]
         history += [Message(role="tool", content="L" * 9000, tool_call_id=f"c{i}", name="read_file") for i in range(3)]
@@ -381,9 +381,9 @@ async def test_a_tail_that_alone_overflows_is_pruned_after_a_refusal(tmp_path, l
 
 async def test_a_short_api_key_does_not_break_saving_turns(tmp_path, llm, tg):
     """Regression: OPENAI_API_KEY=1 (fine for a local server) corrupted every trace's JSON."""
-    from bumblebot.cli import Daemon
-    from bumblebot.config import Secrets, load_settings
-    from bumblebot.entity import load_entity
+    from bumblebot.app.cli import Daemon
+    from bumblebot.core.config import Secrets, load_settings
+    from bumblebot.core.entity import load_entity
 
     judges_say_done(llm)
     llm.push(say("first answer"), when=is_loop)

@@ -26,13 +26,13 @@ from support import (
     Gate, contents, env_for, judges_say_done, kill_daemon, loop_requests, say, start_daemon, stop_daemon, tool_result,
 )
 
-from bumblebot.budget import ContextBudget
-from bumblebot.conversation import Session, Turn
-from bumblebot.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.loop import INTERRUPTED, LoopState
-from bumblebot.messages import Message
+from bumblebot.cognition.budget import ContextBudget
+from bumblebot.runtime.conversation import Session, Turn
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.cognition.loop import INTERRUPTED, LoopState
+from bumblebot.core.messages import Message
 from bumblebot.store import CompactionState, Store
-from bumblebot.toolkit import ToolKind
+from bumblebot.core.toolkit import ToolKind
 
 
 def db(tmp_path: Path) -> sqlite3.Connection:
@@ -409,7 +409,7 @@ async def test_a_failed_write_under_a_turn_is_recovered_and_answered_once(tmp_pa
     running; at the next start two turns ran in one conversation."""
     import aiosqlite
 
-    from bumblebot import actor as actor_module
+    from bumblebot.runtime import actor as actor_module
 
     judges_say_done(llm)
     llm.push(say("first answer"), when=is_loop)

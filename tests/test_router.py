@@ -1,10 +1,10 @@
-"""Tests for bumblebot.router (spec: cognition.md "Routing"; reference-study 7, Routing)."""
+"""Tests for bumblebot.cognition.router (spec: cognition.md "Routing"; reference-study 7, Routing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bumblebot.router import (
+from bumblebot.cognition.router import (
     CLASSIFIER_INPUT_CHARS,
     Label,
     Route,

@@ -7,9 +7,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from bumblebot.config import AutonomySettings
-from bumblebot.events import ChatRef, Platform
-from bumblebot.schedule import WhenError, describe, next_due, parse_when
+from bumblebot.core.config import AutonomySettings
+from bumblebot.core.events import ChatRef, Platform
+from bumblebot.runtime.schedule import WhenError, describe, next_due, parse_when
 
 LISBON = ZoneInfo("Europe/Lisbon")
 BERLIN = ZoneInfo("Europe/Berlin")

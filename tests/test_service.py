@@ -1,4 +1,4 @@
-"""``bumblebot service install`` (bumblebot/service.py): the unit text, the plan for this
+"""``bumblebot service install`` (bumblebot/app/service.py): the unit text, the plan for this
 installation, writing it into tmp_path directories, and systemd's own verdict on it."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bumblebot import service
-from bumblebot.service import InstallError, install, plan_install, render_unit
+from bumblebot.app import service
+from bumblebot.app.service import InstallError, install, plan_install, render_unit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def parse(unit: str) -> dict[str, list[str]]:
 
 
 def standard(**changes: object) -> str:
-    """The unit of the standard system install (bumblebot/service.py), with ``changes``."""
+    """The unit of the standard system install (bumblebot/app/service.py), with ``changes``."""
     args: dict[str, object] = {
         "exec_path": service.VENV / "bin" / "bumblebot",
         "config_path": service.CONFIG_PATH,

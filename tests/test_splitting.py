@@ -1,4 +1,4 @@
-"""Tests for bumblebot.splitting (field-bugs 14, 15, 17, 18, 19)."""
+"""Tests for bumblebot.delivery.splitting (field-bugs 14, 15, 17, 18, 19)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bumblebot.splitting import (
+from bumblebot.delivery.splitting import (
     DISCORD_LIMIT,
     TELEGRAM_LIMIT,
     split_markdown,

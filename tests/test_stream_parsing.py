@@ -1,4 +1,4 @@
-"""Reading a say's text out of streamed argument fragments (bumblebot/streaming.py), and the
+"""Reading a say's text out of streamed argument fragments (bumblebot/llm/streaming.py), and the
 LLM client's streaming and its fallbacks, through the real openai client against the fake."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text, tool_calls
 
-from bumblebot.config import LLMSettings
-from bumblebot.errors import ModelTimeout, ModelUnavailable
+from bumblebot.core.config import LLMSettings
+from bumblebot.core.errors import ModelTimeout, ModelUnavailable
 from bumblebot.llm import LLM, CapabilityMemory
-from bumblebot.streaming import JsonStringField
+from bumblebot.llm.streaming import JsonStringField
 
 SAY = [{"type": "function", "function": {"name": "say", "parameters": {"type": "object", "properties": {}}}}]
 

@@ -1,4 +1,4 @@
-"""The sd_notify protocol (bumblebot/systemd.py) against real AF_UNIX datagram sockets.
+"""The sd_notify protocol (bumblebot/app/systemd.py) against real AF_UNIX datagram sockets.
 
 Each test binds the socket systemd would hold (a path in tmp_path, or an abstract name),
 points the Notifier's NOTIFY_SOCKET at it and reads the exact datagrams. Waiting is always a
@@ -24,7 +24,7 @@ import pytest
 from conftest import write_config
 from support import env_for
 
-from bumblebot.systemd import Notifier
+from bumblebot.app.systemd import Notifier
 
 WAIT_S = 5.0  # the longest any test waits for a datagram that must come
 
@@ -111,7 +111,7 @@ def test_the_default_env_is_os_environ(monkeypatch, tmp_path):
 
 
 def test_without_notify_socket_every_call_is_a_no_op(caplog):
-    caplog.set_level(logging.DEBUG, logger="bumblebot.systemd")
+    caplog.set_level(logging.DEBUG, logger="bumblebot.app.systemd")
     for env in ({}, {"NOTIFY_SOCKET": ""}, {"WATCHDOG_USEC": "30000000"}):
         notifier = Notifier(env)
         assert not notifier.enabled
@@ -203,7 +203,7 @@ async def test_keep_alive_ends_when_stop_is_set(listener):
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "bumblebot.systemd" and r.levelno >= logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "bumblebot.app.systemd" and r.levelno >= logging.WARNING]
 
 
 @pytest.mark.parametrize(
@@ -211,7 +211,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ["missing", "regular file", "directory", "abstract, nobody bound", "path too long", "NUL in path"],
 )
 def test_a_missing_or_broken_socket_never_raises_and_warns_once(tmp_path, caplog, target):
-    caplog.set_level(logging.DEBUG, logger="bumblebot.systemd")
+    caplog.set_level(logging.DEBUG, logger="bumblebot.app.systemd")
     (tmp_path / "file").write_text("not a socket")
     name = {
         "missing": str(tmp_path / "no-such-socket"),
@@ -233,7 +233,7 @@ def test_a_missing_or_broken_socket_never_raises_and_warns_once(tmp_path, caplog
 
 
 async def test_keep_alive_on_a_broken_socket_runs_on_quietly(tmp_path, caplog):
-    caplog.set_level(logging.DEBUG, logger="bumblebot.systemd")
+    caplog.set_level(logging.DEBUG, logger="bumblebot.app.systemd")
     pinger = asyncio.create_task(Notifier(_watchdog_env(str(tmp_path / "gone"), 0.005)).keep_alive())
     done, _ = await asyncio.wait([pinger], timeout=0.2)  # it must still be running: it never raises
     pinger.cancel()
@@ -244,7 +244,7 @@ async def test_keep_alive_on_a_broken_socket_runs_on_quietly(tmp_path, caplog):
 
 @pytest.mark.parametrize("name", ["vsock:2:9999", "notify", "relative/path"])
 def test_an_unsupported_address_disables_the_notifier_with_one_warning(caplog, name):
-    caplog.set_level(logging.DEBUG, logger="bumblebot.systemd")
+    caplog.set_level(logging.DEBUG, logger="bumblebot.app.systemd")
     notifier = Notifier({"NOTIFY_SOCKET": name, "WATCHDOG_USEC": "30000000"})
     assert not notifier.enabled
     assert [notifier.ready("x"), notifier.watchdog(), notifier.stopping()] == [False] * 3
@@ -253,7 +253,7 @@ def test_an_unsupported_address_disables_the_notifier_with_one_warning(caplog, n
 
 
 def test_a_receiver_that_goes_away_is_survived(tmp_path, caplog):
-    caplog.set_level(logging.DEBUG, logger="bumblebot.systemd")
+    caplog.set_level(logging.DEBUG, logger="bumblebot.app.systemd")
     path = tmp_path / "notify"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path))
@@ -271,7 +271,7 @@ def test_a_receiver_that_goes_away_is_survived(tmp_path, caplog):
 def test_a_full_socket_queue_drops_pings_instead_of_blocking(tmp_path, caplog):
     """Nobody reads the socket: sends fail fast with a full queue (EAGAIN) and are dropped. A
     blocking socket would hang here until the timeout."""
-    caplog.set_level(logging.DEBUG, logger="bumblebot.systemd")
+    caplog.set_level(logging.DEBUG, logger="bumblebot.app.systemd")
     path = tmp_path / "notify"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)

@@ -19,8 +19,8 @@ from support import contents, judges_say_done, loop_requests, say
 
 from adapters.telegram.adapter import NOT_ADMIN_TEXT, PRIVACY_NOTE
 from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
-from bumblebot.config import TelegramSettings
-from bumblebot.conversation import BACKGROUND_OPEN
+from bumblebot.core.config import TelegramSettings
+from bumblebot.runtime.conversation import BACKGROUND_OPEN
 
 GROUP = -500
 FORUM = -1001234
@@ -396,7 +396,7 @@ async def test_a_group_the_bot_only_listened_to_keeps_its_background_when_it_mig
 
 
 async def test_a_migration_moves_the_groups_facts_file(tmp_path, llm, tg):
-    from bumblebot.knowledge import conversation_file_name
+    from bumblebot.cognition.knowledge import conversation_file_name
 
     judges_say_done(llm)
     llm.push(say("Hi."), when=is_loop)

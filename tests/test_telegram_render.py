@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from adapters.telegram.adapter import render_chunks
 
-from bumblebot.splitting import utf16_len
+from bumblebot.delivery.splitting import utf16_len
 
 
 def test_long_markdown_splits_within_the_limit_with_entities_in_bounds():

@@ -1,4 +1,4 @@
-"""The text rules (bumblebot/textrules.py): the only places the engine reads what the model
+"""The text rules (bumblebot/core/textrules.py): the only places the engine reads what the model
 wrote. Each rule removes text that is not for the user, and nothing the user asked for."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bumblebot.textrules import (
+from bumblebot.core.textrules import (
     TURN_CONTEXT,
     EchoFilter,
     call_as_text,

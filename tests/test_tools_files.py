@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bumblebot.toolkit import ToolContext, ToolResult
+from bumblebot.core.toolkit import ToolContext, ToolResult
 from tools.files import (
     FILE_TOOLS,
     MAX_LIST_ENTRIES,
@@ -323,7 +323,7 @@ async def test_catastrophic_regex_is_stopped_without_freezing_the_event_loop(tmp
     import tools.files as files
     from tools import build_registry
 
-    from bumblebot.toolkit import ToolContext
+    from bumblebot.core.toolkit import ToolContext
 
     monkeypatch.setattr(files, "SEARCH_BUDGET_S", 1.0)
     workspace = tmp_path / "ws"

@@ -7,8 +7,8 @@ import json
 
 from tools import build_registry
 
-from bumblebot.knowledge import Memory
-from bumblebot.toolkit import ToolContext
+from bumblebot.cognition.knowledge import Memory
+from bumblebot.core.toolkit import ToolContext
 
 
 def context(tmp_path, conversation="telegram:1"):

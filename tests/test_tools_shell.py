@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bumblebot.toolkit import ToolContext, ToolResult
+from bumblebot.core.toolkit import ToolContext, ToolResult
 from tools import build_registry
 from tools.registry import Registry
 from tools.shell import command_env, shell_tools

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bumblebot.toolkit import ToolContext, ToolResult
+from bumblebot.core.toolkit import ToolContext, ToolResult
 from tools.registry import Registry
 from tools.web import MAX_REDIRECTS, blocked_reason, html_to_text, web_tools
 

@@ -1,7 +1,7 @@
 """Bumblebot's tools: the registry, agency tools and work tools (files, knowledge, shell, web).
 
-``bumblebot/cli.py`` calls :func:`build_registry` with values from the settings and hands
-the result to the engine as a :class:`bumblebot.toolkit.Toolbox`. The engine never
+``bumblebot/app/cli.py`` calls :func:`build_registry` with values from the settings and hands
+the result to the engine as a :class:`bumblebot.core.toolkit.Toolbox`. The engine never
 imports this package.
 """
 
@@ -21,7 +21,7 @@ from .shell import COMMANDS_DIR, reap_orphaned_commands, shell_tools
 from .web import web_tools
 
 if TYPE_CHECKING:
-    from bumblebot.scheduler import Scheduler
+    from bumblebot.runtime.scheduler import Scheduler
 
 __all__ = [
     "COMMANDS_DIR",

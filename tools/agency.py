@@ -1,6 +1,6 @@
 """Agency tools: ``say``, ``think``, ``wait``, ``end_turn``.
 
-They steer the running turn through :class:`bumblebot.toolkit.TurnControl` and never count
+They steer the running turn through :class:`bumblebot.core.toolkit.TurnControl` and never count
 as grounding (spec, "Completion gate"). Outside a turn (``ctx.turn is None``) each returns
 an error result. Because the engine forces ``tool_choice="required"`` (spec, "Tool
 forcing"), ``say`` is the only way the entity talks to the conversation.
@@ -14,8 +14,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from bumblebot.events import blank
-from bumblebot.toolkit import ToolContext, ToolKind, ToolResult, TurnControl
+from bumblebot.core.events import blank
+from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult, TurnControl
 
 from .registry import Tool, tool
 

@@ -14,8 +14,8 @@ go to a temporary file that replaces the target, so a symlink swapped in after t
 is not written through. ``list_directory`` and ``search_files`` never descend into
 symlinked directories and skip symlinked files that resolve outside the workspace.
 
-PDFs: ``read_file`` on a file whose first bytes are a PDF's (:func:`bumblebot.documents.is_pdf`,
-whatever its name) returns the text pypdf extracts (:func:`bumblebot.documents.pdf_text`, at
+PDFs: ``read_file`` on a file whose first bytes are a PDF's (:func:`bumblebot.media.documents.is_pdf`,
+whatever its name) returns the text pypdf extracts (:func:`bumblebot.media.documents.pdf_text`, at
 most :data:`PDF_MAX_PAGES` pages and :data:`PDF_MAX_CHARS` characters), after a first line
 saying so, and pages through it with the same ``offset_line``/``max_lines``/64 KiB rules as a
 text file. The extraction is cached per file (path, inode, mtime, size) in a small LRU
@@ -44,8 +44,8 @@ from typing import BinaryIO
 import regex
 from pydantic import BaseModel, Field
 
-from bumblebot.documents import INBOX, DocumentError, chat_folder, is_pdf, pdf_text_bounded
-from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.media.documents import INBOX, DocumentError, chat_folder, is_pdf, pdf_text_bounded
+from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .registry import Tool, tool
 

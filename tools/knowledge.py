@@ -1,10 +1,10 @@
 """Knowledge tools (kind WORK): durable facts, private to the conversation they come from.
 
 ``remember`` appends a section to the conversation's own file
-(``<data_dir>/knowledge/<chat>.md``, :class:`bumblebot.knowledge.Memory`); ``recall`` searches
+(``<data_dir>/knowledge/<chat>.md``, :class:`bumblebot.cognition.knowledge.Memory`); ``recall`` searches
 that file and the global ``<data_dir>/knowledge.md`` (the operator's, shared by every
 conversation). A fact remembered in one chat never appears in another's prompt or recall.
-Writes go through :class:`bumblebot.knowledge.KnowledgeFile`: atomic, titles deduplicated
+Writes go through :class:`bumblebot.cognition.knowledge.KnowledgeFile`: atomic, titles deduplicated
 (case- and whitespace-insensitive), ``[locked]`` sections never changed or duplicated.
 """
 
@@ -15,8 +15,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from bumblebot.knowledge import KnowledgeFile, Memory, Section, normalize_title, relevant
-from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.cognition.knowledge import KnowledgeFile, Memory, Section, normalize_title, relevant
+from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .registry import Tool, tool
 

@@ -1,7 +1,7 @@
 """MCP servers' tools as registry tools (issue 15).
 
 :class:`MCPTools` is a :class:`tools.registry.ToolSource` over a
-:class:`bumblebot.mcp_client.MCPManager`: every tool of a connected server becomes a **work**
+:class:`tools.mcp_client.MCPManager`: every tool of a connected server becomes a **work**
 tool (it grounds an answer for the completion gate) named ``<server>__<tool>``, offered and run
 while its server is connected, in the conversations its server's ``allowed_chats`` permits.
 
@@ -18,7 +18,7 @@ required parameter names.
 
 Where the tools are offered (``allowed_chats``). The tool learns the chat from
 ``ToolContext.conversation`` (at call time) and from the conversation key the turn binds for its
-logs (``bumblebot.logs.bind``, read by ``Registry.schemas``): the conversation key is the one
+logs (``bumblebot.core.logs.bind``, read by ``Registry.schemas``): the conversation key is the one
 fact every turn carries. Rules, any of which admits a conversation:
 
 * ``"*"``: everywhere, also outside a conversation;
@@ -46,8 +46,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from bumblebot.mcp_client import MCPManager, MCPTimeout, MCPUnavailable, RemoteTool
-from bumblebot.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
+from tools.mcp_client import MCPManager, MCPTimeout, MCPUnavailable, RemoteTool
+from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
 from .registry import Tool, first_sentence
 
@@ -372,7 +372,7 @@ class MCPTools:
         """``/status``'s line: each server's state and how many of its tools ``conversation``
         may use, e.g. ``"MCP: notes connected (3 tools here), home retrying in 40 s (connection
         refused), team connected (not offered in this chat)"``; ``""`` without servers."""
-        from bumblebot.mcp_client import ServerState
+        from tools.mcp_client import ServerState
 
         parts = []
         for status in self._manager.status():

@@ -21,7 +21,7 @@ its description)::
 The first paragraph of the docstring is the tool's description. Argument models always
 forbid unknown fields (``additionalProperties: false`` in the schema).
 
-:class:`Registry` implements :class:`bumblebot.toolkit.Toolbox`. Its ``execute`` never
+:class:`Registry` implements :class:`bumblebot.core.toolkit.Toolbox`. Its ``execute`` never
 raises for a tool's own failure (unknown tool, malformed JSON, invalid arguments, an
 exception inside the tool): each becomes ``ToolResult(ok=False)``. The reference
 re-invoked a tool with *no* arguments when the first call raised ``TypeError``
@@ -47,8 +47,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from bumblebot.logs import bound
-from bumblebot.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
+from bumblebot.core.logs import bound
+from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
 __all__ = [
     "DEFAULT_MAX_RESULT_CHARS",
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_RESULT_CHARS = 16_000
 
 #: Schema compaction levels, for small context windows (``Registry.schemas(level)``, the
-#: count is ``bumblebot.toolkit.SCHEMA_LEVELS``): 0 as declared; 1 brief descriptions,
+#: count is ``bumblebot.core.toolkit.SCHEMA_LEVELS``): 0 as declared; 1 brief descriptions,
 #: optional parameters without description, no ``additionalProperties``; 2 required
 #: parameters only, without descriptions or bounds; 3 as 2 without the optional tools.
 
@@ -405,7 +405,7 @@ class Registry:
         Args:
             level: the compaction level.
             conversation: whose tools: a conversation key. ``None`` takes the one the running
-                turn bound for its logs (``bumblebot.logs.bind``, set around every turn), or
+                turn bound for its logs (``bumblebot.core.logs.bind``, set around every turn), or
                 ``""`` outside a turn, where a source offers only tools allowed everywhere.
 
         Built once per level (and conversation and sources' generation) and cached
@@ -525,7 +525,7 @@ class Registry:
         try:
             out = await found.invoke(ctx, args)
         except sqlite3.Error:
-            raise  # the turn's own record failed (e.g. say): the turn recovers (bumblebot/errors.py)
+            raise  # the turn's own record failed (e.g. say): the turn recovers (bumblebot/core/errors.py)
         except Exception as exc:  # CancelledError is a BaseException and propagates
             log.warning("tool %s raised in %s", name, ctx.conversation or "-", exc_info=True)
             return ToolResult.error(f"{name} failed: {type(exc).__name__}: {exc}")

@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .files import PathError, resolve_in_workspace
 from .registry import Tool, tool

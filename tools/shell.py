@@ -51,7 +51,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .registry import Tool, make_tool
 

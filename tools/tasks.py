@@ -1,6 +1,6 @@
 """Scheduled tasks: ``schedule_task``, ``list_tasks``, ``cancel_task`` (issue 13).
 
-Built around the daemon's :class:`~bumblebot.scheduler.Scheduler` (:func:`task_tools`): a task
+Built around the daemon's :class:`~bumblebot.runtime.scheduler.Scheduler` (:func:`task_tools`): a task
 belongs to the conversation that made it, runs there later as an automation turn with the same
 tools and limits as any turn, and says only what the entity chooses to say then. They are work
 tools: making a reminder is work the completion gate can see was done.
@@ -13,9 +13,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-from bumblebot.scheduler import Scheduler, TaskError
-from bumblebot.schedule import describe
-from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.runtime.scheduler import Scheduler, TaskError
+from bumblebot.runtime.schedule import describe
+from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .registry import Tool, make_tool
 

@@ -40,7 +40,7 @@ from html.parser import HTMLParser
 import httpx
 from pydantic import BaseModel, Field
 
-from bumblebot.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .registry import Tool, cap_text, make_tool
 

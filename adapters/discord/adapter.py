@@ -1,6 +1,6 @@
 """Discord through discord.py: one ``Client`` on the gateway, messages in, outbox chunks out.
 
-Intake. ``on_message`` turns a message into an :class:`~bumblebot.events.Inbound` and hands it
+Intake. ``on_message`` turns a message into an :class:`~bumblebot.core.events.Inbound` and hands it
 to ``Engine.submit``, which journals it; the journal's uniqueness on (platform, channel,
 message id) drops the same MESSAGE_CREATE seen twice (a gateway RESUME replay, a reconnect,
 a restart). Messages are taken one at a time in arrival order (one lock), so a channel's
@@ -13,18 +13,18 @@ Conversations. A DM channel or a guild channel is one conversation (``discord:<c
 a thread is its own conversation keyed by its parent channel and the thread
 (``discord:<parent id>:<thread id>``), so ``bumblebot trace`` groups it under its channel and
 the channel allowlist applies to it. A guild channel is shared: every message is
-:attr:`~bumblebot.events.ChatKind.GROUP` and carries its speaker's display name, which the
+:attr:`~bumblebot.core.events.ChatKind.GROUP` and carries its speaker's display name, which the
 engine puts before the text (``[Name]: ...``).
 
 Delivery (Discord developer docs, "Create Message"): content is at most 2000 characters
 (measured here in UTF-16 code units, the conservative bound), never empty; replies are split
-with :func:`bumblebot.splitting.split_markdown`, so code fences are closed and reopened.
+with :func:`bumblebot.delivery.splitting.split_markdown`, so code fences are closed and reopened.
 Every message goes out with ``allowed_mentions`` parsing nothing, so a reply never pings
 anyone (field-bugs.md item 26). discord.py waits out rate limits up to 30 s itself; a longer
-one, a 5xx or a network error raises :class:`~bumblebot.errors.DeliveryFailed` with
+one, a 5xx or a network error raises :class:`~bumblebot.core.errors.DeliveryFailed` with
 ``retryable=True`` and the outbox retries it later; 400/403/404 are permanent.
 
-Files (issue 12). Attachments are journaled as :class:`~bumblebot.events.Attachment`
+Files (issue 12). Attachments are journaled as :class:`~bumblebot.core.events.Attachment`
 references (their URL) and fetched by the engine before the turn (:meth:`DiscordAdapter.download`,
 through discord.py's CDN request): ``image/*`` ones are images the model sees, voice messages
 (flag ``IS_VOICE_MESSAGE``) and ``audio/*`` are transcribed, the rest are documents. One over
@@ -72,12 +72,12 @@ from discord import app_commands
 from adapters.bots import BotTurnBudget
 from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.discord.policy import MessageFacts, Verdict, command_target, decide, parse_command
-from bumblebot.adapter import MANAGING_COMMANDS, TOO_BIG_TEXT, Adapter, FileKind, Intake
-from bumblebot.config import DiscordSettings
-from bumblebot.documents import describe_size
-from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
-from bumblebot.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
-from bumblebot.splitting import DISCORD_LIMIT, split_markdown, utf16_len
+from bumblebot.core.adapter import MANAGING_COMMANDS, TOO_BIG_TEXT, Adapter, FileKind, Intake
+from bumblebot.core.config import DiscordSettings
+from bumblebot.media.documents import describe_size
+from bumblebot.core.errors import AdapterError, DeliveryFailed, MediaError
+from bumblebot.core.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
+from bumblebot.delivery.splitting import DISCORD_LIMIT, split_markdown, utf16_len
 
 log = logging.getLogger(__name__)
 

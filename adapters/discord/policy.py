@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from bumblebot.config import DiscordSettings
+from bumblebot.core.config import DiscordSettings
 
 __all__ = ["TEXT_COMMANDS", "MessageFacts", "Verdict", "command_target", "decide", "parse_command"]
 

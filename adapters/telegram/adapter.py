@@ -23,7 +23,7 @@ ignored, and an edit is never answered as a new message.
 
 Files (issue 12): photos (the largest size within ``media.image_max_side_px`` and
 ``media.image_max_bytes``), image documents, voice notes, audio, video and other documents are
-journaled as :class:`~bumblebot.events.Attachment` references (the ``file_id``) and fetched by
+journaled as :class:`~bumblebot.core.events.Attachment` references (the ``file_id``) and fetched by
 the engine before the turn through :meth:`TelegramAdapter.download` (``getFile``, then
 ``<telegram.base_file_url><token>/<file_path>``); one over ``telegram.max_file_bytes`` (20 MB,
 the Bot API's own download limit) gets one polite reply and is never downloaded. Stickers,
@@ -38,7 +38,7 @@ conservative bound); the model's Markdown is sent as plain text plus formatting 
 layer; a 409 ``Conflict`` (another instance polling the same token) is fatal.
 
 Pacing (issue 16): every call to a chat (messages, previews and their edits, deletions,
-files, the typing indicator) goes through one :class:`~bumblebot.pacing.Pacer`, keyed by the
+files, the typing indicator) goes through one :class:`~adapters.telegram.pacing.Pacer`, keyed by the
 chat id (a forum's topics share their group's limits): one call at a time per chat, in order,
 about one a second, 20 a minute in a group (a negative chat id), 30 a second overall. A
 ``RetryAfter`` from any of them pauses that chat for its ``retry_after``; the typing indicator
@@ -91,14 +91,14 @@ from telegram.ext import (
 
 from adapters.bots import BotTurnBudget
 from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
-from bumblebot.adapter import MANAGING_COMMANDS, TOO_BIG_TEXT, Adapter, FileKind, Intake
-from bumblebot.config import MediaSettings, TelegramSettings
+from bumblebot.core.adapter import MANAGING_COMMANDS, TOO_BIG_TEXT, Adapter, FileKind, Intake
+from bumblebot.core.config import MediaSettings, TelegramSettings
 from bumblebot.delivery import MAX_INLINE_WAIT_S
-from bumblebot.documents import describe_size
-from bumblebot.errors import AdapterError, DeliveryFailed, MediaError
-from bumblebot.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
-from bumblebot.pacing import Pacer
-from bumblebot.splitting import TELEGRAM_LIMIT, split_text, utf16_len
+from bumblebot.media.documents import describe_size
+from bumblebot.core.errors import AdapterError, DeliveryFailed, MediaError
+from bumblebot.core.events import Attachment, AttachmentKind, ChatKind, ChatRef, Inbound, Platform
+from adapters.telegram.pacing import Pacer
+from bumblebot.delivery.splitting import TELEGRAM_LIMIT, split_text, utf16_len
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def render_chunks(markdown: str, limit: int = TELEGRAM_LIMIT) -> list[TelegramCh
     no ``parse_mode`` is needed and no reply can fail with "can't parse entities"
     (Telegram answers "can't parse entities" to a reply with a stray ``*``); its splitter cuts at newlines and clips entities that span
     a cut. Whitespace at the end of a chunk is dropped (Telegram trims it anyway). If the
-    conversion fails, the text is sent as it is, split by :func:`bumblebot.splitting.split_text`.
+    conversion fails, the text is sent as it is, split by :func:`bumblebot.delivery.splitting.split_text`.
     """
     # CommonMark decodes character references (``&amp;`` becomes ``&``), but the model's text
     # must arrive as written: each ``&`` goes through the converter as a private-use character
@@ -798,13 +798,13 @@ class TelegramAdapter(Adapter):
 
     @contextlib.asynccontextmanager
     async def _paced(self, chat: ChatRef, *, ticket: str | None = None, preview: bool = False) -> AsyncIterator[None]:
-        """One call to ``chat`` in its turn (:meth:`Pacer.slot <bumblebot.pacing.Pacer.slot>`),
+        """One call to ``chat`` in its turn (:meth:`Pacer.slot <adapters.telegram.pacing.Pacer.slot>`),
         Telegram's errors as :class:`DeliveryFailed` (:func:`_refusals`); a ``RetryAfter``
         pauses the chat for its ``retry_after``, and the call's retry (the same ``ticket``:
         the delivery layer's chunk key) keeps its place before the calls queued meanwhile.
 
         Messages queued in the chat wait their turn whatever it takes, so their order holds;
-        a known wait over the delivery layer's :data:`~bumblebot.delivery.MAX_INLINE_WAIT_S`
+        a known wait over the delivery layer's :data:`~bumblebot.delivery.outbox.MAX_INLINE_WAIT_S`
         (a long pause) is refused at once, retryable with ``retry_after``, so the message is
         left pending instead of holding its caller. A ``preview`` send or edit is skipped
         (retryable) when other calls are queued or its turn is over :data:`PREVIEW_WAIT_S` away."""

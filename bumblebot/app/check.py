@@ -1,0 +1,277 @@
+"""``bumblebot check``: validate the config, then try the endpoint and each enabled platform.
+
+Prints one line per check (``ok`` or what is wrong and how to fix it). Secrets are never
+printed. It also says which tool forcing the daemon uses with this endpoint and why
+(``tool forcing: required``, or ``auto since <time>: <reason>; re-tried every …``), read from
+the database opened read-only, so it works next to a running daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any
+
+import httpx
+
+from bumblebot.core.config import Secrets, Settings, effective_base_url
+from bumblebot.core.entity import Entity
+from bumblebot.core.errors import ModelError, StoreError
+from bumblebot.llm import THINKING_RETRY_S, LLM, ForcingFallback, stream_key, thinking_key, tool_choice_key, vision_key
+from bumblebot.store import Store
+
+PING_TOOL = {
+    "type": "function",
+    "function": {"name": "ping", "description": "Answer a ping.", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def _line(ok: bool, what: str, detail: str = "") -> None:
+    print(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}")
+
+
+async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False) -> list[str]:
+    """Run every check; returns the list of problems (empty when all is well). ``chat_only``:
+    the terminal chat only (``bumblebot chat``): no platform token is needed or tried."""
+    problems: list[str] = []
+
+    def fail(what: str, detail: str) -> None:
+        problems.append(what)
+        _line(False, what, detail)
+
+    _line(True, "config", f"entity {entity.name!r} from {entity.source_path}; data in {settings.data_dir}")
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        probe = settings.data_dir / ".bumblebot-check"
+        probe.write_text("ok")
+        probe.unlink()
+        _line(True, "data_dir", f"{settings.data_dir} is writable")
+    except OSError as exc:
+        fail("data_dir", f"{settings.data_dir} is not writable ({exc.strerror}); change data_dir")
+    base_url = effective_base_url(settings, secrets)
+    llm = LLM(
+        settings.llm,
+        base_url=base_url,
+        api_key=secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None,
+    )
+    forcing, fallback = await forcing_mode(settings, base_url)
+    remembered_whole = await _stored_kv(settings, stream_key(base_url))
+    forced_now = probe_ran = False
+    try:
+        for model in dict.fromkeys([llm.model, llm.reflex_model]):
+            await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
+            _line(True, f"model {model}", f"answered at {base_url}")
+        streams = settings.delivery.streaming == "on"
+        probe = await llm.complete(
+            [{"role": "user", "content": "Call the ping tool now."}],
+            max_tokens=64,
+            tools=[PING_TOOL],
+            on_say=(lambda index, text: None) if streams else None,  # streamed, as turns are
+        )
+        forced_now = probe.tool_choice == "required"
+        probe_ran = True
+        if not streams:
+            streaming = "off (delivery.streaming)"
+        elif remembered_whole:
+            why = _reason(remembered_whole)
+            streaming = f"whole messages: the daemon remembers that this endpoint could not stream ({why}); it tries again 24 h after that"
+            if probe.streamed:
+                streaming += "; it streamed just now, so the next try will switch streaming back on"
+        elif probe.streamed:
+            streaming = "on: the endpoint streams tool calls"
+        else:
+            why = await llm.stream_fallback() or "the endpoint did not stream"
+            streaming = f"whole messages: {why}"
+        if probe.tool_calls:
+            how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
+            _line(True, "tool calls", f"{llm.model} called a tool, {how}")
+        else:
+            fail("tool calls", f"{llm.model} answered without calling a tool; use a model/server with tool "
+                 "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
+    except ModelError as exc:
+        hint = "check llm.base_url / OPENAI_BASE_URL, OPENAI_API_KEY and llm.model"
+        fail("model endpoint", f"{base_url}/chat/completions: {exc} ({hint})")
+    finally:
+        await llm.aclose()
+    if fallback is not None and forced_now:
+        forcing += "; the endpoint accepts tool_choice=required now, so the daemon switches back at its next re-try"
+    elif fallback is None and not forced_now and probe_ran:
+        # what the daemon remembers says "required", but this endpoint just refused it
+        forcing = ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
+                   "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
+    _line(True, "tool forcing", forcing)
+    if probe_ran:
+        _line(True, "streaming", streaming)
+    _line(True, "images", await _images_line(settings, base_url, llm.model))
+    _line(True, "thinking", await _thinking_line(settings, base_url, llm.model))
+    stt = settings.llm.transcription_base_url or base_url
+    _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
+          "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
+
+    if settings.mcp.servers:
+        from bumblebot.app.daemon import mcp_environ
+        from tools.mcp_client import ServerState, probe_servers
+
+        for st in await probe_servers(settings.mcp, environ=mcp_environ()):
+            what, where = f"mcp {st.name}", f"{st.transport}: {st.target}"
+            if st.state is ServerState.DISABLED:
+                _line(True, what, f"disabled (mcp.servers.{st.name}.enabled: false)")
+            elif st.state is ServerState.CONNECTED:
+                detail = f"connected ({where}); tools: {', '.join(st.tools) or 'none'}"
+                if st.hidden:
+                    detail += f"; hidden by mcp.servers.{st.name}.tools: {', '.join(st.hidden)}"
+                if st.missing:
+                    fail(what, detail + f"; not on the server: {', '.join(st.missing)} (fix mcp.servers.{st.name}.tools)")
+                else:
+                    _line(True, what, detail)
+            elif st.state is ServerState.FAILED:
+                fail(what, f"{st.error} ({where}); fix mcp.servers.{st.name}")
+            else:
+                fail(what, f"{st.error or 'no answer in time'} ({where}); the daemon runs without its tools and retries it")
+    if chat_only:
+        _line(True, "platforms", "not checked (--chat-only: `bumblebot chat` needs no platform token)")
+        return problems
+    tg = settings.telegram
+    if tg.enabled:
+        if not secrets.telegram_bot_token:
+            fail("telegram", "TELEGRAM_BOT_TOKEN is not set (create a bot with @BotFather), or set telegram.enabled: false; "
+                 "for the terminal chat alone run `bumblebot check --chat-only`")
+        else:
+            url = f"{tg.base_url}{secrets.telegram_bot_token.get_secret_value()}/getMe"
+            result = await _get_json(url)
+            if isinstance(result, dict) and result.get("ok"):
+                _line(True, "telegram", f"bot @{result['result'].get('username')}")
+                if not tg.allowed_user_ids and not tg.allowed_chat_ids:
+                    _line(True, "telegram allowlist", "empty: anyone who finds the bot can talk to it")
+                _line(True, "telegram groups", _groups_line(tg, result["result"]))
+            else:
+                fail("telegram", f"{tg.base_url}<token>/getMe failed ({_describe(result)}); check TELEGRAM_BOT_TOKEN")
+    dc = settings.discord
+    if dc.enabled:
+        if not secrets.discord_bot_token:
+            fail("discord", "DISCORD_BOT_TOKEN is not set (Developer Portal > your app > Bot > Reset Token)")
+        else:
+            headers = {"Authorization": f"Bot {secrets.discord_bot_token.get_secret_value()}"}
+            result = await _get_json(f"{dc.api_base_url}/users/@me", headers)
+            if isinstance(result, dict) and "id" in result:
+                _line(True, "discord", f"bot {result.get('username')}")
+            else:
+                fail("discord", f"{dc.api_base_url}/users/@me failed ({_describe(result)}); check DISCORD_BOT_TOKEN")
+    if not problems:
+        print("all checks passed")
+    return problems
+
+
+async def forcing_mode(settings: Settings, base_url: str, now: float | None = None) -> tuple[str, ForcingFallback | None]:
+    """The tool forcing the daemon uses with ``base_url``, as text, and its fallback if any.
+
+    Reads ``kv`` ``llm.tool_choice:<base_url>`` from the database opened read-only (no
+    database yet: forcing is on).
+
+    Args:
+        now: epoch seconds, for the time left to the next re-try (default: the clock).
+    """
+    if settings.llm.tool_choice != "required":
+        return f"{settings.llm.tool_choice} (llm.tool_choice in the config; never forced)", None
+    if not settings.db_path.is_file():
+        return "required", None
+    try:
+        async with Store(settings.db_path, readonly=True) as store:
+            raw = await store.get_kv(tool_choice_key(base_url))
+    except (StoreError, sqlite3.Error) as exc:
+        return f"unknown (cannot read {settings.db_path}: {exc})", None
+    fallback = ForcingFallback.parse(raw)
+    if fallback is None:
+        return "required", None
+    return fallback.describe(time.time() if now is None else now), fallback
+
+
+async def _stored_kv(settings: Settings, key: str) -> str | None:
+    """A ``kv`` value of the daemon's database, opened read-only (``None``: none, or no database)."""
+    if not settings.db_path.is_file():
+        return None
+    try:
+        async with Store(settings.db_path, readonly=True) as store:
+            return await store.get_kv(key)
+    except (StoreError, sqlite3.Error):
+        return None
+
+
+def _since(raw: str) -> float:
+    """When a remembered refusal was recorded, epoch seconds (0: unknown)."""
+    try:
+        return float(json.loads(raw).get("since") or 0)
+    except (ValueError, AttributeError, TypeError):
+        return 0.0
+
+
+def _reason(raw: str) -> str:
+    try:
+        return str(json.loads(raw).get("reason") or "reason not recorded")
+    except (ValueError, AttributeError):
+        return "reason not recorded"
+
+
+async def _get_json(url: str, headers: dict[str, str] | None = None) -> Any:
+    try:
+        async with httpx.AsyncClient(timeout=15) as client:
+            response = await client.get(url, headers=headers)
+        return response.json() if response.content else {"status": response.status_code}
+    except (httpx.HTTPError, ValueError) as exc:
+        return exc
+
+
+async def _images_line(settings: Settings, base_url: str, model: str) -> str:
+    """What happens to photos: ``llm.vision``, and what the daemon remembers of the model."""
+    mode = settings.llm.vision
+    if mode != "auto":
+        return f"{'always' if mode == 'on' else 'never'} sent to the model (llm.vision: {mode})"
+    remembered = await _stored_kv(settings, vision_key(base_url, model))
+    if remembered:
+        return (f"not sent: the daemon remembers that {model} refused them ({_reason(remembered)}); "
+                "it tries again 24 h after that")
+    return f"sent to {model} until the endpoint refuses one (llm.vision: auto)"
+
+
+async def _thinking_line(settings: Settings, base_url: str, model: str) -> str:
+    """Whether deliberate turns ask for thinking: ``llm.thinking``, and what the daemon
+    remembers of the model."""
+    t = settings.llm.thinking
+    if t.mode == "off":
+        return "never asked for (llm.thinking.mode: off)"
+    if t.mode == "extra_body":
+        return "deliberate turns send llm.thinking.extra_body_on, the others extra_body_off"
+    asked = f"deliberate turns send reasoning_effort={t.reasoning_effort}"
+    if t.mode == "reasoning_effort":
+        return asked + " (llm.thinking.mode: reasoning_effort)"
+    remembered = await _stored_kv(settings, thinking_key(base_url, model))
+    if remembered and time.time() - _since(remembered) < THINKING_RETRY_S:
+        return (f"not asked for: the daemon remembers that {model} refused reasoning_effort "
+                f"({_reason(remembered)}); it tries again 24 h after that")
+    return asked + " until the endpoint refuses it (llm.thinking.mode: auto; not tried here)"
+
+
+def _groups_line(tg: Any, me: dict[str, Any]) -> str:
+    """How the bot behaves in groups, with what privacy mode (getMe) lets it see."""
+    if tg.respond_in_groups == "never":
+        return "respond_in_groups: never (silent in groups)"
+    mode = f"respond_in_groups: {tg.respond_in_groups}"
+    if me.get("can_join_groups") is False:
+        return f"{mode}; the bot cannot be added to groups (BotFather: Allow Groups)"
+    if me.get("can_read_all_group_messages"):
+        return f"{mode}; privacy mode off: it reads every group message (group_context: {tg.group_context})"
+    hint = "(BotFather: /mybots, Bot Settings, Group Privacy, Turn off; then re-add the bot to each group)"
+    if tg.respond_in_groups == "always":
+        return f"{mode}, but privacy mode is on: it only sees mentions, replies to it and commands {hint}"
+    return f"{mode}; privacy mode on: in groups it only sees mentions, replies to it and commands, so group_context has nothing to show {hint}"
+
+
+def _describe(result: Any) -> str:
+    if isinstance(result, Exception):
+        # the exception's own text may hold the URL, and with it the token: its kind only
+        return {"ConnectError": "connection refused or host unreachable", "ConnectTimeout": "timed out connecting",
+                "ReadTimeout": "timed out waiting for an answer"}.get(type(result).__name__, type(result).__name__)
+    if isinstance(result, dict):
+        return str(result.get("description") or result.get("message") or result.get("status"))
+    return "unexpected answer"

@@ -1,0 +1,328 @@
+"""The composition root: builds every part in order, starts them, stops them in reverse.
+
+This module and ``bumblebot/app/cli.py`` are the only ones in ``bumblebot/`` that import
+``adapters/`` and ``tools/``; every other part gets its collaborators through its constructor.
+
+One process per data directory: :func:`instance_lock` holds an exclusive ``flock`` on
+``<data_dir>/bumblebot.lock`` (with the holder's pid in it) for as long as ``run`` or ``chat``
+runs, so a second process exits at once instead of answering the same messages again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bumblebot.core.adapter import Adapter
+from bumblebot.cognition.budget import ContextBudget
+from bumblebot.cognition.compactor import Compactor
+from bumblebot.core.config import Secrets, Settings, dotenv_unreadable, effective_base_url
+from bumblebot.delivery import Delivery
+from bumblebot.runtime.engine import Engine
+from bumblebot.core.entity import Entity
+from bumblebot.core.errors import ConfigError, DataDirInUse
+from bumblebot.cognition.gate import CompletionGate
+from bumblebot.cognition.knowledge import Memory
+from bumblebot.llm import LLM, CapabilityMemory
+from bumblebot.core.logs import redact_values
+from bumblebot.cognition.loop import AgentLoop
+from tools.mcp_client import MCPManager
+from bumblebot.core.mcp_settings import secret_values as mcp_secret_values
+from bumblebot.media import MediaFiles, MediaIntake
+from bumblebot.core.metrics import NO_METRICS, Metrics
+from adapters.telegram.pacing import PaceLimits, Pacer
+from bumblebot.cognition.prompt import PromptBuilder
+from bumblebot.runtime.scheduler import Scheduler
+from bumblebot.llm.speech import Speech
+from bumblebot.store import Store
+from bumblebot.core.toolkit import ToolContext
+from bumblebot.runtime.turn import TurnRunner
+from bumblebot.app.watchdog import LoopWatchdog
+
+log = logging.getLogger("bumblebot")
+
+JUDGE_MAX_TOKENS = 64
+#: A completion check that takes longer (or longer than ``llm.timeout_s``) is given up, retries
+#: included: the turn ends, the check fails open. It runs while the conversation's next message
+#: waits, so it must not hold the chat for the client's whole timeout and retries.
+JUDGE_TIMEOUT_S = 15.0
+LOCK_NAME = "bumblebot.lock"
+
+
+@contextlib.contextmanager
+def instance_lock(data_dir: Path) -> Iterator[None]:
+    """Hold ``<data_dir>/bumblebot.lock`` exclusively while the block runs (field-bugs.md item 5).
+
+    Raises:
+        DataDirInUse: another process holds it (its pid, when it wrote one).
+        ConfigError: ``data_dir`` cannot be created or written.
+    """
+    path = data_dir / LOCK_NAME
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # noqa: SIM115
+    except OSError as exc:
+        raise ConfigError("config", "data_dir", f"a writable directory ({exc.strerror}: {data_dir})") from exc
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip()
+        handle.close()
+        raise DataDirInUse(data_dir, int(holder) if holder.isdigit() else None) from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            handle.truncate(0)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def mcp_environ(dotenv: Path = Path(".env")) -> dict[str, str]:
+    """Where ``${VAR}`` in ``mcp.servers`` comes from: the environment, over ``./.env``
+    (whose values are not copied into the environment)."""
+    values: dict[str, str] = {}
+    if dotenv.is_file() and dotenv_unreadable(dotenv) is None:
+        from dotenv import dotenv_values
+
+        values = {k: v for k, v in dotenv_values(dotenv).items() if v is not None}
+    return {**values, **os.environ}
+
+
+def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any:
+    from tools import build_registry
+
+    t = settings.tools
+    return build_registry(
+        workspace=settings.workspace,
+        shell_enabled=t.shell.enabled,
+        shell_timeout_s=t.shell.timeout_s,
+        shell_max_output_chars=t.shell.max_output_chars,
+        web_enabled=t.web.enabled,
+        web_timeout_s=t.web.timeout_s,
+        web_max_bytes=t.web.max_bytes,
+        web_allow_private=t.web.allow_private,
+        max_result_chars=t.max_result_chars,
+        scheduler=scheduler,
+    )
+
+
+async def reap_orphans(settings: Settings) -> None:
+    """Kill commands the last process started and did not live to stop (``tools.shell``)."""
+    from tools import COMMANDS_DIR, reap_orphaned_commands
+
+    await asyncio.to_thread(reap_orphaned_commands, settings.data_dir / COMMANDS_DIR)
+
+
+def _tool_lines(schemas: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for s in schemas:
+        fn = s["function"]
+        description = (fn.get("description") or "").splitlines()
+        lines.append(f"{fn['name']}: {description[0] if description else ''}")
+    return lines
+
+
+class Daemon:
+    """Everything ``bumblebot run`` (or ``chat``) runs, in start order; stops in reverse.
+
+    Start: start the loop watchdog (``bumblebot/app/watchdog.py``), open the store, build the LLM
+    client, tools, cognition and engine, recover (resume cut-off turns, queue pending
+    messages), start each adapter, then let turns run. Stop (idempotent): adapters stop
+    intake, the engine drains in-flight turns (they can still deliver), adapters disconnect,
+    the LLM client closes, the store closes, the watchdog stops last.
+
+    The parts are attributes (``store``, ``llm``, ``toolbox``, ``delivery``, ``runner``,
+    ``engine``) once :meth:`open` ran.
+
+    ``pace``: the limits the Telegram adapter paces its calls by (default: Telegram's
+    published ones, :class:`~adapters.telegram.pacing.PaceLimits`); the tests scale them down.
+    """
+
+    def __init__(self, settings: Settings, secrets: Secrets, entity: Entity, *, pace: PaceLimits | None = None) -> None:
+        self.settings, self.secrets, self.entity = settings, secrets, entity
+        self.pace = pace
+        self.store = Store(settings.db_path)
+        self.engine: Engine | None = None
+        self.llm: LLM | None = None
+        self.speech: Speech | None = None
+        self.mcp: MCPManager | None = None
+        self.mcp_tools: Any = None
+        self.metrics: Metrics = NO_METRICS
+        self.adapters: list[Adapter] = []
+        self.watchdog = LoopWatchdog()  # logs event-loop stalls over 0.5 s
+        self._stopped = False
+
+    def platform_adapters(self, engine: Engine) -> list[Adapter]:
+        settings, secrets = self.settings, self.secrets
+        adapters: list[Adapter] = []
+        if settings.telegram.enabled and secrets.telegram_bot_token:
+            from adapters.telegram import TelegramAdapter
+
+            adapters.append(TelegramAdapter(
+                engine, settings.telegram, secrets.telegram_bot_token.get_secret_value(), media=settings.media,
+                pacer=Pacer(self.pace),
+            ))
+        if settings.discord.enabled and secrets.discord_bot_token:
+            from adapters.discord import DiscordAdapter
+
+            adapters.append(DiscordAdapter(engine, settings.discord, secrets.discord_bot_token.get_secret_value()))
+        return adapters
+
+    async def open(self) -> Engine:
+        """Start the loop watchdog, open the store and build every part (no adapter yet)."""
+        await self.watchdog.start()  # first: it watches everything after it
+        settings, store = self.settings, self.store
+        if settings.engine.max_concurrent_turns is not None:
+            log.warning(
+                "engine.max_concurrent_turns is no longer used and is ignored: concurrency is capped only by "
+                "llm.max_concurrent_requests (%d)", settings.llm.max_concurrent_requests,
+            )
+        await store.open()
+        environ = mcp_environ()
+        if settings.mcp.servers:
+            self.mcp = MCPManager(settings.mcp, environ=environ)
+            await self.mcp.start()  # returns at once; the servers connect meanwhile
+        self.metrics = metrics = Metrics() if settings.metrics.listen else NO_METRICS
+        base_url = effective_base_url(settings, self.secrets)
+        self.llm = llm = LLM(
+            settings.llm,
+            base_url=base_url,
+            api_key=self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None,
+            capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv),
+            metrics=metrics,
+        )
+        cognition = settings.cognition
+        self.budget = budget = ContextBudget(
+            cognition.max_context_tokens,
+            cognition.history_compression.compaction_threshold_ratio,
+            reply_tokens=max(cognition.deliberate_max_tokens, cognition.reflex_max_tokens),
+            key=ContextBudget.key_for(base_url, llm.model),
+            load=store.get_kv,
+            save=store.set_kv,
+        )
+        await budget.load()
+        self.prompts: PromptBuilder | None = None
+        self.scheduler = scheduler = Scheduler(
+            settings.automation, settings.autonomy, store,
+            zone=lambda: (self.prompts.entity if self.prompts is not None else self.entity).zone,
+        )
+        self.toolbox = toolbox = build_toolbox(settings, scheduler)
+        if self.mcp is not None:
+            from tools.mcp import MCPTools, allowlisted_private_chats
+
+            tg, dc = settings.telegram, settings.discord
+            self.mcp_tools = MCPTools(self.mcp, trusted=allowlisted_private_chats(
+                telegram_user_ids=tg.allowed_user_ids, telegram_chat_ids=tg.allowed_chat_ids,
+                discord_user_ids=dc.allowed_user_ids,
+            ))
+            toolbox.add_source(self.mcp_tools)
+        await reap_orphans(settings)  # before any turn resumes: a cut-off command must not land later
+        memory = Memory(settings.data_dir)
+        self.prompts = prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
+        api_key = self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None
+        self.speech = speech = Speech(settings.llm, settings.voice, base_url=base_url, api_key=api_key)
+        self.delivery = delivery = Delivery(store, speech=speech, media_dir=settings.media_dir, metrics=metrics)
+        settings.workspace.mkdir(parents=True, exist_ok=True)
+        self.media = MediaIntake(
+            settings.media, store=store, media_dir=settings.media_dir, workspace=settings.workspace.resolve(), speech=speech,
+        )
+        await asyncio.to_thread(self.media.clean_partials)  # a killed fetch left half a file
+
+        judge_timeout_s = min(JUDGE_TIMEOUT_S, settings.llm.timeout_s)
+
+        async def judge(messages: list[dict[str, Any]]) -> str:
+            return await asyncio.wait_for(
+                llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0), judge_timeout_s
+            )
+
+        loop = AgentLoop(
+            llm=llm,
+            toolbox=toolbox,
+            gate=CompletionGate(judge),
+            tool_context=ToolContext(workspace=settings.workspace.resolve(), data_dir=settings.data_dir),
+        )
+        secrets = self.secrets.values() + mcp_secret_values(settings.mcp, environ)
+        self.runner = TurnRunner(
+            cognition=cognition,
+            engine=settings.engine,
+            prompts=prompts,
+            llm=llm,
+            loop=loop,
+            compactor=Compactor(cognition.history_compression, llm, memory, budget),
+            delivery=delivery,
+            budget=budget,
+            toolbox=toolbox,
+            redact=lambda value: redact_values(value, secrets),
+            streaming=settings.delivery,
+            media=self.media,
+            media_files=MediaFiles(settings.media_dir),
+            voice=settings.voice,
+            metrics=metrics,
+            tasks=scheduler,
+            status_lines=self.mcp_tools.summary if self.mcp_tools is not None else None,
+        )
+        self.engine = Engine(
+            settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
+            media=self.media, debounce_s=settings.cognition.debounce_s,
+        )
+        return self.engine
+
+    async def start(self, adapters: list[Adapter] | None = None) -> None:
+        """Open, recover, connect ``adapters`` (default: every enabled platform), run turns.
+
+        Raises:
+            AdapterError: a platform refused the token or is unreachable.
+            StoreError: the database cannot be opened.
+        """
+        engine = await self.open()
+        if self.settings.metrics.listen:  # before the adapters: a port in use fails the start
+            await self.metrics.serve(self.settings.metrics.listen)
+        self.adapters = self.platform_adapters(engine) if adapters is None else adapters
+        if self.mcp is not None:  # resumed turns see the tools; a slow server waits mcp.startup_wait_s at most
+            await self.mcp.wait_settled()
+        await engine.start({a.platform for a in self.adapters})
+        for adapter in self.adapters:
+            self.delivery.register(adapter)
+            self.media.register(adapter)
+            await adapter.start()
+        engine.mark_ready()
+
+    async def _each_adapter(self, method: str) -> None:
+        """Call ``method`` on every adapter; one failing never keeps the others running."""
+        for adapter in self.adapters:
+            try:
+                await getattr(adapter, method)()
+            except Exception:
+                log.exception("%s of %s failed", method, adapter.platform.value)
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            await self._each_adapter("stop_intake")
+            if self.engine is not None:
+                await self.engine.stop()  # in-flight turns finish and deliver
+            await self._each_adapter("stop")
+            if self.mcp is not None:
+                await self.mcp.stop()  # stdio servers stop with the daemon
+            if self.llm is not None:
+                await self.llm.aclose()
+            if self.speech is not None:
+                await self.speech.aclose()
+            await self.metrics.stop()
+            await self.store.close()
+        finally:
+            await self.watchdog.stop()  # last: it watched the whole stop

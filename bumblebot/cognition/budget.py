@@ -1,0 +1,119 @@
+"""The context window in estimated tokens, and what the endpoint taught us about counting.
+
+The spec's estimate (``len(text) // 4 + 10`` per message, :mod:`bumblebot.core.messages`) over-counts
+English, so compaction fires early, as the spec intends, but it undercounts dense text (CJK,
+code, JSON). Each completion reports ``usage.prompt_tokens``; :meth:`ContextBudget.observe`
+learns the ratio of reported to estimated tokens (smoothed, clamped to [1, 4]) and the window
+shrinks by it, so compaction fires in time there too.
+
+The learned scale belongs to the endpoint and model (their tokenizer), not to a conversation:
+it is one value per ``(base_url, model)``, persisted in the store's ``kv`` table under
+``tokens.scale:<base_url>|<model>`` so a restart does not forget it. It is written only when it
+moved by :data:`SAVE_STEP` or more since the last write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+#: A completion's token budget is at most this share of the window (servers that count prompt
+#: plus ``max_tokens`` against it, vLLM, llama.cpp, OpenAI, refuse more).
+REPLY_SHARE = 0.25
+#: The spec's estimate misses some structure (tool-call JSON): requests are kept this far
+#: under the hard limit.
+ESTIMATE_MARGIN = 0.9
+MIN_SCALE = 1.0
+MAX_SCALE = 4.0
+#: Weight of the newest observation in the smoothed scale.
+SMOOTHING = 0.3
+#: The scale is persisted again once it moved by this much.
+SAVE_STEP = 0.05
+
+
+class ContextBudget:
+    """The window (in estimated tokens) that requests and compaction must fit.
+
+    Args:
+        max_context_tokens: the model's context window, tokens (``cognition.max_context_tokens``).
+        threshold_ratio: compaction fires above this share of the window
+            (``cognition.history_compression.compaction_threshold_ratio``).
+        reply_tokens: the largest completion budget a turn asks for, tokens; a request's prompt
+            must leave room for it.
+        key: the ``kv`` key of the learned scale (see the module docstring).
+        load, save: read and write a ``kv`` value (the store's ``get_kv`` / ``set_kv``).
+    """
+
+    def __init__(
+        self,
+        max_context_tokens: int,
+        threshold_ratio: float,
+        *,
+        reply_tokens: int = 0,
+        key: str = "",
+        load: Callable[[str], Awaitable[str | None]] | None = None,
+        save: Callable[[str, str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.max_context_tokens = max_context_tokens
+        self.threshold_ratio = threshold_ratio
+        self.reply_tokens = min(reply_tokens, int(max_context_tokens * REPLY_SHARE))
+        self.key = key
+        self._load, self._save = load, save
+        #: reported prompt tokens per estimated token, smoothed; never below 1
+        self.scale = MIN_SCALE
+        self._saved = MIN_SCALE
+
+    @staticmethod
+    def key_for(base_url: str, model: str) -> str:
+        return f"tokens.scale:{base_url}|{model}"
+
+    async def load(self) -> None:
+        """Read the learned scale (a missing or unreadable value leaves 1.0)."""
+        if self._load is None or not self.key:
+            return
+        raw = await self._load(self.key)
+        try:
+            value = float(raw) if raw is not None else MIN_SCALE
+        except ValueError:
+            value = MIN_SCALE
+        self.scale = self._saved = min(MAX_SCALE, max(MIN_SCALE, value))
+
+    def window(self) -> int:
+        """``max_context_tokens`` in estimated tokens: the window shrunk by the learned scale."""
+        return int(self.max_context_tokens / self.scale)
+
+    def limit(self, reply_tokens: int | None = None) -> int:
+        """The largest prompt a request may carry, in estimated tokens: the window less the
+        reply budget (``reply_tokens``, the turn's; default the largest a turn asks for),
+        shrunk by the learned scale."""
+        reply = self.reply_tokens if reply_tokens is None else min(reply_tokens, self.reply_tokens)
+        return int((self.max_context_tokens - reply) / self.scale)
+
+    def threshold(self, reply_tokens: int | None = None) -> int:
+        """The estimate above which compaction fires (spec: "When it triggers"): the share
+        ``threshold_ratio`` of the window, or, in a window so small that the reply budget
+        leaves less, :data:`ESTIMATE_MARGIN` of :meth:`limit`."""
+        return int(min(self.window() * self.threshold_ratio, self.limit(reply_tokens) * ESTIMATE_MARGIN))
+
+    async def refused(self, prompt_tokens: int | None, estimate: int) -> None:
+        """The endpoint refused a request estimated at ``estimate`` tokens as too long, having
+        counted ``prompt_tokens``: the scale jumps to that ratio (plus 5%) at once, without
+        smoothing. A chat whose every request is refused sends no usage to learn from, so a
+        lagging scale would keep it dead (issue 9 review)."""
+        if not prompt_tokens or estimate <= 0:
+            return
+        ratio = prompt_tokens / estimate * 1.05
+        if ratio > self.scale:
+            self.scale = min(MAX_SCALE, ratio)
+            if self._save is not None and self.key:
+                self._saved = self.scale
+                await self._save(self.key, f"{self.scale:.4f}")
+
+    async def observe(self, prompt_tokens: int | None, estimate: int) -> None:
+        """The endpoint reported ``prompt_tokens`` for a request estimated at ``estimate``."""
+        if not prompt_tokens or estimate <= 0:
+            return
+        ratio = prompt_tokens / estimate
+        self.scale = min(MAX_SCALE, max(MIN_SCALE, (1 - SMOOTHING) * self.scale + SMOOTHING * ratio))
+        if self._save is not None and self.key and abs(self.scale - self._saved) >= SAVE_STEP:
+            self._saved = self.scale
+            await self._save(self.key, f"{self.scale:.4f}")

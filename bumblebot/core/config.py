@@ -1,0 +1,690 @@
+"""Configuration: one YAML file, ``BUMBLEBOT_<SECTION>__<KEY>`` env overrides, secrets from env.
+
+Where the file comes from (first match wins): ``--config PATH``, env ``BUMBLEBOT_CONFIG``,
+``./bumblebot.yaml``, else built-in defaults. Precedence of values: env override > YAML >
+default. Unknown keys are errors, so a typo never passes silently. Relative paths
+(``data_dir``, ``tools.workspace``, an entity path) are resolved against the config file's
+directory (or the working directory when there is no file).
+
+Secrets never live in the YAML file: they come from the environment or a ``.env`` file next to
+the working directory, under their usual names (``TELEGRAM_BOT_TOKEN``, ``DISCORD_BOT_TOKEN``,
+``OPENAI_API_KEY``, ``OPENAI_BASE_URL``).
+
+Raises:
+    ConfigError: from :func:`load_settings`, naming the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+from bumblebot.core.mcp_settings import MCPSettings
+from bumblebot.core.errors import ConfigError
+
+DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _off_is_text(value: Any) -> Any:
+    """YAML 1.1 reads a bare ``off`` as ``False``; for keys whose value may be "off", take it back."""
+    return "off" if value is False else value
+
+
+class ThinkingSettings(_Section):
+    """How this endpoint is asked to think (deliberate) or not (reflex). Reasoning text is never shown."""
+
+    mode: Literal["auto", "off", "reasoning_effort", "extra_body"] = Field(
+        "auto",
+        description="auto: send OpenAI's reasoning_effort on deliberate turns unless the endpoint refuses "
+        "it (then not, remembered per endpoint and model, tried again a day later); off: never request "
+        "thinking; reasoning_effort: always send it; extra_body: merge extra_body_on / extra_body_off "
+        "into the request",
+    )
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] = Field(
+        "medium", description="value of reasoning_effort on deliberate turns (modes auto and reasoning_effort)"
+    )
+    extra_body_on: dict[str, Any] = Field(
+        default_factory=dict,
+        description='extra request fields for deliberate turns, e.g. {"chat_template_kwargs": {"enable_thinking": true}}',
+    )
+    extra_body_off: dict[str, Any] = Field(
+        default_factory=dict, description="extra request fields for reflex turns, judges and summaries"
+    )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_off(cls, value: Any) -> Any:
+        return _off_is_text(value)
+
+
+class LLMSettings(_Section):
+    """The OpenAI-compatible chat-completions endpoint."""
+
+    base_url: str | None = Field(
+        None, description="endpoint base URL; default: env OPENAI_BASE_URL, else OpenAI's"
+    )
+    model: str = Field("gpt-4o-mini", description="model for deliberate turns")
+    reflex_model: str | None = Field(
+        None, description="model for reflex turns, the classifier and judges; default: model"
+    )
+    timeout_s: float = Field(60.0, gt=0, description="per-request timeout, seconds")
+    max_retries: int = Field(2, ge=0, le=10, description="client retries on 429/5xx/network errors")
+    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of turns")
+    tool_choice: Literal["required", "auto"] = Field(
+        "required",
+        description="tool forcing; on an endpoint that rejects 'required' the bot falls back to "
+        "'auto' by itself and remembers it",
+    )
+    thinking: ThinkingSettings = Field(default_factory=ThinkingSettings, description="thinking control")
+    max_concurrent_requests: int = Field(
+        64, ge=1,
+        description="requests in flight to this endpoint at once (turns, judges, the classifier, "
+        "summaries); the only cap on concurrency",
+    )
+    vision: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="send images to the model: auto (until the endpoint refuses them; that is "
+        "remembered per endpoint and model), on (always), off (never; the model is told a photo came)",
+    )
+    transcription_model: str = Field(
+        "whisper-1", description="speech-to-text model of voice notes and audio (POST /audio/transcriptions)"
+    )
+    transcription_base_url: str | None = Field(
+        None, description="base URL of the transcription endpoint (a local whisper server); default: base_url"
+    )
+
+    @field_validator("vision", mode="before")
+    @classmethod
+    def _vision_on_off(cls, value: Any) -> Any:
+        return _on_off(value)
+
+
+def _on_off(value: Any) -> Any:
+    """YAML 1.1 reads bare ``on``/``off`` (and yes/no, true/false) as booleans, an env
+    override arrives as text: both are taken as ``on``/``off``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("on", "true", "yes", "1"):
+            return "on"
+        if word in ("off", "false", "no", "0"):
+            return "off"
+    return value
+
+
+class DeliverySettings(_Section):
+    """How replies reach the chat."""
+
+    streaming: Literal["on", "off"] = Field(
+        "on",
+        description="show the text of a say call while the model is still writing it (one message "
+        "edited in place); endpoints that cannot stream fall back to whole messages by themselves",
+    )
+    stream_edit_interval_s: float = Field(
+        1.0, ge=0.2, le=10,
+        description="least time between two edits of a streamed message, seconds; the platform's own "
+        "floor applies on top (Telegram: 1 s in a private chat, 3 s in a group; Discord: 1 s)",
+    )
+
+    @field_validator("streaming", mode="before")
+    @classmethod
+    def _streaming_on_off(cls, value: Any) -> Any:
+        return _on_off(value)
+
+
+class MediaSettings(_Section):
+    """Photos, voice notes and files people send (issue 12)."""
+
+    image_max_side_px: int = Field(
+        1280, ge=64, le=8192,
+        description="longest side of an image given to the model, pixels: Telegram's largest photo "
+        "size within it is taken, larger images are scaled down",
+    )
+    image_max_bytes: int = Field(
+        4_000_000, ge=10_000, description="largest encoded image given to the model, bytes"
+    )
+    inline_chars: int = Field(
+        2000, ge=0,
+        description="characters of a text document or PDF shown to the model inline (the rest it "
+        "reads with read_file); 0: none",
+    )
+
+
+class VoiceSettings(_Section):
+    """Voice replies (text to speech)."""
+
+    reply: Literal["off", "mirror"] = Field(
+        "off",
+        description="mirror: a turn answering a voice note also sends its replies as voice messages "
+        "(POST /audio/speech, OGG/Opus)",
+    )
+    tts_model: str = Field("tts-1", description="text-to-speech model")
+    tts_voice: str = Field("alloy", description="the voice of the text-to-speech model")
+    max_chars: int = Field(
+        1500, ge=50, le=4096, description="longest text read out as one voice message, characters (the rest is cut)"
+    )
+
+    @field_validator("reply", mode="before")
+    @classmethod
+    def _reply_off(cls, value: Any) -> Any:
+        return "off" if value is False else value
+
+
+class TelegramSettings(_Section):
+    """The Telegram adapter (python-telegram-bot, long polling)."""
+
+    enabled: bool = Field(True, description="run the Telegram adapter when a token is set")
+    base_url: str = Field(
+        "https://api.telegram.org/bot", description="Bot API base URL (self-hosted Bot API server)"
+    )
+    base_file_url: str = Field("https://api.telegram.org/file/bot", description="file download base URL")
+    allowed_user_ids: list[int] = Field(
+        default_factory=list, description="user ids allowed to talk; empty with empty chats = anyone"
+    )
+    allowed_chat_ids: list[int] = Field(default_factory=list, description="chat ids allowed to talk")
+    poll_timeout_s: int = Field(30, ge=0, le=50, description="getUpdates long-poll timeout, seconds")
+    respond_in_groups: Literal["mention", "always", "never"] = Field(
+        "mention", description="in groups answer when mentioned, replied to or commanded; every message; or never"
+    )
+    group_context: int = Field(
+        20, ge=0, le=200,
+        description="unaddressed group messages since the last turn shown as background (needs privacy mode off)",
+    )
+    allow_bots: bool = Field(False, description="answer other bots that address the bot (never itself)")
+    max_file_bytes: int = Field(
+        20 * 1024 * 1024, ge=1,
+        description="largest file downloaded, bytes; the Bot API serves at most 20 MB (getFile)",
+    )
+
+
+class DiscordSettings(_Section):
+    """The Discord adapter (discord.py)."""
+
+    enabled: bool = Field(False, description="run the Discord adapter when a token is set")
+    api_base_url: str = Field("https://discord.com/api/v10", description="REST base URL")
+    gateway_url: str = Field("wss://gateway.discord.gg", description="gateway websocket URL")
+    respond_in_guilds: Literal["mention", "all", "off"] = Field(
+        "mention", description="in guild channels answer when mentioned/replied to, always, or never"
+    )
+    allowed_user_ids: list[int] = Field(default_factory=list, description="user allowlist (empty = anyone)")
+    allowed_channel_ids: list[int] = Field(
+        default_factory=list, description="guild channel allowlist (empty = any channel)"
+    )
+    allow_bots: bool = Field(False, description="answer other bots (never itself)")
+    max_file_bytes: int = Field(
+        25 * 1024 * 1024, ge=1,
+        description="largest attachment downloaded, bytes (Discord lets users upload 10 MB, more with Nitro)",
+    )
+
+    @field_validator("respond_in_guilds", mode="before")
+    @classmethod
+    def _respond_off(cls, value: Any) -> Any:
+        return _off_is_text(value)
+
+
+class HistoryCompression(_Section):
+    """Context compaction; keys and defaults from the spec's configuration block."""
+
+    enabled: bool = Field(True, description="compact before the context fills up")
+    compaction_threshold_ratio: float = Field(
+        0.75, gt=0, lt=1, description="compact when the estimate exceeds this share of max_context_tokens"
+    )
+    compaction_target_ratio: float = Field(
+        0.20, gt=0, lt=1, description="after compaction the prompt aims for this share of max_context_tokens"
+    )
+    compaction_protect_last_n: int = Field(12, ge=1, description="minimum recent messages kept verbatim")
+    compaction_protect_first_n: int = Field(2, ge=0, description="first messages kept verbatim")
+    compaction_max_passes: int = Field(3, ge=1, le=10, description="compaction passes per trigger")
+    compaction_flush_to_knowledge: bool = Field(
+        True, description="extract durable facts into knowledge.md on the first pass"
+    )
+
+    @model_validator(mode="after")
+    def _target_below_threshold(self) -> HistoryCompression:
+        if self.compaction_target_ratio >= self.compaction_threshold_ratio:
+            raise ValueError(
+                "compaction_target_ratio must be below compaction_threshold_ratio "
+                f"(got {self.compaction_target_ratio} >= {self.compaction_threshold_ratio})"
+            )
+        return self
+
+
+class CognitionSettings(_Section):
+    """The turn pipeline (spec: Routing, Agent loop, Context compaction)."""
+
+    max_context_tokens: int = Field(
+        32768, ge=4096, le=10_000_000, description="the model's context window, tokens"
+    )
+    reflex_max_tokens: int = Field(512, ge=16, description="completion budget of reflex turns, tokens")
+    deliberate_max_tokens: int = Field(2048, ge=64, description="completion budget of deliberate turns")
+    tool_continuation_rounds: int = Field(
+        4, ge=0, description="tool rounds; clamped to [0, 16]; steps = max(6, min(25, 6 + rounds))"
+    )
+    tool_timeout_s: float = Field(60.0, gt=0, description="default timeout of one tool call, seconds")
+    mid_turn_messages: Literal["steer", "queue"] = Field(
+        "steer", description="steer: show mid-turn messages at the next step; queue: next turn"
+    )
+    debounce_s: float = Field(
+        0.3, ge=0, le=10, description="messages of one chat this close together merge into one turn, seconds (0: off)"
+    )
+    classifier: bool = Field(True, description="ask the reflex model when the router is unsure")
+    max_messages_per_turn: int = Field(
+        4, ge=1, le=20, description="most messages one turn sends; later say calls are not delivered"
+    )
+    max_tool_result_share: float = Field(
+        0.25, gt=0, le=1, description="cap of one tool result as a share of max_context_tokens"
+    )
+    history_compression: HistoryCompression = Field(default_factory=HistoryCompression)
+
+
+class ShellSettings(_Section):
+    enabled: bool = Field(False, description="register run_command (runs as the daemon user)")
+    timeout_s: float = Field(30.0, gt=0, description="maximum run time of one command, seconds")
+    max_output_chars: int = Field(6000, ge=1000, description="cap of stdout/stderr each, characters")
+
+
+class WebSettings(_Section):
+    enabled: bool = Field(True, description="register fetch_url")
+    timeout_s: float = Field(20.0, gt=0, description="request timeout, seconds")
+    max_bytes: int = Field(2_000_000, ge=1024, description="maximum body read, bytes")
+    allow_private: bool = Field(False, description="allow loopback and private addresses")
+
+
+class ToolsSettings(_Section):
+    workspace: Path | None = Field(None, description="work tools' root; default <data_dir>/workspace")
+    max_result_chars: int = Field(16000, ge=500, description="cap of one tool result, characters")
+    shell: ShellSettings = Field(default_factory=ShellSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
+
+
+class AutomationSettings(_Section):
+    """Scheduled tasks (``schedule_task``)."""
+
+    max_tasks: int = Field(50, ge=1, description="most active scheduled tasks per conversation")
+    min_interval_s: float = Field(60.0, gt=0, description="shortest repeat of a recurring task, seconds")
+
+
+class AutonomySettings(_Section):
+    """Autonomous turns: the entity may reach out on its own in active conversations."""
+
+    enabled: bool = Field(False, description="give the entity an autonomous turn per active conversation")
+    interval_s: float = Field(3600.0, ge=1, description="time between autonomous turns of a conversation, seconds")
+    active_window_s: float = Field(
+        86400.0, gt=0, description="a conversation is active while its last message from a person is this recent, seconds"
+    )
+    quiet_hours: str | None = Field(
+        None, description="no autonomous turns in this span of the entity's day, e.g. '22:00-08:00'; null: none"
+    )
+    max_messages_per_day: int = Field(
+        2, ge=0, description="most messages autonomous turns send per conversation and day (the entity's day)"
+    )
+
+    @field_validator("quiet_hours")
+    @classmethod
+    def _span(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = value.replace(" ", "").split("-")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            for part in parts:
+                hour, minute = part.split(":")
+                if not (0 <= int(hour) <= 23 and 0 <= int(minute) <= 59):
+                    raise ValueError
+        except ValueError:
+            raise ValueError("expected 'HH:MM-HH:MM', e.g. '22:00-08:00'") from None
+        return "-".join(parts)
+
+    def quiet(self, hour: int, minute: int) -> bool:
+        """Whether the time of day ``hour:minute`` falls in :attr:`quiet_hours` (a span may
+        cross midnight)."""
+        if self.quiet_hours is None:
+            return False
+        start, end = ((int(h) * 60 + int(m)) for h, m in (p.split(":") for p in self.quiet_hours.split("-")))
+        now = hour * 60 + minute
+        return start <= now < end if start <= end else now >= start or now < end
+
+
+class MetricsSettings(_Section):
+    """Prometheus metrics (off unless ``listen`` is set)."""
+
+    listen: str | None = Field(
+        None, description="host:port to serve /metrics on, e.g. 127.0.0.1:9464; null: no metrics"
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        host, _, port = value.strip().rpartition(":")
+        bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+        if not host or bare_ipv6 or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port, e.g. 127.0.0.1:9464 or [::1]:9464 (got {value!r})")
+        return value.strip()
+
+
+class EngineSettings(_Section):
+    idle_unload_s: float = Field(600.0, gt=0, description="unload a conversation idle this long, seconds")
+    max_concurrent_turns: int | None = Field(
+        None, ge=1, description="deprecated and ignored: use llm.max_concurrent_requests"
+    )
+    shutdown_grace_s: float = Field(30.0, ge=0, description="time in-flight turns get on stop, seconds")
+    typing_interval_s: float = Field(4.5, gt=0, description="typing indicator refresh, seconds")
+    outage_limit_s: float = Field(
+        3600.0,
+        gt=0,
+        description="how long a message waits for an unreachable model (retried with backoff up to "
+        "60 s) before the user is told it failed, seconds",
+    )
+    outbox_expiry_s: float = Field(
+        86400.0,
+        gt=0,
+        description="a reply still undelivered this long after it was queued (retried every 30 s "
+        "meanwhile) is marked failed, logged and never sent, seconds",
+    )
+    retention_days: int = Field(
+        90,
+        ge=0,
+        description="settled journal and outbox rows and finished turns' traces older than this are "
+        "pruned (the message history never is); 0 keeps everything, days",
+    )
+
+
+class Settings(BaseSettings):
+    """The whole configuration. See ``README.md`` for every key."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BUMBLEBOT_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    entity: str = Field("default", description="a name in entities/ or a path to a YAML file")
+    data_dir: Path = Field(Path("./data"), description="SQLite database, knowledge.md, workspace")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: one line per event; json: one JSON object per event, with conversation and turn ids"
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    media: MediaSettings = Field(default_factory=MediaSettings)
+    voice: VoiceSettings = Field(default_factory=VoiceSettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
+    cognition: CognitionSettings = Field(default_factory=CognitionSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    automation: AutomationSettings = Field(default_factory=AutomationSettings)
+    autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    mcp: MCPSettings = Field(default_factory=MCPSettings, description="MCP tool servers")
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML document arrives as init kwargs; env overrides it key by key.
+        return (env_settings, init_settings)
+
+    @property
+    def workspace(self) -> Path:
+        """The work tools' root directory."""
+        return self.tools.workspace or self.data_dir / "workspace"
+
+    @property
+    def media_dir(self) -> Path:
+        """Where received images and voice replies are kept (``<data_dir>/media``)."""
+        return self.data_dir / "media"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "bumblebot.db"
+
+    @property
+    def knowledge_path(self) -> Path:
+        return self.data_dir / "knowledge.md"
+
+
+class Secrets(BaseSettings):
+    """Secrets from the environment or ``.env``, under their usual names. Never logged."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=False)
+
+    telegram_bot_token: SecretStr | None = Field(None, validation_alias="TELEGRAM_BOT_TOKEN")
+    discord_bot_token: SecretStr | None = Field(None, validation_alias="DISCORD_BOT_TOKEN")
+    openai_api_key: SecretStr | None = Field(None, validation_alias="OPENAI_API_KEY")
+    openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")
+
+    def values(self) -> list[str]:
+        """Every secret value that is set (for log redaction)."""
+        out = []
+        for v in (self.telegram_bot_token, self.discord_bot_token, self.openai_api_key):
+            if v is not None and v.get_secret_value():
+                out.append(v.get_secret_value())
+        return out
+
+
+def apply_dotenv(path: Path = Path(".env")) -> list[str]:
+    """Make ``BUMBLEBOT_*`` lines of ``.env`` count like environment variables.
+
+    Real environment variables win. Secrets (``TELEGRAM_BOT_TOKEN``…) are read from ``.env`` by
+    :class:`Secrets` itself and are not copied into the process environment.
+
+    Returns:
+        the names taken from the file.
+    """
+    if not path.is_file():
+        return []
+    from dotenv import dotenv_values
+
+    taken = []
+    for name, value in dotenv_values(path).items():
+        if name.upper().startswith(ENV_PREFIX) and value is not None and name not in os.environ:
+            os.environ[name] = value
+            taken.append(name)
+    return taken
+
+
+def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file to use: ``explicit``, else ``$BUMBLEBOT_CONFIG``, else ``./bumblebot.yaml``.
+
+    Returns ``None`` when no file is named and ``./bumblebot.yaml`` does not exist.
+
+    Raises:
+        ConfigError: a file named explicitly or through the environment does not exist.
+    """
+    named = explicit or os.environ.get("BUMBLEBOT_CONFIG")
+    if named:
+        path = Path(named).expanduser()
+        try:
+            found = path.stat()
+        except PermissionError:
+            raise ConfigError(
+                str(path), "", f"a file this user can reach (Permission denied on {path.parent}: the user running "
+                "Bumblebot must be able to enter that directory)"
+            ) from None
+        except OSError:
+            raise ConfigError(str(path), "", "config file not found") from None
+        if not stat.S_ISREG(found.st_mode):
+            raise ConfigError(str(path), "", "config file not found")
+        return path
+    default = Path("bumblebot.yaml")
+    return default if default.is_file() else None
+
+
+ENV_PREFIX = "BUMBLEBOT_"
+_ENV_NOT_KEYS = {"BUMBLEBOT_CONFIG"}
+
+
+def _env_names(model: type[BaseModel], prefix: str) -> set[str]:
+    names = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        full = f"{prefix}{name.upper()}"
+        names.add(full)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            names |= _env_names(ann, full + "__")
+    return names
+
+
+def _check_env_names() -> None:
+    """An unknown ``BUMBLEBOT_*`` variable is an error, like an unknown YAML key."""
+    known = _env_names(Settings, ENV_PREFIX) | _ENV_NOT_KEYS
+    for name in sorted(os.environ):
+        if name.upper().startswith(ENV_PREFIX) and name.upper() not in known:
+            hint = " (sections and keys are separated by two underscores)" if "__" not in name else ""
+            raise ConfigError(f"environment variable {name}", "", f"no such setting{hint}")
+
+
+def _non_text_key(node: Any, prefix: str = "") -> str | None:
+    """The dotted path of the first mapping key that is not text, anywhere in ``node``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not isinstance(key, str):
+                return f"{prefix}{key!r}"
+            found = _non_text_key(value, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
+
+
+def _env_field(message: str) -> str:
+    import re
+
+    m = re.search(r'field "([^"]+)"', message)
+    return m.group(1) if m else "(an override)"
+
+
+def _describe(error: dict[str, Any]) -> tuple[str, str]:
+    loc = [str(p) for p in error.get("loc", ())]
+    key = ".".join(loc)
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return key, "unknown key (check the spelling; README.md lists every key)"
+    msg = error.get("msg", "invalid value")
+    msg = msg.removeprefix("Value error, ").removeprefix("Input should be ")
+    expected = f"expected {msg}" if kind != "value_error" else msg
+    if "input" in error and not isinstance(error["input"], dict | list):
+        expected += f" (got {error['input']!r})"
+    return key, expected
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Read, validate and resolve the configuration.
+
+    Args:
+        path: the YAML file (from :func:`find_config`), or ``None`` for defaults plus env.
+
+    Returns:
+        Settings with ``data_dir`` and ``tools.workspace`` made absolute.
+
+    Raises:
+        ConfigError: unreadable YAML, a document that is not a mapping, an unknown key or a
+            value of the wrong type; the error names the file, the dotted key and what was
+            expected.
+    """
+    source = str(path) if path else "environment"
+    data: dict[str, Any] = {}
+    _check_env_names()
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(source, "", f"cannot read file ({exc.strerror})") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(source, "", f"a UTF-8 text file (byte {exc.start} is not UTF-8)") from exc
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark is not None else "?"
+            raise ConfigError(source, where, f"invalid YAML ({getattr(exc, 'problem', exc)})") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(source, "(top level)", "expected a mapping of keys to values")
+        bad_key = _non_text_key(loaded)
+        if bad_key is not None:
+            raise ConfigError(
+                source, bad_key, "keys must be text (YAML reads on/off/yes/no as booleans: quote them)"
+            )
+        data = loaded
+    try:
+        settings = Settings(**data)
+    except SettingsError as exc:
+        # an override that is not valid JSON for a list/dict field, e.g. "[1,2"
+        raise ConfigError("environment", _env_field(str(exc)), "a valid JSON value (e.g. [1, 2])") from None
+    except ValidationError as exc:
+        errors = exc.errors()
+        key, expected = _describe(errors[0])
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        env_name = ENV_PREFIX + "__".join(str(p) for p in errors[0].get("loc", ())).upper()
+        where = f"environment variable {env_name}" if env_name in os.environ else source
+        raise ConfigError(where, key, expected + more) from None
+    base = path.parent.resolve() if path else Path.cwd()
+    data_dir = settings.data_dir.expanduser()
+    settings.data_dir = (data_dir if data_dir.is_absolute() else base / data_dir).resolve()
+    if settings.tools.workspace is not None:
+        workspace = settings.tools.workspace.expanduser()
+        settings.tools.workspace = (workspace if workspace.is_absolute() else base / workspace).resolve()
+    settings.__dict__["config_dir"] = base
+    return settings
+
+
+#: The environment variables :class:`Secrets` reads.
+SECRET_VARIABLES = ("TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL")
+
+
+def dotenv_unreadable(path: Path = Path(".env")) -> str | None:
+    """Why ``path`` exists but cannot be read (``"Permission denied"``), ``None`` when it can
+    be read or does not exist."""
+    if not path.exists():
+        return None
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def load_secrets(*, read_dotenv: bool = True, path: Path = Path(".env")) -> Secrets:
+    """Secrets from the environment and the ``.env`` at ``path`` (not the file when
+    ``read_dotenv`` is false)."""
+    return Secrets(_env_file=path) if read_dotenv else Secrets(_env_file=None)
+
+
+def effective_base_url(settings: Settings, secrets: Secrets) -> str:
+    """``llm.base_url``, else ``OPENAI_BASE_URL``, else OpenAI's own URL."""
+    return settings.llm.base_url or secrets.openai_base_url or DEFAULT_OPENAI_BASE_URL

@@ -1,0 +1,138 @@
+"""Bumblebot's exception tree.
+
+::
+
+    BumblebotError
+    ├── ConfigError            bad config file or value (exit code 2); carries file, key, expected
+    ├── ModelError             the LLM endpoint failed after retries
+    │   ├── ModelUnavailable   unreachable, timed out, overloaded (429, 5xx): worth waiting for
+    │   │   └── ModelTimeout
+    │   └── ContextTooLong     the endpoint said the prompt is over its context window
+    ├── AdapterError           a platform call failed
+    │   └── DeliveryFailed     a message could not be delivered; ``retryable`` says if it may work later
+    ├── StoreError             the database could not be opened or migrated
+    ├── DataDirInUse           another process holds the data directory's lock
+    └── MediaError             a file sent could not be fetched, read or transcribed (text for the user)
+
+Foreign errors (``openai``, ``telegram``, ``discord``) are translated into these in exactly one
+place per dependency and chained with ``from``: ``bumblebot/llm/client.py`` (chat completions),
+``bumblebot/llm/speech.py`` (transcription and speech), each adapter.
+
+``sqlite3.Error`` from the store during a turn is deliberately *not* translated or caught on
+the way: it means the turn's own record could not be written (a locked or failing database),
+so it is never turned into a tool result or a crash note. It propagates out of the turn, and
+the conversation's actor reads the conversation back and resumes it (``actor._recover``).
+"""
+
+from __future__ import annotations
+
+
+class BumblebotError(Exception):
+    """Base of every error Bumblebot raises on purpose."""
+
+
+class ConfigError(BumblebotError):
+    """The configuration is invalid.
+
+    Args:
+        source: the file (or ``"environment"``) the bad value came from.
+        key: dotted path of the key, e.g. ``"cognition.max_context_tokens"``.
+        expected: what a valid value looks like.
+    """
+
+    def __init__(self, source: str, key: str, expected: str) -> None:
+        self.source, self.key, self.expected = source, key, expected
+        super().__init__(f"{source}: {key}: {expected}" if key else f"{source}: {expected}")
+
+
+class ModelError(BumblebotError):
+    """The chat-completions endpoint failed (after the client's own retries)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ModelUnavailable(ModelError):
+    """The endpoint cannot answer for now: connection refused or reset, a timeout, a rate
+    limit (429), or a server error (5xx). A turn waits for it (issue 8, "Outages").
+
+    Args:
+        retry_after: the endpoint's ``Retry-After`` (RFC 9110 §10.2.3), seconds, when it sent one.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, status=status)
+        self.retry_after = retry_after
+
+
+class ModelTimeout(ModelUnavailable):
+    """The endpoint did not answer within ``llm.timeout_s``."""
+
+
+class ContextTooLong(ModelError):
+    """The endpoint rejected the request because the prompt exceeds its context window.
+
+    ``prompt_tokens``: what the endpoint counted for the prompt, when its message says
+    (vLLM and OpenAI: "… you requested 5169 tokens (4145 in the messages, …)"), else ``None``.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, prompt_tokens: int | None = None) -> None:
+        super().__init__(message, status=status)
+        self.prompt_tokens = prompt_tokens
+
+
+class AdapterError(BumblebotError):
+    """A platform adapter failed."""
+
+
+class DeliveryFailed(AdapterError):
+    """A message could not be delivered.
+
+    Args:
+        retryable: ``True`` for transient failures (network, 5xx, rate limit past its wait);
+            ``False`` when the platform refused the message for good (forbidden, bad request).
+        retry_after: seconds the platform asked to wait (rate limit), if it said.
+        chat_unreachable: no message can reach this chat now (the user blocked the bot, the
+            chat or channel is gone, no permission to write there).
+    """
+
+    def __init__(
+        self, message: str, *, retryable: bool, retry_after: float | None = None, chat_unreachable: bool = False
+    ) -> None:
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.chat_unreachable = chat_unreachable
+        super().__init__(message)
+
+
+class StoreError(BumblebotError):
+    """The SQLite database could not be opened, locked or migrated."""
+
+
+class DataDirInUse(BumblebotError):
+    """Another Bumblebot process holds the data directory (one process per data directory).
+
+    Args:
+        data_dir: the directory.
+        pid: the holder's process id, when it recorded one.
+    """
+
+    def __init__(self, data_dir: object, pid: int | None) -> None:
+        self.data_dir, self.pid = data_dir, pid
+        by = f" by another Bumblebot (pid {pid})" if pid else " by another Bumblebot"
+        super().__init__(
+            f"data directory {data_dir} is in use{by}; stop that process first, or give this one "
+            "another data_dir"
+        )
+
+
+class MediaError(BumblebotError):
+    """A file someone sent could not be fetched, read or transcribed, or a file to send could
+    not be made. ``str(exc)`` is written for the user ("the file is over the 20 MB limit");
+    ``retryable`` is ``True`` when trying again later may work (the platform or the
+    transcription endpoint was unreachable)."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable

@@ -1,0 +1,159 @@
+"""Speech to text and text to speech through the endpoint's OpenAI-compatible audio API.
+
+* Transcription: ``POST <base>/audio/transcriptions`` (multipart: the file and
+  ``llm.transcription_model``, default ``whisper-1``). ``<base>`` is
+  ``llm.transcription_base_url`` when set (a local whisper server: whisper.cpp's server,
+  faster-whisper-server, LocalAI, vLLM), else the chat endpoint's base URL.
+* Speech: ``POST <base>/audio/speech`` (``voice.tts_model``, ``voice.tts_voice``) with
+  ``response_format: "opus"``, which OpenAI answers as Ogg/Opus: what Telegram's ``sendVoice``
+  needs to show a voice message (Bot API, sendVoice: "the audio must be in an .OGG file
+  encoded with OPUS").
+
+Like ``bumblebot/llm/client.py`` for chat completions, this is the one place ``openai``'s audio API is
+used, and its errors leave as :class:`~bumblebot.core.errors.MediaError` with a sentence a user can
+read (never the key: the SDK's messages are redacted by the caller's log filter, and the
+sentence here names only the status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import openai
+
+from bumblebot.core.config import LLMSettings, VoiceSettings
+from bumblebot.core.errors import MediaError
+
+log = logging.getLogger(__name__)
+
+#: ``[words](url)``: bounded character classes, no nesting: linear.
+_LINK = re.compile(r"\[([^\]\n]{1,300})\]\([^)\s]{1,2000}\)")
+_URL = re.compile(r"https?://[^\s)]{1,2000}")
+#: Least seconds a transcription may take (``llm.timeout_s`` when that is longer).
+TRANSCRIPTION_TIMEOUT_S = 300.0
+#: Statuses after which a later try may work (the endpoint down, busy or rate-limited).
+_TRANSIENT = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class Speech:
+    """The audio endpoints.
+
+    Args:
+        llm: the ``llm`` section (transcription model and base URL, timeout).
+        voice: the ``voice`` section (speech model and voice).
+        base_url: the chat endpoint's effective base URL (the default for both).
+        api_key: the key (local servers accept any).
+    """
+
+    def __init__(self, llm: LLMSettings, voice: VoiceSettings, *, base_url: str, api_key: str | None) -> None:
+        self.llm = llm
+        self.voice = voice
+        self.transcription_base_url = llm.transcription_base_url or base_url
+        key = api_key or "not-needed"
+        self._speech = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=llm.timeout_s, max_retries=1)
+        # a long recording on a CPU whisper server takes minutes: its own, longer timeout
+        self.transcription_timeout_s = max(TRANSCRIPTION_TIMEOUT_S, llm.timeout_s)
+        self._stt = openai.AsyncOpenAI(
+            base_url=self.transcription_base_url, api_key=key, timeout=self.transcription_timeout_s, max_retries=1
+        )
+
+    async def aclose(self) -> None:
+        await self._speech.close()
+        await self._stt.close()
+
+    async def transcribe(self, data: bytes, *, name: str, mime: str) -> str:
+        """The text spoken in ``data`` (an audio file named ``name`` of type ``mime``), stripped;
+        ``""`` when the model heard nothing.
+
+        Raises:
+            MediaError: the endpoint refused or failed (``retryable`` for an outage).
+        """
+        try:
+            result = await self._stt.audio.transcriptions.create(
+                model=self.llm.transcription_model, file=(name or "audio.ogg", data, mime or "application/octet-stream"),
+            )
+        except openai.APIStatusError as exc:
+            log.warning("transcription at %s failed: HTTP %s %s", self.transcription_base_url, exc.status_code, exc.message)
+            raise MediaError(
+                f"the transcription service refused it (HTTP {exc.status_code})", retryable=exc.status_code in _TRANSIENT
+            ) from exc
+        except openai.APITimeoutError as exc:  # slow, not down: sending it again would not help
+            raise MediaError(f"the transcription took longer than {self.transcription_timeout_s:g} s") from exc
+        except openai.APIConnectionError as exc:
+            log.warning("transcription at %s failed: %s", self.transcription_base_url, exc)
+            raise MediaError("the transcription service could not be reached", retryable=True) from exc
+        except openai.APIError as exc:
+            raise MediaError(f"the transcription service failed ({type(exc).__name__})") from exc
+        return (getattr(result, "text", None) or "").strip()
+
+    async def synthesize(self, text: str, dest: Path) -> Path:
+        """Speak ``text`` (cut to ``voice.max_chars``) into ``dest`` as Ogg/Opus, written
+        atomically (a temporary file renamed into place); returns ``dest``.
+
+        Raises:
+            MediaError: the endpoint refused or failed, or it answered something that is not
+                Ogg audio (``retryable`` for an outage).
+        """
+        text = speakable(text)[: self.voice.max_chars]
+        try:
+            response = await self._speech.audio.speech.create(
+                model=self.voice.tts_model, voice=self.voice.tts_voice, input=text, response_format="opus",
+            )
+        except openai.APIStatusError as exc:
+            log.warning("speech synthesis failed: HTTP %s %s", exc.status_code, exc.message)
+            raise MediaError(
+                f"the speech service refused it (HTTP {exc.status_code})", retryable=exc.status_code in _TRANSIENT
+            ) from exc
+        except openai.APIConnectionError as exc:
+            raise MediaError("the speech service could not be reached", retryable=True) from exc
+        except openai.APIError as exc:
+            raise MediaError(f"the speech service failed ({type(exc).__name__})") from exc
+        audio = response.content
+        if not audio.startswith(b"OggS"):
+            raise MediaError("the speech service did not answer with Ogg/Opus audio")
+        await asyncio.to_thread(_write, dest, audio)
+        return dest
+
+
+def _write(dest: Path, data: bytes) -> None:
+    """``data`` into ``dest`` atomically (a temporary file renamed into place)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def speakable(markdown: str) -> str:
+    """The model's Markdown as text to read aloud: code blocks and URLs left out, emphasis,
+    headings, list and quote marks removed, links read by their words. Linear in the text."""
+    out: list[str] = []
+    fenced = False
+    for line in markdown.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            if not fenced:
+                out.append("(code)")
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        stripped = stripped.lstrip("#>").strip()
+        if stripped[:2] in ("- ", "* ", "+ "):
+            stripped = stripped[2:]
+        out.append(stripped)
+    text = "\n".join(out)
+    text = _LINK.sub(r"\1", text)
+    text = _URL.sub("(a link)", text)
+    for mark in ("**", "__", "`", "~~"):
+        text = text.replace(mark, "")
+    return text.strip()
