@@ -1,0 +1,101 @@
+"""The one SQLite connection of a store: opening it, write transactions and reads.
+
+:class:`Database` is the base of :class:`bumblebot.store.Store` and of each table module's
+class: they all read through :meth:`Database._one` and :meth:`Database._all` and write through
+:meth:`Database.transaction`, which serialises writers on the single connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Self
+
+import aiosqlite
+
+from bumblebot.core.errors import StoreError
+from bumblebot.store.schema import migrate
+
+log = logging.getLogger(__name__)
+
+
+class Database:
+    """An aiosqlite connection to one file, opened with ``async with`` (see :class:`Store`)."""
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.path = path
+        self.readonly = readonly
+        self._db: aiosqlite.Connection | None = None
+        self._write_lock = asyncio.Lock()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        if self._db is not None:
+            raise RuntimeError("store is already open")
+        try:
+            if self.readonly:
+                self._db = await aiosqlite.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._db = await aiosqlite.connect(self.path, isolation_level=None)
+            self._db.row_factory = aiosqlite.Row
+            await self._db.execute("PRAGMA busy_timeout=10000")
+            if not self.readonly:
+                await self._db.execute("PRAGMA journal_mode=WAL")
+                await self._db.execute("PRAGMA foreign_keys=ON")
+                await self._db.execute("PRAGMA synchronous=NORMAL")
+            await migrate(self._db, readonly=self.readonly)
+        except (OSError, aiosqlite.Error) as exc:
+            await self.close()
+            raise StoreError(f"cannot open database {self.path}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._db is not None:
+            db, self._db = self._db, None
+            await db.close()
+
+    @property
+    def db(self) -> aiosqlite.Connection:
+        if self._db is None:
+            raise RuntimeError("store is not open")
+        return self._db
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """Serialise a write transaction; commits on success, rolls back on error."""
+        async with self._write_lock:
+            try:
+                await self.db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if "within a transaction" not in str(exc):
+                    raise
+                # a write cancelled while its BEGIN ran (the statement still ran in aiosqlite's
+                # thread, its ROLLBACK never did) left one open: end it, or no write works again
+                log.warning("a transaction was left open by a cancelled write; rolling it back")
+                await self.db.execute("ROLLBACK")
+                await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                await self.db.execute("ROLLBACK")
+                raise
+            else:
+                await self.db.execute("COMMIT")
+
+    async def _one(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
+        async with self.db.execute(sql, params) as cur:
+            return await cur.fetchone()
+
+    async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
+        async with self.db.execute(sql, params) as cur:
+            return list(await cur.fetchall())

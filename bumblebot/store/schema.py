@@ -1,0 +1,223 @@
+"""The database schema: :data:`MIGRATIONS`, applying them, and how JSON columns are written.
+
+Schema versions are applied in order from :data:`MIGRATIONS` and recorded in
+``PRAGMA user_version`` (8 now); each runs in one transaction with its version number, so a
+crash leaves the database at the version before or after, never between. A database newer
+than this code is refused. The tables themselves are described in ``bumblebot/store/store.py``
+and ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiosqlite
+
+from bumblebot.core.errors import StoreError
+from bumblebot.core.messages import json_text
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: initial schema
+    """
+    CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY,
+        platform TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        thread_id TEXT NOT NULL DEFAULT '',
+        session INTEGER NOT NULL DEFAULT 1,
+        created_at REAL NOT NULL,
+        UNIQUE (platform, chat_id, thread_id)
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+        session INTEGER NOT NULL,
+        turn_id INTEGER,
+        role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+        content TEXT NOT NULL DEFAULT '',
+        tool_calls TEXT,
+        tool_call_id TEXT,
+        name TEXT,
+        pruned INTEGER NOT NULL DEFAULT 0,
+        covered_by INTEGER,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX messages_by_conversation ON messages (conversation_id, session, id);
+    CREATE TABLE compaction (
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+        session INTEGER NOT NULL,
+        summary TEXT,
+        compactions INTEGER NOT NULL DEFAULT 0,
+        passes INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        next_retry_at REAL NOT NULL DEFAULT 0,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (conversation_id, session)
+    );
+    CREATE TABLE journal (
+        id INTEGER PRIMARY KEY,
+        platform TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        thread_id TEXT NOT NULL DEFAULT '',
+        message_id TEXT NOT NULL,
+        update_id INTEGER,
+        sender_id TEXT NOT NULL,
+        sender_name TEXT NOT NULL,
+        chat_kind TEXT NOT NULL,
+        source TEXT NOT NULL DEFAULT 'chat',
+        text TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'done', 'ignored')),
+        turn_id INTEGER,
+        received_at REAL NOT NULL,
+        done_at REAL,
+        UNIQUE (platform, chat_id, message_id)
+    );
+    CREATE INDEX journal_pending ON journal (status, id);
+    CREATE TABLE turns (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+        status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed', 'interrupted')),
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        trace TEXT
+    );
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+        turn_id INTEGER,
+        platform TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        thread_id TEXT NOT NULL DEFAULT '',
+        text TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'failed')),
+        platform_message_ids TEXT NOT NULL DEFAULT '[]',
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        created_at REAL NOT NULL,
+        sent_at REAL
+    );
+    CREATE INDEX outbox_pending ON outbox (status, id);
+    CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
+    # 2: step checkpoints, so that a turn cut short by a crash can be resumed where it stopped.
+    # Tool results keep their ok flag, daemon notes are marked, outbox rows name the say call
+    # that made them, turns keep their session and resumable state, and a journal entry can
+    # end as failed.
+    """
+    ALTER TABLE messages ADD COLUMN ok INTEGER;
+    ALTER TABLE messages ADD COLUMN note INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX messages_by_turn ON messages (turn_id);
+    ALTER TABLE outbox ADD COLUMN tool_call_id TEXT;
+    CREATE INDEX outbox_by_turn ON outbox (turn_id);
+    ALTER TABLE turns ADD COLUMN session INTEGER;
+    ALTER TABLE turns ADD COLUMN state TEXT;
+    CREATE TABLE journal_v2 (
+        id INTEGER PRIMARY KEY,
+        platform TEXT NOT NULL,
+        chat_id TEXT NOT NULL,
+        thread_id TEXT NOT NULL DEFAULT '',
+        message_id TEXT NOT NULL,
+        update_id INTEGER,
+        sender_id TEXT NOT NULL,
+        sender_name TEXT NOT NULL,
+        chat_kind TEXT NOT NULL,
+        source TEXT NOT NULL DEFAULT 'chat',
+        text TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending'
+            CHECK (status IN ('pending', 'done', 'ignored', 'failed')),
+        turn_id INTEGER,
+        received_at REAL NOT NULL,
+        done_at REAL,
+        UNIQUE (platform, chat_id, message_id)
+    );
+    INSERT INTO journal_v2 SELECT * FROM journal;
+    DROP TABLE journal;
+    ALTER TABLE journal_v2 RENAME TO journal;
+    CREATE INDEX journal_pending ON journal (status, id);
+    CREATE INDEX journal_by_turn ON journal (turn_id);
+    """,
+    # 3: retention. Pruning walks rows by age, oldest first, a batch at a time; these
+    # indexes keep each batch a short range scan (turns: only those that still have a trace).
+    """
+    CREATE INDEX journal_by_age ON journal (received_at);
+    CREATE INDEX outbox_by_age ON outbox (created_at);
+    CREATE INDEX turns_with_trace ON turns (started_at) WHERE trace IS NOT NULL;
+    """,
+    # 4: groups. A message can quote the one it replies to; an unaddressed group
+    # message is kept as background for the next turn there.
+    """
+    ALTER TABLE journal ADD COLUMN quote TEXT NOT NULL DEFAULT '';
+    ALTER TABLE journal ADD COLUMN background INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE journal ADD COLUMN context_limit INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX journal_by_chat ON journal (platform, chat_id, thread_id, id);
+    """,
+    # 5: streaming. A row is ``streaming`` while the model is still writing its
+    # text (no sweep sends it); ``preview_id`` is the platform message showing it meanwhile,
+    # which the final text replaces by an edit.
+    """
+    ALTER TABLE outbox ADD COLUMN streaming INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN preview_id TEXT;
+    """,
+    # 6: media. An inbound message's files (``attachments``: what to fetch) and
+    # what fetching them gave (``media``: transcripts, saved paths, image references), so a
+    # restart never downloads or transcribes twice; a message's images (references to files
+    # under <data_dir>/media, never the bytes); a file or voice message to send.
+    """
+    ALTER TABLE journal ADD COLUMN attachments TEXT;
+    ALTER TABLE journal ADD COLUMN media TEXT;
+    ALTER TABLE messages ADD COLUMN images TEXT;
+    ALTER TABLE outbox ADD COLUMN attachment TEXT;
+    """,
+    # 7: scheduled tasks. One row per task; ``next_due`` is advanced in the same
+    # transaction that journals the run (message id ``task:<id>:<due>``), so a due time fires
+    # exactly once, whatever crashes.
+    """
+    CREATE TABLE tasks (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id),
+        kind TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        tz TEXT NOT NULL,
+        text TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        turn_id INTEGER,
+        next_due REAL,
+        status TEXT NOT NULL DEFAULT 'active',
+        runs INTEGER NOT NULL DEFAULT 0,
+        last_due REAL,
+        ended_at REAL
+    );
+    CREATE INDEX tasks_due ON tasks (status, next_due);
+    CREATE INDEX tasks_by_conversation ON tasks (conversation_id, status);
+    """,
+    # 8: a message the platform's client cut from a long paste (``Inbound.paste_part``, which
+    # its adapter decides): after a restart its turn still waits for the next part.
+    """
+    ALTER TABLE journal ADD COLUMN paste_part INTEGER NOT NULL DEFAULT 0;
+    """,
+)
+
+
+async def migrate(db: aiosqlite.Connection, *, readonly: bool) -> None:
+    """Bring ``db`` up to the newest schema (only check it when ``readonly``).
+
+    Raises:
+        StoreError: the database's schema is newer than this code.
+    """
+    async with db.execute("PRAGMA user_version") as cur:
+        row = await cur.fetchone()
+    version = int(row[0]) if row else 0
+    if version > len(MIGRATIONS):
+        raise StoreError(
+            f"database schema version {version} is newer than this Bumblebot "
+            f"(knows {len(MIGRATIONS)}); upgrade Bumblebot"
+        )
+    if readonly:
+        return
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version={number};\nCOMMIT;")
+
+
+def to_json(value: Any) -> str:
+    """A value as the text of a JSON column (anything JSON cannot hold written as its ``str``)."""
+    return json_text(value, default=str)
