@@ -26,8 +26,8 @@ from pathlib import Path
 
 import openai
 
-from bumblebot.core.config import LLMSettings, VoiceSettings
 from bumblebot.core.errors import MediaError
+from bumblebot.core.settings import LLMSettings, VoiceSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,181 @@
+"""What an endpoint's reply becomes: a :class:`Completion` (its calls as :class:`ToolCall`), or
+one of Bumblebot's model errors.
+
+* Reasoning in the text (``<think>…</think>``, a lone ``</think>``) is stripped by
+  :func:`bumblebot.core.textrules.strip_reasoning`, and reasoning fields
+  (``reasoning_content``) are never read: none of it reaches the user.
+* A tool call the server sent without an id gets one (:func:`new_call_id`); one without a
+  name is dropped.
+* Errors are translated here, once (:func:`translate`): :class:`~bumblebot.core.errors.ModelTimeout`,
+  :class:`~bumblebot.core.errors.ContextTooLong` (with the prompt's size when the endpoint
+  tells it), :class:`~bumblebot.core.errors.ModelUnavailable` for what may pass (unreachable,
+  408/409/429, 5xx; with the ``Retry-After`` delay) and :class:`~bumblebot.core.errors.ModelError`
+  for the rest.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from bumblebot.core.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
+from bumblebot.core.textrules import strip_reasoning
+
+#: The prompt's size in a context-length refusal (vLLM, OpenAI): "(4145 in the messages".
+_PROMPT_COUNT_RE = re.compile(r"\((\d{1,9}) in the messages")
+_CONTEXT_RE = re.compile(
+    r"context.{0,20}(length|window|too long)|maximum context|too many tokens|prompt is too long"
+    r"|exceeds? (the )?(model'?s? )?(max|context)"
+    r"|exceeds? the available context|exceed_context_size|context size"  # llama.cpp server
+    r"|tokens? \+ `?max_new_tokens`? must be <="  # text-generation-inference
+    r"|input (is )?too long|too long for (the )?(model|context)",
+    re.IGNORECASE,
+)
+#: HTTP statuses that mean "not now" rather than "never": timeout, conflict, rate limit.
+TRANSIENT_STATUSES = frozenset({408, 409, 429})
+LENGTH_FINISHES = frozenset({"length", "max_tokens", "max_length"})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call the model asked for. ``arguments`` is the raw JSON text; ``index`` is its
+    position in a streamed completion (what a :data:`~bumblebot.llm.stream.SayListener` was
+    told), else ``None``."""
+
+    id: str
+    name: str
+    arguments: str
+    index: int | None = field(default=None, compare=False)
+
+    def to_api(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One completion, normalised.
+
+    Args:
+        content: visible text with reasoning stripped (``""`` if none).
+        tool_calls: the calls asked for, in order (ids filled in when the server left them out).
+        finish_reason: the server's finish reason (``"stop"``, ``"tool_calls"``, ``"length"``…).
+        prompt_tokens: ``usage.prompt_tokens`` as reported, ``None`` if the server sent none.
+        completion_tokens: ``usage.completion_tokens`` as reported.
+        tool_choice: the tool_choice actually used (``"required"``, ``"auto"`` or ``None``).
+    """
+
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    tool_choice: str | None = None
+    streamed: bool = False
+
+    @property
+    def hit_length(self) -> bool:
+        return self.finish_reason in LENGTH_FINISHES
+
+
+def new_call_id() -> str:
+    """An id for a tool call the server sent without one."""
+    return f"call_{uuid.uuid4().hex[:12]}"
+
+
+def int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def normalise(response: Any, choice: str | None) -> Completion:
+    """A whole (unstreamed) answer as a :class:`Completion`, asked with tool_choice ``choice``.
+
+    Raises:
+        ModelError: the answer holds no choices.
+    """
+    if not getattr(response, "choices", None):
+        raise ModelError("the model endpoint returned no choices")
+    first = response.choices[0]
+    message = first.message
+    calls = []
+    for call in message.tool_calls or ():
+        fn = getattr(call, "function", None)
+        if fn is None or not fn.name:
+            continue
+        calls.append(
+            ToolCall(
+                id=call.id or new_call_id(),
+                name=fn.name,
+                arguments=fn.arguments or "{}",
+            )
+        )
+    usage = getattr(response, "usage", None)
+    return Completion(
+        content=strip_reasoning(message.content or ""),
+        tool_calls=calls,
+        finish_reason=first.finish_reason or "stop",
+        prompt_tokens=getattr(usage, "prompt_tokens", None),
+        completion_tokens=getattr(usage, "completion_tokens", None),
+        tool_choice=choice,
+    )
+
+
+def is_context_error(exc: openai.APIError) -> bool:
+    """Whether an endpoint's error says the prompt is over the model's context window."""
+    return bool(_CONTEXT_RE.search(str(exc.message)))
+
+
+def translate(
+    exc: openai.APIError, *, base_url: str, timeout_s: float, clock: Callable[[], float]
+) -> ModelError:
+    """The model error an ``openai`` error means (the caller chains it with ``from``).
+
+    Args:
+        exc: what the ``openai`` client raised.
+        base_url: the endpoint, named when it cannot be reached.
+        timeout_s: ``llm.timeout_s``, named in a timeout.
+        clock: the wall clock, epoch seconds (an HTTP-date ``Retry-After`` is read against it).
+    """
+    if isinstance(exc, openai.APITimeoutError):
+        return ModelTimeout(f"the model endpoint did not answer within {timeout_s:g} s")
+    if isinstance(exc, openai.APIStatusError):
+        if exc.status_code in (400, 413) and is_context_error(exc):
+            counted = _PROMPT_COUNT_RE.search(str(exc.message))
+            body = exc.body.get("error", exc.body) if isinstance(exc.body, dict) else {}
+            # llama.cpp server: {"error": {"type": "exceed_context_size_error", "n_prompt_tokens": N, ...}}
+            n_prompt = int_or_none(body.get("n_prompt_tokens")) if isinstance(body, dict) else None
+            return ContextTooLong(
+                f"the prompt is too long for the model: {exc.message}", status=exc.status_code,
+                prompt_tokens=int(counted.group(1)) if counted else n_prompt,
+            )
+        if exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500:
+            return ModelUnavailable(
+                f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code,
+                retry_after=retry_after_s(exc.response.headers.get("retry-after"), clock()),
+            )
+        return ModelError(f"model endpoint error {exc.status_code}: {exc.message}", status=exc.status_code)
+    if isinstance(exc, openai.APIConnectionError):
+        return ModelUnavailable(f"cannot reach the model endpoint at {base_url}: {exc.message}")
+    return ModelError(f"model endpoint error: {exc}")
+
+
+def retry_after_s(value: str | None, now: float) -> float | None:
+    """A ``Retry-After`` header (RFC 9110 §10.2.3: delay-seconds or an HTTP-date) as seconds
+    from ``now`` (epoch seconds); ``None`` when absent or unreadable, never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)

@@ -1,0 +1,255 @@
+"""Tool forcing: ``tool_choice="required"``, the fallback to ``"auto"``, and its re-try.
+
+``tool_choice="required"`` is rejected by some local servers (HTTP 400/422/500). Such a request
+is retried at once with ``"auto"`` (:class:`~bumblebot.llm.client.LLM`; which refusals qualify:
+:func:`may_refuse_forcing`). When the refusal clearly concerns forcing (its message names tools
+or tool_choice), or an unexplained one repeats on consecutive requests, the endpoint (by base
+URL) is switched to ``"auto"``; the fallback, with its reason and time (:class:`ForcingFallback`),
+is remembered in the store's ``kv`` table so it survives restarts. It is not for good: after
+:data:`FORCING_RETRY_REQUESTS` tool requests or :data:`FORCING_RETRY_S` under the fallback,
+whichever comes first, one tool request tries ``"required"`` again. Accepted: forcing is back and
+the memory is cleared. Refused: that request is answered with ``"auto"`` as before and the timer
+starts again (:class:`ToolForcing`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bumblebot.llm.capabilities import CapabilityMemory, duration, refusal, tool_choice_key, utc
+from bumblebot.llm.completion import is_context_error
+from bumblebot.llm.images import has_images, names_images
+
+if TYPE_CHECKING:
+    import openai
+
+log = logging.getLogger(__name__)
+
+#: A refusal that names forcing itself: counts at once, whatever the status.
+_CHOICE_RE = re.compile(r"tool.?choice", re.IGNORECASE)
+#: A client error (400/422) that names tools: counts at once. A 500 naming tools does not
+#: ("Failed to parse tool call arguments" is the model's output, not the endpoint's rule).
+_TOOLS_RE = re.compile(r"tool|function.?call", re.IGNORECASE)
+#: Consecutive unexplained refusals of ``tool_choice="required"`` before ``"auto"`` is remembered.
+FORCING_STRIKES = 3
+#: Tool requests answered under the ``"auto"`` fallback before ``"required"`` is tried again.
+#: A refusing endpoint answers a retry with a fast 400, so this costs at most one extra
+#: request in 50 (2 %); at a few steps per turn it is a retry every 15 to 25 turns.
+FORCING_RETRY_REQUESTS = 50
+#: Seconds under the fallback before ``"required"`` is tried again, whichever comes first: a
+#: quiet bot whose endpoint had one bad evening gets forcing back the same day.
+FORCING_RETRY_S = 6 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ForcingFallback:
+    """Why and since when an endpoint gets ``tool_choice="auto"`` instead of ``"required"``.
+
+    Stored in ``kv`` ``llm.tool_choice:<base_url>`` as JSON:
+    ``{"mode": "auto", "reason": str, "since": float, "checked_at": float, "retries": int}``.
+    The plain ``auto`` written by older versions reads as a fallback of unknown reason and
+    time, which is tried again at the next tool request.
+
+    Args:
+        reason: the refusal that caused it (the latest one, after a failed retry).
+        since: when forcing was first turned off, epoch seconds (``None``: unknown).
+        checked_at: when the retry timer started (the fallback, or the last refused retry),
+            epoch seconds (``None``: unknown, a retry is due).
+        retries: retries of ``"required"`` refused since.
+    """
+
+    reason: str
+    since: float | None = None
+    checked_at: float | None = None
+    retries: int = 0
+
+    @classmethod
+    def parse(cls, raw: str | None) -> ForcingFallback | None:
+        """The fallback a ``kv`` value records, ``None`` when forcing is on (no value)."""
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = raw.strip()
+        if not isinstance(data, dict):  # "auto" from a version before the re-try
+            if data != "auto":
+                return None
+            return cls("remembered by an older version; reason not recorded")
+        if data.get("mode") != "auto":
+            return None
+        since, checked, retries = data.get("since"), data.get("checked_at"), data.get("retries")
+        return cls(
+            reason=str(data.get("reason") or "reason not recorded"),
+            since=float(since) if isinstance(since, int | float) else None,
+            checked_at=float(checked) if isinstance(checked, int | float) else None,
+            retries=retries if isinstance(retries, int) else 0,
+        )
+
+    def dump(self) -> str:
+        return json.dumps(
+            {"mode": "auto", "reason": self.reason, "since": self.since, "checked_at": self.checked_at,
+             "retries": self.retries},
+            ensure_ascii=False,
+        )
+
+    def describe(self, now: float, retry_requests: int = FORCING_RETRY_REQUESTS, retry_s: float = FORCING_RETRY_S) -> str:
+        """One line for ``bumblebot check``: ``auto since <time>: <reason>; re-tried every …``."""
+        since = f" since {utc(self.since)}" if self.since is not None else ""
+        retried = f" (re-tried {self.retries} time(s) since, refused)" if self.retries else ""
+        every = f"re-tried every {retry_requests} tool requests or {duration(retry_s)}, whichever comes first"
+        if self.checked_at is None:
+            when = "next at the first tool request"
+        else:
+            left = self.checked_at + retry_s - now
+            when = f"next within {duration(left)}" if left > 0 else "next at the first tool request"
+        return f"auto{since}: {self.reason}{retried}; {every} ({when})"
+
+
+def may_refuse_forcing(exc: openai.APIStatusError, messages: list[dict[str, Any]]) -> bool:
+    """Whether a refusal of a request sent with ``tool_choice="required"`` may be about forcing,
+    so that the request is tried again with ``"auto"``: a 400, 422 or 500 that is not about
+    the request's images (the image step tells those apart) nor about the context window."""
+    if exc.status_code not in (400, 422, 500):
+        return False
+    if has_images(messages) and names_images(str(exc.message)):
+        return False
+    return not is_context_error(exc)
+
+
+class ToolForcing:
+    """What one endpoint has shown of tool forcing: the remembered fallback, the refusals in a
+    row that have not turned it on yet, and the re-try of ``"required"`` under way.
+
+    Args:
+        memory: where the fallback is remembered (:func:`tool_choice_key`).
+        base_url: the endpoint.
+        clock: the wall clock, epoch seconds.
+        retry_requests: tool requests under the fallback before ``"required"`` is tried again.
+        retry_s: seconds under the fallback before it is tried again (whichever of the two
+            comes first).
+    """
+
+    def __init__(
+        self, memory: CapabilityMemory, base_url: str, clock: Callable[[], float], *, retry_requests: int,
+        retry_s: float,
+    ) -> None:
+        self.memory = memory
+        self.base_url = base_url
+        self.retry_requests = retry_requests
+        self.retry_s = retry_s
+        self._clock = clock
+        self._strikes = 0
+        self._auto_requests = 0  # tool requests under the fallback since its timer started
+        self._probing = False  # one request at a time tries "required" again
+
+    def _key(self) -> str:
+        return tool_choice_key(self.base_url)
+
+    async def fallback(self) -> ForcingFallback | None:
+        """The remembered ``"auto"`` fallback of this endpoint, ``None`` while forcing is on."""
+        return ForcingFallback.parse(await self.memory.get(self._key()))
+
+    async def choose(self) -> tuple[str, bool]:
+        """The tool_choice of the next tool request when ``llm.tool_choice`` is ``"required"``,
+        and whether it re-tries ``"required"``.
+
+        Under a remembered fallback ``"auto"`` is used, except for one request at a time once
+        :attr:`retry_requests` requests or :attr:`retry_s` seconds have passed since the
+        fallback (or its last refused retry). A re-try ends with :meth:`probe_done`.
+        """
+        fallback = await self.fallback()
+        if fallback is None:
+            return "required", False
+        if not self._probing and self._retry_due(fallback):
+            self._probing = True
+            log.info(
+                "endpoint %s: trying tool_choice=required again (it has used 'auto' since %s)",
+                self.base_url, "an older version" if fallback.since is None else utc(fallback.since),
+            )
+            return "required", True
+        self._auto_requests += 1
+        return "auto", False
+
+    def _retry_due(self, fallback: ForcingFallback) -> bool:
+        if fallback.checked_at is None:
+            return True
+        return (
+            self._auto_requests >= self.retry_requests
+            or self._clock() - fallback.checked_at >= self.retry_s
+        )
+
+    def probe_done(self) -> None:
+        """The re-try of ``"required"`` is over, answered or not: the next one may start."""
+        self._probing = False
+
+    async def accepted(self, *, probing: bool) -> None:
+        """A request with ``"required"`` was answered (``probing``: it was a re-try)."""
+        self._strikes = 0
+        if probing:
+            await self._recovered()
+
+    async def refused(self, exc: openai.APIStatusError, *, probing: bool) -> None:
+        """A request with ``"required"`` was refused with ``exc``, and the same request with
+        ``"auto"`` answered (``probing``: it was a re-try)."""
+        if probing:
+            await self._still_refused(exc)
+        else:
+            await self._note_refused(exc)
+
+    async def _note_refused(self, exc: openai.APIStatusError) -> None:
+        """Fall back to ``"auto"`` for this endpoint once the refusal is clearly about forcing.
+
+        An error that names ``tool_choice``, or a 400/422 that names tools, counts at once; any
+        other refusal that ``"auto"`` then survives counts only when it happens on
+        :data:`FORCING_STRIKES` consecutive tool requests (a flaky upstream that fails one
+        request in three does not switch forcing off). Either way the fallback is re-tried later
+        (:meth:`choose`), so no error turns tool forcing off for good.
+        """
+        message = str(exc.message)
+        about_tools = bool(_CHOICE_RE.search(message)) or (
+            exc.status_code in (400, 422) and bool(_TOOLS_RE.search(message))
+        )
+        self._strikes += 1
+        if not (about_tools or self._strikes >= FORCING_STRIKES):
+            return
+        why = refusal(exc)
+        reason = why if about_tools else f"{self._strikes} unexplained refusals in a row (last: {why})"
+        now = self._clock()
+        await self.memory.set(self._key(), ForcingFallback(reason, now, now).dump())
+        self._auto_requests = 0
+        log.warning(
+            "endpoint %s does not support tool_choice=required (%s); using 'auto', trying 'required' again "
+            "after %d tool requests or %s",
+            self.base_url, reason, self.retry_requests, duration(self.retry_s),
+        )
+
+    async def _still_refused(self, exc: openai.APIStatusError) -> None:
+        """A re-try of ``"required"`` was refused: the fallback stays and its timer restarts."""
+        old = await self.fallback()
+        now = self._clock()
+        fallback = ForcingFallback(
+            refusal(exc), old.since if old else now, now, (old.retries if old else 0) + 1
+        )
+        await self.memory.set(self._key(), fallback.dump())
+        self._auto_requests = 0
+        log.info(
+            "endpoint %s still refuses tool_choice=required (%s); 'auto' stays, next try after %d tool "
+            "requests or %s", self.base_url, fallback.reason, self.retry_requests,
+            duration(self.retry_s),
+        )
+
+    async def _recovered(self) -> None:
+        """A re-try of ``"required"`` was accepted: forcing is back, the memory is cleared."""
+        old = await self.fallback()
+        await self.memory.clear(self._key())
+        self._auto_requests = 0
+        log.warning(
+            "endpoint %s accepts tool_choice=required again; tool forcing is back (it used 'auto' since %s)",
+            self.base_url, "an older version" if old is None or old.since is None else utc(old.since),
+        )
