@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .agency import AGENCY_TOOLS
+from .definition import Tool, make_tool, tool
 from .files import FILE_TOOLS
 from .knowledge import KNOWLEDGE_TOOLS
-from .registry import DEFAULT_MAX_RESULT_CHARS, Registry, Tool, cap_text, make_tool, tool
+from .registry import DEFAULT_MAX_RESULT_CHARS, Registry, cap_text
 from .sending import SENDING_TOOLS
-from .tasks import task_tools
 from .shell import COMMANDS_DIR, reap_orphaned_commands, shell_tools
+from .tasks import task_tools
 from .web import web_tools
 
 if TYPE_CHECKING:

@@ -17,11 +17,12 @@ from pydantic import Field
 from bumblebot.core.events import blank
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult, TurnControl
 
-from .registry import Tool, tool
+from .definition import Tool, tool
 
 __all__ = ["AGENCY_TOOLS", "MAX_WAIT_S", "end_turn", "say", "think", "wait"]
 
-#: Upper bound of ``wait``, in seconds (the reference clamps the same way, §4).
+#: Upper bound of ``wait``, in seconds: a longer pause would hold the turn, and every
+#: message waiting behind it in the conversation, for nothing.
 MAX_WAIT_S = 15.0
 
 _NO_TURN = "no turn is running"

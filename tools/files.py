@@ -1,6 +1,6 @@
 """File tools confined to the workspace: read, write, append, list, search.
 
-Confinement rule (field-bugs 30; reference-study §4, "File confinement"): every path the
+Confinement rule: every path the
 model gives is joined to the workspace and resolved with :meth:`pathlib.Path.resolve`,
 which follows symlinks (also dangling ones, to the path they name). The result must be
 the workspace itself or inside it, otherwise the call is refused with
@@ -14,7 +14,7 @@ go to a temporary file that replaces the target, so a symlink swapped in after t
 is not written through. ``list_directory`` and ``search_files`` never descend into
 symlinked directories and skip symlinked files that resolve outside the workspace.
 
-PDFs: ``read_file`` on a file whose first bytes are a PDF's (:func:`bumblebot.media.documents.is_pdf`,
+PDFs: ``read_file`` on a file whose first bytes are a PDF's (:func:`bumblebot.media.kinds.is_pdf`,
 whatever its name) returns the text pypdf extracts (:func:`bumblebot.media.documents.pdf_text`, at
 most :data:`PDF_MAX_PAGES` pages and :data:`PDF_MAX_CHARS` characters), after a first line
 saying so, and pages through it with the same ``offset_line``/``max_lines``/64 KiB rules as a
@@ -44,10 +44,12 @@ from typing import BinaryIO
 import regex
 from pydantic import BaseModel, Field
 
-from bumblebot.media.documents import INBOX, DocumentError, chat_folder, is_pdf, pdf_text_bounded
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.media.documents import DocumentError, pdf_text_bounded
+from bumblebot.media.kinds import is_pdf
+from bumblebot.media.names import INBOX, chat_folder
 
-from .registry import Tool, tool
+from .definition import Tool, tool
 
 __all__ = [
     "FILE_TOOLS",

@@ -18,7 +18,7 @@ from pydantic import Field
 from bumblebot.cognition.knowledge import KnowledgeFile, Memory, Section, normalize_title, relevant
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
-from .registry import Tool, tool
+from .definition import Tool, tool
 
 MAX_RECALL_SECTIONS = 5
 

@@ -1,4 +1,4 @@
-"""MCP servers' tools as registry tools (issue 15).
+"""MCP servers' tools as registry tools.
 
 :class:`MCPTools` is a :class:`tools.registry.ToolSource` over a
 :class:`tools.mcp_client.MCPManager`: every tool of a connected server becomes a **work**
@@ -46,10 +46,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tools.mcp_client import MCPManager, MCPTimeout, MCPUnavailable, RemoteTool
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
+from tools.mcp_client import MCPManager
+from tools.mcp_records import MCPTimeout, MCPUnavailable, RemoteTool
 
-from .registry import Tool, first_sentence
+from .definition import Tool
+from .schemas import first_sentence
 
 __all__ = [
     "EVERYWHERE",
@@ -372,7 +374,7 @@ class MCPTools:
         """``/status``'s line: each server's state and how many of its tools ``conversation``
         may use, e.g. ``"MCP: notes connected (3 tools here), home retrying in 40 s (connection
         refused), team connected (not offered in this chat)"``; ``""`` without servers."""
-        from tools.mcp_client import ServerState
+        from tools.mcp_records import ServerState
 
         parts = []
         for status in self._manager.status():

@@ -1,21 +1,23 @@
-"""MCP tool servers (issue 15): connect, stay connected, list and call their tools.
+"""MCP tool servers: connect, stay connected, list and call their tools.
 
 This is the only module that imports the ``mcp`` SDK. ``tools/mcp.py`` turns what it lists
-into registry tools; the engine never sees MCP at all.
+into registry tools; the engine never sees MCP at all. What it gives out (states, statuses,
+remote tools, call results, call errors) are plain values of ``tools/mcp_records.py``.
 
 One :class:`MCPManager` runs every configured server (``mcp.servers.<name>``), each in its
-own supervisor task (``bumblebot:mcp:<name>``):
+own supervisor task (``bumblebot:mcp:<name>``) that owns the server's live state
+(:class:`tools.mcp_state.LiveServer`):
 
 * **stdio** servers (``command: [argv...]``, ``env``, ``cwd``) are started as a child process
   in a session of its own. Only ``HOME``, ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM`` and
   ``USER`` are inherited (the SDK's rule), plus ``env``: the daemon's own secrets never reach
-  a server unless the config passes them. Their stderr is read line by line (logged at DEBUG);
-  its last lines say why a server that died did.
+  a server unless the config passes them. Their stderr is read line by line (logged at DEBUG,
+  ``tools/mcp_streams.py``); its last lines say why a server that died did.
 * **streamable HTTP** servers (``url``, ``headers``).
 
 ``${VAR}`` in an ``env`` or ``headers`` value is replaced by the environment variable ``VAR``
 (a server whose variable is unset is not started: state ``failed``). Every such value is a
-secret: :func:`secret_values` lists them for log and trace redaction.
+secret: ``bumblebot.core.mcp_settings.secret_values`` lists them for log and trace redaction.
 
 Lifecycle. :meth:`MCPManager.start` starts the supervisors and returns at once;
 :meth:`MCPManager.wait_settled` waits, at most a bound, until every server has connected or
@@ -42,36 +44,32 @@ are rendered as text: text blocks as they are, short notes for images, audio and
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import functools
 import json
 import logging
 import os
-import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Mapping
 from typing import Any, Self
 
 from pydantic import ValidationError
 
 from bumblebot import __version__
-from bumblebot.core.errors import BumblebotError
-from bumblebot.core.logs import redact
-from bumblebot.core.mcp_settings import ENV_REF, MCPServerSettings, MCPSettings, secrets_of
+from bumblebot.core.mcp_settings import MCPSettings, secrets_of
 
-__all__ = [
-    "CallResult",
-    "MCPCallError",
-    "MCPManager",
-    "MCPTimeout",
-    "MCPUnavailable",
-    "RemoteTool",
-    "ServerState",
-    "ServerStatus",
-    "probe_servers",
-]
+from .mcp_records import (
+    CallResult,
+    MCPTimeout,
+    MCPUnavailable,
+    RemoteTool,
+    ServerState,
+    ServerStatus,
+)
+from .mcp_state import ConfigProblem, ConnectionLost, LiveServer, clip, leaf, resolve
+from .mcp_streams import Watched, stderr_pipe
+
+__all__ = ["MCPManager", "probe_servers"]
 
 log = logging.getLogger("bumblebot.mcp")
 
@@ -83,139 +81,6 @@ STABLE_AFTER_S = 30.0
 STOP_TIMEOUT_S = 10.0
 #: Most pages of a tools/list read (a paginator that never ends cannot hang the connection).
 MAX_LIST_PAGES = 20
-#: Server stderr lines kept to explain a failure, and characters of them quoted.
-STDERR_LINES = 20
-STDERR_QUOTE_CHARS = 300
-
-
-
-# -- what the manager gives out -------------------------------------------------------------
-
-
-class ServerState(StrEnum):
-    """Where a server is in its life."""
-
-    DISABLED = "disabled"  #: ``enabled: false``
-    STARTING = "starting"  #: the first connection is under way
-    CONNECTED = "connected"
-    RETRYING = "retrying"  #: down; another try is scheduled
-    FAILED = "failed"  #: a configuration problem (an unset ${VAR}); not tried again
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteTool:
-    """One tool of a connected server, as it listed it (after the ``tools`` allowlist).
-
-    Args:
-        server: the server's name in the config.
-        name: the tool's name on the server.
-        description: its description (``title`` when it has none), untrimmed.
-        input_schema: its JSON schema of arguments, untrimmed.
-    """
-
-    server: str
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ServerStatus:
-    """A server's state for ``/status`` and ``bumblebot check``.
-
-    Args:
-        name: the server's name in the config.
-        transport: ``"stdio"`` or ``"http"``.
-        target: what it runs or reaches: the program, or the URL without its query.
-        state: see :class:`ServerState`.
-        tools: the tools offered (server names, after the allowlist).
-        hidden: tools the server has that the allowlist leaves out.
-        missing: allowlisted names the server does not have.
-        error: why it is down or failed (redacted), else ``None``.
-        attempts: failed tries since it was last connected for a while.
-        retry_in_s: seconds to the next try, when retrying.
-    """
-
-    name: str
-    transport: str
-    target: str
-    state: ServerState
-    tools: tuple[str, ...] = ()
-    hidden: tuple[str, ...] = ()
-    missing: tuple[str, ...] = ()
-    error: str | None = None
-    attempts: int = 0
-    retry_in_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CallResult:
-    """A tool call's result as text: ``is_error`` when the server said the call failed."""
-
-    text: str
-    is_error: bool = False
-
-
-class MCPCallError(BumblebotError):
-    """A call to an MCP tool could not be made or answered.
-
-    Args:
-        server: the server's name.
-        tool: the tool's name on the server.
-        reason: what went wrong, for the model and the log.
-    """
-
-    def __init__(self, server: str, tool: str, reason: str) -> None:
-        self.server, self.tool, self.reason = server, tool, reason
-        super().__init__(f"MCP server {server!r}, tool {tool!r}: {reason}")
-
-
-class MCPUnavailable(MCPCallError):
-    """The server is not connected (down, starting, retrying, disabled or unknown)."""
-
-
-class MCPTimeout(MCPCallError):
-    """The server did not answer within ``seconds``."""
-
-    def __init__(self, server: str, tool: str, seconds: float) -> None:
-        self.seconds = seconds
-        super().__init__(server, tool, f"no answer within {seconds:g} s")
-
-
-# -- the manager ------------------------------------------------------------------------------
-
-
-class _ConfigProblem(Exception):
-    """A server cannot be started as configured (not retried)."""
-
-
-class _Lost(Exception):
-    """A connected server went away (the reason is the message)."""
-
-
-@dataclass(slots=True)
-class _Server:
-    """One server's live state (owned by its supervisor task)."""
-
-    name: str
-    cfg: MCPServerSettings
-    state: ServerState = ServerState.STARTING
-    client: Any = None  # mcp.Client while connected
-    tools: tuple[RemoteTool, ...] = ()
-    hidden: tuple[str, ...] = ()
-    missing: tuple[str, ...] = ()
-    error: str | None = None
-    attempts: int = 0
-    retry_at: float | None = None
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    refresh: bool = False
-    lost: str | None = None
-    task: asyncio.Task[None] | None = None
-    scope: Any = None  # the anyio CancelScope of the current connection (stop cancels it)
-    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=STDERR_LINES))
-    secrets: list[str] = field(default_factory=list)
 
 
 class MCPManager:
@@ -244,7 +109,7 @@ class MCPManager:
         self._environ = dict(os.environ if environ is None else environ)
         self._retry_initial_s = retry_initial_s
         self._health_interval_s = health_interval_s
-        self._servers = {name: _Server(name, cfg) for name, cfg in settings.servers.items()}
+        self._servers = {name: LiveServer(name, cfg) for name, cfg in settings.servers.items()}
         for server in self._servers.values():
             server.secrets = sorted(secrets_of(server.cfg, self._environ), key=len, reverse=True)
             if not server.cfg.enabled:
@@ -334,21 +199,7 @@ class MCPManager:
     def status(self) -> list[ServerStatus]:
         """Every configured server's state, in config order."""
         now = time.monotonic()
-        return [
-            ServerStatus(
-                name=s.name,
-                transport=s.cfg.transport,
-                target=_target(s.cfg),
-                state=s.state,
-                tools=tuple(t.name for t in s.tools) if s.state is ServerState.CONNECTED else (),
-                hidden=s.hidden,
-                missing=s.missing,
-                error=s.error,
-                attempts=s.attempts,
-                retry_in_s=max(0.0, s.retry_at - now) if s.state is ServerState.RETRYING and s.retry_at else None,
-            )
-            for s in self._servers.values()
-        ]
+        return [s.status(now) for s in self._servers.values()]
 
     def summary(self) -> str:
         """One line for ``/status``: each server and its state, e.g. ``"MCP: notes connected
@@ -364,9 +215,9 @@ class MCPManager:
             return f"{status.name} connected ({count} tool{'s' if count != 1 else ''})"
         if status.state is ServerState.RETRYING:
             wait = f" in {status.retry_in_s:.0f} s" if status.retry_in_s is not None else ""
-            return f"{status.name} retrying{wait} ({_clip(status.error or 'down', 80)})"
+            return f"{status.name} retrying{wait} ({clip(status.error or 'down', 80)})"
         if status.state is ServerState.FAILED:
-            return f"{status.name} failed ({_clip(status.error or '', 80)})"
+            return f"{status.name} failed ({clip(status.error or '', 80)})"
         return f"{status.name} {status.state.value}"
 
     def server_of(self, name: str) -> ServerStatus | None:
@@ -396,7 +247,7 @@ class MCPManager:
             raise MCPUnavailable(server, tool, "no such MCP server")
         client = live.client
         if live.state is not ServerState.CONNECTED or client is None:
-            raise MCPUnavailable(server, tool, self._down_reason(live))
+            raise MCPUnavailable(server, tool, live.down_reason())
         timeout = live.cfg.timeout_s
         try:
             # the SDK's own timeout cancels the request on the server; ours is the backstop
@@ -409,20 +260,20 @@ class MCPManager:
             if exc.code == REQUEST_TIMEOUT:
                 raise MCPTimeout(server, tool, timeout) from exc
             if exc.code == CONNECTION_CLOSED:
-                self._mark_lost(live, "the connection closed during a call")
+                live.mark_lost("the connection closed during a call")
                 raise MCPUnavailable(server, tool, "the server went away during the call") from exc
-            return CallResult(self._redact(live, f"{exc.error.message} (MCP error {exc.code})"), is_error=True)
+            return CallResult(live.redact(f"{exc.error.message} (MCP error {exc.code})"), is_error=True)
         except ValidationError as exc:  # the server answered, but not with a valid result
             return CallResult(f"the server's answer was not a valid MCP result ({exc.error_count()} problem(s))", is_error=True)
         except Exception as exc:  # transport failures: the server is unreachable now
-            why = self._redact(live, _why(exc))
-            self._mark_lost(live, why)
+            why = live.redact(_why(exc))
+            live.mark_lost(why)
             raise MCPUnavailable(server, tool, why) from exc
         return _render(result)
 
     # -- supervision ------------------------------------------------------------------------
 
-    async def _supervise(self, server: _Server) -> None:
+    async def _supervise(self, server: LiveServer) -> None:
         """Connect, serve, and reconnect with backoff until the manager stops."""
         import anyio
 
@@ -438,8 +289,8 @@ class MCPManager:
                 if self._stopping:
                     break
                 why = "the connection ended"
-            except _ConfigProblem as exc:
-                server.state, server.error = ServerState.FAILED, self._redact(server, str(exc))
+            except ConfigProblem as exc:
+                server.state, server.error = ServerState.FAILED, server.redact(str(exc))
                 server.settled.set()
                 log.error("MCP server %s cannot start: %s (fix mcp.servers.%s)", server.name, server.error, server.name)
                 self._bump()
@@ -449,7 +300,7 @@ class MCPManager:
             except Exception as exc:  # noqa: BLE001 - every failure is logged and retried
                 if self._stopping:
                     break
-                why = self._explain(server, exc)
+                why = server.explain(exc, _why(exc))
             was_connected = server.state is ServerState.CONNECTED
             if time.monotonic() - started >= STABLE_AFTER_S:
                 delay, server.attempts = self._retry_initial_s, 0
@@ -468,7 +319,7 @@ class MCPManager:
             delay = min(delay * 2, self.settings.retry_max_s)
         server.client = None
 
-    async def _session(self, server: _Server) -> None:
+    async def _session(self, server: LiveServer) -> None:
         """One connection: handshake, list tools, then serve until lost, stopped or unhealthy."""
         from mcp import Client
         from mcp_types import Implementation, ToolListChangedNotification
@@ -483,7 +334,7 @@ class MCPManager:
                 server.refresh = True
                 server.wakeup.set()
             elif isinstance(message, Exception):
-                log.debug("MCP server %s: transport error: %s", server.name, self._redact(server, _why(message)))
+                log.debug("MCP server %s: transport error: %s", server.name, server.redact(_why(message)))
 
         async with contextlib.AsyncExitStack() as stack:
             transport = await self._transport(server, stack)
@@ -515,7 +366,7 @@ class MCPManager:
                 stack.push_async_callback(_cancel, listener)
             await self._serve(server, client)
 
-    async def _serve(self, server: _Server, client: Any) -> None:
+    async def _serve(self, server: LiveServer, client: Any) -> None:
         while not self._stopping:
             try:
                 await asyncio.wait_for(server.wakeup.wait(), self._health_interval_s)
@@ -526,12 +377,12 @@ class MCPManager:
             if self._stopping:
                 return
             if server.lost is not None:
-                raise _Lost(server.lost)
+                raise ConnectionLost(server.lost)
             if server.refresh:
                 server.refresh = False
                 await self._refresh(server, client)
 
-    async def _refresh(self, server: _Server, client: Any) -> None:
+    async def _refresh(self, server: LiveServer, client: Any) -> None:
         """List the tools again; log and announce (a new generation) what changed."""
         before = server.tools
         await self._list_tools(server, client)
@@ -545,7 +396,7 @@ class MCPManager:
         )
         self._bump()
 
-    async def _listen(self, server: _Server, client: Any) -> None:
+    async def _listen(self, server: LiveServer, client: Any) -> None:
         """2026-era change events (``subscriptions/listen``) mark the tool list for a refresh."""
         try:
             async with client.listen(tools_list_changed=True) as subscription:
@@ -557,9 +408,9 @@ class MCPManager:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the liveness check notices a dead server
-            log.debug("MCP server %s: change subscription ended: %s", server.name, self._redact(server, _why(exc)))
+            log.debug("MCP server %s: change subscription ended: %s", server.name, server.redact(_why(exc)))
 
-    async def _list_tools(self, server: _Server, client: Any) -> None:
+    async def _list_tools(self, server: LiveServer, client: Any) -> None:
         """Read the whole tool list (every page) and apply the ``tools`` allowlist."""
         listed: list[Any] = []
         cursor: str | None = None
@@ -572,86 +423,29 @@ class MCPManager:
             cursor = page.next_cursor
             if not cursor:
                 break
-        wanted = set(server.cfg.tools)
-        names = [t.name for t in listed]
-        kept = [t for t in listed if not wanted or t.name in wanted]
-        server.tools = tuple(
-            RemoteTool(
-                server=server.name,
-                name=t.name,
-                description=(t.description or t.title or "").strip(),
-                input_schema=dict(t.input_schema or {}),
-            )
-            for t in kept
-        )
-        server.hidden = tuple(n for n in names if wanted and n not in wanted)
-        missing = tuple(sorted(wanted - set(names)))
-        if missing and missing != server.missing:
-            log.warning(
-                "MCP server %s has no tool named %s (mcp.servers.%s.tools); it has: %s",
-                server.name, ", ".join(missing), server.name, ", ".join(names) or "none",
-            )
-        server.missing = missing
+        server.keep_tools(listed)
 
-    async def _transport(self, server: _Server, stack: contextlib.AsyncExitStack) -> Any:
+    async def _transport(self, server: LiveServer, stack: contextlib.AsyncExitStack) -> Any:
         """The SDK transport of ``server``, entered resources on ``stack``; raises
-        :class:`_ConfigProblem` for an unset ``${VAR}``."""
+        :class:`ConfigProblem` for an unset ``${VAR}``."""
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
         cfg = server.cfg
+        on_end = functools.partial(server.mark_lost, "the server closed the connection")
         if cfg.command is not None:
-            env = {key: self._resolve(value, f"env {key}") for key, value in cfg.env.items()}
+            env = {key: resolve(value, f"env {key}", self._environ) for key, value in cfg.env.items()}
             params = StdioServerParameters(
                 command=cfg.command[0], args=list(cfg.command[1:]), env=env, cwd=cfg.cwd,
             )
-            errlog = await self._stderr_pipe(server, stack)
-            return _Watched(stdio_client(params, errlog=errlog), server, after_enter=errlog.close)
-        headers = {key: self._resolve(value, f"header {key}") for key, value in cfg.headers.items()}
+            errlog = await stderr_pipe(server, stack)
+            return Watched(stdio_client(params, errlog=errlog), on_end, after_enter=errlog.close)
+        headers = {key: resolve(value, f"header {key}", self._environ) for key, value in cfg.headers.items()}
         http = await stack.enter_async_context(create_mcp_http_client(headers=headers))
-        return _Watched(streamable_http_client(cfg.url or "", http_client=http), server)
+        return Watched(streamable_http_client(cfg.url or "", http_client=http), on_end)
 
-    async def _stderr_pipe(self, server: _Server, stack: contextlib.AsyncExitStack) -> Any:
-        """A pipe for the server's stderr: the write end (a text file) for the child, the read
-        end read line by line into ``server.stderr`` (and the DEBUG log) until EOF."""
-        read_fd, write_fd = os.pipe()
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=1 << 20)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
-        )
-        errlog = os.fdopen(write_fd, "w", encoding="utf-8", errors="replace")
-
-        async def pump() -> None:
-            try:
-                while line := await reader.readline():
-                    text = line.decode("utf-8", "replace").rstrip()
-                    if text:
-                        server.stderr.append(text)
-                        log.debug("MCP server %s stderr: %s", server.name, self._redact(server, text))
-            except (OSError, ValueError):  # the pipe went away under us; nothing more to read
-                pass
-            finally:
-                transport.close()
-
-        task = asyncio.create_task(pump(), name=f"bumblebot:mcp:{server.name}:stderr")
-
-        async def finish() -> None:
-            if not errlog.closed:
-                errlog.close()
-            try:  # the child is gone: EOF comes at once unless a grandchild holds the pipe
-                await asyncio.wait_for(asyncio.shield(task), 1.0)
-            except TimeoutError:
-                task.cancel()
-            except asyncio.CancelledError:
-                task.cancel()
-                raise
-
-        stack.push_async_callback(finish)
-        return errlog
-
-    async def _sleep(self, server: _Server, seconds: float) -> bool:
+    async def _sleep(self, server: LiveServer, seconds: float) -> bool:
         """Wait ``seconds`` or until stopped; ``True`` when stopped."""
         server.wakeup.clear()
         with contextlib.suppress(TimeoutError):
@@ -660,108 +454,8 @@ class MCPManager:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _resolve(self, value: str, what: str) -> str:
-        def one(match: re.Match[str]) -> str:
-            name = match.group(1)
-            if name not in self._environ:
-                raise _ConfigProblem(f"{what} needs ${{{name}}}, which is not set in the environment")
-            return self._environ[name]
-
-        return ENV_REF.sub(one, value)
-
-    def _mark_lost(self, server: _Server, why: str) -> None:
-        if server.state is ServerState.CONNECTED and server.lost is None:
-            server.lost = why
-            server.wakeup.set()
-
-    def _explain(self, server: _Server, exc: BaseException) -> str:
-        why = _why(exc)
-        if server.cfg.command is not None and isinstance(_leaf(exc), OSError) and not isinstance(_leaf(exc), ConnectionError):
-            why = f"cannot run {server.cfg.command[0]!r}: {why}"
-        tail = " | ".join(server.stderr)
-        if tail:
-            why += f"; its stderr: {_clip(tail, STDERR_QUOTE_CHARS, keep_end=True)}"
-        return self._redact(server, why)
-
-    def _down_reason(self, server: _Server) -> str:
-        if server.state is ServerState.RETRYING:
-            wait = max(0.0, (server.retry_at or 0) - time.monotonic())
-            return f"the server is down ({_clip(server.error or '', 120)}); next try in {wait:.0f} s"
-        return {
-            ServerState.STARTING: "the server is still starting",
-            ServerState.DISABLED: "the server is disabled in the config",
-            ServerState.FAILED: f"the server cannot start: {server.error}",
-            ServerState.STOPPED: "the daemon is stopping",
-        }.get(server.state, "the server is not connected")
-
-    def _redact(self, server: _Server, text: str) -> str:
-        return redact(text, server.secrets)
-
     def _bump(self) -> None:
         self._generation += 1
-
-
-class _Watched:
-    """A transport whose end (EOF on the read stream) marks the server lost at once, instead
-    of at the next call or liveness check."""
-
-    def __init__(self, inner: Any, server: _Server, after_enter: Callable[[], None] | None = None) -> None:
-        self._inner, self._server, self._after_enter = inner, server, after_enter
-
-    async def __aenter__(self) -> Any:
-        try:
-            read, write = await self._inner.__aenter__()
-        finally:
-            if self._after_enter is not None:
-                self._after_enter()  # the child holds its own copy of the stderr pipe now
-        return _WatchedRead(read, self._server), write
-
-    async def __aexit__(self, *exc: object) -> Any:
-        return await self._inner.__aexit__(*exc)
-
-
-class _WatchedRead:
-    """Delegates to the SDK's read stream; its end sets ``server.lost``."""
-
-    def __init__(self, inner: Any, server: _Server) -> None:
-        self._inner, self._server = inner, server
-
-    def _ended(self) -> None:
-        server = self._server
-        if server.state is ServerState.CONNECTED and server.lost is None:
-            server.lost = "the server closed the connection"
-            server.wakeup.set()
-
-    async def receive(self) -> Any:
-        try:
-            return await self._inner.receive()
-        except Exception:
-            self._ended()
-            raise
-
-    def __aiter__(self) -> _WatchedRead:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self._inner.__anext__()
-        except (StopAsyncIteration, Exception):
-            self._ended()
-            raise
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        await self._inner.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: object) -> Any:
-        self._ended()
-        return await self._inner.__aexit__(*exc)
-
-    def __getattr__(self, name: str) -> Any:  # e.g. ``last_context`` of the SDK's context streams
-        return getattr(self._inner, name)
 
 
 async def probe_servers(
@@ -822,20 +516,13 @@ def _size(b64: str) -> str:
     return f"{n} bytes" if n < 1024 else f"{n / 1024:.1f} kB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MB"
 
 
-def _leaf(exc: BaseException) -> BaseException:
-    """The first non-group exception inside (anyio task groups wrap failures in groups)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def _why(exc: BaseException) -> str:
     """A short reason for ``exc``: the SDK's error message, the OS error, or the type."""
     from mcp import MCPError
     from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-    exc = _leaf(exc)
-    if isinstance(exc, _Lost | _ConfigProblem):
+    exc = leaf(exc)
+    if isinstance(exc, ConnectionLost | ConfigProblem):
         return str(exc)
     if isinstance(exc, MCPError):
         if exc.code == CONNECTION_CLOSED:
@@ -848,24 +535,7 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {_clip(text, 200)}" if text else type(exc).__name__
-
-
-def _clip(text: str, limit: int, *, keep_end: bool = False) -> str:
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    return "…" + text[-(limit - 1):] if keep_end else text[: limit - 1] + "…"
-
-
-def _target(cfg: MCPServerSettings) -> str:
-    if cfg.command is not None:
-        return " ".join(cfg.command[:3]) + (" …" if len(cfg.command) > 3 else "")
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(cfg.url or "")
-    host = parts.hostname or ""
-    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    return f"{type(exc).__name__}: {clip(text, 200)}" if text else type(exc).__name__
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

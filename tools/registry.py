@@ -1,32 +1,14 @@
-"""The tool registry: declared tools, their OpenAI schemas, validated execution.
+"""The tool registry: the tools the engine can offer and run, and how a call is run.
 
-A tool is an ``async`` function whose first parameter is the :class:`ToolContext`. Its
-arguments are described either by one pydantic model::
-
-    class ReadFileArgs(BaseModel):
-        path: str = Field(description="Path relative to the workspace")
-
-    @tool(kind=ToolKind.WORK)
-    async def read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolResult | str:
-        \"\"\"Read a text file from the workspace.\"\"\"
-
-or by a plain typed signature, from which the model is built with
-:func:`pydantic.create_model` (``Annotated[..., Field(description=...)]`` gives a parameter
-its description)::
-
-    @tool(kind=ToolKind.AGENCY)
-    async def wait(ctx: ToolContext, seconds: float = 3) -> str:
-        \"\"\"Pause for a few seconds.\"\"\"
-
-The first paragraph of the docstring is the tool's description. Argument models always
-forbid unknown fields (``additionalProperties: false`` in the schema).
-
-:class:`Registry` implements :class:`bumblebot.core.toolkit.Toolbox`. Its ``execute`` never
-raises for a tool's own failure (unknown tool, malformed JSON, invalid arguments, an
-exception inside the tool): each becomes ``ToolResult(ok=False)``. The reference
-re-invoked a tool with *no* arguments when the first call raised ``TypeError``
-(reference-study §4, "Registry"), which could run it twice; here a tool runs at most once
-per call, and only with validated arguments. ``asyncio.CancelledError`` propagates.
+:class:`Registry` implements :class:`bumblebot.core.toolkit.Toolbox`: it offers the declared
+tools' schemas at a compaction level (``tools/schemas.py``), and runs a call by validating its
+JSON arguments (``tools/arguments.py``) and invoking the tool (tools are declared with
+``@tool`` in ``tools/definition.py``). Its ``execute`` never raises for a tool's own failure
+(unknown tool, malformed JSON, invalid arguments, an exception inside the tool): each becomes
+``ToolResult(ok=False)``. A tool runs at most once per call, and only with validated
+arguments: a failed call is never run again (say, with no arguments after a ``TypeError``),
+since a second run could repeat its effects. ``asyncio.CancelledError`` propagates. A result
+longer than ``max_result_chars`` is cut in the middle (:func:`cap_text`).
 
 Tools that come and go at run time (MCP servers, ``tools/mcp.py``) reach a registry through a
 :class:`ToolSource` (:meth:`Registry.add_source`): its tools are offered and run next to the
@@ -35,47 +17,30 @@ registered ones, and it says in which conversations each may be. See :class:`Too
 
 from __future__ import annotations
 
-import inspect
-import json
 import logging
-import re
 import sqlite3
-import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel
 
 from bumblebot.core.logs import bound
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
+from .arguments import validate_arguments
+from .definition import Tool, make_tool
+
 __all__ = [
     "DEFAULT_MAX_RESULT_CHARS",
     "Registry",
-    "Tool",
     "ToolSource",
     "cap_text",
-    "tool",
 ]
 
 log = logging.getLogger(__name__)
 
 #: Default cap on the characters of one tool result the model sees.
 DEFAULT_MAX_RESULT_CHARS = 16_000
-
-#: Schema compaction levels, for small context windows (``Registry.schemas(level)``, the
-#: count is ``bumblebot.core.toolkit.SCHEMA_LEVELS``): 0 as declared; 1 brief descriptions,
-#: optional parameters without description, no ``additionalProperties``; 2 required
-#: parameters only, without descriptions or bounds; 3 as 2 without the optional tools.
-
-#: OpenAI's rule for function names.
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-#: At most this many validation problems are listed in one error result.
-_MAX_LISTED_ERRORS = 5
-
-_STRICT = ConfigDict(extra="forbid")
 
 
 def cap_text(text: str, limit: int) -> str:
@@ -106,154 +71,7 @@ def cap_text(text: str, limit: int) -> str:
     return text[:head] + marker + (text[-tail:] if tail else "")
 
 
-@dataclass(frozen=True, slots=True)
-class Tool:
-    """One declared tool.
-
-    Args:
-        name: the function name the model calls (``[A-Za-z0-9_-]{1,64}``).
-        description: what the model reads about the tool.
-        kind: agency or work (spec, "Completion gate").
-        args_model: the pydantic model the JSON arguments are validated against.
-        fn: the implementation, ``fn(ctx, args_model_instance)`` (see :meth:`invoke`).
-        timeout_s: per-call timeout in seconds the engine applies; ``None`` for its default.
-        takes_model: ``True`` when ``fn`` receives the model instance, ``False`` when it
-            receives the fields as keyword arguments (plain typed signature).
-        brief: a short description (about 60 characters) for small context windows; ``None``:
-            the first sentence of ``description``.
-        optional: left out at the most compact schema level (:data:`SCHEMA_LEVELS`): a
-            convenience the entity can do without (``think``, ``wait``).
-    """
-
-    name: str
-    description: str
-    kind: ToolKind
-    args_model: type[BaseModel]
-    fn: Callable[..., Awaitable[ToolResult | str]]
-    timeout_s: float | None = None
-    takes_model: bool = True
-    brief: str | None = None
-    optional: bool = False
-
-    async def invoke(self, ctx: ToolContext, args: BaseModel) -> ToolResult | str:
-        """Call the implementation with validated ``args``."""
-        if self.takes_model:
-            return await self.fn(ctx, args)
-        fields = {name: getattr(args, name) for name in type(args).model_fields}
-        return await self.fn(ctx, **fields)
-
-    def schema(self, level: int = 0) -> dict[str, Any]:
-        """The OpenAI ``tools`` entry ``{"type": "function", "function": {...}}`` at a
-        compaction ``level`` (:data:`SCHEMA_LEVELS`)."""
-        parameters = _clean_schema(self.args_model.model_json_schema())
-        parameters.setdefault("properties", {})
-        description = self.description
-        if level >= 1:
-            description = self.brief or first_sentence(self.description)
-            required = set(parameters.get("required", ()))
-            for key, prop in list(parameters["properties"].items()):
-                if level >= 2 and key not in required:
-                    del parameters["properties"][key]
-                    continue
-                prop.pop("default", None)
-                if level >= 2 or key not in required:
-                    prop.pop("description", None)
-                if level >= 2:
-                    for bound in ("minimum", "maximum", "minLength", "maxLength"):
-                        prop.pop(bound, None)
-        else:
-            parameters["additionalProperties"] = False
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": description, "parameters": parameters},
-        }
-
-
-def tool(
-    *,
-    kind: ToolKind,
-    name: str | None = None,
-    timeout_s: float | None = None,
-    description: str | None = None,
-    args_model: type[BaseModel] | None = None,
-    brief: str | None = None,
-    optional: bool = False,
-) -> Callable[[Callable[..., Awaitable[ToolResult | str]]], Tool]:
-    """Decorator turning an ``async def f(ctx, ...)`` into a :class:`Tool`.
-
-    Args:
-        kind: agency or work.
-        name: defaults to the function's name.
-        timeout_s: per-call timeout in seconds, ``None`` for the engine's default.
-        description: defaults to the first paragraph of the function's docstring.
-        brief: the short description for small windows (see :class:`Tool`).
-        optional: dropped at the most compact schema level (see :class:`Tool`).
-        args_model: the argument model ``f(ctx, args)`` takes; by default read from the
-            annotations (give it when they cannot be resolved, e.g. a model defined
-            inside a function in a module using ``from __future__ import annotations``).
-
-    Raises:
-        TypeError: if the function is not ``async``, has no ``ctx`` parameter, has an
-            unannotated or unresolvable parameter or ``*args``/``**kwargs``, or has no
-            description.
-        ValueError: if the name is not a valid OpenAI function name.
-    """
-
-    def decorate(fn: Callable[..., Awaitable[ToolResult | str]]) -> Tool:
-        return make_tool(
-            fn,
-            kind=kind,
-            name=name,
-            timeout_s=timeout_s,
-            description=description,
-            args_model=args_model,
-            brief=brief,
-            optional=optional,
-        )
-
-    return decorate
-
-
-def make_tool(
-    fn: Callable[..., Awaitable[ToolResult | str]],
-    *,
-    kind: ToolKind,
-    name: str | None = None,
-    timeout_s: float | None = None,
-    description: str | None = None,
-    args_model: type[BaseModel] | None = None,
-    brief: str | None = None,
-    optional: bool = False,
-) -> Tool:
-    """Build a :class:`Tool` from a function (the non-decorator form of :func:`tool`)."""
-    tool_name = name or fn.__name__
-    if not _NAME_RE.match(tool_name):
-        raise ValueError(f"invalid tool name {tool_name!r}: must match {_NAME_RE.pattern}")
-    if not inspect.iscoroutinefunction(fn):
-        raise TypeError(f"tool {tool_name!r} must be an async function")
-    text = description if description is not None else _first_paragraph(inspect.getdoc(fn))
-    if not text:
-        raise TypeError(f"tool {tool_name!r} needs a description (docstring)")
-    if timeout_s is not None and timeout_s <= 0:
-        raise ValueError(f"tool {tool_name!r}: timeout_s must be > 0, got {timeout_s}")
-    if args_model is not None:
-        model, takes_model = _strict(args_model), True
-    else:
-        model, takes_model = _args_model(fn, tool_name)
-    return Tool(
-        name=tool_name,
-        description=text,
-        kind=kind,
-        args_model=model,
-        fn=fn,
-        timeout_s=timeout_s,
-        takes_model=takes_model,
-        brief=brief,
-        optional=optional,
-    )
-
-
-# -- run-time tools (issue 15, MCP: added for tools/mcp.py) ----------------------------------
+# -- run-time tools (MCP servers: tools/mcp.py) ---------------------------------------------
 
 
 class ToolSource(Protocol):
@@ -329,7 +147,7 @@ class Registry:
         return item
 
     def add_source(self, source: ToolSource) -> ToolSource:
-        """Offer and run ``source``'s tools too, from now on (issue 15)."""
+        """Offer and run ``source``'s tools too, from now on."""
         self._sources.append(source)
         self._dynamic = {}
         self._index = ((), {})
@@ -499,29 +317,12 @@ class Registry:
         return out
 
     async def _run(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
-        found = self._tools.get(name)
-        if found is None and self._sources:  # a source's tool, where this conversation may use it
-            entry = self._current().get(name)
-            if entry is not None and entry[1].permits(name, ctx.conversation):
-                found = entry[0]
-            elif entry is not None:
-                return ToolResult.error(f"tool {name!r} is not available in this conversation")
-            elif any(source.known(name) is not None for source in self._sources):
-                return ToolResult.error(
-                    f"tool {name!r} is not available now (its server is down or no longer offers it); "
-                    "do without it or try again later"
-                )
-        if found is None:
-            offered = [t.name for t in self.offered(ctx.conversation)] if self._sources else []
-            available = ", ".join([*self._tools, *offered]) or "(none)"
-            return ToolResult.error(f"unknown tool {name!r}; available tools: {available}")
-        parsed = _parse_arguments(arguments)
-        if isinstance(parsed, str):
-            return ToolResult.error(f"{name}: {parsed}")
-        try:
-            args = found.args_model.model_validate(parsed)
-        except ValidationError as exc:
-            return ToolResult.error(f"{name}: invalid arguments: {_describe(exc)}")
+        found = self._callable(name, ctx.conversation)
+        if isinstance(found, ToolResult):
+            return found
+        args = validate_arguments(found.args_model, arguments)
+        if isinstance(args, str):
+            return ToolResult.error(f"{name}: {args}")
         try:
             out = await found.invoke(ctx, args)
         except sqlite3.Error:
@@ -536,130 +337,22 @@ class Registry:
             return ToolResult.error(f"{name} failed: returned {type(out).__name__}")
         return out
 
-
-# -- helpers ------------------------------------------------------------------------------
-
-
-def _first_paragraph(doc: str | None) -> str:
-    if not doc:
-        return ""
-    paragraph = doc.strip().split("\n\n", 1)[0]
-    return " ".join(line.strip() for line in paragraph.splitlines()).strip()
-
-
-def _args_model(fn: Callable[..., Any], tool_name: str) -> tuple[type[BaseModel], bool]:
-    """The argument model of ``fn`` and whether ``fn`` takes it whole."""
-    params = list(inspect.signature(fn).parameters.values())
-    if not params or params[0].kind not in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    ):
-        raise TypeError(f"tool {tool_name!r}: first parameter must be the ToolContext")
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except NameError as exc:
-        raise TypeError(
-            f"tool {tool_name!r}: cannot resolve its annotations ({exc}); define the types "
-            "at module level or pass args_model="
-        ) from exc
-    rest = params[1:]
-    if len(rest) == 1:
-        hint = hints.get(rest[0].name)
-        if inspect.isclass(hint) and issubclass(hint, BaseModel):
-            return _strict(hint), True
-    fields: dict[str, Any] = {}
-    for param in rest:
-        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-            raise TypeError(f"tool {tool_name!r}: *args/**kwargs are not allowed")
-        if param.name not in hints:
-            raise TypeError(f"tool {tool_name!r}: parameter {param.name!r} needs a type")
-        default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (hints[param.name], default)
-    model_name = "".join(part.capitalize() for part in tool_name.split("_")) + "Args"
-    model = create_model(model_name, __config__=_STRICT, **fields)
-    return model, False
-
-
-def _strict(model: type[BaseModel]) -> type[BaseModel]:
-    """``model`` itself if it forbids unknown fields, else a subclass that does."""
-    if model.model_config.get("extra") == "forbid":
-        return model
-    config = ConfigDict(**{**model.model_config, "extra": "forbid"})  # type: ignore[typeddict-item]
-    return type(model.__name__, (model,), {"model_config": config, "__module__": model.__module__})
-
-
-_SCHEMA_MAPPINGS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
-_SCHEMA_DATA = frozenset({"default", "enum", "const", "examples"})
-
-
-def first_sentence(text: str, limit: int = 90) -> str:
-    """The first sentence of ``text`` (up to a ``.``, ``!`` or ``?`` followed by a space and a
-    capital letter, or the end), cut to ``limit`` characters; linear in the text's length."""
-    text = " ".join(text.split())
-    end = len(text)
-    for i, char in enumerate(text[: limit + 2]):
-        if char in ".!?" and (i + 2 >= len(text) or (text[i + 1] == " " and text[i + 2].isupper())):
-            end = i + 1
-            break
-    sentence = text[:end]
-    return sentence if len(sentence) <= limit else sentence[: limit - 1].rstrip() + "…"
-
-
-def _clean_schema(node: Any, mapping: bool = False) -> Any:
-    """Drop pydantic's ``title`` noise from a JSON schema (not fields named ``title``)."""
-    if isinstance(node, list):
-        return [_clean_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if mapping:
-        return {key: _clean_schema(value) for key, value in node.items()}
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "title" and isinstance(value, str):
-            continue
-        if key in _SCHEMA_DATA:
-            out[key] = value
-        else:
-            out[key] = _clean_schema(value, mapping=key in _SCHEMA_MAPPINGS)
-    return out
-
-
-def _parse_arguments(arguments: str | None) -> dict[str, Any] | str:
-    """The arguments object, or a message saying why there is none."""
-    if arguments is None or not arguments.strip():
-        return {}
-    try:
-        value = json.loads(arguments)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        detail = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
-        return f"arguments are not valid JSON ({detail}); send a JSON object"
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        return f"arguments must be a JSON object, got {_json_type(value)}"
-    return value
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return type(value).__name__
-
-
-def _describe(exc: ValidationError) -> str:
-    """Pydantic's messages, one per problem, e.g. ``"path: Field required"``."""
-    problems = exc.errors(include_url=False, include_context=False, include_input=False)
-    parts = []
-    for problem in problems[:_MAX_LISTED_ERRORS]:
-        where = ".".join(str(part) for part in problem["loc"]) or "arguments"
-        parts.append(f"{where}: {problem['msg']}")
-    more = len(problems) - _MAX_LISTED_ERRORS
-    if more > 0:
-        parts.append(f"and {more} more")
-    return "; ".join(parts)
+    def _callable(self, name: str, conversation: str) -> Tool | ToolResult:
+        """Tool ``name`` if ``conversation`` may run it now, else the error result saying why."""
+        found = self._tools.get(name)
+        if found is None and self._sources:  # a source's tool, where this conversation may use it
+            entry = self._current().get(name)
+            if entry is not None and entry[1].permits(name, conversation):
+                found = entry[0]
+            elif entry is not None:
+                return ToolResult.error(f"tool {name!r} is not available in this conversation")
+            elif any(source.known(name) is not None for source in self._sources):
+                return ToolResult.error(
+                    f"tool {name!r} is not available now (its server is down or no longer offers it); "
+                    "do without it or try again later"
+                )
+        if found is None:
+            offered = [t.name for t in self.offered(conversation)] if self._sources else []
+            available = ", ".join([*self._tools, *offered]) or "(none)"
+            return ToolResult.error(f"unknown tool {name!r}; available tools: {available}")
+        return found

@@ -17,8 +17,8 @@ from pydantic import Field
 
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
+from .definition import Tool, tool
 from .files import PathError, resolve_in_workspace
-from .registry import Tool, tool
 
 __all__ = ["SENDING_TOOLS", "send_file"]
 

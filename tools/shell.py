@@ -3,8 +3,8 @@
 **What this tool is.** ``run_command`` runs ``/bin/sh -c <command>`` as the daemon's own
 user. A shell cannot be confined by looking at the command string: deny-lists of
 "dangerous" commands are bypassed by ``. script``, ``| /bin/bash``, here-strings,
-``su -c``, a newline as a separator and countless spellings (field-bugs 30; the
-reference's substring deny-list let ``rm -fr /`` through, reference-study §4). So there is
+``su -c``, a newline as a separator and countless spellings (a substring deny-list of
+``rm -rf /`` lets ``rm -fr /`` through). So there is
 no deny-list here, and nothing pretends to be one. Enabling the tool means trusting
 everyone who can talk to the entity with a shell as the daemon user, on the daemon's
 machine, with its network. Only enable it for a daemon whose user and host you are willing
@@ -53,7 +53,7 @@ from pydantic import BaseModel, Field
 
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
-from .registry import Tool, make_tool
+from .definition import Tool, make_tool
 
 __all__ = [
     "COMMANDS_DIR",

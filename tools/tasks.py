@@ -1,4 +1,4 @@
-"""Scheduled tasks: ``schedule_task``, ``list_tasks``, ``cancel_task`` (issue 13).
+"""Scheduled tasks: ``schedule_task``, ``list_tasks``, ``cancel_task``.
 
 Built around the daemon's :class:`~bumblebot.runtime.scheduler.Scheduler` (:func:`task_tools`): a task
 belongs to the conversation that made it, runs there later as an automation turn with the same
@@ -13,11 +13,11 @@ from typing import Annotated
 
 from pydantic import Field
 
-from bumblebot.runtime.scheduler import Scheduler, TaskError
-from bumblebot.runtime.schedule import describe
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
+from bumblebot.runtime.schedule import describe
+from bumblebot.runtime.scheduler import Scheduler, TaskError
 
-from .registry import Tool, make_tool
+from .definition import Tool, make_tool
 
 __all__ = ["task_tools"]
 

@@ -1,8 +1,8 @@
 """The web tool, ``fetch_url``: GET one http(s) URL with an SSRF guard.
 
-The reference fetched any URL the model named (reference-study §4, "no SSRF guard"), so a
-model talked into it could read cloud metadata (``169.254.169.254``), the router's admin
-page or services bound to localhost. Here (OWASP SSRF prevention, "network layer"):
+A tool that fetches any URL the model names lets a model talked into it read cloud metadata
+(``169.254.169.254``), the router's admin page or services bound to localhost. Here (OWASP
+SSRF prevention, "network layer"):
 
 * only ``http`` and ``https`` URLs are fetched;
 * the host is resolved once (``loop.getaddrinfo``) and **every** address it resolves to
@@ -42,7 +42,8 @@ from pydantic import BaseModel, Field
 
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
-from .registry import Tool, cap_text, make_tool
+from .definition import Tool, make_tool
+from .registry import cap_text
 
 __all__ = [
     "MAX_REDIRECTS",

@@ -1,4 +1,4 @@
-"""Files people send, made into something the model can read (issue 12).
+"""Files people send, made into something the model can read.
 
 An adapter journals a message with its :class:`~bumblebot.core.events.Attachment` list only (no
 download holds up intake). Before a turn takes the message, :meth:`MediaIntake.prepare` fetches
@@ -14,7 +14,7 @@ each file through the adapter that received it and turns it into a :class:`Prepa
   ``[Voice message, 0:07]: <transcript>``. A voice note that could not be transcribed is kept
   in ``<workspace>/inbox/`` and the user is told plainly.
 * **documents** (everything else) are saved as ``<workspace>/inbox/<name>`` (name sanitised,
-  collisions suffixed: :func:`bumblebot.media.documents.place`); the model is told the path, size
+  collisions suffixed: :func:`bumblebot.media.names.place`); the model is told the path, size
   and type, with the first ``media.inline_chars`` characters inline for text and PDFs.
 
 What came of it is written to the journal row (``journal.media``) before the turn begins, so a
@@ -39,11 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bumblebot.media import documents
-from bumblebot.core.config import MediaSettings
 from bumblebot.core.errors import MediaError
 from bumblebot.core.events import Attachment, AttachmentKind, Platform
+from bumblebot.core.settings import MediaSettings
 from bumblebot.llm.speech import Speech
+from bumblebot.media import documents
+from bumblebot.media.kinds import sniff
+from bumblebot.media.names import INBOX, chat_folder, place, safe_name
 from bumblebot.store import JournalEntry, Store
 
 log = logging.getLogger(__name__)
@@ -204,7 +206,7 @@ class MediaIntake:
         """Delete the unfinished downloads a killed process left (``.*.partial`` in the inbox
         and media folders); call at start, before any turn. Returns how many went."""
         gone = 0
-        for root in (self.workspace / documents.INBOX, self.media_dir):
+        for root in (self.workspace / INBOX, self.media_dir):
             if not root.is_dir():
                 continue
             for path in root.glob("**/.*.partial"):
@@ -222,8 +224,8 @@ class MediaIntake:
         Raises:
             OSError: the folder could not be moved.
         """
-        source = self.workspace / documents.INBOX / documents.chat_folder(old)
-        target = self.workspace / documents.INBOX / documents.chat_folder(new)
+        source = self.workspace / INBOX / chat_folder(old)
+        target = self.workspace / INBOX / chat_folder(new)
         if not source.is_dir():
             return
         if not target.exists():
@@ -231,7 +233,7 @@ class MediaIntake:
             return
         for path in sorted(source.iterdir()):
             if path.is_file() and not path.is_symlink():
-                documents.place(target, path.name, path)
+                place(target, path.name, path)
 
     def register(self, adapter: Downloader) -> None:
         """Fetch the files of ``adapter``'s platform through it."""
@@ -305,7 +307,7 @@ class MediaIntake:
     def _inbox(self, entry: JournalEntry) -> Path:
         """Where the files of ``entry``'s chat go: ``<workspace>/inbox/<chat folder>`` (the file
         tools of other chats cannot reach it)."""
-        return self.workspace / documents.INBOX / documents.chat_folder(entry.inbound.chat.key)
+        return self.workspace / INBOX / chat_folder(entry.inbound.chat.key)
 
     def _partial(self, directory: Path) -> Path:
         return directory / f".{uuid.uuid4().hex}.partial"
@@ -321,7 +323,7 @@ class MediaIntake:
     # -- images --------------------------------------------------------------------------------
 
     async def _image(self, entry: JournalEntry, index: int, att: Attachment, out: _Result) -> None:
-        folder = self.media_dir / documents.chat_folder(entry.inbound.chat.key)
+        folder = self.media_dir / chat_folder(entry.inbound.chat.key)
         tmp = self._partial(folder)
         try:
             await self._fetch(entry, att, tmp)
@@ -335,7 +337,7 @@ class MediaIntake:
                     raise
                 # HEIC without a plugin, a damaged file: kept for the tools, the user told
                 name = att.name or f"image-{entry.inbound.message_id}"
-                rel = self._rel(await asyncio.to_thread(documents.place, self._inbox(entry), name, tmp))
+                rel = self._rel(await asyncio.to_thread(place, self._inbox(entry), name, tmp))
                 out.notices.append(f"I couldn't open the image: {_sentence(exc)[:-1]}. I kept the file as {rel}.")
                 out.text.append(f"[An image that could not be opened ({exc}); the file is kept as {rel}]")
                 return
@@ -361,7 +363,7 @@ class MediaIntake:
             except MediaError as exc:
                 if exc.retryable and not final:
                     raise  # the service is down: the message waits for it
-                saved = await asyncio.to_thread(documents.place, self._inbox(entry), name, tmp)
+                saved = await asyncio.to_thread(place, self._inbox(entry), name, tmp)
                 rel = self._rel(saved)
                 what = "your voice message" if voice else f"the audio file {att.name or ''}".rstrip()
                 out.notices.append(f"I couldn't transcribe {what} ({exc}). I kept the recording as {rel}.")
@@ -371,7 +373,7 @@ class MediaIntake:
             if voice:
                 label = f"Voice message{', ' + length if length else ''}"
             else:  # an audio file is a file too: kept, and named for the model
-                saved = await asyncio.to_thread(documents.place, self._inbox(entry), name, tmp)
+                saved = await asyncio.to_thread(place, self._inbox(entry), name, tmp)
                 label = f"Audio file {self._rel(saved)} ({documents.describe_size(size)}{', ' + length if length else ''})"
         finally:
             tmp.unlink(missing_ok=True)
@@ -398,11 +400,11 @@ class MediaIntake:
         try:
             size = await self._fetch(entry, att, tmp)
             name = att.name or f"file-{entry.inbound.message_id}"
-            saved = await asyncio.to_thread(documents.place, self._inbox(entry), name, tmp)
+            saved = await asyncio.to_thread(place, self._inbox(entry), name, tmp)
         finally:
             tmp.unlink(missing_ok=True)
         rel = self._rel(saved)
-        kind = await asyncio.to_thread(documents.sniff, saved, att.mime or None, saved.name)
+        kind = await asyncio.to_thread(sniff, saved, att.mime or None, saved.name)
         head = f"[File received: {rel} ({_kind_label(kind, att.mime)}, {documents.describe_size(size)})."
         limit = self.settings.inline_chars
         if kind == "pdf":
@@ -433,7 +435,7 @@ class MediaIntake:
         an excerpt of ``media.inline_chars`` characters that names the file, the others' text
         emptied (their files stay). Raises ``OSError`` when the file cannot be written."""
         first = entries[0]
-        name = f"message-{documents.safe_name(first.inbound.message_id, fallback=str(first.id))}.txt"
+        name = f"message-{safe_name(first.inbound.message_id, fallback=str(first.id))}.txt"
         rel = await asyncio.to_thread(self._keep_text, first, name, text)
         limit = max(MIN_TRANSCRIPT_CHARS, self.settings.inline_chars)
         head = text[:limit].rsplit(" ", 1)[0] if len(text) > limit else text
@@ -451,7 +453,7 @@ class MediaIntake:
         inbox.mkdir(parents=True, exist_ok=True)
         tmp = self._partial(inbox)
         tmp.write_text(text, encoding="utf-8")
-        return self._rel(documents.place(inbox, name, tmp))
+        return self._rel(place(inbox, name, tmp))
 
     def _rel(self, path: Path) -> str:
         """``path`` as the file tools name it (relative to the workspace)."""
@@ -569,7 +571,7 @@ def _clock(seconds: float | None) -> str:
 def _voice_name(entry: JournalEntry, att: Attachment) -> str:
     ext = {"audio/ogg": ".ogg", "audio/mpeg": ".mp3", "audio/mp4": ".m4a", "audio/wav": ".wav", "audio/webm": ".webm"}.get(att.mime, ".ogg")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return f"voice-{stamp}-{documents.safe_name(entry.inbound.message_id, fallback='msg')}{ext}"
+    return f"voice-{stamp}-{safe_name(entry.inbound.message_id, fallback='msg')}{ext}"
 
 
 def _what(att: Attachment, *, cap: bool = False) -> str:
