@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from bumblebot.core.config import DiscordSettings
+from bumblebot.core.commands import BY_NAME
+from bumblebot.core.settings import DiscordSettings
 
 __all__ = ["TEXT_COMMANDS", "MessageFacts", "Verdict", "command_target", "decide", "parse_command"]
 
 #: Commands recognised as text (``/status`` or ``@bot /status``); the engine answers them.
-TEXT_COMMANDS = ("start", "stop", "reset", "status", "compact", "help", "tasks")
+TEXT_COMMANDS = tuple(BY_NAME)
 _COMMAND = re.compile(r"/(?P<name>[A-Za-z]+)(?:@(?P<bot>\S*))?(?=\s|$)")
 
 

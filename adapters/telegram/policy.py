@@ -30,8 +30,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bumblebot.core.adapter import MANAGING_COMMANDS
-from bumblebot.core.config import TelegramSettings
+from bumblebot.core.commands import MANAGING_COMMANDS
+from bumblebot.core.settings import TelegramSettings
 
 __all__ = ["MessageFacts", "Verdict", "command_target", "decide", "may_manage"]
 
