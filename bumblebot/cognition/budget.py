@@ -81,6 +81,15 @@ class ContextBudget:
         """``max_context_tokens`` in estimated tokens: the window shrunk by the learned scale."""
         return int(self.max_context_tokens / self.scale)
 
+    def share_chars(self, share: float) -> int:
+        """``share`` of the window in characters (4 a token, the estimate's rate): what one
+        tool result may hold (``cognition.max_tool_result_share``)."""
+        return int(share * self.window() * 4)
+
+    def reply_cap(self) -> int:
+        """The most tokens one completion may ask for (:data:`REPLY_SHARE` of the window)."""
+        return int(self.max_context_tokens * REPLY_SHARE)
+
     def limit(self, reply_tokens: int | None = None) -> int:
         """The largest prompt a request may carry, in estimated tokens: the window less the
         reply budget (``reply_tokens``, the turn's; default the largest a turn asks for),
@@ -98,7 +107,7 @@ class ContextBudget:
         """The endpoint refused a request estimated at ``estimate`` tokens as too long, having
         counted ``prompt_tokens``: the scale jumps to that ratio (plus 5%) at once, without
         smoothing. A chat whose every request is refused sends no usage to learn from, so a
-        lagging scale would keep it dead (issue 9 review)."""
+        lagging scale would keep it dead."""
         if not prompt_tokens or estimate <= 0:
             return
         ratio = prompt_tokens / estimate * 1.05

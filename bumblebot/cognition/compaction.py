@@ -1,5 +1,5 @@
 """Context compaction: keep a conversation's prompt under the context window (spec, "Context
-compaction"; reference study 2.8; field bugs 8-13).
+compaction").
 
 Vocabulary. The *history* is the active message list sent after the system prompt. Compaction
 splits it into a protected **head** (first ``protect_first_n`` messages), a **middle** and a
@@ -16,11 +16,13 @@ Budgets (all in estimated tokens, :mod:`bumblebot.core.messages`):
   under the target whenever ``protect_last_n`` messages allow it. Passes repeat (up to
   ``max_passes``) while the estimate is above the target and there is a middle left.
 
-Failure policy (field bugs 11 and 13): a flush failure is recorded and compaction goes on; a
-summary failure drops nothing (the pass stops, ``summary_failed`` is set).
+Failure policy: a flush failure is recorded and compaction goes on (it only costs some facts
+not remembered); a summary failure drops nothing (the pass stops, ``summary_failed`` is set),
+because messages dropped without a summary would be forgotten for good.
 
 Everything here is pure except :func:`compact`, which awaits ``complete`` and appends to the
-knowledge file; callers run it under the conversation lock (field bug 10).
+knowledge file; callers run it inside the conversation's actor, so no turn writes the history
+while it is being summarised.
 """
 
 from __future__ import annotations
@@ -160,8 +162,9 @@ def find_boundaries(
 
 def cap_tool_result(text: str, max_chars: int) -> str:
     """``text`` cut to at most ``max_chars`` characters, keeping its head (2/3) and tail (1/3)
-    around a marker line ``[... N characters cut ...]``; unchanged when already short enough
-    (field bug 12: cap each tool result when it is recorded)."""
+    around a marker line ``[... N characters cut ...]``; unchanged when already short enough.
+    Each tool result is capped when it is recorded, so no single result can overflow the
+    window on its own."""
     if len(text) <= max_chars:
         return text
     widest = f"\n[... {len(text)} characters cut ...]\n"
@@ -410,7 +413,7 @@ async def compact(
                 new = _clean_summary(text)
                 if not _summary_ok(new):
                     raise ValueError(f"unusable summary ({len(new)} chars): {new[:80]!r}")
-            except Exception as exc:  # field bug 11: keep the transcript
+            except Exception as exc:  # keep the transcript: nothing is dropped unsummarised
                 out.summary_failed = True
                 errors.append(f"summary: {type(exc).__name__}: {exc}")
                 if total() <= (limit if force else max_context_tokens):

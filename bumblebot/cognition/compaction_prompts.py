@@ -1,7 +1,7 @@
 """Prompts of context compaction: transcript serialization, summary and memory-flush requests.
 
 Pure text in, chat messages (OpenAI dicts) out; :mod:`bumblebot.cognition.compaction` sends them.
-Rules from the spec ("Context compaction") and the reference study (2.8): the summary uses a
+Rules from the spec ("Context compaction"): the summary uses a
 fixed template (:data:`SUMMARY_HEADINGS`) and, on re-compaction, *updates* the previous
 summary; the flush asks for durable facts as a JSON array of ``{"title", "body"}`` objects.
 """
@@ -26,8 +26,9 @@ SUMMARY_HEADINGS = (
     "Next Steps",
 )
 
-#: Serialization caps (reference study 2.8): long contents keep head + tail, tool call
-#: arguments are cut after ``ARGS_CHARS``.
+#: Serialization caps: long contents keep head + tail, tool call arguments are cut after
+#: ``ARGS_CHARS``, so one huge tool result or argument cannot crowd the rest of the
+#: transcript out of the summary request.
 CONTENT_HEAD_CHARS = 2000
 CONTENT_TAIL_CHARS = 800
 ARGS_CHARS = 400

@@ -5,7 +5,7 @@
 of history and compaction state). It is called before every completion of a turn (so growth
 inside a turn is compacted too) and by ``/compact`` (scheduled as a job of the conversation's
 actor). Both run inside the actor, so no turn of the conversation can write its history
-meanwhile (field-bugs.md item 10).
+meanwhile (a message added while the middle is being summarised would be lost with it).
 
 Failure policy: if the summary call fails nothing is dropped; the failure is recorded and the
 next request retries at once, later failures back off (60 s, 120 s, 240 s … up to an hour,
@@ -20,12 +20,18 @@ import time
 from typing import Any
 
 from bumblebot.cognition.budget import ContextBudget
-from bumblebot.cognition.compaction import CLIP_CALL_TOKENS, PLACEHOLDER, compact, find_boundaries, prune_tool_results
-from bumblebot.core.config import HistoryCompression
+from bumblebot.cognition.compaction import (
+    CLIP_CALL_TOKENS,
+    PLACEHOLDER,
+    compact,
+    find_boundaries,
+    prune_tool_results,
+)
 from bumblebot.cognition.history import History, Transcript
 from bumblebot.cognition.knowledge import Memory
-from bumblebot.llm import LLM
 from bumblebot.core.messages import Message
+from bumblebot.core.settings import HistoryCompression
+from bumblebot.llm import LLM
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +67,8 @@ class Compactor:
         settings: ``cognition.history_compression``.
         llm: summaries and the memory flush use ``llm.model``.
         memory: where the memory flush writes (the conversation's own facts, never the global
-            ``knowledge.md``: issue 9, privacy).
+            ``knowledge.md``, which every conversation reads: a fact learned in one chat is
+            private to it).
         budget: the window and threshold in estimated tokens (learned scale applied).
     """
 
@@ -116,7 +123,7 @@ class Compactor:
         window, limit = self.budget.window(), self.budget.limit(reply_tokens)  # limit: the reply budget left out
         # ``emergency`` (refused, or still over the request limit after a normal pass): no
         # protected tail, or a small window with long messages leaves no middle
-        # to summarise and the chat dies (issue 9 review); the turn's own messages stay as
+        # to summarise and the chat dies; the turn's own messages stay as
         # they are. ``/compact`` forces a pass with the usual boundaries.
         # a small window: the fixed part alone can exceed the target share, so the target
         # counts from the room left after it (else every compaction runs all its passes)
@@ -188,7 +195,7 @@ class Compactor:
     async def fit_turn(
         self, session: History, fixed_tokens: int, turn: Transcript, *, force: bool = False, reply_tokens: int | None = None
     ) -> dict[str, Any] | None:
-        """Growth inside a turn (issue 9): when the request is still over the threshold after
+        """Growth inside a turn: when the request is still over the threshold after
         the history was compacted, the turn's own older tool results (all but the latest
         step's) are cleared to the placeholder, oldest first, until it fits; if it still does
         not fit the window, the history's tool outputs go too. The latest step's results are
@@ -243,7 +250,7 @@ class Compactor:
         Used while summaries are backing off (outside the protected tail), and, with
         ``everything``, when the endpoint refused the prompt as too long or ``/compact`` could
         not get under the threshold: then the protected tail's tool outputs go too, because a
-        tail that alone overflows would otherwise lock the conversation (field-bugs.md item 12).
+        tail that alone overflows would otherwise lock the conversation: every request refused.
         """
         if not always and estimate(session, fixed_tokens, turn_messages) <= self.budget.limit(reply_tokens):
             return None

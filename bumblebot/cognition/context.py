@@ -9,7 +9,7 @@ A request is::
     this turn's messages (the first user message carries the [Turn context] preamble)
     [internal nudge, when the loop has one]
 
-Images (issue 12): a user message's images are sent as ``image_url`` parts (data URLs,
+Images: a user message's images are sent as ``image_url`` parts (data URLs,
 :class:`~bumblebot.media.intake.MediaFiles`) while the message is in the request's protected tail:
 this turn's messages and the last ``image_tail`` messages of the history
 (``cognition.history_compression.compaction_protect_last_n``). Older ones are named in the text
@@ -34,15 +34,15 @@ from bumblebot.cognition.budget import ContextBudget
 from bumblebot.cognition.compaction import head_end
 from bumblebot.cognition.compactor import Compactor, estimate
 from bumblebot.cognition.history import History, Transcript
-from bumblebot.cognition.loop import LoopLimits, RequestBuilder
-from bumblebot.media import ImageRef, MediaFiles
-from bumblebot.core.messages import Message, estimate_text_tokens, estimate_tools
+from bumblebot.cognition.limits import LoopLimits
 from bumblebot.cognition.sequence import InvalidSequence, repair, validate
+from bumblebot.core.messages import Message, estimate_text_tokens, estimate_tools
+from bumblebot.media import ImageRef, MediaFiles
 
 log = logging.getLogger(__name__)
 
 
-class Requests(RequestBuilder):
+class Requests:
     """Builds the requests of one turn (or, with no transcript, measures the conversation).
 
     Args:

@@ -1,13 +1,13 @@
 """Durable facts, as Markdown H2 sections: one file shared by all conversations, one per
 conversation (:class:`Memory`), each a :class:`KnowledgeFile`.
 
-**Privacy** (issue 9): a fact the entity learns in a conversation (the ``remember`` tool, the
+**Privacy**: a fact the entity learns in a conversation (the ``remember`` tool, the
 compaction memory flush) goes to that conversation's file, ``<data_dir>/knowledge/<chat>.md``,
 and appears only in that conversation's prompts and ``recall``. ``<data_dir>/knowledge.md`` is
 **global**: the operator's file, read in every conversation and never written by the entity
 (what an older version flushed there stays global).
 
-Format (spec, "Context compaction" → memory flush; reference study 2.8)::
+Format (spec, "Context compaction" → memory flush)::
 
     # Knowledge            <- preamble, kept as is
     ## [locked] About yourself

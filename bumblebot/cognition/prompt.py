@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from bumblebot.cognition.knowledge import KnowledgeFile, Memory, Section, parse_sections, relevant
 from bumblebot.core.entity import Entity, load_entity
 from bumblebot.core.events import ChatKind, Inbound
-from bumblebot.cognition.knowledge import KnowledgeFile, Memory, Section, parse_sections, relevant
 from bumblebot.core.textrules import TURN_CONTEXT
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class PromptBuilder:
         return locked if len(locked) <= bound else locked[: bound - 1] + "…"
 
     def relevant_knowledge(self, conversation: str, text: str, level: int = 0) -> list[str]:
-        """Facts for this turn's context (issue 9: bounded, and private to the conversation):
+        """Facts for this turn's context (bounded, and private to the conversation):
         the conversation's own sections (all of them while it has at most
         :data:`RELEVANT_SECTIONS`), else the ones sharing the most words with ``text``,
         plus relevant global sections the system prompt does not carry; at most

@@ -9,11 +9,11 @@ The spec's reflex profile is for input that is "short, non-technical, and low-in
 for slang, simple reactions and brief questions under 80 characters. The deliberate cues
 (code, identity, file, research, emotional) say what is technical or intense; input under 80
 characters with none of them is reflex (``brief``), so a plain chat turn costs no classifier
-call (issue 11). A greeting with a name or a few words ("hello Sam", "hi bumblebot how are
+call. A greeting with a name or a few words ("hello Sam", "hi bumblebot how are
 you") is reflex by the ``greeting`` rule whatever its length.
 
-Unlike the reference router (reference-study 2.1), every word and phrase matches on word
-boundaries, case-insensitively: "report" is not "repo", "glove" is not "love", "lollipop" is
+Every word and phrase matches on word boundaries, case-insensitively, since a substring
+match misroutes ordinary words: "report" is not "repo", "glove" is not "love", "lollipop" is
 not "lol". Uncertain input costs one 8-token call; a failed or unreadable classification
 goes deliberate, so a mistake costs tokens rather than a thin answer.
 
@@ -108,7 +108,8 @@ class RouteDecision:
     classifier_error: str | None = None
 
 
-#: Characters of input the classifier sees (reference-study 2.1).
+#: Characters of input the classifier sees: enough to label a message, so a long paste
+#: costs the classifier call no more than this.
 CLASSIFIER_INPUT_CHARS = 1500
 #: Classifier request parameters, for the caller that sends :func:`classifier_messages`.
 CLASSIFIER_MAX_TOKENS = 8
@@ -314,8 +315,8 @@ _LABEL_PRIORITY = (Label.EXACT, Label.GROUNDED, Label.DEEP, Label.CHAT)
 def parse_label(reply: str) -> Label | None:
     """The label in a classifier reply, tolerant of case, punctuation and a ``Label:`` prefix.
 
-    If several labels appear, the most cautious wins (EXACT, GROUNDED, DEEP, then CHAT, as in
-    the reference). A truncated or unrelated reply gives ``None``.
+    If several labels appear, the most cautious wins (EXACT, GROUNDED, DEEP, then CHAT), so
+    a doubt costs tokens rather than a thin answer. A truncated or unrelated reply gives ``None``.
     """
     words = set(re.findall(r"[a-z]+", reply.lower()))
     return next((label for label in _LABEL_PRIORITY if label.lower() in words), None)

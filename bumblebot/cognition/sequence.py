@@ -1,6 +1,8 @@
 """The message-sequence invariant every request must satisfy, and a last-resort repair.
 
-Rule (OpenAI chat-completions; field bugs 8 and 9 in ``../shared/notes/field-bugs.md``):
+Rule (OpenAI chat completions: every tool call needs a ``tool`` message with its id, right
+after the assistant message that made it; a request that breaks this is refused with HTTP 400,
+and so is every later request built on the same history):
 
 * a ``tool`` message belongs to the contiguous block of ``tool`` messages directly after an
   ``assistant`` message with ``tool_calls`` and answers one of that message's call ids;
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bumblebot.cognition.state import say_text
 from bumblebot.core.messages import Message
 
 #: Content of the stub result :func:`repair` adds for a call whose result is missing.
@@ -126,7 +129,8 @@ def repair(messages: Sequence[Message]) -> list[Message]:
       its group.
 
     User, system and assistant messages are always kept, so the latest user message survives
-    (field bug 9). A valid input comes back as a new list of the very same objects.
+    and the model still answers what was last asked. A valid input comes back as a new list
+    of the very same objects.
     """
     if is_valid(messages):
         return list(messages)
@@ -166,4 +170,27 @@ def repair(messages: Sequence[Message]) -> list[Message]:
                 answered.add(cid)
                 out.append(result)
         out.extend(_stub(call, cid) for cid, call in calls.items() if cid not in answered)
+    return out
+
+
+def plain_conversation(request: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``request`` without tool rounds, for a tool-less request: what ``say`` delivered becomes
+    plain assistant text, other calls and all results go, and neighbours of one role are
+    merged (templates that demand alternation, Mistral and Gemma, refuse two in a row)."""
+    out: list[dict[str, Any]] = []
+    for m in request:
+        if m["role"] == "tool":
+            continue
+        if m.get("tool_calls"):
+            said = [say_text(c["function"].get("arguments") or "") for c in m["tool_calls"]
+                    if c.get("function", {}).get("name") == "say"]
+            if not any(said):
+                continue
+            m = {"role": "assistant", "content": "\n\n".join(t for t in said if t)}
+        last = out[-1] if out else None
+        if (last is not None and last["role"] == m["role"] and m["role"] in ("user", "assistant")
+                and isinstance(last.get("content"), str) and isinstance(m.get("content"), str)):
+            out[-1] = {**last, "content": f"{last['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
     return out
