@@ -7,7 +7,7 @@ store first and then applied in memory, so what is in memory is always what is o
 
 * :class:`Session` (``/reset`` starts the next one): the active history, the compaction
   summary and counters, and the running token estimate of both.
-* :class:`Turn`: the turn in progress, written as it happens (spec, "Agent loop"; issue 8):
+* :class:`Turn`: the turn in progress, written as it happens (spec, "Agent loop"):
   the user message when it starts, each assistant message *before* its tools run, each tool
   result as soon as it completes, each message taken mid-turn, and each message for the user
   in the outbox together with the assistant message that shows it. After a crash the turn is
@@ -28,9 +28,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from bumblebot.cognition.compaction import CompactionOutcome, summary_message
-from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.media import prepared
+from bumblebot.core.events import ChatKind, ChatRef, Inbound
 from bumblebot.core.messages import Message
+from bumblebot.media import prepared
+from bumblebot.runtime.inbox import Inbox
+from bumblebot.runtime.turnstate import TurnState
 from bumblebot.store import (
     CompactionState,
     ConversationRecord,
@@ -52,29 +54,10 @@ BACKGROUND_OPEN = "[Earlier in this chat, not addressed to you: background only,
 BACKGROUND_CLOSE = "[End of background]"
 
 
-#: A message at least this long (UTF-16 code units, as platforms count) is taken for one part
-#: of a paste the client cut at the platform's limit (Telegram: 4096; Discord: 2000): the
-#: turn waits longer for the next part (``bumblebot.runtime.actor.PASTE_SETTLE_S``) and the parts
-#: are joined as one text.
-PASTE_PART_CHARS = {Platform.TELEGRAM: 3900, Platform.DISCORD: 1900}
-#: Longest a burst of messages is waited for (``cognition.debounce_s``), seconds from its first
-#: message: people who keep writing cannot hold the chat up for ever.
-DEBOUNCE_MAX_S = 10.0
-#: Quiet seconds a part of a long paste (:func:`paste_part`) asks for before the burst counts as
-#: over (``cognition.debounce_s`` otherwise): the client sends the next part a moment later.
-PASTE_SETTLE_S = 1.5
-
-
-def paste_part(inbound: Inbound) -> bool:
-    """Whether ``inbound`` is long enough to be a part of a long paste (:data:`PASTE_PART_CHARS`)."""
-    limit = PASTE_PART_CHARS.get(inbound.chat.platform)
-    return limit is not None and len(inbound.text) >= limit // 2 and len(inbound.text.encode("utf-16-le")) // 2 >= limit
-
-
 def _continues(entry: JournalEntry, before: JournalEntry | None) -> bool:
     """``entry`` is the next part of a paste ``before`` began (same sender, no files, no quote)."""
     return (
-        before is not None and paste_part(before.inbound) and before.inbound.sender_id == entry.inbound.sender_id
+        before is not None and before.inbound.paste_part and before.inbound.sender_id == entry.inbound.sender_id
         and not entry.inbound.attachments and not entry.inbound.quote and not before.inbound.attachments
     )
 
@@ -103,9 +86,9 @@ def user_message(entries: list[JournalEntry], background: Sequence[Inbound] = ()
 def merge_text(entries: list[JournalEntry], background: Sequence[Inbound] = ()) -> str:
     """The user text of a turn: one message as is; in groups each part names its speaker, and a
     reply carries what it replies to (``[Replying to Name: text]``). ``background``: earlier
-    group messages not addressed to the bot (issue 10, ``telegram.group_context``), put first
+    group messages not addressed to the bot (``telegram.group_context``), put first
     between :data:`BACKGROUND_OPEN` and :data:`BACKGROUND_CLOSE`, each shortened to
-    :data:`BACKGROUND_CHARS`. The parts of a long paste (:func:`paste_part`) are joined by a
+    :data:`BACKGROUND_CHARS`. The parts of a long paste (``Inbound.paste_part``) are joined by a
     line break, as one text."""
     parts: list[str] = []
     for i, entry in enumerate(entries):
@@ -224,7 +207,7 @@ class Turn:
         turn_id: int,
         entries: list[JournalEntry],
         transcript: list[Message],
-        state: dict[str, Any],
+        state: TurnState,
         *,
         resumed: bool = False,
     ) -> None:
@@ -263,13 +246,13 @@ class Turn:
         """Checkpoint one message: an assistant message before its tools run, or one tool result
         as it completes (kept in call order in memory). ``trace`` is saved with it."""
         await self._store.record(
-            self.conversation.id, self.session.number, self.id, [message], state=self.state, trace=trace
+            self.conversation.id, self.session.number, self.id, [message], state=self.state.as_dict(), trace=trace
         )
         self._append(message)
 
     async def record_all(self, messages: list[Message]) -> None:
         """Checkpoint several messages (and the state) in one transaction."""
-        await self._store.record(self.conversation.id, self.session.number, self.id, messages, state=self.state)
+        await self._store.record(self.conversation.id, self.session.number, self.id, messages, state=self.state.as_dict())
         for message in messages:
             self._append(message)
 
@@ -320,7 +303,7 @@ class Turn:
         """
         entry = await self._store.speak(
             self.conversation.id, self.session.number, self.id, self.chat, text,
-            tool_call_id=tool_call_id, message=shown, state=self.state, stream=stream, attachment=attachment,
+            tool_call_id=tool_call_id, message=shown, state=self.state.as_dict(), stream=stream, attachment=attachment,
         )
         if shown is not None:
             self.transcript.append(shown)
@@ -374,7 +357,7 @@ class Turn:
         await self._store.settle_stream(entry.id, status=status, text=text, error=error)
 
     async def save_state(self) -> None:
-        await self._store.record(self.conversation.id, self.session.number, self.id, [], state=self.state)
+        await self._store.record(self.conversation.id, self.session.number, self.id, [], state=self.state.as_dict())
 
     async def outbox(self) -> list[OutboxEntry]:
         """Every message this turn queued, oldest first (to resume a turn)."""
@@ -385,7 +368,7 @@ class Turn:
         its session's history."""
         await self._store.finish_turn(
             self.id, status=status, trace=trace, journal_ids=self.journal_ids, journal_status=journal_status,
-            state=self.state,
+            state=self.state.as_dict(),
         )
         self.session.adopt(self.transcript)
 
@@ -396,32 +379,19 @@ class Conversation:
     Build it with :meth:`load`.
     """
 
-    def __init__(self, store: Store, record: ConversationRecord, session: Session) -> None:
+    def __init__(self, store: Store, record: ConversationRecord, session: Session, inbox: Inbox | None = None) -> None:
         self._store = store
         self.record = record
         self.session = session
         self.turn: Turn | None = None
-        #: journal entries waiting for a turn, oldest first (a running turn may take them)
-        self.inbox: list[JournalEntry] = []
-        #: ``/stop`` came before the turn began (while it was routed): it stops at once
-        self.stop_pending = False
-        #: entries taken for the next turn that has not begun yet (its files, its route)
-        self.taken: list[JournalEntry] = []
-        #: loop time until which the burst of messages from people goes on: the last one's
-        #: arrival plus the quiet it asks for (``ConversationActor.enqueue``)
-        self.settle_at = 0.0
-        #: set when a message continues a burst (``cognition.debounce_s``) while a turn that
-        #: began at once is prepared or awaits its first completion: it is asked again with it
-        self.burst = asyncio.Event()
-        #: journal id of the last ``/reset``: messages from people journaled before it belong
-        #: to the session it put aside (in memory: :meth:`reset` settles them in the store)
-        self.fence = 0
+        #: everything waiting for a turn (messages, bursts, files, a pending stop, the /reset fence)
+        self.inbox = inbox if inbox is not None else Inbox()
 
     @classmethod
-    async def load(cls, store: Store, chat: ChatRef) -> Conversation:
+    async def load(cls, store: Store, chat: ChatRef, *, debounce_s: float = 0.0) -> Conversation:
         """The conversation of ``chat`` with its current session loaded."""
         record = await store.conversation(chat)
-        return cls(store, record, await Session.load(store, record, record.session))
+        return cls(store, record, await Session.load(store, record, record.session), Inbox(debounce_s=debounce_s))
 
     @property
     def id(self) -> int:
@@ -449,36 +419,32 @@ class Conversation:
         the new session, so neither this process nor the next start answers them in the new
         session. Returns them.
         """
-        aside = [e for e in (*self.taken, *self.inbox) if e.inbound.source == "chat" and e.id < fence]
-        ids = {e.id for e in aside}
-        number = await self._store.reset(self.id, set_aside=sorted(ids))
-        self.inbox = [e for e in self.inbox if e.id not in ids]
-        self.fence = max(self.fence, fence)
+        aside = self.inbox.set_aside(fence)
+        number = await self._store.reset(self.id, set_aside=sorted(e.id for e in aside))
         if self.turn is None:
-            self.stop_pending = False  # the stop that came with it was for what it set aside
+            self.inbox.take_stop()  # the stop that came with it was for what it set aside
         self.record = ConversationRecord(self.id, self.chat, number)
         self.session = Session(self._store, self.id, number, [], CompactionState(None, 0, 0, 0, 0.0), self.key)
         return aside
 
-    async def begin_turn(self, entries: list[JournalEntry], state: dict[str, Any]) -> Turn | None:
+    async def begin_turn(self, entries: list[JournalEntry], state: TurnState) -> Turn | None:
         """Start a turn answering ``entries`` in the current session (checkpoint 0: the turn
         row and the user message). ``None`` when a ``/reset`` came after them while the turn
         was being prepared: they were set aside (:meth:`reset`), no turn begins."""
-        self.taken = []
-        entries = self.after_fence(entries)
+        self.inbox.began()
+        entries = self.inbox.after_fence(entries)
         if not entries:
-            self.stop_pending = False  # the stop that came with the /reset was for this turn
+            self.inbox.take_stop()  # the stop that came with the /reset was for this turn
             return None
         user = user_message(entries, await background_of(self._store, entries))
         session = self.session
-        turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state)
+        turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state.as_dict())
         self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)
-        if self.stop_pending:  # /stop came while the turn was being routed
-            self.stop_pending = False
+        if self.inbox.take_stop():  # /stop came while the turn was being routed
             self.turn.stop.set()
         return self.turn
 
-    async def resume_turn(self, running: RunningTurn, state: dict[str, Any]) -> Turn:
+    async def resume_turn(self, running: RunningTurn, state: TurnState) -> Turn:
         """The turn ``running`` as it was recorded when the last process stopped.
 
         A legacy turn (no checkpoints yet) is rebuilt first: its user message from its journal
@@ -503,15 +469,14 @@ class Conversation:
                 transcript += [
                     Message(role="tool", content=LEGACY_SAID, tool_call_id=c["id"], name="say", ok=True) for c in calls
                 ]
-            await self._store.upgrade_turn(self.id, session.number, running.id, transcript, state)
+            await self._store.upgrade_turn(self.id, session.number, running.id, transcript, state.as_dict())
         else:
             transcript = await self._store.turn_messages(running.id)
-            state = running.state
+            state = TurnState.from_dict(running.state)
         self.turn = Turn(
             self._store, self.record, session, running.id, list(running.entries), transcript, state, resumed=True
         )
-        if self.stop_pending:  # /stop came while the turn was being read back
-            self.stop_pending = False
+        if self.inbox.take_stop():  # /stop came while the turn was being read back
             self.turn.stop.set()
         return self.turn
 
@@ -531,43 +496,12 @@ class Conversation:
             e for e in await self._store.pending_inbound()
             if e.inbound.chat == self.chat and e.id not in taken and e.turn_id is None
         ]
-        known = {e.id for e in journal}
-        self.inbox = journal + [e for e in self.inbox if e.id not in known and e.id not in taken]
+        self.inbox.replace_all(journal, taken)
         return running
 
     async def drop(self, entries: list[JournalEntry]) -> None:
         """``/stop`` while ``entries`` wait (for a file service): they are settled unanswered."""
         await self._store.settle_journal([e.id for e in entries], "ignored")
-
-    def after_fence(self, entries: list[JournalEntry]) -> list[JournalEntry]:
-        """``entries`` without the messages from people a ``/reset`` set aside."""
-        return [e for e in entries if not (e.inbound.source == "chat" and e.id < self.fence)]
-
-    def requeue(self, entries: list[JournalEntry]) -> None:
-        """Put ``entries`` (taken by a turn that did not begin) back at the head of the inbox,
-        except those a ``/reset`` set aside meanwhile."""
-        self.inbox[:0] = self.after_fence(entries)
-
-    def take_inbox(self, *, steering: bool = False) -> list[JournalEntry]:
-        """What the next turn answers, in arrival order: the messages from people waiting at
-        the head of the inbox (they merge into one turn), or one scheduled or autonomous
-        entry (each is a turn of its own, never merged). ``steering``: for the running turn,
-        every message from a person waiting (not the parts of an album), and nothing else."""
-        if steering:  # not an album's parts: they wait for each other, and make a turn of their own
-            steers = [e.inbound.source == "chat" and not e.inbound.album for e in self.inbox]
-            batch = [e for e, s in zip(self.inbox, steers, strict=True) if s]
-            self.inbox = [e for e, s in zip(self.inbox, steers, strict=True) if not s]
-            return batch
-        if not self.inbox:
-            return []
-        if self.inbox[0].inbound.source != "chat":
-            batch, self.inbox = self.inbox[:1], self.inbox[1:]
-            self.taken = batch
-            return batch
-        n = next((i for i, e in enumerate(self.inbox) if e.inbound.source != "chat"), len(self.inbox))
-        batch, self.inbox = self.inbox[:n], self.inbox[n:]
-        self.taken = batch
-        return batch
 
     def request_stop(self) -> bool:
         """``/stop``: the turn in progress stops (``Turn.stop``); a turn still being routed
@@ -577,11 +511,8 @@ class Conversation:
                 return False
             self.turn.stop.set()
             return True
-        if self.stop_pending:
-            return False
-        self.stop_pending = True
-        return True
+        return self.inbox.request_stop()
 
     def turn_done(self) -> None:
         self.turn = None
-        self.stop_pending = False
+        self.inbox.take_stop()

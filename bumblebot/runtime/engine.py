@@ -5,7 +5,7 @@ interface); the message is written to the journal (for Telegram together with th
 offset) *before* the adapter acknowledges it to the platform; a duplicate (same platform, chat
 and message id) is dropped here. The entry goes to its conversation's
 :class:`~bumblebot.runtime.actor.ConversationActor`, which runs turns one at a time
-(:mod:`bumblebot.runtime.turn`). Replies leave through :mod:`bumblebot.delivery.outbox`.
+(:mod:`bumblebot.runtime.runner`). Replies leave through :mod:`bumblebot.delivery.outbox`.
 
 Lifecycle: ``start()`` expires outbox rows older than ``engine.outbox_expiry_s``, recovers
 (turns the last process left running are resumed from their last checkpoint, other pending
@@ -27,18 +27,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bumblebot.runtime.actor import ConversationActor, Progress
-from bumblebot.core.config import EngineSettings
-from bumblebot.runtime.conversation import Conversation
-from bumblebot.delivery import Delivery
-from bumblebot.core.events import ChatRef, Inbound, Platform, blank
 from bumblebot.cognition.knowledge import Memory
-from bumblebot.media import MediaIntake
-from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.cognition.prompt import PromptBuilder
+from bumblebot.core.commands import BY_NAME, help_text
+from bumblebot.core.events import ChatRef, Inbound, Platform, blank
+from bumblebot.core.metrics import NO_METRICS, Metrics
+from bumblebot.core.settings import EngineSettings
+from bumblebot.delivery import Delivery
+from bumblebot.media import MediaIntake
+from bumblebot.runtime.actor import ConversationActor, Progress
+from bumblebot.runtime.conversation import Conversation
+from bumblebot.runtime.runner import TurnRunner
 from bumblebot.runtime.scheduler import Scheduler, TaskError
 from bumblebot.store import JournalEntry, Pruned, Store
-from bumblebot.runtime.turn import TurnRunner
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,6 @@ OUTBOX_SWEEP_S = 30.0
 HOUSEKEEPING_S = 24 * 3600.0
 DAY_S = 86400.0
 REFUSED_KEY = "{platform}.refused:{user_id}"
-HELP_TEXT = (
-    "Talk to me normally; ask me to remind you of something and I will. Commands: /stop stops the "
-    "answer I'm working on, /reset starts a fresh conversation, /status shows context usage, /compact "
-    "compacts the conversation now, /tasks lists scheduled tasks (/tasks cancel ID cancels one)."
-)
-
-
 class Engine:
     """The cognition engine's front: what adapters talk to (:class:`~bumblebot.core.adapter.Intake`).
 
@@ -102,7 +96,8 @@ class Engine:
         self._accepting = False
         self._stopped = False
         self.progress = Progress()
-        # metrics hook (issue 14): bumblebot_queue_depth reads the inboxes at each scrape
+        self._commands = self._command_handlers()
+        # metrics hook: bumblebot_queue_depth reads the inboxes at each scrape
         (NO_METRICS if metrics is None else metrics).watch_queue(lambda: self.queue_depth)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -327,7 +322,8 @@ class Engine:
             return False
         inbound = _visible(inbound.storable())
         if inbound.source == "chat" and not inbound.text and not inbound.attachments:
-            # only invisible characters (issue 16): journaled (a redelivery stays one), never a turn
+            # only invisible characters: journaled (a redelivery stays one), never a turn, since a
+            # blank user message in the history makes some endpoints refuse every later request
             if await self._store.journal(inbound, kv=kv, status="ignored") is not None:
                 log.info("message %s in %s shows nothing; not answered", inbound.message_id, inbound.chat.key)
             return False
@@ -361,7 +357,7 @@ class Engine:
         return await self._store.journal(inbound, kv=kv, status="ignored", background=shows) is not None
 
     async def edit(self, inbound: Inbound) -> bool:
-        """An edited message (issue 16): if it still waits for a turn (in its conversation's
+        """An edited message: if it still waits for a turn (in its conversation's
         inbox, during ``cognition.debounce_s``, behind a running turn in ``queue`` mode, or for
         its files), its text, quote and files become the edit's, in the journal and in the
         inbox. Once a turn has taken it the edit is ignored (the answer is to what was first
@@ -444,14 +440,13 @@ class Engine:
         async with self._actor_lock:
             actor = self._actors.get(chat.key)
             if actor is None or actor.closed:
-                conversation = await Conversation.load(self._store, chat)
+                conversation = await Conversation.load(self._store, chat, debounce_s=self._debounce_s)
                 actor = ConversationActor(
                     conversation,
                     self._runner,
                     ready=self._ready,
                     idle_unload_s=self.settings.idle_unload_s,
                     progress=self.progress,
-                    debounce_s=self._debounce_s,
                 )
                 self._actors[chat.key] = actor
                 actor.task = self._spawn(actor.run(), f"bumblebot:{chat.key}:actor")
@@ -474,7 +469,7 @@ class Engine:
         there (its model call is aborted; see ``TurnRunner``), whatever the turn is waiting on.
 
         The command message is journaled first (with ``kv``, e.g. Telegram's next offset), so a
-        redelivered command is not run twice. ``/reset`` is a fence (issue 16): the running
+        redelivered command is not run twice. ``/reset`` is a fence: the running
         turn stops and finishes in the old session, messages sent before it that no turn has
         begun answering are set aside, and what comes after belongs to the new session
         (:meth:`ConversationActor.reset`).
@@ -484,28 +479,44 @@ class Engine:
         journal_id = await self._store.journal(inbound.storable(), kv=kv, status="ignored")
         if journal_id is None:
             return None
-        name = name.lower()
-        if name == "start":
-            return self._prompts.entity.start_text()
-        if name == "help":
-            return HELP_TEXT
-        if name == "tasks":
-            return await self._tasks_command(inbound)
-        if name == "stop":
-            running = self._actors.get(inbound.chat.key)
-            if running is None or not running.stop_turn():
-                return "Nothing to stop: I'm not working on anything here."
-            return "Stopped."
-        if name not in ("reset", "status", "compact"):
+        handler = self._commands.get(name.lower())
+        if handler is None:
             return f"Unknown command /{name}. Try /help."
+        return await handler(inbound, journal_id)
+
+    def _command_handlers(self) -> dict[str, Callable[[Inbound, int], Awaitable[str]]]:
+        """Each command of :data:`~bumblebot.core.commands.COMMANDS` with its handler."""
+        handlers = {
+            "start": self._start_command, "help": self._help_command, "tasks": self._tasks_command,
+            "stop": self._stop_command, "reset": self._reset_command, "status": self._status_command,
+            "compact": self._compact_command,
+        }
+        if set(handlers) != set(BY_NAME):  # a command added to the table needs its handler here
+            raise RuntimeError(f"commands without a handler or entry: {sorted(set(handlers) ^ set(BY_NAME))}")
+        return handlers
+
+    async def _start_command(self, inbound: Inbound, journal_id: int) -> str:
+        return self._prompts.entity.start_text()
+
+    async def _help_command(self, inbound: Inbound, journal_id: int) -> str:
+        return help_text()
+
+    async def _stop_command(self, inbound: Inbound, journal_id: int) -> str:
+        running = self._actors.get(inbound.chat.key)
+        if running is None or not running.stop_turn():
+            return "Nothing to stop: I'm not working on anything here."
+        return "Stopped."
+
+    async def _reset_command(self, inbound: Inbound, journal_id: int) -> str:
+        stopped, aside = await (await self._actor(inbound.chat)).reset(journal_id)
+        return _reset_text(stopped, aside)
+
+    async def _status_command(self, inbound: Inbound, journal_id: int) -> str:
+        return self._runner.status((await self._actor(inbound.chat)).conversation)
+
+    async def _compact_command(self, inbound: Inbound, journal_id: int) -> str:
         actor = await self._actor(inbound.chat)
-        conversation = actor.conversation
-        if name == "reset":
-            stopped, aside = await actor.reset(journal_id)
-            return _reset_text(stopped, aside)
-        if name == "status":
-            return self._runner.status(conversation)
-        runner, chat = self._runner, inbound.chat
+        runner, chat, conversation = self._runner, inbound.chat, actor.conversation
 
         async def job() -> None:
             await self.reply(chat, await runner.compact_now(conversation))
@@ -514,7 +525,7 @@ class Engine:
         return "Compacting this conversation; I'll report when it's done."
 
 
-    async def _tasks_command(self, inbound: Inbound) -> str:
+    async def _tasks_command(self, inbound: Inbound, journal_id: int) -> str:
         """``/tasks`` lists the conversation's tasks; ``/tasks cancel ID`` cancels one."""
         if self._scheduler is None:
             return "Scheduled tasks are not available."

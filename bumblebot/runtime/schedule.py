@@ -1,5 +1,5 @@
 """When a scheduled task is due: the ``when`` of ``schedule_task`` read, and the next due time
-computed (issue 13). Pure functions; the clock is always passed in.
+computed. Pure functions; the clock is always passed in.
 
 ``when`` takes four forms, read in a time zone (the entity's ``timezone``):
 

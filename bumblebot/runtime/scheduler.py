@@ -1,4 +1,4 @@
-"""Scheduled tasks and autonomous cycles: input that no person sent (issue 13).
+"""Scheduled tasks and autonomous cycles: input that no person sent.
 
 :class:`Scheduler` is the one writer of the ``tasks`` table. The ``schedule_task``,
 ``list_tasks`` and ``cancel_task`` tools and the ``/tasks`` command go through it; the engine
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from bumblebot.core.config import AutomationSettings, AutonomySettings
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.core.settings import AutomationSettings, AutonomySettings
 from bumblebot.runtime.schedule import Kind, WhenError, describe, next_due, parse_when
 from bumblebot.store import JournalEntry, Store, TaskRecord, TooManyTasks
 
