@@ -1,4 +1,4 @@
-"""Chat turns end to end: Bumblebot against the thinnest possible bot, in one run (issue 11).
+"""Chat turns end to end: Bumblebot against the thinnest possible bot, in one run.
 
 Run from the repository root::
 
@@ -245,7 +245,7 @@ def child_env() -> dict[str, str]:
 
 
 def streaming_key_supported() -> bool:
-    from bumblebot.core.config import Settings
+    from bumblebot.core.settings import Settings
 
     return "delivery" in Settings.model_fields
 
@@ -770,7 +770,7 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         "# Performance",
         "",
         ("How fast a chat turn is, measured side by side with the thinnest possible bot in one run of "
-        "`python bench/bench_chat.py` (issue 11). Numbers are from a shared, noisy machine: compare the "
+        "`python bench/bench_chat.py`. Numbers are from a shared, noisy machine: compare the "
         "ratios, which are measured in the same run, more than the absolute values."),
         "",
         (f"Last run: {stamp}, {'--quick (smoke run)' if quick else 'full run'}, {runtime:.0f} s; "
@@ -796,7 +796,7 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         ("- **Load.** Closed loop: each chat sends a plain chat message (greetings, reactions, small talk), waits for "
         f"the complete reply, reads it for {THINK_S:g} s, then sends the next, for the run's measured window. The "
         "reading pause stands for a person: a chat that writes again the instant the answer arrives is the flood "
-        "Telegram's per-chat limit (about a message a second) forbids, and Bumblebot's pacer (issue 16) holds such "
+        "Telegram's per-chat limit (about a message a second) forbids, and Bumblebot's pacer holds such "
         "replies for it, so the run would measure the pacing rather than the bot. Turns per second include the "
         "pauses (both bots alike). One warm-up turn per chat comes "
         "first and is not measured (it creates the conversation; in the history runs it loads it)."),
@@ -829,7 +829,7 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         "",
         ("- The fakes run in the benchmark process on the same 2 cores as the bot; their own CPU per turn is in "
         "the notes."),
-        ("- Bumblebot keeps to Telegram's published limits (issue 16, `adapters/telegram/pacing.py`): about 30 messages a "
+        ("- Bumblebot keeps to Telegram's published limits (`adapters/telegram/pacing.py`): about 30 messages a "
         "second overall, one a second per chat after a burst of three. The baseline does not, so in the runs that "
         "ask for more than 30 replies a second (100 chats, and 1,000 at once) Bumblebot's throughput and latency "
         "are bound by that limit, not by its own cost; a streamed reply takes two calls when the overall window has "
@@ -847,7 +847,7 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         "",
         *table(results, baselines),
         "",
-        "## Targets (issue 11)",
+        "## Targets",
         "",
         *targets(by, quick),
     ]

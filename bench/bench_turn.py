@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import openai  # noqa: E402
 from fakes.openai_server import FakeOpenAI, Reply, is_aux, text, tool_calls  # noqa: E402
 
-from bumblebot.core.adapter import Adapter  # noqa: E402
 from bumblebot.app.daemon import Daemon  # noqa: E402
+from bumblebot.core.adapter import Adapter  # noqa: E402
 from bumblebot.core.config import Secrets, load_settings  # noqa: E402
 from bumblebot.core.entity import load_entity  # noqa: E402
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform  # noqa: E402

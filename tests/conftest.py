@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fakes.openai_server import FakeOpenAI
 from fakes.telegram_server import FakeTelegram
 
@@ -91,10 +90,10 @@ async def running(
 
     ``pace``: the Telegram adapter's :class:`~adapters.telegram.pacing.PaceLimits` (default: calls to
     one chat :data:`TEST_PACE_INTERVAL_S` apart, the group and overall windows out of reach)."""
+    from adapters.telegram.pacing import PaceLimits
     from bumblebot.app.cli import Daemon
     from bumblebot.core.config import Secrets, load_settings
     from bumblebot.core.entity import load_entity
-    from adapters.telegram.pacing import PaceLimits
 
     settings = load_settings(config)
     secrets = Secrets(

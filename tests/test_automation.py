@@ -169,7 +169,7 @@ async def test_an_autonomous_turn_that_says_nothing_delivers_nothing(tmp_path, l
         outbox = await d.store.outbox_for_turn(2)
         trace = (await d.store.recent_turns(limit=1))[0]["trace"]
     assert tg.sent(85) == ["hello!"]  # no "Sorry, I couldn't put an answer together"
-    assert outbox == [] and trace["stop_reason"].endswith("+silent")
+    assert outbox == [] and trace["stop_flags"] == ["silent"]
     [(message_id, status)] = journal(tmp_path, "autonomy:%")
     assert status == "done"
     autonomous = [r for r in loop_requests(llm) if "Autonomous turn" in contents(r)]
@@ -264,11 +264,12 @@ async def test_autonomy_never_reaches_out_to_refused_strangers_or_command_only_c
 async def test_runs_never_pile_up_and_a_cancelled_task_does_not_run_its_queued_run(tmp_path):
     """Regression: an every-second task during a 6 s outage queued 6 runs, all sent on
     recovery, even after /tasks cancel."""
-    from bumblebot.core.config import AutomationSettings, AutonomySettings
+    from zoneinfo import ZoneInfo
+
     from bumblebot.core.events import ChatRef, Platform
+    from bumblebot.core.settings import AutomationSettings, AutonomySettings
     from bumblebot.runtime.scheduler import Scheduler
     from bumblebot.store import Store
-    from zoneinfo import ZoneInfo
 
     now = [1_800_000_000.0]
     async with Store(tmp_path / "b.db") as store:

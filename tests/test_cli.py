@@ -11,7 +11,16 @@ from pathlib import Path
 
 from conftest import TOKEN, write_config
 from fakes.openai_server import is_loop, tool_calls
-from support import Gate, contents, env_for, judges_say_done, kill_inside_model_call, say, start_daemon, tool_result
+from support import (
+    Gate,
+    contents,
+    env_for,
+    judges_say_done,
+    kill_inside_model_call,
+    say,
+    start_daemon,
+    tool_result,
+)
 
 
 async def test_sigkill_mid_turn_then_restart_answers_exactly_once(tmp_path, llm, tg):

@@ -311,7 +311,7 @@ async def test_a_looping_model_is_stopped_before_the_step_cap(tmp_path, llm, tg)
 async def test_a_turn_that_said_something_and_hit_the_cap_says_once_that_it_stopped(tmp_path, llm, tg):
     """What the model said stands, and the user is told the turn stopped at the cap (not
     left to guess whether more is coming); the model gave no closing words, so the plain note."""
-    from bumblebot.cognition.loop import STEP_CAP_MESSAGE
+    from bumblebot.cognition.notes import STEP_CAP_MESSAGE
 
     judges_say_done(llm)
     llm.push(say("Here is what I found so far: it is sunny.", end=False), when=is_loop)

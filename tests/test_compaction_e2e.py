@@ -10,10 +10,10 @@ from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
 from support import contents, judges_say_done, loop_requests, say
 
 from bumblebot.cognition.compaction import PLACEHOLDER, SUMMARY_HEADER, SUMMARY_HEADINGS
-from bumblebot.runtime.conversation import Conversation
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.messages import Message
+from bumblebot.runtime.conversation import Conversation
 from bumblebot.store import Store
 
 CHAT = 501

@@ -35,8 +35,8 @@ from bumblebot.cognition.compaction import (
 )
 from bumblebot.cognition.compaction_prompts import FLUSH_SYSTEM, SUMMARY_SYSTEM
 from bumblebot.cognition.knowledge import KnowledgeFile
-from bumblebot.core.messages import Message, estimate_messages
 from bumblebot.cognition.sequence import validate
+from bumblebot.core.messages import Message, estimate_messages
 
 SETTINGS = settings(max_examples=120, deadline=None)
 CTX = 32768

@@ -196,3 +196,17 @@ def test_a_bad_streaming_value_names_the_key(tmp_path):
     path.write_text("delivery: {streaming: sometimes}\n")
     with pytest.raises(ConfigError, match="delivery.streaming"):
         load_settings(path)
+
+
+def test_one_setting_caps_a_tool_result_and_the_old_key_is_ignored(tmp_path):
+    """``tools.max_result_chars`` was a second cap beside ``cognition.max_tool_result_share``;
+    an old file that still sets it loads, and the share of the window decides."""
+    from bumblebot.app.daemon import build_toolbox
+
+    (tmp_path / "config.yaml").write_text(
+        f"data_dir: {tmp_path / 'data'}\n"
+        "cognition: {max_context_tokens: 8192, max_tool_result_share: 0.1}\n"
+        "tools: {max_result_chars: 900}\n"
+    )
+    settings = load_settings(tmp_path / "config.yaml")
+    assert build_toolbox(settings).max_result_chars == int(0.1 * 8192 * 4)

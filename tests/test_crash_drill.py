@@ -50,11 +50,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import write_config
 from fakes.openai_server import FakeOpenAI, Reply, error, is_loop, text, tool_calls
 from fakes.telegram_server import FakeTelegram
-from support import Gate, contents, kill_inside_model_call, say, start_daemon, stop_daemon, tool_result
+from support import (
+    Gate,
+    contents,
+    kill_inside_model_call,
+    say,
+    start_daemon,
+    stop_daemon,
+    tool_result,
+)
 
 TOKEN = re.compile(r"q(\d+)-\d+")  # a user message's unique token, q<chat>-<n>
 ANSWER = re.compile(r"a:(q\d+-\d+)")  # the model's answer to it, a:q<chat>-<n>

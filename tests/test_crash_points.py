@@ -32,18 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import TOKEN, write_config
 from fakes.discord_server import FakeDiscord
 from fakes.openai_server import FakeOpenAI, Reply, error, is_last_chance, is_loop, text, tool_calls
 from fakes.telegram_server import FakeTelegram
 
-from bumblebot.core.config import Secrets, load_settings
 from bumblebot.app.daemon import Daemon
+from bumblebot.cognition.notes import LOOPING_MESSAGE, NO_REPLY_MESSAGE
+from bumblebot.core.config import Secrets, load_settings
 from bumblebot.core.entity import load_entity
-from bumblebot.cognition.loop import LOOPING_MESSAGE, NO_REPLY_MESSAGE
+from bumblebot.runtime.outage import OUTAGE_NOTICE
 from bumblebot.store import Store
-from bumblebot.runtime.turn import OUTAGE_NOTICE
 
 #: A crash abandons connections mid-request, as a killed process does; the OS would close them,
 #: here the garbage collector does, and warns. Only this module's simulated crashes are exempt.

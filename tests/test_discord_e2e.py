@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import TOKEN, running, write_config
 from fakes.discord_server import BOT_ID, HUMAN_ID, FakeDiscord
 from fakes.openai_server import FakeOpenAI, is_loop
@@ -369,7 +368,7 @@ async def test_text_commands_in_dm_and_guild_and_a_slash_command(tmp_path, llm, 
 
 async def test_only_members_who_manage_messages_reset_a_guild_channel(tmp_path, llm, dc):
     """Issue 10: /reset and /compact change a channel's conversation for everyone in it."""
-    from adapters.discord.adapter import NOT_MANAGER_TEXT
+    from adapters.discord.commands import NOT_MANAGER_TEXT
 
     owner = dc.human("500000000000000099", "owner")
     dc.add_guild(GUILD_ID, [CHANNEL_ID], name="Hive", owner=owner)

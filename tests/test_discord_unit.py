@@ -6,16 +6,16 @@ import warnings
 
 import pytest
 
-from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.bots import BotTurnBudget
+from adapters.discord.mentions import MentionNames, mentions_user, readable_text
 from adapters.discord.policy import MessageFacts, Verdict, command_target, decide, parse_command
-from bumblebot.core.config import DiscordSettings
+from bumblebot.core.settings import DiscordSettings
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
     import discord
 
-    from adapters.discord.adapter import describe_failure
+    from adapters.discord.client import describe_failure
 
 BOT = 1000
 ALICE = 2000

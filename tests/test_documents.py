@@ -16,19 +16,11 @@ import pypdf
 import pytest
 
 import tools.files as file_tools
-from bumblebot.media import documents
-from bumblebot.media.documents import (
-    MAX_NAME_BYTES,
-    DocumentError,
-    describe_size,
-    excerpt,
-    is_pdf,
-    pdf_text,
-    place,
-    safe_name,
-    sniff,
-)
 from bumblebot.core.toolkit import ToolContext, ToolResult
+from bumblebot.media import documents, names
+from bumblebot.media.documents import DocumentError, describe_size, excerpt, pdf_text
+from bumblebot.media.kinds import is_pdf, sniff
+from bumblebot.media.names import MAX_NAME_BYTES, place, safe_name
 from tools.files import FILE_TOOLS
 from tools.registry import Registry
 
@@ -176,7 +168,7 @@ def test_safe_name_properties_on_random_hostile_names() -> None:
         assert all(unicodedata.category(c) not in ("Cc", "Cs") for c in name), raw
         assert name[0] not in ". " and name[-1] not in ". ", raw
         assert name == unicodedata.normalize("NFC", name), raw
-        assert name.split(".", 1)[0].rstrip().upper() not in documents._RESERVED, raw
+        assert name.split(".", 1)[0].rstrip().upper() not in names._RESERVED, raw
         assert safe_name(name) == name, raw  # idempotent
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bumblebot.cognition.loop import canonical_arguments, max_steps, post_tool_nudge, repeat_key
+from bumblebot.cognition.limits import max_steps
+from bumblebot.cognition.notes import post_tool_nudge
+from bumblebot.cognition.state import canonical_arguments, repeat_key
 
 
 @pytest.mark.parametrize(
@@ -40,7 +42,7 @@ def test_post_tool_nudge_lists_failures_once_and_last_three_told():
     ],
 )
 def test_context_length_errors_of_common_servers_are_recognised(message):
-    from bumblebot.llm.client import _CONTEXT_RE
+    from bumblebot.llm.completion import _CONTEXT_RE
 
     assert _CONTEXT_RE.search(message)
     assert not _CONTEXT_RE.search("tool_choice 'required' is not supported")

@@ -27,9 +27,9 @@ from conftest import running, write_config
 from fakes.openai_server import text
 from support import contents, is_adequacy_judge, is_loop_with, judges_say_done, say
 
+from bumblebot.app.watchdog import LoopWatchdog, location
 from bumblebot.cognition.gate import CompletionGate, GateInput
 from bumblebot.cognition.router import heuristic
-from bumblebot.app.watchdog import LoopWatchdog, location
 
 ROOT = Path(__file__).resolve().parent.parent
 

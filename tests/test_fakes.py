@@ -14,8 +14,6 @@ import openai
 import pytest
 import telegram
 import telegram.warnings
-from telegram.ext import ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
-
 from fakes.openai_server import (
     FakeOpenAI,
     error,
@@ -27,6 +25,7 @@ from fakes.openai_server import (
     tool_calls,
 )
 from fakes.telegram_server import FakeTelegram, bad_request_body, retry_after_body
+from telegram.ext import ApplicationBuilder, CommandHandler, ContextTypes, MessageHandler, filters
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look something up",
                                            "parameters": {"type": "object", "properties": {}}}}]

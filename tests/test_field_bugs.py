@@ -13,7 +13,17 @@ import sqlite3
 
 from conftest import running, write_config
 from fakes.openai_server import Reply, error, is_aux, is_loop, text
-from support import UNCLEAR, Gate, contents, is_classifier, is_loop_with, judges_say_done, loop_requests, say, tool_result
+from support import (
+    UNCLEAR,
+    Gate,
+    contents,
+    is_classifier,
+    is_loop_with,
+    judges_say_done,
+    loop_requests,
+    say,
+    tool_result,
+)
 
 TG_LIMIT = 4096
 
@@ -148,14 +158,14 @@ async def test_a_chat_that_never_stops_writing_still_gets_its_answer(tmp_path, m
     """Regression: each message within the debounce sent a turn still being routed back to the
     inbox; with a message every 0.15 s and routing that takes 0.3 s (the classifier), no turn
     would ever begin. The actor with a stand-in runner that routes slowly (pure logic)."""
-    import bumblebot.runtime.actor
+    import bumblebot.runtime.inbox
+    from bumblebot.core.events import ChatRef, Inbound, Platform
     from bumblebot.runtime.actor import ConversationActor, Progress
     from bumblebot.runtime.conversation import Conversation
-    from bumblebot.core.events import ChatRef, Inbound, Platform
+    from bumblebot.runtime.outcomes import Finished, Requeued
     from bumblebot.store import JournalEntry, Store
-    from bumblebot.runtime.turn import Finished, Requeued
 
-    monkeypatch.setattr(bumblebot.runtime.actor, "DEBOUNCE_MAX_S", 1.0)
+    monkeypatch.setattr(bumblebot.runtime.inbox, "DEBOUNCE_MAX_S", 1.0)
 
     class SlowRouter:
         calls = 0
@@ -163,14 +173,14 @@ async def test_a_chat_that_never_stops_writing_still_gets_its_answer(tmp_path, m
         async def run(self, conversation, entries):
             self.calls += 1
             await asyncio.sleep(0.3)  # the classifier deciding the route
-            return Requeued(entries) if conversation.burst.is_set() else Finished("done")
+            return Requeued(entries) if conversation.inbox.burst.is_set() else Finished("done")
 
     chat = ChatRef(Platform.TELEGRAM, "176")
     async with Store(tmp_path / "b.db") as store:
         runner, progress, ready = SlowRouter(), Progress(), asyncio.Event()
         ready.set()
-        actor = ConversationActor(await Conversation.load(store, chat), runner, ready=ready, idle_unload_s=60,
-                                  progress=progress, debounce_s=0.3)
+        actor = ConversationActor(await Conversation.load(store, chat, debounce_s=0.3), runner, ready=ready,
+                                  idle_unload_s=60, progress=progress)
         task = asyncio.create_task(actor.run())
         for i in range(40):  # the stimulus: a message every 0.15 s for up to 6 s
             actor.enqueue(JournalEntry(i + 1, Inbound(chat, str(i), "1", "Alice", f"part {i}"), "pending"))

@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import running, write_config
 from fakes.discord_server import FakeDiscord
 from fakes.openai_server import FakeOpenAI, is_loop
 from fakes.telegram_server import BOT_USER, FakeTelegram
 from support import Gate, contents, judges_say_done, loop_requests, say
 
-from adapters.discord.adapter import DELETED_QUOTE, QUOTE_CHARS, DiscordAdapter
-from bumblebot.core.config import DiscordSettings
+from adapters.discord.adapter import DiscordAdapter
+from adapters.discord.replies import DELETED_QUOTE, QUOTE_CHARS
 from bumblebot.core.events import Inbound
+from bumblebot.core.settings import DiscordSettings
 
 GROUP = -500
 GUILD_ID = "600000000000000060"

@@ -17,9 +17,10 @@ from conftest import write_config
 from fakes.openai_server import FakeOpenAI, error, is_loop, text, tool_calls
 
 from bumblebot.app.check import check_all, forcing_mode
-from bumblebot.core.config import LLMSettings, Secrets, load_settings
+from bumblebot.core.config import Secrets, load_settings
 from bumblebot.core.entity import load_entity
 from bumblebot.core.errors import ModelUnavailable
+from bumblebot.core.settings import LLMSettings
 from bumblebot.llm import FORCING_RETRY_S, LLM, CapabilityMemory, ForcingFallback, tool_choice_key
 from bumblebot.store import Store
 

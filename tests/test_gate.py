@@ -12,10 +12,10 @@ from fakes.openai_server import is_loop, text, tool_calls
 from support import Gate, contents, is_adequacy_judge, is_grounding_judge, judges_say_done, say
 
 from bumblebot.cognition.gate import CompletionGate, GateInput, parse_verdict
-from bumblebot.llm import ToolCall
-from bumblebot.cognition.loop import LoopState
+from bumblebot.cognition.state import LoopState
 from bumblebot.core.messages import Message
 from bumblebot.core.toolkit import ToolKind, ToolResult
+from bumblebot.llm import ToolCall
 
 
 class Judge:

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bumblebot.core.adapter import Adapter
-from bumblebot.core.config import EngineSettings
-from bumblebot.delivery import Delivery
-from bumblebot.runtime.engine import Engine
 from bumblebot.core.errors import DeliveryFailed
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.core.messages import Message
+from bumblebot.core.settings import EngineSettings
+from bumblebot.delivery import Delivery
+from bumblebot.runtime.engine import Engine
 from bumblebot.store import MIGRATIONS, Pruned, Store
 
 DAY = 86400.0

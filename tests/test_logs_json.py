@@ -159,7 +159,7 @@ async def test_a_real_turn_logs_its_conversation_and_turn(tmp_path, llm, tg):
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
         (turn,) = await d.store.recent_turns()
-    failed = [r for r in records(stream) if r["logger"] == "bumblebot.runtime.turn" and "failed" in r["message"]]
+    failed = [r for r in records(stream) if r["logger"] == "bumblebot.runtime.runner" and "failed" in r["message"]]
     assert failed, stream.getvalue()
     assert failed[0]["conversation"] == "telegram:1" and failed[0]["turn"] == turn["turn_id"]
     assert failed[0]["level"] == "WARNING"

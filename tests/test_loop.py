@@ -15,10 +15,19 @@ from typing import Any
 
 from conftest import running, write_config
 from fakes.openai_server import Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
-from support import Gate, contents, is_adequacy_judge, is_grounding_judge, judges_say_done, loop_requests, say, tool_result
+from support import (
+    Gate,
+    contents,
+    is_adequacy_judge,
+    is_grounding_judge,
+    judges_say_done,
+    loop_requests,
+    say,
+    tool_result,
+)
 
+from bumblebot.cognition.notes import LOOPING_MESSAGE
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.cognition.loop import LOOPING_MESSAGE
 from bumblebot.core.messages import Message
 from bumblebot.store import Store
 
@@ -239,7 +248,7 @@ async def test_a_scheduled_turn_that_stops_at_a_limit_stays_silent(tmp_path, llm
         await d.engine.submit(Inbound(chat, "task:1:0", "313", "Ann", "[Scheduled task] check the plan",
                                       ChatKind.PRIVATE, source="automation"))
         trace = await finished(d)
-    assert tg.sent(313) == [] and trace["stop_reason"] == "looping+silent"
+    assert tg.sent(313) == [] and (trace["stop_reason"], trace["stop_flags"]) == ("looping", ["silent"])
     assert not [r for r in llm.requests if is_last_chance(r)]
 
 

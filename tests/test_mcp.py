@@ -17,20 +17,22 @@ from typing import Any
 
 import pytest
 
+from bumblebot.cognition.state import LoopState
 from bumblebot.core.logs import bind
-from bumblebot.cognition.loop import LoopState
 from bumblebot.core.mcp_settings import MCPSettings, secret_values
-from tools.mcp_client import MCPManager, ServerState, probe_servers
 from bumblebot.core.messages import Message
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind
 from tools import build_registry
+from tools.definition import Tool, make_tool
 from tools.mcp import (
     MCPTools,
     allowlisted_private_chats,
     mcp_schema,
     tool_name,
 )
-from tools.registry import Registry, Tool, make_tool
+from tools.mcp_client import MCPManager, probe_servers
+from tools.mcp_records import ServerState
+from tools.registry import Registry
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "mcp_server.py"
 OWNER = 42  # the allowlisted Telegram user: "telegram:42" is their private chat

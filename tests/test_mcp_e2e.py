@@ -80,7 +80,8 @@ async def test_a_server_that_never_answers_its_handshake_gives_up_after_connect_
     import time
 
     from bumblebot.core.mcp_settings import MCPSettings
-    from tools.mcp_client import MCPManager, ServerState
+    from tools.mcp_client import MCPManager
+    from tools.mcp_records import ServerState
 
     settings = MCPSettings(servers={"mute": {"command": [sys.executable, "-c", "import time; time.sleep(60)"]}},
                            connect_timeout_s=1.5, startup_wait_s=20)

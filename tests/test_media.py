@@ -9,9 +9,9 @@ import io
 import pytest
 from PIL import Image
 
-from bumblebot.core.config import MediaSettings
 from bumblebot.core.errors import MediaError
 from bumblebot.core.events import Attachment, AttachmentKind, ChatRef, Inbound, Platform
+from bumblebot.core.settings import MediaSettings
 from bumblebot.llm import IMAGE_NOT_SHOWN, has_images, without_images
 from bumblebot.media import ImageRef, MediaIntake, Prepared, image_tokens, normalise_image
 from bumblebot.store import Store
@@ -119,7 +119,7 @@ async def test_files_are_fetched_once_even_when_the_process_stops_before_the_tur
     from fakes.telegram_server import FakeTelegram
 
     from adapters.telegram import TelegramAdapter
-    from bumblebot.core.config import TelegramSettings
+    from bumblebot.core.settings import TelegramSettings
 
     class NoIntake:
         accepting = True

@@ -13,7 +13,7 @@ from conftest import running, write_config
 from fakes.openai_server import image_parts, is_loop, tool_calls
 from support import contents, judges_say_done, loop_requests, say, tool_results
 
-from bumblebot.runtime.turn import BLIND
+from bumblebot.runtime.runner import BLIND
 
 
 def png(width: int, height: int, color: tuple[int, int, int] = (200, 30, 30), fmt: str = "PNG") -> bytes:
@@ -693,7 +693,7 @@ async def test_a_file_named_like_the_inbox_cannot_be_written(tmp_path, llm, tg):
 
 def test_a_chat_that_moves_takes_its_inbox_along(tmp_path):
     """Regression: files sent before a group became a supergroup were refused afterwards."""
-    from bumblebot.core.config import MediaSettings
+    from bumblebot.core.settings import MediaSettings
     from bumblebot.media import MediaIntake
 
     workspace = tmp_path / "ws"

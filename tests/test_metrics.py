@@ -20,10 +20,10 @@ from fakes.openai_server import error, is_loop, text
 from prometheus_client.parser import text_string_to_metric_families
 from support import Gate, is_loop_with, judges_say_done, say
 
-from bumblebot.core.config import LLMSettings
 from bumblebot.core.errors import ConfigError, ModelError, ModelTimeout
-from bumblebot.llm import LLM
 from bumblebot.core.metrics import NO_METRICS, Metrics, NoMetrics, parse_listen
+from bumblebot.core.settings import LLMSettings
+from bumblebot.llm import LLM
 
 
 def free_port() -> int:

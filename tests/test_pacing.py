@@ -11,9 +11,9 @@ with a scaled-down interval, asserting only lower bounds of the spacing the fake
 from __future__ import annotations
 
 import asyncio
-import json
-import dataclasses
 import contextlib
+import dataclasses
+import json
 import selectors
 from collections.abc import AsyncIterator, Coroutine
 from itertools import pairwise
@@ -25,10 +25,10 @@ from fakes.openai_server import is_loop
 from fakes.telegram_server import retry_after_body
 from support import Gate, say
 
+from adapters.telegram.pacing import MIN_TRACKED, PaceLimits, Pacer
 from bumblebot.core.adapter import Adapter
 from bumblebot.core.errors import DeliveryFailed
 from bumblebot.core.events import ChatRef, Platform
-from adapters.telegram.pacing import MIN_TRACKED, PaceLimits, Pacer
 
 TELEGRAM = PaceLimits()  # the published limits: 1 s per chat, 20 a minute per group, 30 a second
 
@@ -426,13 +426,14 @@ async def test_a_429_longer_than_the_inline_wait_mid_reply_keeps_the_reply_in_or
     was left to the sweeper (30 s later) and the answer to the next message, sent as the pause
     ended, came before it. Now the rows wait for the pause's end and go in order. (The 30 s
     inline wait is scaled to 1 s and the 429's retry_after to 2 s.)"""
-    import adapters.telegram.adapter as telegram_adapter
-    import bumblebot.delivery.outbox as delivery
     from fakes.telegram_server import retry_after_body
     from support import judges_say_done, say
 
+    import adapters.telegram.sending as telegram_sending
+    import bumblebot.delivery.outbox as delivery
+
     monkeypatch.setattr(delivery, "MAX_INLINE_WAIT_S", 1.0)
-    monkeypatch.setattr(telegram_adapter, "MAX_INLINE_WAIT_S", 1.0)
+    monkeypatch.setattr(telegram_sending, "MAX_INLINE_WAIT_S", 1.0)
     judges_say_done(llm)
     long = "\n".join(f"paragraph {i}: " + "words " * 20 for i in range(60))  # two messages
     llm.push(say(long), when=lambda r: "tools" in r)
@@ -456,11 +457,11 @@ THREE = "\n".join(f"paragraph {i}: " + "words " * 20 for i in range(90))  # thre
 
 
 def _scaled_inline_wait(monkeypatch: Any, seconds: float = 1.0) -> None:
-    import adapters.telegram.adapter as telegram_adapter
+    import adapters.telegram.sending as telegram_sending
     import bumblebot.delivery.outbox as delivery
 
     monkeypatch.setattr(delivery, "MAX_INLINE_WAIT_S", seconds)
-    monkeypatch.setattr(telegram_adapter, "MAX_INLINE_WAIT_S", seconds)
+    monkeypatch.setattr(telegram_sending, "MAX_INLINE_WAIT_S", seconds)
 
 
 async def test_a_second_429_as_a_long_wait_ends_still_keeps_the_reply_in_order(tmp_path, llm, tg, monkeypatch):
@@ -535,13 +536,14 @@ async def test_a_streamed_answer_does_not_jump_into_a_reply_that_waits_for_a_ful
     and the next turn's streamed preview went out in the middle of it. No preview is streamed
     into a chat whose rows wait; the answer comes after them. (The window is scaled to 3 calls
     in 4 s and the inline wait to 1 s.)"""
-    import adapters.telegram.adapter as telegram_adapter
-    import adapters.telegram.pacing as pacing
     from support import judges_say_done, say
+
+    import adapters.telegram.pacing as pacing
+    import adapters.telegram.sending as telegram_sending
 
     _scaled_inline_wait(monkeypatch)
     monkeypatch.setattr(pacing, "GROUP_WINDOW_S", 4.0)
-    monkeypatch.setattr(telegram_adapter, "GROUP_EDIT_INTERVAL_S", 0.2)
+    monkeypatch.setattr(telegram_sending, "GROUP_EDIT_INTERVAL_S", 0.2)
     judges_say_done(llm)
     llm.push(say(THREE + "\n" + THREE), when=lambda r: "tools" in r)  # six messages
     second = say("answer to the second message, streamed slowly so the preview is tried while the window is full and as it frees")

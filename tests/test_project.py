@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bumblebot.core.config import Settings
+from bumblebot.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from bumblebot.core.entity import load_entity
-from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.prompt import GLOBAL_INLINE_CHARS, PromptBuilder, TurnInfo
+from bumblebot.core.entity import load_entity
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 
 
 def builder(tmp_path, knowledge_text="# Knowledge\n"):

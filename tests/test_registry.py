@@ -14,7 +14,8 @@ from pydantic import BaseModel, Field
 from bumblebot.core.toolkit import DeliveryReport, ToolContext, ToolKind, ToolResult
 from tools import build_registry
 from tools.agency import AGENCY_TOOLS
-from tools.registry import Registry, cap_text, make_tool, tool
+from tools.definition import make_tool, tool
+from tools.registry import Registry, cap_text
 
 
 class RecordingTurn:

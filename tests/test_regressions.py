@@ -10,9 +10,9 @@ from fakes.openai_server import error, is_loop, text, tool_calls
 from support import Gate, contents, judges_say_done, loop_requests, say
 
 from bumblebot.core.adapter import Adapter
-from bumblebot.delivery import Delivery
 from bumblebot.core.errors import DeliveryFailed
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.delivery import Delivery
 from bumblebot.store import Store
 
 

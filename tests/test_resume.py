@@ -18,21 +18,31 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-
 from conftest import running, write_config
 from fakes.discord_server import FakeDiscord
 from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
 from support import (
-    Gate, contents, env_for, judges_say_done, kill_daemon, loop_requests, say, start_daemon, stop_daemon, tool_result,
+    Gate,
+    contents,
+    env_for,
+    judges_say_done,
+    kill_daemon,
+    loop_requests,
+    say,
+    start_daemon,
+    stop_daemon,
+    tool_result,
 )
 
 from bumblebot.cognition.budget import ContextBudget
-from bumblebot.runtime.conversation import Session, Turn
+from bumblebot.cognition.notes import INTERRUPTED
+from bumblebot.cognition.state import LoopState
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.cognition.loop import INTERRUPTED, LoopState
 from bumblebot.core.messages import Message
-from bumblebot.store import CompactionState, Store
 from bumblebot.core.toolkit import ToolKind
+from bumblebot.runtime.conversation import Session, Turn
+from bumblebot.runtime.turnstate import TurnState
+from bumblebot.store import CompactionState, Store
 
 
 def db(tmp_path: Path) -> sqlite3.Connection:
@@ -322,7 +332,7 @@ async def test_tool_results_recorded_out_of_order_come_back_in_call_order(tmp_pa
         session = Session(store, record.id, record.session, [], CompactionState(None, 0, 0, 0, 0.0), record.chat.key)
         user = Message(role="user", content="go")
         turn_id = await store.begin_turn(record.id, record.session, [], user, {})
-        turn = Turn(store, record, session, turn_id, [], [user], {})
+        turn = Turn(store, record, session, turn_id, [], [user], TurnState())
         calls = [{"id": f"c{i}", "type": "function", "function": {"name": "t", "arguments": "{}"}} for i in range(3)]
         await turn.record(Message(role="assistant", tool_calls=calls))
         for i in (2, 0, 1):  # completion order

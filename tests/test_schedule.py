@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from bumblebot.core.config import AutonomySettings
 from bumblebot.core.events import ChatRef, Platform
+from bumblebot.core.settings import AutonomySettings
 from bumblebot.runtime.schedule import WhenError, describe, next_due, parse_when
 
 LISBON = ZoneInfo("Europe/Lisbon")

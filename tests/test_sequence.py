@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bumblebot.core.messages import Message
 from bumblebot.cognition.sequence import MISSING_RESULT, InvalidSequence, is_valid, repair, validate
+from bumblebot.core.messages import Message
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

@@ -9,8 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bumblebot.delivery.splitting import (
-    DISCORD_LIMIT,
-    TELEGRAM_LIMIT,
     split_markdown,
     split_text,
     utf16_len,
@@ -152,17 +150,17 @@ def test_telegram_9000_characters_with_newlines_keeps_every_line():
     lines = [f"line {i:04d} " + "lorem ipsum dolor sit amet " * 2 for i in range(140)]
     text = "\n".join(line.rstrip() for line in lines)
     assert 8500 < len(text) < 10000
-    chunks = split_text(text, TELEGRAM_LIMIT, measure=utf16_len)
+    chunks = split_text(text, 4096, measure=utf16_len)
     assert len(chunks) == 3
-    assert_well_formed(chunks, TELEGRAM_LIMIT, utf16_len)
+    assert_well_formed(chunks, 4096, utf16_len)
     assert "\n".join(chunks) == text  # only the newline at each cut is dropped
 
 
 def test_emoji_heavy_reply_fits_telegram_in_utf16():
     text = ("🎉 party " * 300 + "\n") * 3
-    chunks = split_text(text, TELEGRAM_LIMIT, measure=utf16_len)
+    chunks = split_text(text, 4096, measure=utf16_len)
     assert len(chunks) > 2
-    assert_well_formed(chunks, TELEGRAM_LIMIT, utf16_len)
+    assert_well_formed(chunks, 4096, utf16_len)
     assert_slices(text, chunks)
 
 
@@ -195,9 +193,9 @@ def test_issue_case_code_block_across_discord_limit():
     code = "\n".join(f"    result_{i:03d} = compute(value_{i:03d})  # step {i}" for i in range(44))
     text = prose + "\n```python\n" + code + "\n```\n\nRun it with `python script.py`. " + "x" * 60
     assert 2400 < len(text) < 2700
-    chunks = split_markdown(text, DISCORD_LIMIT)
+    chunks = split_markdown(text, 2000)
     assert len(chunks) == 2
-    assert_well_formed(chunks, DISCORD_LIMIT)
+    assert_well_formed(chunks, 2000)
     assert all(open_fence(chunk) is None for chunk in chunks)
     assert chunks[0].endswith("\n```")
     assert chunks[1].startswith("```python\n    result_")

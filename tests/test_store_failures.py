@@ -17,16 +17,15 @@ from typing import Any
 
 import aiosqlite
 import pytest
-
 from conftest import running, write_config
 from fakes.openai_server import error, is_loop, sequence_violation, text, tool_calls
 from support import Gate, judges_say_done, say
 
-from bumblebot.runtime import actor as actor_module
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.core.messages import Message
+from bumblebot.runtime import actor as actor_module
+from bumblebot.runtime.outage import OUTAGE_NOTICE, OutageWatch
 from bumblebot.store import Store
-from bumblebot.runtime.turn import OUTAGE_NOTICE, OutageWatch
 
 
 def db(tmp_path: Path) -> sqlite3.Connection:

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from fakes.openai_server import FakeOpenAI, Reply, text, tool_calls
 
-from bumblebot.core.config import LLMSettings
 from bumblebot.core.errors import ModelTimeout, ModelUnavailable
+from bumblebot.core.settings import LLMSettings
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.llm.streaming import JsonStringField
 

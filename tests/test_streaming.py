@@ -198,7 +198,7 @@ async def test_a_streamed_say_over_the_limit_ends_split_as_usual(tmp_path, llm, 
     async with running(config):
         tg.push_text("tell me something long", chat_id=43)
         await tg.wait_for("sendMessage", n=3, predicate=lambda p: p.get("chat_id") == 43, timeout=10)
-    from adapters.telegram.adapter import render_chunks
+    from adapters.telegram.render import render_chunks
 
     # the whole text once, split where a whole message would have been split
     assert tg.shown(43) == [chunk.text for chunk in render_chunks(words)]
@@ -274,7 +274,7 @@ async def test_the_discord_stop_button_stops_the_turn(tmp_path, llm):
 
 
 async def test_a_stream_that_breaks_off_is_retried_into_the_same_message(tmp_path, llm, tg):
-    from bumblebot.runtime.turn import OUTAGE_NOTICE
+    from bumblebot.runtime.outage import OUTAGE_NOTICE
 
     judges_say_done(llm)
     broken = say(LONG)
@@ -366,7 +366,7 @@ async def test_two_says_cut_off_by_a_crash_are_taken_over_by_two_streams(tmp_pat
 async def test_an_error_event_mid_stream_is_an_outage_not_a_refusal(tmp_path, llm, tg):
     """OpenRouter sends ``data: {"error": …}`` when a provider fails mid-stream: the turn waits
     it out like a 502 and answers, into the message that showed the first try."""
-    from bumblebot.runtime.turn import OUTAGE_NOTICE
+    from bumblebot.runtime.outage import OUTAGE_NOTICE
 
     judges_say_done(llm)
     failing = say(LONG)
@@ -433,7 +433,7 @@ async def test_a_short_reply_after_a_restart_takes_the_half_written_preview_over
 
 
 async def test_stop_while_waiting_out_an_outage_keeps_the_half_written_preview(tmp_path, llm, tg):
-    from bumblebot.runtime.turn import OUTAGE_NOTICE
+    from bumblebot.runtime.outage import OUTAGE_NOTICE
 
     judges_say_done(llm)
     broken = say(LONG)
@@ -533,7 +533,7 @@ async def test_a_work_promise_on_a_reflex_turn_is_judged(tmp_path, llm, tg):
 async def test_a_short_say_after_an_outage_edits_the_half_written_preview(tmp_path, llm, tg):
     """Second review of issue 11: a retried say too short for a preview of its own sent a new
     message and deleted the old preview, instead of finishing it."""
-    from bumblebot.runtime.turn import OUTAGE_NOTICE
+    from bumblebot.runtime.outage import OUTAGE_NOTICE
 
     judges_say_done(llm)
     broken = say(LONG)

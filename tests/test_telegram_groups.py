@@ -17,9 +17,10 @@ from fakes.openai_server import is_loop
 from fakes.telegram_server import BOT_USER, FakeTelegram
 from support import contents, judges_say_done, loop_requests, say
 
-from adapters.telegram.adapter import NOT_ADMIN_TEXT, PRIVACY_NOTE
+from adapters.telegram.adapter import PRIVACY_NOTE
+from adapters.telegram.commands import NOT_ADMIN_TEXT
 from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
-from bumblebot.core.config import TelegramSettings
+from bumblebot.core.settings import TelegramSettings
 from bumblebot.runtime.conversation import BACKGROUND_OPEN
 
 GROUP = -500
@@ -343,8 +344,8 @@ async def test_an_anonymous_admin_may_reset_the_group(tmp_path, llm, tg):
 async def test_background_arriving_during_a_turn_reaches_the_steered_message(tmp_path, llm, tg):
     """Regression: chatter between a turn's first message and one steered into it was shown to
     neither that turn nor the next."""
-    from support import Gate
     from fakes.openai_server import tool_calls
+    from support import Gate
 
     judges_say_done(llm)
     hang = Gate(tool_calls(("think", {"thought": "reading"})))

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from adapters.telegram.adapter import render_chunks
-
+from adapters.telegram.render import render_chunks
 from bumblebot.delivery.splitting import utf16_len
 
 

@@ -321,9 +321,8 @@ async def test_catastrophic_regex_is_stopped_without_freezing_the_event_loop(tmp
     import json
 
     import tools.files as files
-    from tools import build_registry
-
     from bumblebot.core.toolkit import ToolContext
+    from tools import build_registry
 
     monkeypatch.setattr(files, "SEARCH_BUDGET_S", 1.0)
     workspace = tmp_path / "ws"

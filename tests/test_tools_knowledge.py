@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 
-from tools import build_registry
-
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.core.toolkit import ToolContext
+from tools import build_registry
 
 
 def context(tmp_path, conversation="telegram:1"):

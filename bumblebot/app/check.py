@@ -15,10 +15,19 @@ from typing import Any
 
 import httpx
 
-from bumblebot.core.config import Secrets, Settings, effective_base_url
+from bumblebot.core.config import Secrets, effective_base_url
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ModelError, StoreError
-from bumblebot.llm import THINKING_RETRY_S, LLM, ForcingFallback, stream_key, thinking_key, tool_choice_key, vision_key
+from bumblebot.core.settings import Settings
+from bumblebot.llm import (
+    LLM,
+    THINKING_RETRY_S,
+    ForcingFallback,
+    stream_key,
+    thinking_key,
+    tool_choice_key,
+    vision_key,
+)
 from bumblebot.store import Store
 
 PING_TOOL = {
@@ -111,7 +120,8 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
 
     if settings.mcp.servers:
         from bumblebot.app.daemon import mcp_environ
-        from tools.mcp_client import ServerState, probe_servers
+        from tools.mcp_client import probe_servers
+        from tools.mcp_records import ServerState
 
         for st in await probe_servers(settings.mcp, environ=mcp_environ()):
             what, where = f"mcp {st.name}", f"{st.transport}: {st.target}"

@@ -32,20 +32,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bumblebot import __version__
+from bumblebot.app.daemon import Daemon, instance_lock
 from bumblebot.core.config import (
     SECRET_VARIABLES,
     Secrets,
-    Settings,
     apply_dotenv,
     dotenv_unreadable,
     find_config,
     load_secrets,
     load_settings,
 )
-from bumblebot.app.daemon import Daemon, instance_lock
 from bumblebot.core.entity import Entity, load_entity
 from bumblebot.core.errors import AdapterError, BumblebotError, ConfigError, StoreError
 from bumblebot.core.logs import setup_logging
+from bumblebot.core.settings import Settings
 from bumblebot.store import Store
 
 log = logging.getLogger("bumblebot")

@@ -19,31 +19,32 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bumblebot.core.adapter import Adapter
+from adapters.telegram.pacing import PaceLimits, Pacer
+from bumblebot.app.watchdog import LoopWatchdog
 from bumblebot.cognition.budget import ContextBudget
 from bumblebot.cognition.compactor import Compactor
-from bumblebot.core.config import Secrets, Settings, dotenv_unreadable, effective_base_url
-from bumblebot.delivery import Delivery
-from bumblebot.runtime.engine import Engine
-from bumblebot.core.entity import Entity
-from bumblebot.core.errors import ConfigError, DataDirInUse
 from bumblebot.cognition.gate import CompletionGate
 from bumblebot.cognition.knowledge import Memory
-from bumblebot.llm import LLM, CapabilityMemory
-from bumblebot.core.logs import redact_values
 from bumblebot.cognition.loop import AgentLoop
-from tools.mcp_client import MCPManager
-from bumblebot.core.mcp_settings import secret_values as mcp_secret_values
-from bumblebot.media import MediaFiles, MediaIntake
-from bumblebot.core.metrics import NO_METRICS, Metrics
-from adapters.telegram.pacing import PaceLimits, Pacer
 from bumblebot.cognition.prompt import PromptBuilder
-from bumblebot.runtime.scheduler import Scheduler
-from bumblebot.llm.speech import Speech
-from bumblebot.store import Store
+from bumblebot.core.adapter import Adapter
+from bumblebot.core.config import Secrets, dotenv_unreadable, effective_base_url
+from bumblebot.core.entity import Entity
+from bumblebot.core.errors import ConfigError, DataDirInUse
+from bumblebot.core.logs import redact_values
+from bumblebot.core.mcp_settings import secret_values as mcp_secret_values
+from bumblebot.core.metrics import NO_METRICS, Metrics
+from bumblebot.core.settings import Settings
 from bumblebot.core.toolkit import ToolContext
-from bumblebot.runtime.turn import TurnRunner
-from bumblebot.app.watchdog import LoopWatchdog
+from bumblebot.delivery import Delivery
+from bumblebot.llm import LLM, CapabilityMemory
+from bumblebot.llm.speech import Speech
+from bumblebot.media import MediaFiles, MediaIntake
+from bumblebot.runtime.engine import Engine
+from bumblebot.runtime.runner import TurnRunner
+from bumblebot.runtime.scheduler import Scheduler
+from bumblebot.store import Store
+from tools.mcp_client import MCPManager
 
 log = logging.getLogger("bumblebot")
 
@@ -57,7 +58,7 @@ LOCK_NAME = "bumblebot.lock"
 
 @contextlib.contextmanager
 def instance_lock(data_dir: Path) -> Iterator[None]:
-    """Hold ``<data_dir>/bumblebot.lock`` exclusively while the block runs (field-bugs.md item 5).
+    """Hold ``<data_dir>/bumblebot.lock`` exclusively while the block runs.
 
     Raises:
         DataDirInUse: another process holds it (its pid, when it wrote one).
@@ -113,7 +114,8 @@ def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any
         web_timeout_s=t.web.timeout_s,
         web_max_bytes=t.web.max_bytes,
         web_allow_private=t.web.allow_private,
-        max_result_chars=t.max_result_chars,
+        # the loop caps each result again against the window it learns (the same setting)
+        max_result_chars=int(settings.cognition.max_tool_result_share * settings.cognition.max_context_tokens * 4),
         scheduler=scheduler,
     )
 
@@ -188,6 +190,11 @@ class Daemon:
             log.warning(
                 "engine.max_concurrent_turns is no longer used and is ignored: concurrency is capped only by "
                 "llm.max_concurrent_requests (%d)", settings.llm.max_concurrent_requests,
+            )
+        if settings.tools.max_result_chars is not None:
+            log.warning(
+                "tools.max_result_chars is no longer used and is ignored: one tool result is capped by "
+                "cognition.max_tool_result_share (%g of the window)", settings.cognition.max_tool_result_share,
             )
         await store.open()
         environ = mcp_environ()

@@ -32,11 +32,6 @@ FileKind = Literal["photo", "document", "voice"]
 
 log = logging.getLogger(__name__)
 
-#: Commands that change a shared conversation for everyone in it (a group, a guild channel):
-#: adapters let only the chat's administrators, and allowlisted users, run them there.
-MANAGING_COMMANDS = frozenset({"reset", "compact"})
-
-
 class Intake(Protocol):
     """What an adapter may ask of the engine (``bumblebot.runtime.engine.Engine`` implements it).
 
@@ -92,7 +87,7 @@ class Intake(Protocol):
 
 class Typing:
     """A typing indicator being kept alive: paused while the first words of a reply are on
-    screen (issue 11: typing shows until the first words), resumed when the turn waits on the
+    screen (typing shows only until the first words), resumed when the turn waits on the
     model again."""
 
     def __init__(self) -> None:
@@ -231,7 +226,8 @@ class Adapter(ABC):
     async def typing(self, chat: ChatRef, interval_s: float = 4.5) -> AsyncIterator[Typing]:
         """Keep a typing indicator alive for the duration of the ``async with`` block, except
         while it is paused (:class:`Typing`): refreshed every ``interval_s`` seconds, and after
-        a refusal with ``retry_after`` (a 429) not before that many seconds (issue 16)."""
+        a refusal with ``retry_after`` (a 429) not before that many seconds, since the platform
+        refuses every request sent before then."""
         handle = Typing()
 
         async def refresh() -> None:

@@ -15,7 +15,7 @@
     └── MediaError             a file sent could not be fetched, read or transcribed (text for the user)
 
 Foreign errors (``openai``, ``telegram``, ``discord``) are translated into these in exactly one
-place per dependency and chained with ``from``: ``bumblebot/llm/client.py`` (chat completions),
+place per dependency and chained with ``from``: ``bumblebot/llm/completion.py`` (chat completions),
 ``bumblebot/llm/speech.py`` (transcription and speech), each adapter.
 
 ``sqlite3.Error`` from the store during a turn is deliberately *not* translated or caught on
@@ -55,7 +55,7 @@ class ModelError(BumblebotError):
 
 class ModelUnavailable(ModelError):
     """The endpoint cannot answer for now: connection refused or reset, a timeout, a rate
-    limit (429), or a server error (5xx). A turn waits for it (issue 8, "Outages").
+    limit (429), or a server error (5xx). A turn waits for it (``docs/cognition.md``, "Outages").
 
     Args:
         retry_after: the endpoint's ``Retry-After`` (RFC 9110 §10.2.3), seconds, when it sent one.

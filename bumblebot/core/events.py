@@ -32,7 +32,7 @@ def blank(text: str) -> bool:
     """Whether ``text`` shows nothing: empty, whitespace, or only invisible characters
     (``"\u200b\u200d"``, a BOM, variation selectors, Hangul fillers). Such a message never
     becomes part of a history: endpoints that refuse blank text (Anthropic through OpenRouter)
-    would then refuse every later request (issue 16). Linear in ``len(text)`` and stops at the
+    would then refuse every later request. Linear in ``len(text)`` and stops at the
     first visible character."""
     for ch in text:
         code = ord(ch)
@@ -86,7 +86,7 @@ class ChatRef:
 
 
 class AttachmentKind(StrEnum):
-    """What a file someone sent is to the engine (issue 12)."""
+    """What a file someone sent is to the engine."""
 
     IMAGE = "image"  # a photo, or an image sent as a file: the model sees it
     VOICE = "voice"  # a voice note: transcribed
@@ -156,6 +156,9 @@ class Inbound:
             downloaded; ``text`` is then the caption (maybe ``""``).
         album: the platform's id of the group of messages this one was sent in (a Telegram
             album's ``media_group_id``): its parts are answered in one turn. Not journaled.
+        paste_part: the message is as long as its platform allows, or nearly: a part of a long
+            paste its client cut (the adapter knows its platform's limit). The turn waits a
+            little longer for the next part, and the parts are joined as one text. Not journaled.
     """
 
     chat: ChatRef
@@ -170,6 +173,7 @@ class Inbound:
     background: int = 0
     attachments: tuple[Attachment, ...] = ()
     album: str = ""
+    paste_part: bool = False
 
     @property
     def speaker(self) -> str:

@@ -1,17 +1,17 @@
-"""Logging setup with secret redaction (field-bugs.md item 29), as text or JSON lines.
+"""Logging setup with secret redaction, as text or JSON lines.
 
 httpx logs every request URL at INFO, and Telegram URLs contain the bot token, so the HTTP
 libraries are held at WARNING. The daemon's handler formats through :class:`RedactingFormatter`,
 which replaces every configured secret, and anything shaped like a bot token or an API key, with
 ``[REDACTED]`` in the final text (tracebacks included). Records themselves are not modified.
 
-``log_format: json`` (issue 14) formats through :class:`JsonFormatter` instead: one JSON object
+``log_format: json`` formats through :class:`JsonFormatter` instead: one JSON object
 per record per line, with ``time`` (ISO 8601, UTC), ``level``, ``logger``, ``message``, the
 ``conversation`` key and ``turn`` id when known, and ``exception`` (the traceback) when the record
 has one. Every string in it is redacted the same way as the text output.
 
 The conversation and turn come from context variables that :func:`bind` sets around a turn
-(``bumblebot/runtime/turn.py``). They follow the turn into the tasks and threads it starts, because
+(``bumblebot/runtime/runner.py``). They follow the turn into the tasks and threads it starts, because
 ``asyncio`` copies the context into each new task and ``asyncio.to_thread`` does too. A record
 may also carry them itself (``log.info(..., extra={"conversation": key})``).
 """

@@ -220,7 +220,7 @@ def clip_arguments(arguments: str, max_chars: int) -> str:
 
 def sound_call(call: dict[str, Any]) -> dict[str, Any]:
     """A tool call read back from the store as a request may carry it: arguments that are not a
-    JSON object (recorded by a version before issue 16) become ``{}``, and a raw lone surrogate
+    JSON object (older versions recorded them as the model sent them) become ``{}``, and a raw lone surrogate
     is escaped, so one bad call in an old history cannot make a strict endpoint refuse every
     later request. (What this version records is sound already: ``loop._fit_call``.)"""
     fn = call.get("function") or {}

@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 14, "Observability"): off by default, on with ``metrics.listen``.
+"""Prometheus metrics: off by default, on with ``metrics.listen``.
 
 One :class:`Metrics` per daemon owns its own ``CollectorRegistry``. It never uses
 ``prometheus_client``'s global one, so two daemons in one process (tests) never clash and

@@ -138,7 +138,7 @@ class Toolbox(Protocol):
 
         ``level`` compacts them for small context windows: 0 as declared, up to
         ``SCHEMA_LEVELS - 1`` (3): brief descriptions, required parameters only, optional
-        tools left out (``tools.registry.SCHEMA_LEVELS`` documents each level).
+        tools left out (``tools/schemas.py`` documents each level).
         """
 
     def kind(self, name: str) -> ToolKind | None:

@@ -13,7 +13,7 @@ only retry loop for sends) with exponential backoff or the platform's ``retry_af
 message that still fails stays ``pending`` and the sweeper retries it later (and at start-up).
 A permanent refusal marks it ``failed``.
 
-A row with an ``attachment`` (issue 12) sends a file as well: a ``photo`` or ``document``
+A row with an ``attachment`` sends a file as well: a ``photo`` or ``document``
 (the ``send_file`` tool) goes as one message with the text as its caption, or after the text
 when the text is longer than the platform's caption limit; a ``voice`` (``voice.reply:
 mirror``) goes after the text's chunks, its speech made on the first attempt and kept as
@@ -36,9 +36,9 @@ from bumblebot.core.adapter import Adapter, FileKind, Typing
 from bumblebot.core.errors import DeliveryFailed, MediaError
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.metrics import NO_METRICS, Metrics
+from bumblebot.core.toolkit import DeliveryReport
 from bumblebot.llm.speech import Speech
 from bumblebot.store import OutboxEntry, Store
-from bumblebot.core.toolkit import DeliveryReport
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Delivery:
         media_dir: Path | None = None, metrics: Metrics | None = None,
     ) -> None:
         self.store = store
-        self._metrics = NO_METRICS if metrics is None else metrics  # metrics hook (issue 14)
+        self._metrics = NO_METRICS if metrics is None else metrics  # metrics hook
         self._speech = speech
         self._media_dir = media_dir
         self.attempts = attempts
@@ -147,7 +147,7 @@ class Delivery:
         posted to the same chat before it (order kept); returns the row once it is written.
 
         For the callers that must not wait for the platform's pace: an adapter's intake
-        answering a command (issue 16: 20 commands in a second from one chat would hold every
+        answering a command (20 commands in a second from one chat would hold every
         other chat's next Telegram update for 20 s). The row counts as being sent from the
         start, so the sweeper never sends it alongside; a crash before it is out leaves it
         pending for the sweeper of the next start. :attr:`posting` holds the tasks."""
@@ -394,6 +394,6 @@ class Delivery:
             report = await self._attempts(entry, attempts)
         finally:
             self._in_flight.discard(entry.id)
-        # metrics hook (issue 14): one outcome per delivery (its inline retries included)
+        # metrics hook: one outcome per delivery (its inline retries included)
         self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")
         return report

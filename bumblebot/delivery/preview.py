@@ -1,6 +1,6 @@
 """A ``say`` being streamed: one platform message that shows its text as the model writes it.
 
-Exactly once (issue 11): before anything is shown, the turn opens a ``streaming`` outbox row
+Exactly once: before anything is shown, the turn opens a ``streaming`` outbox row
 (``Turn.open_stream``), and the platform id of the message showing the text is recorded on it
 as soon as it is known. When the ``say`` call is complete, the row *becomes* that call's
 message: ``Turn.speak(..., stream=row)``, and delivery edits the preview into the final,

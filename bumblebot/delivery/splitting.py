@@ -1,8 +1,7 @@
 """Splitting replies to fit platform message limits (pure functions).
 
-Platform rules (field-bugs 14, 15, 17, 18, 19): a Telegram message holds at most
-:data:`TELEGRAM_LIMIT` characters, Discord message content at most :data:`DISCORD_LIMIT`;
-no platform accepts empty text; a cut must never land inside a code point, and a fenced code
+Each adapter passes its platform's limit and how it counts (Telegram counts UTF-16 code
+units: :func:`utf16_len`). No platform accepts empty text; a cut must never land inside a code point, and a fenced code
 block cut in two must be closed and reopened so that each message renders on its own.
 
 Cut preference, best first: a paragraph break (a blank line), a line break, a sentence end,
@@ -32,18 +31,13 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["DISCORD_LIMIT", "TELEGRAM_LIMIT", "split_markdown", "split_text", "utf16_len"]
-
-#: Telegram ``sendMessage`` text limit, in characters (we count UTF-16 code units, the safe bound).
-TELEGRAM_LIMIT = 4096
-#: Discord message ``content`` limit, in characters.
-DISCORD_LIMIT = 2000
+__all__ = ["split_markdown", "split_text", "utf16_len"]
 
 Measure = Callable[[str], int]
 
 # Each pattern may only start where its run starts (the lookbehinds): without them a long run
 # of spaces or dots with no match would be rescanned from every position in it, O(n²) on
-# untrusted text (issue 9's event-loop audit; tests/test_event_loop.py).
+# untrusted text, and the event loop would stall on it (tests/test_event_loop.py).
 _PARAGRAPH = re.compile(r"(?<![^\S\n])[^\S\n]*+\n[^\S\n]*+\n")  # a blank line; cut at its start
 _LINE = re.compile(r"(?<![^\S\n])[^\S\n]*+\n")
 _SENTENCE = re.compile(r"(?<![.!?…])[.!?…]++[\"'”’»)\]]*+(?=\s)|[。！？]+")  # the cut is at its end
@@ -58,7 +52,7 @@ def utf16_len(text: str) -> int:
     """Length of ``text`` in UTF-16 code units (astral characters such as emoji count 2).
 
     Telegram's limit appears to count characters, while its entity offsets are UTF-16, so UTF-16
-    is the conservative measure (field-bugs 18). Lone surrogates count 1.
+    is the conservative measure. Lone surrogates count 1.
     """
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
@@ -68,7 +62,7 @@ def split_text(text: str, limit: int, *, measure: Measure = len) -> list[str]:
 
     Args:
         text: the reply.
-        limit: the largest allowed ``measure`` of a chunk, e.g. :data:`TELEGRAM_LIMIT`.
+        limit: the largest allowed ``measure`` of a chunk, e.g. Telegram's 4096.
         measure: the length function, ``len`` (code points) by default or :func:`utf16_len`;
             it must not shrink when text is appended.
 
@@ -102,7 +96,7 @@ def split_markdown(text: str, limit: int, *, measure: Measure = len) -> list[str
 
     Args:
         text: the reply, in Markdown.
-        limit: the largest allowed ``measure`` of a chunk, e.g. :data:`DISCORD_LIMIT`.
+        limit: the largest allowed ``measure`` of a chunk, e.g. Discord's 2000.
         measure: as for :func:`split_text`.
 
     Returns:

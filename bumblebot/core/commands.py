@@ -1,0 +1,58 @@
+"""The chat commands: one table that the engine answers from and every adapter offers.
+
+Each :class:`Command` names what it does (the line a platform's command menu shows, and
+``/help``) and who may run it. The engine binds each name to its handler and refuses to start
+when the two disagree (``bumblebot.runtime.engine``); the Telegram adapter registers the table
+with ``setMyCommands``, the Discord adapter as slash commands and text commands, the console
+reads ``/name`` lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One chat command.
+
+    Attributes:
+        name: what follows the slash (lower case, as every platform wants it).
+        summary: one line for a platform's command menu (Discord allows 100 characters).
+        managers_only: it changes a shared conversation for everyone in it, so in a group or a
+            guild channel only the chat's administrators (and allowlisted users) may run it.
+        usage: how its arguments are used (``"/tasks cancel ID cancels one"``); ``""`` for none.
+        greeting: the platform's own first message (Telegram sends ``/start`` when a person
+            opens the chat); a platform without that convention leaves it out of its menu.
+    """
+
+    name: str
+    summary: str
+    managers_only: bool = False
+    usage: str = ""
+    greeting: bool = False
+
+    def line(self) -> str:
+        """What a command menu and ``/help`` say of it."""
+        return f"{self.summary} ({self.usage})" if self.usage else self.summary
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("start", "About this bot", greeting=True),
+    Command("stop", "Stop the answer in progress"),
+    Command("reset", "Start a fresh conversation", managers_only=True),
+    Command("status", "Context usage and compaction"),
+    Command("compact", "Compact the conversation now", managers_only=True),
+    Command("tasks", "Scheduled tasks here", usage="/tasks cancel ID cancels one"),
+    Command("help", "What I can do"),
+)
+BY_NAME = {c.name: c for c in COMMANDS}
+#: Commands only a shared chat's managers may run (see :attr:`Command.managers_only`).
+MANAGING_COMMANDS = frozenset(c.name for c in COMMANDS if c.managers_only)
+
+
+def help_text() -> str:
+    """The answer to ``/help``: how to talk to the entity, then every command and what it does."""
+    lines = ["Talk to me normally; ask me to remind you of something and I will. Commands:"]
+    lines += [f"/{c.name}: {c.line()}" for c in COMMANDS if not c.greeting]
+    return "\n".join(lines)

@@ -1,0 +1,454 @@
+"""The configuration's shape: every section, its keys, their defaults and limits.
+
+:mod:`bumblebot.core.config` reads a file and the environment into :class:`Settings`. Unknown
+keys are errors, so a typo never passes silently; ``README.md`` lists every key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bumblebot.core.mcp_settings import MCPSettings
+
+DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _off_is_text(value: Any) -> Any:
+    """YAML 1.1 reads a bare ``off`` as ``False``; for keys whose value may be "off", take it back."""
+    return "off" if value is False else value
+
+
+class ThinkingSettings(_Section):
+    """How this endpoint is asked to think (deliberate) or not (reflex). Reasoning text is never shown."""
+
+    mode: Literal["auto", "off", "reasoning_effort", "extra_body"] = Field(
+        "auto",
+        description="auto: send OpenAI's reasoning_effort on deliberate turns unless the endpoint refuses "
+        "it (then not, remembered per endpoint and model, tried again a day later); off: never request "
+        "thinking; reasoning_effort: always send it; extra_body: merge extra_body_on / extra_body_off "
+        "into the request",
+    )
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] = Field(
+        "medium", description="value of reasoning_effort on deliberate turns (modes auto and reasoning_effort)"
+    )
+    extra_body_on: dict[str, Any] = Field(
+        default_factory=dict,
+        description='extra request fields for deliberate turns, e.g. {"chat_template_kwargs": {"enable_thinking": true}}',
+    )
+    extra_body_off: dict[str, Any] = Field(
+        default_factory=dict, description="extra request fields for reflex turns, judges and summaries"
+    )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode_off(cls, value: Any) -> Any:
+        return _off_is_text(value)
+
+
+class LLMSettings(_Section):
+    """The OpenAI-compatible chat-completions endpoint."""
+
+    base_url: str | None = Field(
+        None, description="endpoint base URL; default: env OPENAI_BASE_URL, else OpenAI's"
+    )
+    model: str = Field("gpt-4o-mini", description="model for deliberate turns")
+    reflex_model: str | None = Field(
+        None, description="model for reflex turns, the classifier and judges; default: model"
+    )
+    timeout_s: float = Field(60.0, gt=0, description="per-request timeout, seconds")
+    max_retries: int = Field(2, ge=0, le=10, description="client retries on 429/5xx/network errors")
+    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of turns")
+    tool_choice: Literal["required", "auto"] = Field(
+        "required",
+        description="tool forcing; on an endpoint that rejects 'required' the bot falls back to "
+        "'auto' by itself and remembers it",
+    )
+    thinking: ThinkingSettings = Field(default_factory=ThinkingSettings, description="thinking control")
+    max_concurrent_requests: int = Field(
+        64, ge=1,
+        description="requests in flight to this endpoint at once (turns, judges, the classifier, "
+        "summaries); the only cap on concurrency",
+    )
+    vision: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="send images to the model: auto (until the endpoint refuses them; that is "
+        "remembered per endpoint and model), on (always), off (never; the model is told a photo came)",
+    )
+    transcription_model: str = Field(
+        "whisper-1", description="speech-to-text model of voice notes and audio (POST /audio/transcriptions)"
+    )
+    transcription_base_url: str | None = Field(
+        None, description="base URL of the transcription endpoint (a local whisper server); default: base_url"
+    )
+
+    @field_validator("vision", mode="before")
+    @classmethod
+    def _vision_on_off(cls, value: Any) -> Any:
+        return _on_off(value)
+
+
+def _on_off(value: Any) -> Any:
+    """YAML 1.1 reads bare ``on``/``off`` (and yes/no, true/false) as booleans, an env
+    override arrives as text: both are taken as ``on``/``off``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("on", "true", "yes", "1"):
+            return "on"
+        if word in ("off", "false", "no", "0"):
+            return "off"
+    return value
+
+
+class DeliverySettings(_Section):
+    """How replies reach the chat."""
+
+    streaming: Literal["on", "off"] = Field(
+        "on",
+        description="show the text of a say call while the model is still writing it (one message "
+        "edited in place); endpoints that cannot stream fall back to whole messages by themselves",
+    )
+    stream_edit_interval_s: float = Field(
+        1.0, ge=0.2, le=10,
+        description="least time between two edits of a streamed message, seconds; the platform's own "
+        "floor applies on top (Telegram: 1 s in a private chat, 3 s in a group; Discord: 1 s)",
+    )
+
+    @field_validator("streaming", mode="before")
+    @classmethod
+    def _streaming_on_off(cls, value: Any) -> Any:
+        return _on_off(value)
+
+
+class MediaSettings(_Section):
+    """Photos, voice notes and files people send."""
+
+    image_max_side_px: int = Field(
+        1280, ge=64, le=8192,
+        description="longest side of an image given to the model, pixels: Telegram's largest photo "
+        "size within it is taken, larger images are scaled down",
+    )
+    image_max_bytes: int = Field(
+        4_000_000, ge=10_000, description="largest encoded image given to the model, bytes"
+    )
+    inline_chars: int = Field(
+        2000, ge=0,
+        description="characters of a text document or PDF shown to the model inline (the rest it "
+        "reads with read_file); 0: none",
+    )
+
+
+class VoiceSettings(_Section):
+    """Voice replies (text to speech)."""
+
+    reply: Literal["off", "mirror"] = Field(
+        "off",
+        description="mirror: a turn answering a voice note also sends its replies as voice messages "
+        "(POST /audio/speech, OGG/Opus)",
+    )
+    tts_model: str = Field("tts-1", description="text-to-speech model")
+    tts_voice: str = Field("alloy", description="the voice of the text-to-speech model")
+    max_chars: int = Field(
+        1500, ge=50, le=4096, description="longest text read out as one voice message, characters (the rest is cut)"
+    )
+
+    @field_validator("reply", mode="before")
+    @classmethod
+    def _reply_off(cls, value: Any) -> Any:
+        return "off" if value is False else value
+
+
+class TelegramSettings(_Section):
+    """The Telegram adapter (python-telegram-bot, long polling)."""
+
+    enabled: bool = Field(True, description="run the Telegram adapter when a token is set")
+    base_url: str = Field(
+        "https://api.telegram.org/bot", description="Bot API base URL (self-hosted Bot API server)"
+    )
+    base_file_url: str = Field("https://api.telegram.org/file/bot", description="file download base URL")
+    allowed_user_ids: list[int] = Field(
+        default_factory=list, description="user ids allowed to talk; empty with empty chats = anyone"
+    )
+    allowed_chat_ids: list[int] = Field(default_factory=list, description="chat ids allowed to talk")
+    poll_timeout_s: int = Field(30, ge=0, le=50, description="getUpdates long-poll timeout, seconds")
+    respond_in_groups: Literal["mention", "always", "never"] = Field(
+        "mention", description="in groups answer when mentioned, replied to or commanded; every message; or never"
+    )
+    group_context: int = Field(
+        20, ge=0, le=200,
+        description="unaddressed group messages since the last turn shown as background (needs privacy mode off)",
+    )
+    allow_bots: bool = Field(False, description="answer other bots that address the bot (never itself)")
+    max_file_bytes: int = Field(
+        20 * 1024 * 1024, ge=1,
+        description="largest file downloaded, bytes; the Bot API serves at most 20 MB (getFile)",
+    )
+
+
+class DiscordSettings(_Section):
+    """The Discord adapter (discord.py)."""
+
+    enabled: bool = Field(False, description="run the Discord adapter when a token is set")
+    api_base_url: str = Field("https://discord.com/api/v10", description="REST base URL")
+    gateway_url: str = Field("wss://gateway.discord.gg", description="gateway websocket URL")
+    respond_in_guilds: Literal["mention", "all", "off"] = Field(
+        "mention", description="in guild channels answer when mentioned/replied to, always, or never"
+    )
+    allowed_user_ids: list[int] = Field(default_factory=list, description="user allowlist (empty = anyone)")
+    allowed_channel_ids: list[int] = Field(
+        default_factory=list, description="guild channel allowlist (empty = any channel)"
+    )
+    allow_bots: bool = Field(False, description="answer other bots (never itself)")
+    max_file_bytes: int = Field(
+        25 * 1024 * 1024, ge=1,
+        description="largest attachment downloaded, bytes (Discord lets users upload 10 MB, more with Nitro)",
+    )
+
+    @field_validator("respond_in_guilds", mode="before")
+    @classmethod
+    def _respond_off(cls, value: Any) -> Any:
+        return _off_is_text(value)
+
+
+class HistoryCompression(_Section):
+    """Context compaction; keys and defaults from the spec's configuration block."""
+
+    enabled: bool = Field(True, description="compact before the context fills up")
+    compaction_threshold_ratio: float = Field(
+        0.75, gt=0, lt=1, description="compact when the estimate exceeds this share of max_context_tokens"
+    )
+    compaction_target_ratio: float = Field(
+        0.20, gt=0, lt=1, description="after compaction the prompt aims for this share of max_context_tokens"
+    )
+    compaction_protect_last_n: int = Field(12, ge=1, description="minimum recent messages kept verbatim")
+    compaction_protect_first_n: int = Field(2, ge=0, description="first messages kept verbatim")
+    compaction_max_passes: int = Field(3, ge=1, le=10, description="compaction passes per trigger")
+    compaction_flush_to_knowledge: bool = Field(
+        True, description="extract durable facts into knowledge.md on the first pass"
+    )
+
+    @model_validator(mode="after")
+    def _target_below_threshold(self) -> HistoryCompression:
+        if self.compaction_target_ratio >= self.compaction_threshold_ratio:
+            raise ValueError(
+                "compaction_target_ratio must be below compaction_threshold_ratio "
+                f"(got {self.compaction_target_ratio} >= {self.compaction_threshold_ratio})"
+            )
+        return self
+
+
+class CognitionSettings(_Section):
+    """The turn pipeline (spec: Routing, Agent loop, Context compaction)."""
+
+    max_context_tokens: int = Field(
+        32768, ge=4096, le=10_000_000, description="the model's context window, tokens"
+    )
+    reflex_max_tokens: int = Field(512, ge=16, description="completion budget of reflex turns, tokens")
+    deliberate_max_tokens: int = Field(2048, ge=64, description="completion budget of deliberate turns")
+    tool_continuation_rounds: int = Field(
+        4, ge=0, description="tool rounds; clamped to [0, 16]; steps = max(6, min(25, 6 + rounds))"
+    )
+    tool_timeout_s: float = Field(60.0, gt=0, description="default timeout of one tool call, seconds")
+    mid_turn_messages: Literal["steer", "queue"] = Field(
+        "steer", description="steer: show mid-turn messages at the next step; queue: next turn"
+    )
+    debounce_s: float = Field(
+        0.3, ge=0, le=10, description="messages of one chat this close together merge into one turn, seconds (0: off)"
+    )
+    classifier: bool = Field(True, description="ask the reflex model when the router is unsure")
+    max_messages_per_turn: int = Field(
+        4, ge=1, le=20, description="most messages one turn sends; later say calls are not delivered"
+    )
+    max_tool_result_share: float = Field(
+        0.25, gt=0, le=1, description="cap of one tool result as a share of max_context_tokens"
+    )
+    history_compression: HistoryCompression = Field(default_factory=HistoryCompression)
+
+
+class ShellSettings(_Section):
+    enabled: bool = Field(False, description="register run_command (runs as the daemon user)")
+    timeout_s: float = Field(30.0, gt=0, description="maximum run time of one command, seconds")
+    max_output_chars: int = Field(6000, ge=1000, description="cap of stdout/stderr each, characters")
+
+
+class WebSettings(_Section):
+    enabled: bool = Field(True, description="register fetch_url")
+    timeout_s: float = Field(20.0, gt=0, description="request timeout, seconds")
+    max_bytes: int = Field(2_000_000, ge=1024, description="maximum body read, bytes")
+    allow_private: bool = Field(False, description="allow loopback and private addresses")
+
+
+class ToolsSettings(_Section):
+    workspace: Path | None = Field(None, description="work tools' root; default <data_dir>/workspace")
+    max_result_chars: int | None = Field(
+        None, ge=500, description="deprecated and ignored: use cognition.max_tool_result_share"
+    )
+    shell: ShellSettings = Field(default_factory=ShellSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
+
+
+class AutomationSettings(_Section):
+    """Scheduled tasks (``schedule_task``)."""
+
+    max_tasks: int = Field(50, ge=1, description="most active scheduled tasks per conversation")
+    min_interval_s: float = Field(60.0, gt=0, description="shortest repeat of a recurring task, seconds")
+
+
+class AutonomySettings(_Section):
+    """Autonomous turns: the entity may reach out on its own in active conversations."""
+
+    enabled: bool = Field(False, description="give the entity an autonomous turn per active conversation")
+    interval_s: float = Field(3600.0, ge=1, description="time between autonomous turns of a conversation, seconds")
+    active_window_s: float = Field(
+        86400.0, gt=0, description="a conversation is active while its last message from a person is this recent, seconds"
+    )
+    quiet_hours: str | None = Field(
+        None, description="no autonomous turns in this span of the entity's day, e.g. '22:00-08:00'; null: none"
+    )
+    max_messages_per_day: int = Field(
+        2, ge=0, description="most messages autonomous turns send per conversation and day (the entity's day)"
+    )
+
+    @field_validator("quiet_hours")
+    @classmethod
+    def _span(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = value.replace(" ", "").split("-")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            for part in parts:
+                hour, minute = part.split(":")
+                if not (0 <= int(hour) <= 23 and 0 <= int(minute) <= 59):
+                    raise ValueError
+        except ValueError:
+            raise ValueError("expected 'HH:MM-HH:MM', e.g. '22:00-08:00'") from None
+        return "-".join(parts)
+
+    def quiet(self, hour: int, minute: int) -> bool:
+        """Whether the time of day ``hour:minute`` falls in :attr:`quiet_hours` (a span may
+        cross midnight)."""
+        if self.quiet_hours is None:
+            return False
+        start, end = ((int(h) * 60 + int(m)) for h, m in (p.split(":") for p in self.quiet_hours.split("-")))
+        now = hour * 60 + minute
+        return start <= now < end if start <= end else now >= start or now < end
+
+
+class MetricsSettings(_Section):
+    """Prometheus metrics (off unless ``listen`` is set)."""
+
+    listen: str | None = Field(
+        None, description="host:port to serve /metrics on, e.g. 127.0.0.1:9464; null: no metrics"
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        host, _, port = value.strip().rpartition(":")
+        bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+        if not host or bare_ipv6 or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port, e.g. 127.0.0.1:9464 or [::1]:9464 (got {value!r})")
+        return value.strip()
+
+
+class EngineSettings(_Section):
+    idle_unload_s: float = Field(600.0, gt=0, description="unload a conversation idle this long, seconds")
+    max_concurrent_turns: int | None = Field(
+        None, ge=1, description="deprecated and ignored: use llm.max_concurrent_requests"
+    )
+    shutdown_grace_s: float = Field(30.0, ge=0, description="time in-flight turns get on stop, seconds")
+    typing_interval_s: float = Field(4.5, gt=0, description="typing indicator refresh, seconds")
+    outage_limit_s: float = Field(
+        3600.0,
+        gt=0,
+        description="how long a message waits for an unreachable model (retried with backoff up to "
+        "60 s) before the user is told it failed, seconds",
+    )
+    outbox_expiry_s: float = Field(
+        86400.0,
+        gt=0,
+        description="a reply still undelivered this long after it was queued (retried every 30 s "
+        "meanwhile) is marked failed, logged and never sent, seconds",
+    )
+    retention_days: int = Field(
+        90,
+        ge=0,
+        description="settled journal and outbox rows and finished turns' traces older than this are "
+        "pruned (the message history never is); 0 keeps everything, days",
+    )
+
+
+class Settings(BaseSettings):
+    """The whole configuration. See ``README.md`` for every key."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BUMBLEBOT_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    entity: str = Field("default", description="a name in entities/ or a path to a YAML file")
+    data_dir: Path = Field(Path("./data"), description="SQLite database, knowledge.md, workspace")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: one line per event; json: one JSON object per event, with conversation and turn ids"
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    media: MediaSettings = Field(default_factory=MediaSettings)
+    voice: VoiceSettings = Field(default_factory=VoiceSettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
+    cognition: CognitionSettings = Field(default_factory=CognitionSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    automation: AutomationSettings = Field(default_factory=AutomationSettings)
+    autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    mcp: MCPSettings = Field(default_factory=MCPSettings, description="MCP tool servers")
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML document arrives as init kwargs; env overrides it key by key.
+        return (env_settings, init_settings)
+
+    @property
+    def workspace(self) -> Path:
+        """The work tools' root directory."""
+        return self.tools.workspace or self.data_dir / "workspace"
+
+    @property
+    def media_dir(self) -> Path:
+        """Where received images and voice replies are kept (``<data_dir>/media``)."""
+        return self.data_dir / "media"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "bumblebot.db"
+
+    @property
+    def knowledge_path(self) -> Path:
+        return self.data_dir / "knowledge.md"
