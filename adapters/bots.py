@@ -1,4 +1,5 @@
-"""A brake on answering other bots, shared by the platform adapters (field-bugs.md item 26)."""
+"""A brake on answering other bots, shared by the platform adapters: two bots allowed to
+answer bots would otherwise answer each other for ever."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ __all__ = ["BotTurnBudget"]
 class BotTurnBudget:
     """At most ``limit`` bot-authored messages answered per channel within ``window_s`` seconds.
 
-    A brake for ``allow_bots``: two bots told to talk to each other stop after a few rounds
-    (field-bugs.md item 26). Memory is bounded by the number of channels that saw bot traffic.
+    A brake for ``allow_bots``: two bots told to talk to each other stop after a few rounds.
+    Memory is bounded by the number of channels that saw bot traffic.
     """
 
     def __init__(self, limit: int = 5, window_s: float = 60.0) -> None:

@@ -21,7 +21,7 @@ added to every request: a whole answer after ``L``; a streamed one starts after 
 spreads its chunks over the other ``L/2`` (so it is complete after ``L`` too).
 
 Load is closed-loop: every chat sends a message, waits for the complete reply, reads it for
-``THINK_S`` (2 s) and sends the next. The pause is a person reading; without it a chat would
+``THINK_S`` (4 s) and sends the next. The pause is a person reading; without it a chat would
 write again the instant the answer arrives, which is the flood Telegram's per-chat limit (about
 one message a second) forbids, and Bumblebot's pacer (``adapters/telegram/pacing.py``) would rightly
 hold every such reply for a second, so the run would measure the pacing, not the bot.
@@ -78,7 +78,7 @@ TEXTS = (
 )
 STREAM_CHARS = 8  # characters per streamed chunk
 #: Seconds a chat reads a reply before it writes again (see the module docstring).
-THINK_S = 2.0
+THINK_S = 4.0
 TURN_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -718,7 +718,7 @@ def targets(by: dict[tuple[str, str], Result], quick: bool) -> list[str]:
 
 
 def cases(quick: bool) -> list[Case]:
-    d = 4.5 if quick else 10.0  # several turns per chat, with THINK_S between them
+    d = 9.0 if quick else 20.0  # several turns per chat, with THINK_S between them
     hist_chats = 3 if quick else 10
     out = [
         Case("c10-L0", 10, 0.0, True, duration=d),
@@ -891,7 +891,9 @@ def collect_notes(results: list[Result], streaming_key: bool) -> list[str]:
 
 async def amain(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    selected = [c for c in cases(args.quick) if not args.only or any(s in c.name for s in args.only.split(","))]
+    wanted = [s for s in args.only.split(",") if s]
+    selected = [c for c in cases(args.quick)
+                if not wanted or c.name in wanted or any(s in c.name for s in wanted if s not in {k.name for k in cases(args.quick)})]
     empty_db = await empty_db_bytes()
     streaming_key = streaming_key_supported()
     results: list[Result] = []
@@ -927,7 +929,7 @@ async def amain(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description="Bumblebot vs the thinnest bot, end to end against local fakes.")
     parser.add_argument("--quick", action="store_true", help="smoke run: short windows, fewer chats; prints only")
-    parser.add_argument("--only", default="", help="comma-separated substrings of run names (e.g. c10,h10000)")
+    parser.add_argument("--only", default="", help="comma-separated run names, or substrings of them (e.g. c100-L0,h10000)")
     parser.add_argument("--write", action="store_true", help="write docs/performance.md even with --quick/--only")
     parser.add_argument("--no-write", action="store_true", help="do not write docs/performance.md")
     parser.add_argument("--profile", action="store_true",

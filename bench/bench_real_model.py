@@ -1,7 +1,7 @@
 """Bumblebot against a real model: what the user sees, message by message.
 
 Run from the repository root, against any OpenAI-compatible endpoint (for a small local model,
-``../shared/tools/real-llm.sh`` prints one)::
+llama.cpp's ``llama-server`` with SmolLM2-135M-Instruct and ``--jinja``)::
 
     python bench/bench_real_model.py --base-url http://127.0.0.1:8011/v1 --model smollm2-tools
 

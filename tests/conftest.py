@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes.discord_server import FakeDiscord
 from fakes.openai_server import FakeOpenAI
 from fakes.telegram_server import FakeTelegram
 
@@ -47,6 +48,13 @@ async def tg() -> AsyncIterator[FakeTelegram]:
         yield server
 
 
+@pytest.fixture
+async def dc() -> AsyncIterator[FakeDiscord]:
+    async with FakeDiscord() as fake:
+        yield fake
+        assert fake.server_errors == []
+
+
 def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None, /, **sections: Any) -> Path:
     """A bumblebot.yaml pointing at the fakes; ``sections`` are deep-merged over the defaults."""
     import yaml
@@ -56,7 +64,7 @@ def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None
         "llm": {"base_url": llm.base_url, "model": "test-model", "reflex_model": "reflex-model", "max_retries": 0, "timeout_s": 10},
         # tests keep the default entity and data under tmp_path
         "telegram": {"enabled": tg is not None, "poll_timeout_s": 1},
-        # a turn starts at once (tests of bursts, tests/test_field_bugs.py, set cognition.debounce_s)
+        # a turn starts at once (tests of bursts, tests/test_inbox.py, set cognition.debounce_s)
         "cognition": {"classifier": False, "debounce_s": 0},
         "engine": {"shutdown_grace_s": 5},
         # whole messages unless a test is about streaming (tests/test_streaming.py turns it on):

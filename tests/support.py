@@ -6,15 +6,22 @@ import asyncio
 import json
 import os
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import TOKEN
+from conftest import TOKEN, running, write_config
+from fakes.discord_server import FakeDiscord
 from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, is_last_chance, text, tool_calls
+from fakes.telegram_server import FakeTelegram
+
+from bumblebot.core.adapter import Adapter
+from bumblebot.core.errors import DeliveryFailed
+from bumblebot.core.events import ChatRef, Platform
 
 #: A chat input the router's heuristic cannot place (80 to 200 characters, no cue either way):
-#: only such input reaches the classifier (issue 11).
+#: only such input reaches the classifier (a brief or cued input is routed without it).
 UNCLEAR = (
     "so my sister and I were arguing last night about whether a tomato counts as a fruit "
     "or a vegetable, who is right?"
@@ -159,3 +166,158 @@ async def kill_inside_model_call(config: Path, tmp_path: Path, tg: Any, hang: Ga
         if proc.returncode is None:
             proc.kill()
     hang.release.set()
+
+
+def user_text(request: dict[str, Any]) -> str:
+    """The last user message of a model request (the turn's input)."""
+    return [m["content"] for m in request["messages"] if m["role"] == "user"][-1]
+
+
+#: Characters that show nothing (zero-width space and non-joiner, joiner, word joiner, BOM): a
+#: message of only these is blank to an endpoint that refuses blank text.
+ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"
+#: How the answer to ``/reset`` begins.
+FRESH = "Fresh start"
+
+
+# -- the daemon's database -------------------------------------------------------------------------
+
+
+def db(tmp_path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+
+
+def journal_texts(tmp_path: Path) -> list[tuple[str, str]]:
+    """``(text, status)`` of every journaled message, oldest first."""
+    rows = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute("SELECT text, status FROM journal ORDER BY id")
+    return [tuple(r) for r in rows]
+
+
+# -- Telegram --------------------------------------------------------------------------------------
+
+
+async def handled(tg: FakeTelegram, update: dict[str, Any]) -> None:
+    """Wait until the daemon acknowledged ``update`` (its next poll starts past it)."""
+    await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset") or 0) > update["update_id"], timeout=10)
+
+
+#: The longest message a Telegram client sends in one piece, characters.
+TG_LIMIT = 4096
+
+
+def telegram_parts(paste: str) -> list[str]:
+    """``paste`` cut as a Telegram client cuts a long message: at line breaks, each part at
+    most 4096 characters, the break itself dropped."""
+    parts, current = [], ""
+    for line in paste.split("\n"):
+        if current and len(current) + 1 + len(line) > TG_LIMIT:
+            parts.append(current)
+            current = line
+        else:
+            current = f"{current}\n{line}" if current else line
+    parts.append(current)
+    return parts
+
+
+# -- Discord (the ``dc`` fixture is in conftest.py) -------------------------------------------------
+
+#: The test guild and its channel.
+GUILD_ID = "600000000000000060"
+CHANNEL_ID = "600000000000000061"
+
+
+def discord_config(tmp_path: Path, llm: FakeOpenAI, dc: FakeDiscord, **sections: Any) -> Path:
+    section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+    return write_config(tmp_path, llm, None, discord=section, **sections)
+
+
+def discord_bot(dc: FakeDiscord, config: Path) -> Any:
+    """The daemon serving Discord only, as ``bumblebot run`` with DISCORD_BOT_TOKEN set."""
+    return running(config, telegram_token=None, discord_token=dc.token)
+
+
+async def discord_barrier(dc: FakeDiscord, n: int) -> None:
+    """Wait until every event dispatched so far was handled: a ``/help`` DM from another user
+    (answered without a turn) is taken after them; ``n`` counts the barriers so far."""
+    carol = dc.human("2000000000000000077", "carol")
+    await dc.send_dm("/help", author=carol)
+    await dc.wait_for_call("POST", f"/channels/{dc.dm_channel_id(carol)}/messages", n=n, status=200)
+
+
+# -- a platform whose sends fail on demand -----------------------------------------------------------
+
+
+class FlakyConsole(Adapter):
+    """A console-like platform whose sends fail on demand (a real Adapter, no mock library)."""
+
+    platform = Platform.CONSOLE
+
+    def __init__(self, fail_on_call: set[int], crash_on_call: set[int] = frozenset()) -> None:
+        self.fail_on_call = fail_on_call
+        self.crash_on_call = crash_on_call
+        self.calls = 0
+        self.sent: list[str] = []
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def chunks(self, text: str) -> list[str]:
+        return text.split("|")
+
+    async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
+        self.calls += 1
+        if self.calls in self.crash_on_call:
+            raise asyncio.CancelledError  # the process is going down mid-message
+        if self.calls in self.fail_on_call:
+            raise DeliveryFailed("network down", retryable=True)
+        self.sent.append(text)
+        return str(self.calls)
+
+    async def send_typing(self, chat: ChatRef) -> None: ...
+
+
+# -- endpoints with a small window -------------------------------------------------------------------
+
+
+def tokenizer_fake(window: int, reply: Any, chars_per_token: float) -> Any:
+    """A server whose tokenizer counts ``chars_per_token`` characters a token: it refuses a
+    prompt plus ``max_tokens`` over ``window`` the way vLLM words it, and reports honest usage."""
+    import time as _time
+
+    def endpoint(request: dict[str, Any]) -> Reply:
+        prompt = int((len(json.dumps(request["messages"])) + len(json.dumps(request.get("tools", [])))) / chars_per_token)
+        asked = int(request.get("max_tokens", 0))
+        if prompt + asked > window:
+            return error(400, f"This model's maximum context length is {window} tokens. However, you requested "
+                              f"{prompt + asked} tokens ({prompt} in the messages, {asked} in the completion).")
+        answer = reply(request)
+        message = dict(answer.message or {})
+        if not message.get("tool_calls"):
+            message.pop("tool_calls", None)
+        return Reply(body={
+            "id": "chatcmpl-t", "object": "chat.completion", "created": int(_time.time()), "model": request["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": answer.finish_reason, "logprobs": None}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": 10, "total_tokens": prompt + 10},
+        })
+
+    return endpoint
+
+
+def chatty(answer: str) -> Any:
+    """A model that answers every turn with ``answer``, compacts with a summary of every heading
+    and finds no durable facts; judges say DONE."""
+    from bumblebot.cognition.compaction import SUMMARY_HEADINGS
+
+    summary = "\n".join(f"## {h}\n- the user keeps telling me about the garden" for h in SUMMARY_HEADINGS)
+
+    def reply(request: dict[str, Any]) -> Reply:
+        if is_aux(request):
+            if "durable facts" in contents(request):
+                return text("[]")
+            if "You compact the history" in contents(request):
+                return text(summary)
+            return text("DONE: fine")
+        return say(answer)
+
+    return reply

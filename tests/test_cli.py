@@ -204,8 +204,8 @@ async def test_restart_after_a_crash_resumes_with_what_was_already_said(tmp_path
 
 
 async def test_check_says_when_the_daemon_sends_whole_messages(tmp_path, llm, tg):
-    """Review of issue 11: check said "streaming: on" while the daemon remembered the endpoint
-    could not stream."""
+    """``bumblebot check`` says the daemon sends whole messages when it remembers that the endpoint
+    cannot stream (it once said "streaming: on" then)."""
     import json
     import time
 
@@ -227,7 +227,7 @@ async def test_check_says_when_the_daemon_sends_whole_messages(tmp_path, llm, tg
     assert b"streaming: whole messages: the daemon remembers" in out and b"HTTP 400" in out
 
 
-# -- issue 14: the CLI as admins expect it --------------------------------------------------
+# -- the CLI as admins expect it -----------------------------------------------------------
 
 
 async def test_run_with_config_after_the_subcommand_serves(tmp_path, llm, tg):
@@ -339,8 +339,8 @@ async def test_backup_while_running_is_consistent_and_holds_the_turns(tmp_path, 
 
 
 def test_a_backup_is_private_and_a_missing_directory_is_named(tmp_path):
-    """Regression (review of issue 14): backups were world-readable; a missing directory said
-    only "unable to open database file"."""
+    """A backup is readable by its owner only, and a missing directory is named (not only "unable
+    to open database file")."""
     import stat
 
     (tmp_path / "bumblebot.yaml").write_text("data_dir: data\n")

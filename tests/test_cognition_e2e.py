@@ -1,4 +1,5 @@
-"""The cognition pipeline end to end (issue 3): scripted model, real clients, real SQLite.
+"""The cognition pipeline end to end (routing, the loop, the gate): scripted model, real clients,
+real SQLite.
 
 Each test asserts the requests the engine sends and what reaches the platform.
 """
@@ -294,7 +295,7 @@ async def test_step_cap_ends_with_an_honest_message(tmp_path, llm, tg):
 
 
 async def test_a_looping_model_is_stopped_before_the_step_cap(tmp_path, llm, tg):
-    """Issue 9: three steps in a row that bring nothing new end the turn at once."""
+    """Three steps in a row that bring nothing new end the turn at once."""
     judges_say_done(llm)
     for i in range(6):
         llm.push(tool_calls(("think", {"thought": f"hmm {i}"})), when=is_loop)

@@ -1,4 +1,4 @@
-"""Compaction through the running daemon (issue 4): scripted model, real SQLite, real clients."""
+"""Compaction through the running daemon: scripted model, real SQLite, real clients."""
 
 from __future__ import annotations
 

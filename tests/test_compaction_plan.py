@@ -1,5 +1,6 @@
 """Context compaction: boundaries, pruning, prompts and the compact() pass (spec, "Context
-compaction"; reference study scenarios 21-25; field bugs 8, 11, 12, 13)."""
+compaction"): tool groups never split, a failed summary drops nothing, locked knowledge
+sections never touched."""
 
 from __future__ import annotations
 

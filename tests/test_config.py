@@ -182,8 +182,8 @@ def test_bare_off_in_yaml_means_off_and_nested_non_text_keys_are_named(tmp_path)
     (None, "false", "off"), (None, "0", "off"), (None, "yes", "on"), (None, "ON", "on"),
 ])
 def test_streaming_takes_the_usual_ways_of_saying_on_and_off(tmp_path, monkeypatch, yaml_value, env_value, expected):
-    """Review of issue 11: YAML accepted ``no``/``false`` (booleans to YAML 1.1) while the same
-    words in an env override were refused."""
+    """``on``/``off``, ``yes``/``no`` and ``true``/``false`` mean the same in YAML (booleans to YAML
+    1.1) and in an env override (the env override once refused them)."""
     path = tmp_path / "bumblebot.yaml"
     path.write_text(f"delivery: {{streaming: {yaml_value}}}\n" if yaml_value else "{}\n")
     if env_value is not None:

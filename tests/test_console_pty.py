@@ -1,4 +1,4 @@
-"""``bumblebot chat`` in a pseudo-terminal (issue 14, item 5): the real command, its stdin,
+"""``bumblebot chat`` in a pseudo-terminal (adapters/console.py): the real command, its stdin,
 stdout and stderr on the pty, against the fake OpenAI server.
 
 What the user would see is rebuilt from the bytes the child wrote by a minimal terminal

@@ -366,7 +366,7 @@ def describe_wrong(wrong: dict[str, int], db: Path) -> str:
 async def test_sigkill_drill_answers_every_message_exactly_once(
     tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, debounce_s: float
 ):
-    """``debounced`` runs the same drill with bursts merged (issue 16): turns restarted or sent
+    """``debounced`` runs the same drill with bursts merged (``cognition.debounce_s``): turns restarted or sent
     back to the inbox for a burst must still answer every message exactly once."""
     seed = drill_seed()
     rng = random.Random(seed)

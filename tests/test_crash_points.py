@@ -1,4 +1,4 @@
-"""A crash after every single write: the turn is resumed exactly (issue 8).
+"""A crash after every single write: the turn is resumed exactly (bumblebot/cognition/resume.py).
 
 A process killed with SIGKILL stops between two SQLite commits: everything committed is on
 disk (WAL), nothing after it happens. :class:`CrashingStore` reproduces exactly that, in

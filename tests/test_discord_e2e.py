@@ -10,7 +10,6 @@ decided, and an ignored one left no journal row and no model request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from conftest import TOKEN, running, write_config
 from fakes.discord_server import BOT_ID, HUMAN_ID, FakeDiscord
 from fakes.openai_server import FakeOpenAI, is_loop
-from support import contents, judges_say_done, loop_requests, say
+from support import contents, judges_say_done, loop_requests, say, user_text
 
 from bumblebot.core.errors import AdapterError
 
@@ -30,13 +29,6 @@ ROLE_ID = "500000000000000054"
 MESSAGES = r"/channels/\d+/messages"
 
 
-@pytest.fixture
-async def dc() -> AsyncIterator[FakeDiscord]:
-    async with FakeDiscord() as fake:
-        yield fake
-        assert fake.server_errors == []
-
-
 def config(tmp_path: Path, llm: FakeOpenAI, dc: FakeDiscord, **discord: Any) -> Path:
     section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url, **discord}
     return write_config(tmp_path, llm, None, discord=section)
@@ -45,11 +37,6 @@ def config(tmp_path: Path, llm: FakeOpenAI, dc: FakeDiscord, **discord: Any) -> 
 def bot(dc: FakeDiscord, config_path: Path) -> Any:
     """The daemon serving Discord only, as ``bumblebot run`` with DISCORD_BOT_TOKEN set."""
     return running(config_path, telegram_token=None, discord_token=dc.token)
-
-
-def user_text(request: dict[str, Any]) -> str:
-    """The last user message of a model request (the turn's input, after the preamble)."""
-    return [m["content"] for m in request["messages"] if m["role"] == "user"][-1]
 
 
 async def journal(daemon: Any) -> list[tuple[str, str, str]]:
@@ -367,7 +354,8 @@ async def test_text_commands_in_dm_and_guild_and_a_slash_command(tmp_path, llm, 
 
 
 async def test_only_members_who_manage_messages_reset_a_guild_channel(tmp_path, llm, dc):
-    """Issue 10: /reset and /compact change a channel's conversation for everyone in it."""
+    """/reset and /compact change a channel's conversation for everyone in it: only members who
+    manage messages may run them in a guild channel."""
     from adapters.discord.commands import NOT_MANAGER_TEXT
 
     owner = dc.human("500000000000000099", "owner")

@@ -164,7 +164,7 @@ def test_parse_command(text: str, expected: str | None) -> None:
 
 
 def test_a_command_naming_another_bot_is_not_ours() -> None:
-    """Issue 16: ``/reset@other_bot`` used to reset this bot's conversation."""
+    """``/reset@other_bot`` is another bot's command (it used to reset this bot's conversation)."""
     names = {"fakebot"}
     assert command_target("/reset@other_bot", names) == "other"
     assert command_target("/shrug@other_bot hi", names) == "other"

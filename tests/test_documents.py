@@ -749,8 +749,8 @@ def slow_pdf(pages: int, operators: int) -> bytes:
 
 
 def test_a_pdf_that_takes_too_long_is_given_up_and_its_worker_killed(tmp_path: Path) -> None:
-    """Regression (review of issue 12): an 8 KB PDF whose pages share one content stream of
-    text operators cost pypdf 9 s a page, holding a thread of the daemon for minutes."""
+    """An 8 KB PDF whose pages share one content stream of text operators (pypdf took 9 s a page,
+    holding a thread of the daemon for minutes) is given up and its worker killed."""
     from bumblebot.media.documents import pdf_text_bounded
 
     path = tmp_path / "slow.pdf"

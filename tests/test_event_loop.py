@@ -1,4 +1,4 @@
-"""Nothing blocks the event loop (issue 9, "Nothing blocks the loop", defect 1).
+"""Nothing blocks the event loop (spec, "Nothing blocks the loop").
 
 * The text rules and the router's cues are linear in the text: inputs that make a backtracking
   regex or a quadratic scan run for minutes return at once. "At once" is proven without a

@@ -1,4 +1,4 @@
-"""Tool forcing recovers (issue 9, build item 8, defect 6).
+"""Tool forcing recovers (bumblebot/llm/forcing.py).
 
 An endpoint that refuses ``tool_choice="required"`` is switched to ``"auto"``, and the fallback
 is remembered with its reason and time in ``kv``. It is not for good: after a bound (tool
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import write_config
+from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI, error, is_loop, text, tool_calls
+from support import judges_say_done, say
 
 from bumblebot.app.check import check_all, forcing_mode
 from bumblebot.core.config import Secrets, load_settings
@@ -219,8 +220,8 @@ async def test_check_says_required_when_nothing_is_remembered(tmp_path, capsys):
 
 
 async def test_check_does_not_claim_required_when_the_endpoint_refuses_it(tmp_path, capsys):
-    """Regression (review): against llama.cpp (500 on required) check printed "called a tool,
-    with tool_choice=auto" and then "tool forcing: required"."""
+    """Against llama.cpp (500 on required) check does not claim "tool forcing: required" after
+    printing "called a tool, with tool_choice=auto"."""
     async with FakeOpenAI(reject_tool_choice_required=500) as server:
         answer_with_ping(server)
         assert await run_check(tmp_path, server) == []
@@ -265,7 +266,7 @@ async def test_check_names_a_plain_auto_of_an_older_version(tmp_path):
 
 
 async def test_a_500_about_tool_call_arguments_does_not_switch_forcing_off(tmp_path):
-    """Reviewer's input: one 500 "Failed to parse tool call arguments" (the model's output, not
+    """The failing input: one 500 "Failed to parse tool call arguments" (the model's output, not
     the endpoint's rule) used to switch forcing off at once."""
     async with FakeOpenAI() as server, Store(tmp_path / "b.db") as store:
         answer_with_ping(server)
@@ -277,8 +278,8 @@ async def test_a_500_about_tool_call_arguments_does_not_switch_forcing_off(tmp_p
 
 
 async def test_flaky_500s_between_successes_never_switch_forcing_off(tmp_path):
-    """A flaky upstream: every other forced request fails with 500 (the reviewer's 40 % run
-    switched forcing off for good). Strikes only count on consecutive requests."""
+    """A flaky upstream: every other forced request fails with 500 (a run with 40 % of them
+    failing once switched forcing off for good). Strikes only count on consecutive requests."""
     async with FakeOpenAI() as server, Store(tmp_path / "b.db") as store:
         answer_with_ping(server)
         llm = client(server, store, Clock())
@@ -301,3 +302,21 @@ async def test_three_unexplained_refusals_in_a_row_switch_forcing_off(tmp_path):
             assert await ask(llm) == "auto"
         fallback = await remembered(store, server)
         assert fallback is not None and "3 unexplained refusals" in fallback.reason
+
+
+# -- through the whole daemon ------------------------------------------------------------------
+
+
+async def test_one_upstream_hiccup_does_not_turn_tool_forcing_off(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(error(500, "upstream hiccup"), when=lambda r: is_loop(r) and r.get("tool_choice") == "required")
+    llm.push(say("recovered"), when=is_loop)
+    llm.push(say("still forced"), when=lambda r: is_loop(r) and r.get("tool_choice") == "required")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=9)
+        await tg.wait_for("sendMessage")
+        tg.push_text("again", chat_id=9)
+        await tg.wait_for("sendMessage", n=2)
+        remembered = await d.store.get_kv(f"llm.tool_choice:{llm.base_url}")
+    assert tg.sent(9) == ["recovered", "still forced"]
+    assert remembered is None

@@ -1,4 +1,4 @@
-"""Bounded growth (issue 9, build item 13, defect 11): outbox expiry and retention.
+"""Bounded growth (bumblebot/store/housekeeping.py): outbox expiry and retention.
 
 Real SQLite files; rows are written with the store and then given old timestamps. The sweeper
 path is driven through ``Engine.sweep_outbox`` with a real :class:`Delivery` and a fake

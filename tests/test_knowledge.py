@@ -1,5 +1,5 @@
-"""knowledge.md: sections, locked sections, deduplicated atomic appends (reference study 2.8;
-field bug 13)."""
+"""knowledge.md (bumblebot/cognition/knowledge.py): sections, locked sections, deduplicated atomic
+appends, and a file with bytes that are not UTF-8."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import os
 import threading
 from pathlib import Path
 
+from conftest import running, write_config
+from fakes.openai_server import is_loop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import judges_say_done, say
 
 from bumblebot.cognition.knowledge import (
     SEED,
@@ -211,3 +214,20 @@ def test_appends_round_trip_without_duplicates(
             if normalize_title(clean_title(t)) == normalize_title(s.title) and clean_body(b)
         )
         assert s.body == expected
+
+
+# -- through the whole daemon ------------------------------------------------------------------
+
+
+async def test_unreadable_knowledge_bytes_do_not_silence_the_bot(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("still answering"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "knowledge.md").write_bytes(b"# Knowledge\n\n## Caf\xe9\nLatin-1 edit\n")
+    async with running(config) as d:
+        tg.push_text("hi", chat_id=24)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        pending = await d.store.pending_inbound()
+    assert tg.sent(24) == ["still answering"] and pending == []

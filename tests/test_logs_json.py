@@ -1,4 +1,4 @@
-"""``log_format: json`` (issue 14, "Observability"): one JSON object per record per line, with
+"""``log_format: json`` (bumblebot/core/logs.py): one JSON object per record per line, with
 the conversation and turn when known, redacted like the text output; logs to a file."""
 
 from __future__ import annotations

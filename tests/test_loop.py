@@ -288,7 +288,7 @@ async def test_a_say_recorded_before_a_crash_is_delivered_as_recorded_once(tmp_p
     assert loop_requests(llm) == []  # the recorded end_turn went to the check, which accepted it
 
 
-# -- regressions from the review of the fidelity change -------------------------------------------
+# -- regressions, each with its failing input ----------------------------------------------------
 
 
 async def test_a_message_sent_while_a_turn_is_at_its_cap_gets_its_own_turn(tmp_path, llm, tg):
@@ -451,3 +451,249 @@ async def test_a_check_that_hangs_is_given_up_within_the_request_timeout(tmp_pat
     assert tg.sent(411) == ["Hello!"]
     [gate] = trace["gate"]
     assert gate["done"] and "TimeoutError" in gate["reason"]  # cut at 1 s, not after three 1 s tries
+
+
+# -- the model's last word as plain text (an endpoint that does not force tools) ---------------
+
+
+async def test_a_final_reply_that_repeats_a_say_is_neither_sent_nor_stored(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "the answer is 4."})), when=is_loop)
+    llm.push(text("The answer is 4."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("2+2?", chat_id=5)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assistant_texts = [r[0] for r in db.execute("SELECT content FROM messages WHERE role='assistant'")]
+    assert "The answer is 4." not in assistant_texts
+
+
+async def test_a_final_reply_after_say_is_delivered_as_the_model_wrote_it(tmp_path, llm, tg):
+    """What the model says after its answer is its own to say: no list of "filler" phrases
+    decides that a closing question is not worth sending."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "The answer is 42."})), when=is_loop)
+    llm.push(text("Anything else I can help you with today?"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("how does the build pipeline in the repo work?", chat_id=14)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(14) == ["The answer is 42.", "Anything else I can help you with today?"]
+
+
+async def test_a_new_answer_after_a_say_is_delivered_on_endpoints_without_forcing(tmp_path, tg):
+    """Regression: with tool_choice=auto the real answer came as plain text after a say and was dropped."""
+    from fakes.openai_server import FakeOpenAI
+
+    async with FakeOpenAI(reject_tool_choice_required=400) as llm:
+        judges_say_done(llm)
+        llm.push(tool_calls(("say", {"text": "Good question! Let me think."})), when=is_loop)
+        llm.push(text("The capital of Australia is Canberra."), when=is_loop)
+        async with running(write_config(tmp_path, llm, tg)):
+            # deliberate ("research"): a reflex turn would end at its first say
+            tg.push_text("look up the capital of Australia", chat_id=21)
+            await tg.wait_for("sendMessage", n=2)
+    assert tg.sent(21) == ["Good question! Let me think.", "The capital of Australia is Canberra."]
+
+
+async def test_a_plain_final_text_that_repeats_a_say_exactly_is_not_sent_again(tmp_path, llm, tg):
+    """An endpoint not forcing tools: the model's plain last word repeats what it said (case
+    and spacing aside), so it is not sent twice; a different last word would be."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Hey! I'm good, thanks"})), when=is_loop)
+    llm.push(text("hey!  I'm good,\nthanks"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("how are you?", chat_id=95)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    assert tg.sent(95) == ["Hey! I'm good, thanks"]
+    assert [c["rule"] for c in trace["cuts"]] == ["exact_repeat"]
+
+
+async def test_the_final_text_is_sent_when_say_only_carried_a_progress_note(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "One moment, let me think."})), when=is_loop)
+    llm.push(text("The capital of Australia is Canberra."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("capital of Australia?", chat_id=96)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(96) == ["One moment, let me think.", "The capital of Australia is Canberra."]
+
+
+# -- budgets, promises and endings -------------------------------------------------------------
+
+
+async def test_a_say_cut_by_the_reflex_budget_is_asked_again_with_the_deliberate_one(tmp_path, llm, tg):
+    """A say cut at the reflex budget (finish_reason "length", arguments cut mid-string) is asked
+    again with the deliberate budget, not failed as invalid JSON."""
+    judges_say_done(llm)
+    cut = Reply(message={"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "say", "arguments": '{"text": "Hi! So, abo'}}]},
+        finish_reason="length")
+    llm.push(cut, when=is_loop)
+    llm.push(say("Hi! So, about that: here is the whole answer."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=98)  # a greeting: reflex
+        await d.engine.wait_for_turns(1)
+    first, second = loop_requests(llm)[:2]
+    assert first["max_tokens"] == 512 and second["max_tokens"] == 2048
+    assert first["messages"] == second["messages"]  # the same request, nothing run in between
+    assert tg.sent(98) == ["Hi! So, about that: here is the whole answer."]
+    import sqlite3
+
+    [(trace,)] = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute("SELECT trace FROM turns").fetchall()
+    step = json.loads(trace)["steps"][0]
+    assert step["escalated"] is True and step["finish_reason"] == "tool_calls"  # regression: traced before the retry
+
+
+async def test_a_reflex_promise_is_not_the_reply(tmp_path, llm, tg):
+    """A reflex turn ("hi") does not end at say("On it!") because the judge said DONE: the model
+    goes on to its reply."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "On it!"})), when=is_loop)
+    llm.push(say("Hi there, hello!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=85)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(85) == ["On it!", "Hi there, hello!"]
+
+
+async def test_hollow_promises_end_with_an_honest_message(tmp_path, llm, tg):
+    """say("On it!"), then two gate continues: the turn ends with an honest message that the
+    work was not done (the gate once failed open there and the user got only the promise)."""
+
+    def judge(request: dict[str, Any]) -> Reply:
+        if is_last_chance(request):
+            return error(500, "no closing words from this model")
+        if is_aux(request):
+            return text("CONTINUE: the file was never written")
+        return say("On it!")
+
+    llm.default = judge
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("write hello.py that prints hi", chat_id=97)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    sent = tg.sent(97)
+    assert sent[0] == "On it!" and "didn't get that done" in sent[-1] and "never written" in sent[-1]
+    assert len(sent) == 2 and (trace["stop_reason"], trace["stop_flags"]) == ("end_turn", ["unfinished"])
+    assert trace["told"] == "note"
+
+
+async def test_promises_that_end_by_looping_get_the_honest_message(tmp_path, llm, tg):
+    """A turn that only promises and then loops ends with the message that says the work was not
+    done."""
+    from bumblebot.cognition.notes import LOOPING_MESSAGE
+
+    def reply(request: dict[str, Any]) -> Reply:
+        if is_last_chance(request):
+            return error(500, "no closing words from this model")
+        if is_aux(request):
+            return text("CONTINUE: the file was never written")
+        return tool_calls(("say", {"text": "On it! Writing the file now."}))  # repeats, never ends
+
+    llm.default = reply
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("write hello.py that prints hi", chat_id=84)
+        await d.engine.wait_for_turns(1)
+    sent = tg.sent(84)
+    assert sent == ["On it! Writing the file now.", LOOPING_MESSAGE]
+
+
+async def test_a_turn_that_fills_the_window_after_answering_says_it_stopped(tmp_path, llm, tg):
+    """Regression (real SmolLM2 run): a turn that had answered, then kept going until the
+    window was full, told the user "this conversation got too long, send /reset" after its
+    answer. It stopped without the model ending it: the user is told so, and that the next
+    message goes on."""
+    from bumblebot.cognition.notes import CONTEXT_FULL_MESSAGE
+
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Done: notes.txt has your list."})), when=is_loop)
+    llm.push(error(400, "This model's maximum context length is 4096 tokens"), when=is_loop)
+    llm.push(error(400, "This model's maximum context length is 4096 tokens"), when=is_loop)
+    llm.push(say("Next answer."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("make my notes file", chat_id=92)  # deliberate ("file"): it goes on after its say
+        await d.engine.wait_for_turns(1)
+        tg.push_text("and now?", chat_id=92)
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(92) == ["Done: notes.txt has your list.", CONTEXT_FULL_MESSAGE, "Next answer."]
+    import sqlite3
+
+    rows = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT status, json_extract(trace, '$.stop_reason') FROM turns ORDER BY id").fetchall()
+    assert rows[0] == ("done", "context_full")
+
+
+async def test_a_model_that_never_ends_its_turn_is_bounded_by_the_message_cap(tmp_path, llm, tg):
+    """What the real SmolLM2 run showed: "hi" got greeting after greeting, one per step; the
+    model never called end_turn. A delivered message does not end a turn, so the turn's
+    message cap bounds it: the model is told, and the turn stops when it brings nothing new."""
+    judges_say_done(llm)
+    greetings = iter(["Hello Alice, how are you today?", "How are you today, Alice?", "Hello again!", "Hi!"])
+    llm.default = lambda r: tool_calls(("say", {"text": next(greetings, "Hi!")})) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=93)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    greeted = ["Hello Alice, how are you today?", "How are you today, Alice?", "Hello again!", "Hi!"]
+    assert tg.sent(93) == greeted  # the cap counts every message: no stop note past it
+    assert trace["stop_reason"] == "looping" and trace["told"] is None and len(loop_requests(llm)) == 7
+    assert {c["rule"] for c in trace["cuts"]} == {"exact_repeat"}
+
+
+# -- the tool-less last try for a plain answer -------------------------------------------------
+
+
+async def test_a_model_that_only_loops_on_tools_still_gets_a_plain_answer_out(tmp_path, llm, tg):
+    """Regression (real run): "hello there!" got "Sorry, I got stuck" after the model listed an
+    empty directory four times; one tool-less request gets the answer out instead."""
+    from fakes.openai_server import is_last_chance
+
+    llm.push(text("Hello! Nice to meet you."), when=is_last_chance)
+    llm.default = lambda r: tool_calls(("list_directory", {"path": "."})) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello there!", chat_id=94)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(94) == ["Hello! Nice to meet you."]
+    [last] = [r for r in llm.requests if is_last_chance(r)]
+    assert "tools" not in last and "tool_choice" not in last
+    assert not [m for m in last["messages"] if m["role"] == "tool" or m.get("tool_calls")]
+
+
+async def test_a_last_try_that_only_writes_a_call_as_text_is_not_sent(tmp_path, llm, tg):
+    """Regression (real run): the tool-less last try answered "functions.list_directory: { }",
+    which reached the user."""
+    from fakes.openai_server import is_last_chance
+
+    from bumblebot.cognition.notes import LOOPING_MESSAGE
+
+    llm.push(text("functions.list_directory: { }"), when=is_last_chance)
+    llm.default = lambda r: tool_calls(("list_directory", {"path": "."})) if is_loop(r) else text("DONE: fine")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello there!", chat_id=95)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(95) == [LOOPING_MESSAGE]
+
+
+async def test_the_last_try_keeps_what_was_said_and_alternates_roles(tmp_path, llm, tg):
+    """The tool-less last try keeps the earlier answers given by say and alternates user and
+    assistant messages (three user messages in a row are refused by alternation-strict templates)."""
+    from fakes.openai_server import is_last_chance
+
+    judges_say_done(llm)
+    llm.push(say("First answer."), when=is_loop)
+    llm.push(text("Plain answer."), when=is_last_chance)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello there!", chat_id=86)
+        await d.engine.wait_for_turns(1)
+        llm.default = lambda r: tool_calls(("list_directory", {"path": "."})) if is_loop(r) else (
+            error(500, "unscripted") if is_last_chance(r) else text("DONE: fine"))
+        llm.push(text("Plain answer."), when=is_last_chance)
+        tg.push_text("and now?", chat_id=86)
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(86) == ["First answer.", "Plain answer."]
+    [last] = [r for r in llm.requests if is_last_chance(r)]
+    roles = [m["role"] for m in last["messages"]]
+    assert all(a != b for a, b in zip(roles[1:], roles[2:])), roles  # user and assistant alternate
+    assert any(m["role"] == "assistant" and "First answer." in m["content"] for m in last["messages"])

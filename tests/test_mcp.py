@@ -1,4 +1,4 @@
-"""MCP tool servers (issue 15): a real stdio MCP server (``tests/fakes/mcp_server.py``, written
+"""MCP tool servers (tools/mcp.py): a real stdio MCP server (``tests/fakes/mcp_server.py``, written
 with the SDK) run as a subprocess, reached through the manager and the registry. No mocks."""
 
 from __future__ import annotations

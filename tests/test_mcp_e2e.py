@@ -1,4 +1,4 @@
-"""MCP servers through the whole daemon (issue 15): the real stdio MCP server of
+"""MCP servers through the whole daemon: the real stdio MCP server of
 ``tests/fakes/mcp_server.py`` (the official SDK), the real python-telegram-bot and openai
 clients against the fakes, real SQLite."""
 
@@ -75,8 +75,8 @@ async def test_mcp_tools_are_not_offered_in_a_group_by_default(tmp_path, llm, tg
 
 
 async def test_a_server_that_never_answers_its_handshake_gives_up_after_connect_timeout_s():
-    """Regression (review of issue 15): with protocol auto a silent server took about 15 s a
-    try, whatever connect_timeout_s said."""
+    """With protocol auto, a server that never answers its handshake is given up after
+    connect_timeout_s (it once took about 15 s a try, whatever connect_timeout_s said)."""
     import time
 
     from bumblebot.core.mcp_settings import MCPSettings

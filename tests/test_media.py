@@ -1,4 +1,4 @@
-"""Media pieces (issue 12): the image token rule, image checks and scaling, the vision
+"""Media pieces (bumblebot/media/intake.py, bumblebot/llm/images.py): the image token rule, image checks and scaling, the vision
 fallback's request rewriting, and a message's files fetched once across a restart (a real
 python-telegram-bot client against the fake Bot API, real SQLite)."""
 

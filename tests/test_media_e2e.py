@@ -1,4 +1,4 @@
-"""Photos, voice notes, documents and files sent (issue 12), end to end on Telegram: the real
+"""Photos, voice notes, documents and files sent, end to end on Telegram: the real
 python-telegram-bot and openai clients against the fakes, real SQLite, real files."""
 
 from __future__ import annotations
@@ -468,7 +468,7 @@ async def test_a_server_that_answers_with_the_image_read_as_text_is_remembered(t
     assert tg.sent(51) == ["hmm", BLIND, "only words now"]
 
 
-# -- review of issue 12: regressions --------------------------------------------------------
+# -- regressions, each with its failing input ---------------------------------------------
 
 
 async def test_files_sent_in_one_chat_are_out_of_reach_of_another(tmp_path, llm, tg):
@@ -630,7 +630,7 @@ async def test_an_image_pillow_cannot_open_is_kept_as_a_file(tmp_path, llm, tg):
     ]
 
 
-# -- second review of issue 12: regressions -------------------------------------------------
+# -- more regressions, each with its failing input ----------------------------------------
 
 
 async def test_a_voice_note_steered_in_during_a_transcription_outage_waits_and_the_turn_goes_on(tmp_path, llm, tg):
@@ -672,7 +672,8 @@ async def test_a_text_after_a_waiting_voice_note_is_answered_meanwhile_and_stop_
         await d.engine.wait_for_turns(1)  # the text's turn is over; the voice note still waits
         tg.push_text("/stop", chat_id=72)
         await tg.wait_for("sendMessage", n=3, timeout=10)
-        await d.engine.wait_until(lambda: not d.engine.waiting, timeout=10)
+        # the wait is settled in the conversation's actor
+        await d.engine.wait_until(lambda: not d.engine.waiting and d.engine.idle, timeout=10)
         rows = await d.store._all("SELECT text, status FROM journal WHERE source='chat' AND text NOT LIKE '/%' ORDER BY id")
     assert tg.sent(72)[1:] == ["answering your text", "Stopped."]
     assert [r["status"] for r in rows] == ["ignored", "done"]  # the voice note: not answered after all

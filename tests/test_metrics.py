@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 14, "Observability"): "/metrics serves counters when enabled".
+"""Prometheus metrics (bumblebot/core/metrics.py): "/metrics serves counters when enabled".
 
 The exporter is real (``prometheus_client``'s HTTP server on 127.0.0.1) and is read with httpx.
 The daemon is real too: ``metrics.listen`` in its config makes ``Daemon`` build one ``Metrics``,

@@ -1,4 +1,4 @@
-"""Pacing (issue 16, items 2 and 5): one scheduler per adapter for every call to a chat, and a
+"""Pacing (adapters/telegram/pacing.py): one scheduler per adapter for every call to a chat, and a
 typing indicator that honours a 429.
 
 The unit tests run :class:`~adapters.telegram.pacing.Pacer` with Telegram's published limits on an
@@ -105,7 +105,7 @@ def test_the_defaults_are_telegrams_published_limits():
 def test_twenty_messages_to_one_chat_in_one_second_go_a_second_apart_in_order():
     async def main() -> Recorder:
         rec = Recorder(Pacer(TELEGRAM), call_s=0.05)
-        # the failing input of issue 16: 20 replies to one chat asked for within one second
+        # the failing input: 20 replies to one chat asked for within one second
         tasks = []
         for i in range(20):
             tasks.append(asyncio.create_task(rec.call("1001", f"reply {i}")))
@@ -330,8 +330,8 @@ async def test_twenty_commands_in_one_second_are_answered_spaced_in_order(tmp_pa
 
 
 async def test_commands_paced_in_one_chat_do_not_hold_up_another_chat(tmp_path, llm, tg):
-    """Regression (pacing review): a command's answer was sent inside Telegram's poller, so 20
-    commands from one chat held every other chat's next update until they were all out."""
+    """20 commands from one chat do not hold up another chat's next update (a command's answer
+    was once sent inside Telegram's poller, so the other chat waited until they were all out)."""
     from support import judges_say_done, say
 
     judges_say_done(llm)
@@ -422,10 +422,10 @@ async def test_a_typing_429_holds_the_next_chat_action_for_retry_after(tmp_path,
 
 
 async def test_a_429_longer_than_the_inline_wait_mid_reply_keeps_the_reply_in_order(tmp_path, llm, tg, monkeypatch):
-    """Review of issue 16: the second chunk of a reply got a 429 longer than the inline wait; it
-    was left to the sweeper (30 s later) and the answer to the next message, sent as the pause
-    ended, came before it. Now the rows wait for the pause's end and go in order. (The 30 s
-    inline wait is scaled to 1 s and the 429's retry_after to 2 s.)"""
+    """The second chunk of a reply gets a 429 longer than the inline wait: the rows wait for the
+    pause's end and go in order (left to the sweeper, 30 s later, the chunk once came after the
+    answer to the next message, sent as the pause ended). (The 30 s inline wait is scaled to 1 s
+    and the 429's retry_after to 2 s.)"""
     from fakes.telegram_server import retry_after_body
     from support import judges_say_done, say
 
@@ -451,7 +451,7 @@ async def test_a_429_longer_than_the_inline_wait_mid_reply_keeps_the_reply_in_or
     assert "\n".join(shown[:2]).count("paragraph") == 60
 
 
-# -- regressions from the second review of issue 16 ---------------------------------------------
+# -- waits that end: the rows of a wait go out in order, each chat on its own --------------------
 
 THREE = "\n".join(f"paragraph {i}: " + "words " * 20 for i in range(90))  # three messages
 
@@ -465,8 +465,8 @@ def _scaled_inline_wait(monkeypatch: Any, seconds: float = 1.0) -> None:
 
 
 async def test_a_second_429_as_a_long_wait_ends_still_keeps_the_reply_in_order(tmp_path, llm, tg, monkeypatch):
-    """Second review: chunk 2 got a long 429, then a short one when retried at the wait's end;
-    the row was left to the sweeper and the next answer went ahead of the rest of the reply."""
+    """Chunk 2 gets a long 429, then a short one when retried at the wait's end: the rest of the
+    reply still goes before the next answer (the row was once left to the sweeper)."""
     from fakes.telegram_server import retry_after_body
     from support import judges_say_done, say
 
@@ -487,8 +487,8 @@ async def test_a_second_429_as_a_long_wait_ends_still_keeps_the_reply_in_order(t
 
 
 async def test_a_stop_while_waiting_rows_go_out_sends_none_twice_after_the_restart(tmp_path, llm, tg, monkeypatch):
-    """Second review: the daemon stopped while the rows of a wait went out; the store closed under
-    the retry, a sent row stayed pending and went again after the restart."""
+    """The daemon stops while the rows of a wait go out: no row is sent twice after the restart
+    (the store once closed under the retry, and a sent row stayed pending and went again)."""
     from fakes.telegram_server import retry_after_body
 
     _scaled_inline_wait(monkeypatch)
@@ -507,8 +507,8 @@ async def test_a_stop_while_waiting_rows_go_out_sends_none_twice_after_the_resta
 
 
 async def test_one_chats_wait_does_not_hold_up_another_chats(tmp_path, llm, tg, monkeypatch):
-    """Second review: the retries at a wait's end ran under the sweeper's lock, so a chat whose
-    wait ended later waited for another chat's whole paced batch."""
+    """A chat whose wait ends later does not wait for another chat's whole paced batch (the
+    retries at a wait's end once ran under the sweeper's lock)."""
     from fakes.telegram_server import retry_after_body
 
     _scaled_inline_wait(monkeypatch)
@@ -532,8 +532,8 @@ async def test_one_chats_wait_does_not_hold_up_another_chats(tmp_path, llm, tg, 
 
 
 async def test_a_streamed_answer_does_not_jump_into_a_reply_that_waits_for_a_full_group_window(tmp_path, llm, tg, monkeypatch):
-    """Second review: in a group whose 20-a-minute window was full, the rest of a reply waited
-    and the next turn's streamed preview went out in the middle of it. No preview is streamed
+    """In a group whose 20-a-minute window is full, the rest of a reply waits; the next turn's
+    streamed preview once went out in the middle of it. No preview is streamed
     into a chat whose rows wait; the answer comes after them. (The window is scaled to 3 calls
     in 4 s and the inline wait to 1 s.)"""
     from support import judges_say_done, say
@@ -565,8 +565,8 @@ async def test_a_streamed_answer_does_not_jump_into_a_reply_that_waits_for_a_ful
 
 
 def test_a_droppable_call_gives_way_when_the_overall_window_is_full():
-    """Benchmark of issue 16: at 100 chats a streamed preview and its final edit each took a slot
-    of the 30 a second overall, halving the replies that got out; previews give way instead."""
+    """A streamed preview gives way when the 30-a-second overall window is full (at 100 chats a
+    preview and its final edit each took a slot, halving the replies that got out)."""
     async def main() -> tuple[list[str], bool]:
         pacer = Pacer(TELEGRAM)
         rec = Recorder(pacer)
@@ -584,8 +584,9 @@ def test_a_droppable_call_gives_way_when_the_overall_window_is_full():
 
 
 async def test_three_short_429s_in_a_row_keep_the_turns_messages_in_order(tmp_path, llm, tg):
-    """Third review: three 429s (retry_after 1 s) on a turn's first say used up its attempts; the
-    row was left to the sweeper (30 s) and the second say went first."""
+    """Three 429s in a row (retry_after 1 s) on a turn's first say use up its attempts: the row
+    waits and goes before the second say (it was once left to the sweeper, 30 s, and the second
+    say went first)."""
     from fakes.telegram_server import retry_after_body
     from support import judges_say_done, say
 

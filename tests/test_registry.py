@@ -1,5 +1,6 @@
-"""The tool registry and the agency tools (reference-study §4 "Registry": no re-invocation
-with empty arguments; spec "Completion gate": agency vs work kinds)."""
+"""The tool registry and the agency tools (tools/registry.py, tools/agency.py): a call with bad
+arguments is never run, not even with empty arguments; agency vs work kinds (spec "Completion
+gate")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from conftest import running, write_config
+from fakes.openai_server import Reply, is_loop
 from pydantic import BaseModel, Field
+from support import ZERO_WIDTH, judges_say_done, loop_requests, say, tool_result
 
 from bumblebot.core.toolkit import DeliveryReport, ToolContext, ToolKind, ToolResult
 from tools import build_registry
@@ -491,3 +495,23 @@ async def test_wait_clamps_and_sleeps(agency: Registry, ctx: ToolContext) -> Non
     assert not result.ok and "seconds" in result.content
     result = await agency.execute("wait", '{"seconds": "soon"}', ctx)
     assert not result.ok and "seconds" in result.content
+
+
+# -- say through the whole daemon --------------------------------------------------------------
+
+
+async def test_the_model_saying_only_invisible_characters_sends_nothing_and_stores_no_blank(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(Reply(message={"role": "assistant", "content": "\u200b", "tool_calls": [
+        {"id": "call_zw", "type": "function", "function": {"name": "say", "arguments": json.dumps({"text": ZERO_WIDTH})}},
+    ]}, finish_reason="tool_calls"), when=is_loop)
+    llm.push(say("A real answer."), when=is_loop)
+    llm.push(say("Next."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("hey", chat_id=167)
+        await daemon.engine.wait_for_turns(1)
+        tg.push_text("and?", chat_id=167)
+        await daemon.engine.wait_for_turns(2)
+    assert tg.sent(167) == ["A real answer.", "Next."]
+    assert llm.violations == []
+    assert "nothing to say" in tool_result(loop_requests(llm)[1], "say")[0]["error"]

@@ -1,4 +1,4 @@
-"""Turns that survive a crash or an outage exactly (issue 8).
+"""Turns that survive a crash or an outage exactly (bumblebot/cognition/resume.py, the runner).
 
 Subprocess tests run the real ``bumblebot run`` and SIGKILL it at a chosen event; in-process
 tests run the daemon in this event loop. All of them use the real python-telegram-bot, openai
@@ -13,7 +13,6 @@ import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
 from support import (
     Gate,
     contents,
+    db,
     env_for,
     judges_say_done,
     kill_daemon,
@@ -43,10 +43,6 @@ from bumblebot.core.toolkit import ToolKind
 from bumblebot.runtime.conversation import Session, Turn
 from bumblebot.runtime.turnstate import TurnState
 from bumblebot.store import CompactionState, Store
-
-
-def db(tmp_path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(tmp_path / "data" / "bumblebot.db")
 
 
 class SlowSite:
@@ -362,7 +358,7 @@ async def test_the_budget_persists_its_scale_only_when_it_moves(tmp_path):
         assert again.threshold() == int(again.window() * 0.75) < 6000
 
 
-# -- review findings (regressions) ----------------------------------------------------------------
+# -- regressions, each with its failing input ----------------------------------------------------
 
 
 async def test_restarts_while_waiting_out_an_outage_do_not_use_up_the_resumes(tmp_path, llm, tg):
@@ -582,7 +578,7 @@ async def test_trace_only_reads_an_older_database(tmp_path, llm):
 
 
 async def test_a_reflex_turn_redoing_a_step_a_crash_cut_off_reaches_its_second_part(tmp_path, llm, tg):
-    """Issue 11: a brief request is reflex, and a reflex step that says something ends the
+    """A brief request is reflex, and a reflex step that says something ends the
     turn. A crash had cut off a step after its work tool ran and before its say got out; the
     resumed step said that part again (and only that) and the turn ended there, so the second
     part never came (tests/test_crash_points.py, two_parts, about one run in two)."""

@@ -1,8 +1,9 @@
-"""Tests for bumblebot.cognition.router (spec: cognition.md "Routing"; reference-study 7, Routing)."""
+"""Tests for bumblebot.cognition.router (spec: cognition.md "Routing")."""
 
 from __future__ import annotations
 
 import pytest
+from conftest import running, write_config
 
 from bumblebot.cognition.router import (
     CLASSIFIER_INPUT_CHARS,
@@ -43,7 +44,7 @@ def rule(decision: RouteDecision | None) -> str | None:
     return None if decision is None else decision.reason.split(":")[0]
 
 
-# --- acceptance scenarios (reference-study 7, Routing) -----------------------------------------
+# --- acceptance scenarios: inputs and the route each must take --------------------------------
 
 
 async def test_hi_is_reflex_without_classifier():
@@ -198,7 +199,8 @@ def test_heuristic_rules(text, expected_rule, expected_route):
     ],
 )
 async def test_brief_inputs_without_cues_are_reflex_without_classifier(text):
-    """Spec: brief questions under 80 characters go reflex (issue 11: one request a turn)."""
+    """Spec: brief questions under 80 characters go reflex without a classifier call (one request
+    a turn)."""
     assert rule(heuristic(text)) == "brief"
     classify = RecordingClassifier(reply="DEEP")
     decision = await route(text, classify=classify)
@@ -312,10 +314,26 @@ def test_parse_label(reply, expected):
 
 
 def test_running_errands_is_not_code_but_running_a_script_is():
-    """Review of issue 11: "run" alone sent "I'm gonna run to the store" to the deliberate
-    model with its judge; running something still is code."""
+    """"I'm gonna run to the store" is reflex ("run" alone once sent it to the deliberate model
+    with its judge); running something still is code."""
     errand = heuristic("I'm gonna run to the store, brb")
     assert errand is not None and errand.route is Route.REFLEX
     for text in ("can you run the tests", "run this for me", "please run my script"):
         decision = heuristic(text)
         assert decision is not None and decision.route is Route.DELIBERATE and decision.reason.startswith("code")
+
+
+# -- through the whole daemon ------------------------------------------------------------------
+
+
+async def test_group_routing_reads_the_words_not_the_speaker(tmp_path, llm, tg):
+    """"[Python Fan]: hey" is routed by its words (reflex, no classifier call), not as code for
+    the speaker's name."""
+    from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+    from bumblebot.store import JournalEntry
+
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": True})
+    async with running(config) as d:
+        entry = JournalEntry(1, Inbound(ChatRef(Platform.DISCORD, "5"), "1", "7", "Python Fan", "hey", ChatKind.GROUP), "pending")
+        state = await d.runner.preparer.start_state([entry])
+    assert state.route == "reflex" and llm.requests == []  # no classifier call either

@@ -1,4 +1,4 @@
-"""Reading ``when`` and computing due times (issue 13): pure functions, a fixed clock."""
+"""Reading ``when`` and computing due times (bumblebot/runtime/schedule.py): pure functions, a fixed clock."""
 
 from __future__ import annotations
 

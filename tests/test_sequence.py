@@ -1,4 +1,5 @@
-"""The message-sequence invariant: validate() and repair() (field bugs 8 and 9)."""
+"""The message-sequence invariant (bumblebot/cognition/sequence.py): validate() and repair() keep
+every tool call answered by its result, and a repaired history never loses the latest user message."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def test_empty_tool_calls_list_is_a_plain_assistant_message() -> None:
 
 
 def test_orphan_after_latest_user_is_dropped_and_user_kept() -> None:
-    # field bug 9: the old repair returned an empty suffix here
+    # an orphan result after the latest user message: the old repair returned an empty suffix here
     latest = user("latest question")
     fixed = repair([user("old"), result("gone"), latest, result("gone2")])
     assert fixed[-1] is latest

@@ -1,8 +1,8 @@
 """Commands a killed daemon left running are killed when it starts again (tools.shell).
 
-Regression (issue 8 review): ``run_command`` runs in its own session, so a SIGKILLed daemon's
-command ran on, and landed its effect after the restart while the resumed turn was told the
-call had been interrupted: a careful model checked, found nothing yet, and ran it again.
+``run_command`` runs in its own session, so a SIGKILLed daemon's command ran on, and landed its
+effect after the restart while the resumed turn was told the call had been interrupted: a
+careful model checked, found nothing yet, and ran it again.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Tests for bumblebot.delivery.splitting (field-bugs 14, 15, 17, 18, 19)."""
+"""Tests for bumblebot.delivery.splitting: chunks within a platform's limit (UTF-16 on Telegram),
+cut at the best boundary, never inside a character or an emoji sequence, code fences reopened."""
 
 from __future__ import annotations
 
@@ -188,7 +189,7 @@ def test_split_text_properties(text, limit, measure):
 # --- split_markdown ----------------------------------------------------------------------------
 
 
-def test_issue_case_code_block_across_discord_limit():
+def test_a_code_block_across_the_discord_limit_is_closed_and_reopened():
     prose = "Here is the script you asked for, with comments explaining each step.\n" * 5
     code = "\n".join(f"    result_{i:03d} = compute(value_{i:03d})  # step {i}" for i in range(44))
     text = prose + "\n```python\n" + code + "\n```\n\nRun it with `python script.py`. " + "x" * 60

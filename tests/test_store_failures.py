@@ -1,4 +1,5 @@
-"""A single failed write under a turn, and outages seen by several turns (issue 8, review).
+"""A single failed write under a turn, and outages seen by several turns (the store, the actor's
+recovery).
 
 A transient database error ("database is locked" past the busy timeout, a full disk) at any
 write of a turn must leave the conversation as if the write had been slow: the actor reads the
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,17 +19,13 @@ import aiosqlite
 import pytest
 from conftest import running, write_config
 from fakes.openai_server import error, is_loop, sequence_violation, text, tool_calls
-from support import Gate, judges_say_done, say
+from support import Gate, db, judges_say_done, say
 
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.core.messages import Message
 from bumblebot.runtime import actor as actor_module
 from bumblebot.runtime.outage import OUTAGE_NOTICE, OutageWatch
 from bumblebot.store import Store
-
-
-def db(tmp_path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(tmp_path / "data" / "bumblebot.db")
 
 
 @pytest.fixture(autouse=True)
@@ -233,8 +229,8 @@ def test_the_outage_clock_starts_at_the_earliest_failure_any_turn_recorded():
 
 
 async def test_a_transaction_left_open_by_a_cancelled_write_does_not_block_every_later_write(tmp_path):
-    """Review of issue 16: a write cancelled while its BEGIN ran left the connection inside a
-    transaction (the statement ran in aiosqlite's thread, the ROLLBACK never did): every later
+    """A write cancelled while its BEGIN runs is rolled back: it once left the connection inside a
+    transaction (the statement ran in aiosqlite's thread, the ROLLBACK never did), and every later
     write failed with "cannot start a transaction within a transaction"."""
     from bumblebot.store import Store
 

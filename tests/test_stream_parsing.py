@@ -157,7 +157,7 @@ async def test_requests_in_flight_are_capped_by_max_concurrent_requests():
             assert peak == 3
 
 
-# -- regressions from the second review of issue 11 --------------------------------------------
+# -- regressions, each with its failing input ------------------------------------------------
 
 
 async def test_a_stream_dropped_after_its_headers_is_answered_whole_and_remembered_after_three():
@@ -232,7 +232,7 @@ async def test_an_endpoint_like_llama_cpp_python_gets_answers_from_the_first_req
 
 
 async def test_an_endpoint_that_streams_empty_answers_gets_whole_requests_after_three():
-    """Third review of issue 11: one empty sample (a stream of only reasoning, an unlucky
+    """One empty sample (a stream of only reasoning, an unlucky
     draw) must not turn streaming off for a day; an endpoint that streams every call as
     nothing (llama-cpp-python) is switched to whole requests after three in a row."""
     async with FakeOpenAI() as fake:
@@ -251,8 +251,8 @@ async def test_an_endpoint_that_streams_empty_answers_gets_whole_requests_after_
 
 
 async def test_a_dropped_stream_whose_whole_request_fails_too_is_no_strike():
-    """Third review of issue 11: an outage (streams dropped, whole requests answered 503) was
-    remembered as "cannot stream" after three calls."""
+    """An outage (streams dropped, whole requests answered 503) is not remembered as "cannot
+    stream" (it once was, after three calls)."""
     from fakes.openai_server import error
 
     async with FakeOpenAI() as fake:

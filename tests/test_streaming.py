@@ -1,4 +1,4 @@
-"""Streamed replies (issue 11): the text of a ``say`` reaches the chat while the model still
+"""Streamed replies (bumblebot/delivery/preview.py): the text of a ``say`` reaches the chat while the model still
 writes it, through the real openai client (SSE from the fake endpoint) and the real
 python-telegram-bot / discord.py clients against the fakes."""
 
@@ -360,7 +360,7 @@ async def test_two_says_cut_off_by_a_crash_are_taken_over_by_two_streams(tmp_pat
     assert len(tg.sent(53)) == 2
 
 
-# -- regressions from the review of issue 11 -------------------------------------------------
+# -- regressions, each with its failing input ---------------------------------------------
 
 
 async def test_an_error_event_mid_stream_is_an_outage_not_a_refusal(tmp_path, llm, tg):
@@ -531,8 +531,8 @@ async def test_a_work_promise_on_a_reflex_turn_is_judged(tmp_path, llm, tg):
 
 
 async def test_a_short_say_after_an_outage_edits_the_half_written_preview(tmp_path, llm, tg):
-    """Second review of issue 11: a retried say too short for a preview of its own sent a new
-    message and deleted the old preview, instead of finishing it."""
+    """A retried say too short for a preview of its own finishes the half-written preview (it once
+    sent a new message and deleted the old preview)."""
     from bumblebot.runtime.outage import OUTAGE_NOTICE
 
     judges_say_done(llm)

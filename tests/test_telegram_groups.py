@@ -1,4 +1,4 @@
-"""Telegram groups, supergroups and forum topics (issue 10).
+"""Telegram groups, supergroups and forum topics (adapters/telegram/policy.py and the daemon).
 
 The daemon runs in this event loop with the real python-telegram-bot against the fake Bot API,
 on real SQLite files. "Nothing happened" is observed after the update was acknowledged (the
@@ -8,14 +8,11 @@ next ``getUpdates`` moved the offset past it), never after a sleep.
 from __future__ import annotations
 
 import logging
-import sqlite3
-from pathlib import Path
-from typing import Any
 
 from conftest import running, write_config
 from fakes.openai_server import is_loop
 from fakes.telegram_server import BOT_USER, FakeTelegram
-from support import contents, judges_say_done, loop_requests, say
+from support import contents, db, handled, judges_say_done, loop_requests, say
 
 from adapters.telegram.adapter import PRIVACY_NOTE
 from adapters.telegram.commands import NOT_ADMIN_TEXT
@@ -25,15 +22,6 @@ from bumblebot.runtime.conversation import BACKGROUND_OPEN
 
 GROUP = -500
 FORUM = -1001234
-
-
-def db(tmp_path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(tmp_path / "data" / "bumblebot.db")
-
-
-async def handled(tg: FakeTelegram, update: dict[str, Any]) -> None:
-    """Wait until the daemon acknowledged ``update`` (its next poll starts past it)."""
-    await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset") or 0) > update["update_id"], timeout=10)
 
 
 def sends(tg: FakeTelegram, chat_id: int) -> list[tuple[str, int | None]]:
@@ -310,7 +298,7 @@ async def test_privacy_mode_is_reported_once_at_start(tmp_path, llm, tg, caplog)
     assert not [r for r in caplog.records if r.msg == PRIVACY_NOTE]
 
 
-# -- review findings (regressions) -------------------------------------------------------------
+# -- regressions, each with its failing input -------------------------------------------------
 
 
 async def test_service_messages_are_neither_answered_nor_background(tmp_path, llm, tg):

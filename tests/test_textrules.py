@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import running, write_config
+from fakes.openai_server import is_loop, tool_calls
+from support import judges_say_done
 
 from bumblebot.core.textrules import (
     TURN_CONTEXT,
@@ -189,3 +192,39 @@ def test_a_long_reply_of_sentences_and_brackets_goes_through_every_rule():
     assert EchoFilter([NUDGE])(text)
     assert not call_as_text(text, TOOLS)
     assert strip_reasoning(text)
+
+
+# -- through the whole daemon and the echo filter's keepers ------------------------------------
+
+
+async def test_reasoning_before_a_lone_closing_tag_reaches_neither_user_nor_history(tmp_path, llm, tg):
+    """Templates that pre-fill <think> return "…reasoning…</think>answer": only the answer is sent,
+    and the reasoning is not stored."""
+    import sqlite3
+
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "The user wants X.</think>Here you go!"}), ("end_turn", {}),
+                        content="secret plan</think>"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("give me X", chat_id=99)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(99) == ["Here you go!"]
+    stored = "\n".join(r[0] for r in sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT content || coalesce(tool_calls, '') FROM messages"))
+    assert "secret plan" not in stored
+    assert strip_reasoning("thinking…</think>answer") == "answer"
+
+
+def test_user_text_keeps_urls_test_names_and_plain_sentences():
+    from bumblebot.cognition.notes import post_tool_nudge
+    from bumblebot.core.textrules import EchoFilter
+
+    nudge = post_tool_nudge(["read_file"], ["hi"])
+    echoes = EchoFilter([nudge])
+    url = "see https://x.com/?q=x&region=us&copy=2 ok"
+    assert echoes(url) == url  # html.unescape once turned "&region" and "&copy" into symbols
+    for kept in ("Failed: test_login, test_logout.", "Same turn, different story: I fixed it.",
+                 "Tool results are ready: 3 files, a.py b.py c.py", "line one  \nline two",
+                 "```\n[Same turn] Tool results are ready.\n```"):
+        assert echoes(kept) == kept
+    assert echoes(nudge) == ""  # failures ride in the marked sentence

@@ -1,4 +1,5 @@
-"""File tools: confinement to the workspace (field-bugs 30) and their limits."""
+"""File tools (tools/files.py): confinement to the workspace (no path, symlink or search escapes
+it) and their limits."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """run_command: cwd, reduced environment, process-group kill on timeout, exit and
-cancellation, output caps (field-bugs 30: no deny-list pretending to be a sandbox)."""
+cancellation, output caps (no deny-list of commands pretending to be a sandbox)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """fetch_url: the SSRF guard (every hop, pinned addresses), limits and text extraction,
-against a local aiohttp server on 127.0.0.1 (reference-study §4: no SSRF guard)."""
+against a local aiohttp server on 127.0.0.1: no private, loopback or link-local address is
+reached, not by a redirect nor by a name that resolves to one."""
 
 from __future__ import annotations
 

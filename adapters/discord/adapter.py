@@ -134,6 +134,8 @@ class DiscordAdapter(DiscordIntake, DiscordCommands, DiscordSending, DiscordFile
             discord.http.Route.BASE = base
             discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = gateway
             self._saved_endpoints = None
+        if self.failure.done():
+            self.failure.exception()  # logged when it came; once stopped, nobody waits for it
 
     def _on_ready(self) -> None:
         user = self.client.user

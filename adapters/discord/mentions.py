@@ -94,6 +94,7 @@ def mentions_user(content: str, user_id: int) -> bool:
     """Whether ``content`` literally contains ``<@user_id>`` or ``<@!user_id>``.
 
     A reply pings the replied-to author without any token in the content; this tells a typed
-    mention apart from that automatic one (field-bugs.md item 26).
+    mention apart from that automatic one, which would otherwise let two bots that reply to
+    each other count every reply as a mention and talk for ever.
     """
     return f"<@{user_id}>" in content or f"<@!{user_id}>" in content

@@ -1,6 +1,6 @@
 """When the bot answers on Discord, and which messages are commands (pure functions).
 
-Rules (issue 5, "When to answer"; field-bugs.md item 26):
+Rules:
 
 * The bot never answers itself.
 * Other bots are ignored unless ``discord.allow_bots``; even then a bot must mention the bot
@@ -14,7 +14,7 @@ Rules (issue 5, "When to answer"; field-bugs.md item 26):
   set; a thread counts as its parent channel too) are ignored silently: nothing is ever
   posted in a shared channel for a refusal.
 
-Text commands (issue 16): ``/status`` and ``/status@<this bot's name>`` (its username, global
+Text commands: ``/status`` and ``/status@<this bot's name>`` (its username, global
 display name or server nickname, any case) are this bot's; ``/status@other_bot`` names another
 bot and is ignored entirely (:func:`command_target` says ``"other"``): not run, not journaled, and
 not answered as ordinary text either, as Telegram does with a command for another bot.

@@ -162,6 +162,8 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         if self.app.running:
             await self.app.stop()
         await self.app.shutdown()
+        if self.failure.done():
+            self.failure.exception()  # logged when it came; once stopped, nobody waits for it
 
     # -- polling -----------------------------------------------------------------------------
 

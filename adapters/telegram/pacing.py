@@ -1,8 +1,9 @@
-"""Outgoing pace: one scheduler every call of an adapter to a chat goes through (issue 16).
+"""Outgoing pace: one scheduler every call of an adapter to a chat goes through.
 
 A burst of replies (twenty ``/help`` in a second, a long answer split in many messages, a
 streamed preview edited while the final text goes out) must not become a burst of calls:
-that is the pattern behind hours-long flood bans (field-bugs.md item 20). A :class:`Pacer`
+Telegram answers such bursts with 429s and, when they go on, with flood waits of hours
+(Bot API FAQ, "My bot is hitting limits"). A :class:`Pacer`
 gives each call its turn:
 
 - calls to one chat go one at a time, in the order they asked (FIFO); a chat may take

@@ -1,6 +1,6 @@
 """When the bot answers on Telegram, and who may run which command (pure functions).
 
-Rules (issue 10; field-bugs.md items 26 and 27):
+Rules:
 
 * The bot never answers itself. Other bots are ignored unless ``telegram.allow_bots``; even
   then a bot must address the bot (mention it or reply to it), and a per-chat budget

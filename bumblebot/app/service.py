@@ -365,7 +365,7 @@ def plan_install(
     """
     config = Path(os.path.abspath(Path(config_path).expanduser()))
     if not config.is_file():
-        raise InstallError(config, f"no config file at {config}: write one first (see the README)")
+        raise InstallError(config, f"no config file at {config}: write one first (see docs/configuration.md)")
     if data_dir is None:
         from bumblebot.core.config import load_settings
 
@@ -397,7 +397,7 @@ def plan_install(
         notes.append(
             f"bumblebot is imported from {package.parent}, outside the venv (an editable install or a source "
             "clone): the service runs that code, so its user must be able to read it. For a system service, "
-            f"build a wheel and install it into {VENV} (see the README)."
+            f"build a wheel and install it into {VENV} (see docs/running.md)."
         )
     if user_mode:
         systemctl, journal = "systemctl --user", "journalctl --user"

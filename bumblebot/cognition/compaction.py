@@ -351,85 +351,107 @@ async def compact(
         (:func:`bumblebot.cognition.sequence.validate`) whenever ``history`` was. Errors of ``complete``
         and of the knowledge file are caught and reported in ``error``; cancellation is not.
     """
-    threshold = int(max_context_tokens * threshold_ratio)
-    target = int(max_context_tokens * target_ratio)
-    limit = max_context_tokens if request_limit is None else request_limit
-    msgs = list(history)
-    summary = previous_summary
-    errors: list[str] = []
+    return await _Compaction(
+        history, previous_summary, complete, knowledge, fixed_tokens=fixed_tokens,
+        window=max_context_tokens, threshold=int(max_context_tokens * threshold_ratio),
+        target=int(max_context_tokens * target_ratio),
+        limit=max_context_tokens if request_limit is None else request_limit,
+        protect_first_n=protect_first_n, protect_last_n=protect_last_n, max_passes=max_passes,
+        flush=flush and knowledge is not None, force=force, min_gain_tokens=min_gain_tokens,
+    ).run()
 
-    def summary_tokens() -> int:
-        return summary_message(summary).tokens if summary else 0
 
-    def total() -> int:
-        return fixed_tokens + estimate_messages(msgs) + summary_tokens()
+class _Compaction:
+    """One run of :func:`compact`: the history as it shrinks pass by pass, and what it cost."""
 
-    out = CompactionOutcome(messages=msgs, summary=summary, estimate_before=total())
-    if force or out.estimate_before > threshold:
-        while out.passes < max_passes and (out.passes == 0 or total() > target):
-            head_tokens = estimate_messages(msgs[: head_end(msgs, protect_first_n)])
-            reserve = max(summary_tokens(), _summary_cap(target))
-            start, end = find_boundaries(
-                msgs,
-                protect_first_n=protect_first_n,
-                protect_last_n=protect_last_n,
-                tail_token_budget=max(0, target - fixed_tokens - head_tokens - reserve),
-            )
-            middle = msgs[start:end]
-            if (
-                not force
-                and out.passes == 0
-                and estimate_messages(middle) < min_gain_tokens
-                and total() <= limit
-            ):
-                break  # too little to gain for two LLM calls; wait until the middle is worth it
-            msgs, pruned = prune_tool_results(msgs, end)
-            if not middle and not pruned:
-                break
-            out.passes += 1
-            out.pruned_ids += [i for i in (msgs[j].id for j in pruned) if i is not None]
-            budget = summary_budget(estimate_messages(middle), summary_tokens(), target)
-            max_out = min(8000, 2 * budget)
-            room = max_context_tokens - max_out - summary_tokens() - PROMPT_OVERHEAD_TOKENS
-            chunk = middle[: _fit_chunk(middle, room)]
-            first = out.passes == 1
-            if (
-                flush
-                and first
-                and knowledge is not None
-                and len(serialize(chunk)) >= MIN_FLUSH_CHARS
-            ):
-                try:
-                    # its reply budget shares the window with the chunk, like the summary's
-                    out.flushed = await _flush(chunk, knowledge, complete, min(FLUSH_MAX_TOKENS, max_out))
-                except Exception as exc:  # best effort (spec): record and go on
-                    errors.append(f"flush: {type(exc).__name__}: {exc}")
-            if not chunk or (total() <= target and not (force and first)):
-                break
+    def __init__(
+        self, history: list[Message], summary: str | None, complete: Complete, knowledge: KnowledgeFile | None, *,
+        fixed_tokens: int, window: int, threshold: int, target: int, limit: int, protect_first_n: int,
+        protect_last_n: int, max_passes: int, flush: bool, force: bool, min_gain_tokens: int,
+    ) -> None:
+        self.msgs, self.summary = list(history), summary
+        self.complete, self.knowledge = complete, knowledge
+        self.fixed_tokens, self.window, self.threshold, self.target, self.limit = (
+            fixed_tokens, window, threshold, target, limit,
+        )
+        self.protect_first_n, self.protect_last_n, self.max_passes = protect_first_n, protect_last_n, max_passes
+        self.flush, self.force, self.min_gain_tokens = flush, force, min_gain_tokens
+        self.errors: list[str] = []
+        self.out = CompactionOutcome(messages=self.msgs, summary=summary, estimate_before=self.total())
+
+    def summary_tokens(self) -> int:
+        return summary_message(self.summary).tokens if self.summary else 0
+
+    def total(self) -> int:
+        return self.fixed_tokens + estimate_messages(self.msgs) + self.summary_tokens()
+
+    async def run(self) -> CompactionOutcome:
+        out = self.out
+        if self.force or out.estimate_before > self.threshold:
+            while out.passes < self.max_passes and (out.passes == 0 or self.total() > self.target):
+                if not await self._pass():
+                    break
+        covered = set(out.covered_ids)
+        out.pruned_ids = [i for i in out.pruned_ids if i not in covered]
+        out.messages, out.summary = self.msgs, self.summary
+        out.error = "; ".join(self.errors) or None
+        out.estimate_after = self.total()
+        return out
+
+    async def _pass(self) -> bool:
+        """One pass: prune and summarise the middle; ``False`` when there is no more to do."""
+        out, msgs, target = self.out, self.msgs, self.target
+        head_tokens = estimate_messages(msgs[: head_end(msgs, self.protect_first_n)])
+        reserve = max(self.summary_tokens(), _summary_cap(target))
+        start, end = find_boundaries(
+            msgs, protect_first_n=self.protect_first_n, protect_last_n=self.protect_last_n,
+            tail_token_budget=max(0, target - self.fixed_tokens - head_tokens - reserve),
+        )
+        middle = msgs[start:end]
+        if (not self.force and out.passes == 0 and estimate_messages(middle) < self.min_gain_tokens
+                and self.total() <= self.limit):
+            return False  # too little to gain for two LLM calls; wait until the middle is worth it
+        self.msgs, pruned = prune_tool_results(msgs, end)
+        if not middle and not pruned:
+            return False
+        out.passes += 1
+        out.pruned_ids += [i for i in (self.msgs[j].id for j in pruned) if i is not None]
+        budget = summary_budget(estimate_messages(middle), self.summary_tokens(), target)
+        max_out = min(8000, 2 * budget)
+        room = self.window - max_out - self.summary_tokens() - PROMPT_OVERHEAD_TOKENS
+        chunk = middle[: _fit_chunk(middle, room)]
+        first = out.passes == 1
+        if self.flush and first and self.knowledge is not None and len(serialize(chunk)) >= MIN_FLUSH_CHARS:
             try:
-                text = await complete(
-                    summary_request(chunk, summary, budget), max_out, SUMMARY_TEMPERATURE
-                )
-                new = _clean_summary(text)
-                if not _summary_ok(new):
-                    raise ValueError(f"unusable summary ({len(new)} chars): {new[:80]!r}")
-            except Exception as exc:  # keep the transcript: nothing is dropped unsummarised
-                out.summary_failed = True
-                errors.append(f"summary: {type(exc).__name__}: {exc}")
-                if total() <= (limit if force else max_context_tokens):
-                    break  # the request can still be sent: keep every message (spec)
-                # the prompt alone would overflow the window, or the server already refused
-                # it (a model too weak to summarise, a small window): an extractive summary
-                # keeps the conversation alive; the messages stay in the database (covered,
-                # never deleted)
-                new = extractive_summary(chunk, summary, budget * 4)
-                out.extractive = True
-            summary = new
-            out.covered_ids += [m.id for m in chunk if m.id is not None]
-            msgs = msgs[:start] + msgs[start + len(chunk) :]
-    covered = set(out.covered_ids)
-    out.pruned_ids = [i for i in out.pruned_ids if i not in covered]
-    out.messages, out.summary = msgs, summary
-    out.error = "; ".join(errors) or None
-    out.estimate_after = total()
-    return out
+                # its reply budget shares the window with the chunk, like the summary's
+                out.flushed = await _flush(chunk, self.knowledge, self.complete, min(FLUSH_MAX_TOKENS, max_out))
+            except Exception as exc:  # best effort (spec): record and go on
+                self.errors.append(f"flush: {type(exc).__name__}: {exc}")
+        if not chunk or (self.total() <= target and not (self.force and first)):
+            return False
+        new = await self._summarise(chunk, budget, max_out)
+        if new is None:
+            return False
+        self.summary = new
+        out.covered_ids += [m.id for m in chunk if m.id is not None]
+        self.msgs = self.msgs[:start] + self.msgs[start + len(chunk):]
+        return True
+
+    async def _summarise(self, chunk: list[Message], budget: int, max_out: int) -> str | None:
+        """The summary updated with ``chunk``; ``None`` when it failed and the messages can stay."""
+        try:
+            text = await self.complete(summary_request(chunk, self.summary, budget), max_out, SUMMARY_TEMPERATURE)
+            new = _clean_summary(text)
+            if not _summary_ok(new):
+                raise ValueError(f"unusable summary ({len(new)} chars): {new[:80]!r}")
+        except Exception as exc:  # keep the transcript: nothing is dropped unsummarised
+            self.out.summary_failed = True
+            self.errors.append(f"summary: {type(exc).__name__}: {exc}")
+            if self.total() <= (self.limit if self.force else self.window):
+                return None  # the request can still be sent: keep every message (spec)
+            # the prompt alone would overflow the window, or the server already refused it (a
+            # model too weak to summarise, a small window): an extractive summary keeps the
+            # conversation alive; the messages stay in the database (covered, never deleted)
+            self.out.extractive = True
+            return extractive_summary(chunk, self.summary, budget * 4)
+        return new

@@ -23,6 +23,7 @@ from bumblebot.cognition.budget import ContextBudget
 from bumblebot.cognition.compaction import (
     CLIP_CALL_TOKENS,
     PLACEHOLDER,
+    CompactionOutcome,
     compact,
     find_boundaries,
     prune_tool_results,
@@ -122,14 +123,9 @@ class Compactor:
             return await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
         window, limit = self.budget.window(), self.budget.limit(reply_tokens)  # limit: the reply budget left out
         # ``emergency`` (refused, or still over the request limit after a normal pass): no
-        # protected tail, or a small window with long messages leaves no middle
-        # to summarise and the chat dies; the turn's own messages stay as
-        # they are. ``/compact`` forces a pass with the usual boundaries.
-        # a small window: the fixed part alone can exceed the target share, so the target
-        # counts from the room left after it (else every compaction runs all its passes)
-        target_ratio = self.cfg.compaction_target_ratio
-        if fixed >= window * target_ratio:
-            target_ratio = (fixed + (limit - fixed) * target_ratio) / window
+        # protected tail, or a small window with long messages leaves no middle to summarise
+        # and the chat dies; the turn's own messages stay as they are. ``/compact`` forces a
+        # pass with the usual boundaries.
         outcome = await compact(
             session.history,
             previous_summary=state.summary,
@@ -138,7 +134,7 @@ class Compactor:
             fixed_tokens=fixed,
             max_context_tokens=window,
             threshold_ratio=self.cfg.compaction_threshold_ratio,
-            target_ratio=target_ratio,
+            target_ratio=self._target_ratio(fixed, window, limit),
             # the head stays: the summary is rendered right after it (``Requests``)
             protect_first_n=self.cfg.compaction_protect_first_n,
             protect_last_n=0 if emergency else self._protected_tail(session.history, limit),
@@ -154,17 +150,7 @@ class Compactor:
         )
         if outcome.flushed:
             log.info("compaction saved %d fact(s) to knowledge.md", len(outcome.flushed))
-        entry = {
-            "passes": outcome.passes,
-            "covered": len(outcome.covered_ids),
-            "pruned": len(outcome.pruned_ids),
-            "flushed": outcome.flushed,
-            "summary_failed": outcome.summary_failed,
-            "extractive": outcome.extractive,
-            "error": outcome.error,
-            "estimate_before": outcome.estimate_before,
-            "estimate_after": outcome.estimate_after,
-        }
+        entry = _trace_entry(outcome)
         if failed and estimate(session, fixed_tokens, turn_messages) > self.budget.limit(reply_tokens):
             pruned = await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
             if pruned:
@@ -178,6 +164,15 @@ class Compactor:
             if again is not None:
                 entry["forced"] = again
         return entry
+
+    def _target_ratio(self, fixed: int, window: int, limit: int) -> float:
+        """``compaction_target_ratio``, or in a small window, where the fixed part alone can
+        exceed that share, the same share of the room left after it (else every compaction
+        runs all its passes)."""
+        ratio = self.cfg.compaction_target_ratio
+        if fixed >= window * ratio:
+            return (fixed + (limit - fixed) * ratio) / window
+        return ratio
 
     def _protected_tail(self, history: list[Message], limit: int) -> int:
         """``compaction_protect_last_n``, unless those messages alone would take more than
@@ -286,3 +281,18 @@ class Compactor:
             f"Compacted: ~{before} → ~{after} tokens; {entry.get('covered', 0)} messages summarised, "
             f"{entry.get('pruned', 0)} old tool outputs cleared."
         )
+
+
+def _trace_entry(outcome: CompactionOutcome) -> dict[str, Any]:
+    """What a compaction pass shows in the turn's trace."""
+    return {
+        "passes": outcome.passes,
+        "covered": len(outcome.covered_ids),
+        "pruned": len(outcome.pruned_ids),
+        "flushed": outcome.flushed,
+        "summary_failed": outcome.summary_failed,
+        "extractive": outcome.extractive,
+        "error": outcome.error,
+        "estimate_before": outcome.estimate_before,
+        "estimate_after": outcome.estimate_after,
+    }

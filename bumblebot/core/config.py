@@ -153,7 +153,7 @@ def _describe(error: dict[str, Any]) -> tuple[str, str]:
     key = ".".join(loc)
     kind = error.get("type", "")
     if kind == "extra_forbidden":
-        return key, "unknown key (check the spelling; README.md lists every key)"
+        return key, "unknown key (check the spelling; docs/configuration.md lists every key)"
     msg = error.get("msg", "invalid value")
     msg = msg.removeprefix("Value error, ").removeprefix("Input should be ")
     expected = f"expected {msg}" if kind != "value_error" else msg

@@ -9,7 +9,7 @@ A :class:`Message` is one entry of a conversation in OpenAI chat-completions for
 * ``system``: only ever built per request (the system prompt, the compaction summary); never stored.
 
 ``id`` is the SQLite row id once stored (``None`` before). Token estimates follow the
-spec (``../shared/spec/cognition.md``, "Token estimation"): ``len(text) // 4 + 10`` per
+spec ("Token estimation"): ``len(text) // 4 + 10`` per
 message, where text includes tool call names and arguments. The estimate is computed once
 per message and cached, so the cost of estimating a prompt grows with new messages only.
 """

@@ -1,7 +1,7 @@
 """The configuration's shape: every section, its keys, their defaults and limits.
 
 :mod:`bumblebot.core.config` reads a file and the environment into :class:`Settings`. Unknown
-keys are errors, so a typo never passes silently; ``README.md`` lists every key.
+keys are errors, so a typo never passes silently; ``docs/configuration.md`` lists every key.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class HistoryCompression(_Section):
     compaction_protect_first_n: int = Field(2, ge=0, description="first messages kept verbatim")
     compaction_max_passes: int = Field(3, ge=1, le=10, description="compaction passes per trigger")
     compaction_flush_to_knowledge: bool = Field(
-        True, description="extract durable facts into knowledge.md on the first pass"
+        True, description="extract durable facts into the chat's knowledge file on the first pass"
     )
 
     @model_validator(mode="after")
@@ -392,7 +392,7 @@ class EngineSettings(_Section):
 
 
 class Settings(BaseSettings):
-    """The whole configuration. See ``README.md`` for every key."""
+    """The whole configuration. See ``docs/configuration.md`` for every key."""
 
     model_config = SettingsConfigDict(
         env_prefix="BUMBLEBOT_", env_nested_delimiter="__", extra="forbid", validate_default=True

@@ -13,7 +13,7 @@ each file through the adapter that received it and turns it into a :class:`Prepa
 * **voice notes and audio files** are transcribed (``bumblebot/llm/speech.py``); the model reads
   ``[Voice message, 0:07]: <transcript>``. A voice note that could not be transcribed is kept
   in ``<workspace>/inbox/`` and the user is told plainly.
-* **documents** (everything else) are saved as ``<workspace>/inbox/<name>`` (name sanitised,
+* **documents** (everything else) are saved as ``<workspace>/inbox/<chat>/<name>`` (name sanitised,
   collisions suffixed: :func:`bumblebot.media.names.place`); the model is told the path, size
   and type, with the first ``media.inline_chars`` characters inline for text and PDFs.
 

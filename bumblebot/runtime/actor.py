@@ -213,8 +213,10 @@ class ConversationActor:
         model call is aborted, tools still running are cancelled, what it delivered stays, and
         its history records that it was stopped (``AgentLoop``). ``False`` when there is none."""
         if self.inbox.postponed and not self.busy:
-            # messages waiting for a file service: they are not answered after all
-            self._spawned_drop = asyncio.ensure_future(self.conversation.drop(self.inbox.drop_postponed()))
+            # messages waiting for a file service: they are not answered after all (settled in
+            # the actor, so a stop of the engine waits for the write)
+            dropped = self.inbox.drop_postponed()
+            self.schedule(lambda: self.conversation.drop(dropped))
             return True
         if not (self.busy or self._suspended is not None) or not self.conversation.request_stop():
             return False

@@ -218,6 +218,8 @@ class Turn:
         self.entries = entries
         self.transcript = transcript
         self.state = state
+        #: the state as the store has it (a checkpoint writes it only when it changed)
+        self._saved_state = state.as_dict()
         #: set by ``/stop``; the agent loop ends the turn at once (in memory only: a turn a
         #: crash cut off is resumed, a stop needs the process that runs it)
         self.stop = asyncio.Event()
@@ -245,16 +247,27 @@ class Turn:
     async def record(self, message: Message, *, trace: dict[str, Any] | None = None) -> None:
         """Checkpoint one message: an assistant message before its tools run, or one tool result
         as it completes (kept in call order in memory). ``trace`` is saved with it."""
-        await self._store.record(
-            self.conversation.id, self.session.number, self.id, [message], state=self.state.as_dict(), trace=trace
-        )
+        state = self._changed_state()
+        await self._store.record(self.conversation.id, self.session.number, self.id, [message], state=state, trace=trace)
+        self._state_saved(state)
         self._append(message)
 
     async def record_all(self, messages: list[Message]) -> None:
         """Checkpoint several messages (and the state) in one transaction."""
-        await self._store.record(self.conversation.id, self.session.number, self.id, messages, state=self.state.as_dict())
+        state = self._changed_state()
+        await self._store.record(self.conversation.id, self.session.number, self.id, messages, state=state)
+        self._state_saved(state)
         for message in messages:
             self._append(message)
+
+    def _changed_state(self) -> dict[str, Any] | None:
+        """The state to write with a checkpoint: ``None`` when the store has it already."""
+        state = self.state.as_dict()
+        return None if state == self._saved_state else state
+
+    def _state_saved(self, state: dict[str, Any] | None) -> None:
+        if state is not None:
+            self._saved_state = state
 
     def _append(self, message: Message) -> None:
         if message.role == "tool":
@@ -301,10 +314,12 @@ class Turn:
         ``stream`` is the streaming row (:meth:`open_stream`) that showed it being written.
         ``attachment`` is a file sent with it (``OutboxEntry.attachment``).
         """
+        state = self._changed_state()
         entry = await self._store.speak(
             self.conversation.id, self.session.number, self.id, self.chat, text,
-            tool_call_id=tool_call_id, message=shown, state=self.state.as_dict(), stream=stream, attachment=attachment,
+            tool_call_id=tool_call_id, message=shown, state=state, stream=stream, attachment=attachment,
         )
+        self._state_saved(state)
         if shown is not None:
             self.transcript.append(shown)
         return entry
@@ -357,7 +372,10 @@ class Turn:
         await self._store.settle_stream(entry.id, status=status, text=text, error=error)
 
     async def save_state(self) -> None:
-        await self._store.record(self.conversation.id, self.session.number, self.id, [], state=self.state.as_dict())
+        state = self._changed_state()
+        if state is not None:
+            await self._store.record(self.conversation.id, self.session.number, self.id, [], state=state)
+            self._state_saved(state)
 
     async def outbox(self) -> list[OutboxEntry]:
         """Every message this turn queued, oldest first (to resume a turn)."""
@@ -368,7 +386,7 @@ class Turn:
         its session's history."""
         await self._store.finish_turn(
             self.id, status=status, trace=trace, journal_ids=self.journal_ids, journal_status=journal_status,
-            state=self.state.as_dict(),
+            state=self._changed_state(),
         )
         self.session.adopt(self.transcript)
 

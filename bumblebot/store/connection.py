@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -74,16 +73,8 @@ class Database:
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """Serialise a write transaction; commits on success, rolls back on error."""
         async with self._write_lock:
-            try:
-                await self.db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if "within a transaction" not in str(exc):
-                    raise
-                # a write cancelled while its BEGIN ran (the statement still ran in aiosqlite's
-                # thread, its ROLLBACK never did) left one open: end it, or no write works again
-                log.warning("a transaction was left open by a cancelled write; rolling it back")
-                await self.db.execute("ROLLBACK")
-                await self.db.execute("BEGIN IMMEDIATE")
+            await self._end_left_open()
+            await self.db.execute("BEGIN IMMEDIATE")
             try:
                 yield self.db
             except BaseException:
@@ -92,10 +83,26 @@ class Database:
             else:
                 await self.db.execute("COMMIT")
 
+    async def write(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Cursor:
+        """One write statement, serialised with the transactions. In autocommit mode SQLite
+        makes a lone statement a transaction of its own, so this is one trip to aiosqlite's
+        thread where ``BEGIN`` … ``COMMIT`` would be three."""
+        async with self._write_lock:
+            await self._end_left_open()
+            return await self.db.execute(sql, params)
+
+    async def _end_left_open(self) -> None:
+        """Roll back a transaction a cancelled write left open: its ``BEGIN`` ran in aiosqlite's
+        thread after the task was cancelled, so its ``ROLLBACK`` never did, and every later
+        statement would join it and never be committed."""
+        if self.db.in_transaction:
+            log.warning("a transaction was left open by a cancelled write; rolling it back")
+            await self.db.execute("ROLLBACK")
+
     async def _one(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
-        async with self.db.execute(sql, params) as cur:
-            return await cur.fetchone()
+        """The first row of a query that returns at most a few (one trip to aiosqlite's thread)."""
+        rows = await self.db.execute_fetchall(sql, params)
+        return next(iter(rows), None)
 
     async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
-        async with self.db.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        return list(await self.db.execute_fetchall(sql, params))

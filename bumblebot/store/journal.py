@@ -117,8 +117,7 @@ class JournalTables(Database):
 
     async def save_media(self, journal_id: int, media: dict[str, Any]) -> None:
         """Record what fetching a message's attachments gave (``JournalEntry.media``)."""
-        async with self.transaction() as db:
-            await db.execute("UPDATE journal SET media=? WHERE id=?", (to_json(media), journal_id))
+        await self.write("UPDATE journal SET media=? WHERE id=?", (to_json(media), journal_id))
 
 
 def journal_entry_from_row(r: aiosqlite.Row) -> JournalEntry:

@@ -28,32 +28,27 @@ class OutboxTables(Database):
 
     async def outbox_add(self, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str) -> OutboxEntry:
         """Queue an out-of-turn message (a command's answer, a refusal) for delivery."""
-        async with self.transaction() as db:
-            outbox_id = await insert_outbox(db, conversation_id, turn_id, chat, text, None)
-        return OutboxEntry(outbox_id, conversation_id, turn_id, chat, text, "pending", [], 0, None)
+        cur = await self.write(*outbox_insert(conversation_id, turn_id, chat, text, None))
+        assert cur.lastrowid is not None
+        return OutboxEntry(cur.lastrowid, conversation_id, turn_id, chat, text, "pending", [], 0, None)
 
     async def outbox_progress(
         self, outbox_id: int, *, status: str, message_ids: list[str], error: str | None = None
     ) -> None:
         """Record a delivery attempt: status ``pending`` (retry later), ``sent`` or ``failed``."""
-        async with self.transaction() as db:
-            await db.execute(
-                "UPDATE outbox SET status=?, platform_message_ids=?, attempts=attempts+1, last_error=?,"
-                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
-                (status, json.dumps(message_ids), error, status, time.time(), outbox_id),
-            )
+        await self.write(
+            "UPDATE outbox SET status=?, platform_message_ids=?, attempts=attempts+1, last_error=?,"
+            " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
+            (status, json.dumps(message_ids), error, status, time.time(), outbox_id),
+        )
 
     async def outbox_chunks_sent(self, outbox_id: int, message_ids: list[str]) -> None:
         """Record the chunks of a message delivered so far (a retry resumes after them)."""
-        async with self.transaction() as db:
-            await db.execute(
-                "UPDATE outbox SET platform_message_ids=? WHERE id=?", (json.dumps(message_ids), outbox_id)
-            )
+        await self.write("UPDATE outbox SET platform_message_ids=? WHERE id=?", (json.dumps(message_ids), outbox_id))
 
     async def outbox_set_attachment(self, outbox_id: int, attachment: dict[str, Any]) -> None:
         """Record the file made for a row's attachment (a reply's speech, once synthesised)."""
-        async with self.transaction() as db:
-            await db.execute("UPDATE outbox SET attachment=? WHERE id=?", (to_json(attachment), outbox_id))
+        await self.write("UPDATE outbox SET attachment=? WHERE id=?", (to_json(attachment), outbox_id))
 
     async def outbox_entry(self, outbox_id: int) -> OutboxEntry | None:
         row = await self._one("SELECT * FROM outbox WHERE id=?", (outbox_id,))
@@ -93,11 +88,19 @@ async def insert_outbox(
     tool_call_id: str | None, attachment: dict[str, Any] | None = None,
 ) -> int:
     """Queue a message inside the caller's transaction ``db``; returns the row id."""
-    cur = await db.execute(
+    cur = await db.execute(*outbox_insert(conversation_id, turn_id, chat, text, tool_call_id, attachment))
+    assert cur.lastrowid is not None
+    return cur.lastrowid
+
+
+def outbox_insert(
+    conversation_id: int, turn_id: int | None, chat: ChatRef, text: str, tool_call_id: str | None,
+    attachment: dict[str, Any] | None = None,
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement that queues a message, and its parameters."""
+    return (
         "INSERT INTO outbox (conversation_id, turn_id, platform, chat_id, thread_id, text, tool_call_id,"
         " created_at, attachment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, text, tool_call_id, time.time(),
          to_json(attachment) if attachment else None),
     )
-    assert cur.lastrowid is not None
-    return cur.lastrowid

@@ -3,8 +3,8 @@
 Schema versions are applied in order from :data:`MIGRATIONS` and recorded in
 ``PRAGMA user_version`` (8 now); each runs in one transaction with its version number, so a
 crash leaves the database at the version before or after, never between. A database newer
-than this code is refused. The tables themselves are described in ``bumblebot/store/store.py``
-and ``docs/architecture.md``.
+than this code is refused. The tables are described in the module that writes each and in
+``docs/architecture.md``.
 """
 
 from __future__ import annotations

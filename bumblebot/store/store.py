@@ -63,22 +63,17 @@ class Store(
         return None if row is None else str(row[0])
 
     async def set_kv(self, key: str, value: str) -> None:
-        async with self.transaction() as db:
-            await db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+        await self.write("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
 
     async def delete_kv(self, key: str) -> None:
         """Forget ``key`` (nothing happens when it is absent)."""
-        async with self.transaction() as db:
-            await db.execute("DELETE FROM kv WHERE key = ?", (key,))
+        await self.write("DELETE FROM kv WHERE key = ?", (key,))
 
     async def instance_id(self) -> str:
         """A random id of this database, made on first use (idempotency keys of sends)."""
         value = await self.get_kv(INSTANCE_KEY)
         if value is None:
-            async with self.transaction() as db:
-                await db.execute(
-                    "INSERT OR IGNORE INTO kv (key, value) VALUES (?, ?)", (INSTANCE_KEY, secrets.token_hex(4))
-                )
+            await self.write("INSERT OR IGNORE INTO kv (key, value) VALUES (?, ?)", (INSTANCE_KEY, secrets.token_hex(4)))
             value = await self.get_kv(INSTANCE_KEY)
         assert value is not None
         return value

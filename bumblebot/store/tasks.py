@@ -76,13 +76,12 @@ class TaskTables(Database):
 
     async def cancel_task(self, conversation_id: int, task_id: int) -> bool:
         """Cancel an active task of this conversation; ``False`` when there is none by that id."""
-        async with self.transaction() as db:
-            cur = await db.execute(
-                "UPDATE tasks SET status='cancelled', next_due=NULL, ended_at=? WHERE id=? AND conversation_id=?"
-                " AND status='active'",
-                (time.time(), task_id, conversation_id),
-            )
-            return cur.rowcount == 1
+        cur = await self.write(
+            "UPDATE tasks SET status='cancelled', next_due=NULL, ended_at=? WHERE id=? AND conversation_id=?"
+            " AND status='active'",
+            (time.time(), task_id, conversation_id),
+        )
+        return cur.rowcount == 1
 
     async def due_tasks(self, now: float) -> list[TaskRecord]:
         """Active tasks due at or before ``now``, oldest due first."""
@@ -129,7 +128,7 @@ class TaskTables(Database):
         now = time.time()
         async with self.transaction() as db:
             cur = await db.execute(
-                "UPDATE tasks SET next_due=?, status=?, runs=runs+1, last_due=?, ended_at=? WHERE id=? AND"
+                "UPDATE tasks SET next_due=?, status=?, last_due=?, ended_at=? WHERE id=? AND"
                 " status='active' AND next_due=?",
                 (next_due, "active" if next_due is not None else "done", task.next_due,
                  None if next_due is not None else now, task.id, task.next_due),
@@ -147,7 +146,11 @@ class TaskTables(Database):
                 (c.platform.value, c.chat_id, c.thread_id, inbound.message_id, inbound.sender_id, inbound.sender_name,
                  inbound.chat_kind.value, inbound.source, inbound.text, now),
             )
-            return cur.lastrowid if cur.rowcount == 1 else None
+            if cur.rowcount != 1:
+                return None
+            # ``runs`` counts the runs journaled, not the due times skipped meanwhile
+            await db.execute("UPDATE tasks SET runs=runs+1 WHERE id=?", (task.id,))
+            return cur.lastrowid
 
     async def active_chats(self, since: float) -> list[tuple[ChatRef, str]]:
         """Conversations whose last message from a person that a turn answered (not a refused

@@ -25,7 +25,7 @@ from bumblebot.core.messages import Message
 from bumblebot.store.connection import Database
 from bumblebot.store.history import insert_messages
 from bumblebot.store.journal import journal_entry_from_row
-from bumblebot.store.outbox import insert_outbox
+from bumblebot.store.outbox import insert_outbox, outbox_insert
 from bumblebot.store.records import ConversationRecord, OutboxEntry, RunningTurn
 from bumblebot.store.schema import to_json
 
@@ -68,14 +68,20 @@ class TurnTables(Database):
     ) -> None:
         """Checkpoint: append ``messages`` to a running turn (setting their ``id``), attach
         ``journal_ids`` to it (messages taken mid-turn), and save its state and trace."""
+        update = (
+            "UPDATE turns SET state=COALESCE(?, state), trace=COALESCE(?, trace) WHERE id=?",
+            (None if state is None else to_json(state), None if trace is None else to_json(trace), turn_id),
+        )
+        if not messages and not journal_ids:
+            if state is not None or trace is not None:
+                await self.write(*update)
+            return
         async with self.transaction() as db:
             await insert_messages(db, conversation_id, session, turn_id, messages)
             if journal_ids:
                 await db.executemany("UPDATE journal SET turn_id=? WHERE id=?", [(turn_id, j) for j in journal_ids])
-            if state is not None:
-                await db.execute("UPDATE turns SET state=? WHERE id=?", (to_json(state), turn_id))
-            if trace is not None:
-                await db.execute("UPDATE turns SET trace=? WHERE id=?", (to_json(trace), turn_id))
+            if state is not None or trace is not None:
+                await db.execute(*update)
 
     async def speak(
         self,
@@ -99,6 +105,13 @@ class TurnTables(Database):
         ``stream`` is the turn's streaming row (:meth:`open_stream`) that showed this text as
         it was written: it becomes the message (its preview is edited into the final text)
         instead of a new row. ``attachment`` is a file to send with it (:attr:`OutboxEntry.attachment`)."""
+        if stream is None and message is None and state is None:  # one statement: no BEGIN … COMMIT
+            cur = await self.write(*outbox_insert(conversation_id, turn_id, chat, text, tool_call_id, attachment))
+            assert cur.lastrowid is not None
+            return OutboxEntry(
+                cur.lastrowid, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id, None,
+                attachment=attachment,
+            )
         async with self.transaction() as db:
             if stream is None:
                 outbox_id = await insert_outbox(db, conversation_id, turn_id, chat, text, tool_call_id, attachment)
@@ -121,33 +134,30 @@ class TurnTables(Database):
     async def open_stream(self, conversation_id: int, turn_id: int, chat: ChatRef) -> OutboxEntry:
         """A row for a ``say`` whose text is still being streamed (``streaming``, no text yet);
         :meth:`speak` with ``stream=`` turns it into the message."""
-        async with self.transaction() as db:
-            cur = await db.execute(
-                "INSERT INTO outbox (conversation_id, turn_id, platform, chat_id, thread_id, text, streaming,"
-                " created_at) VALUES (?, ?, ?, ?, ?, '', 1, ?)",
-                (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, time.time()),
-            )
-            assert cur.lastrowid is not None
+        cur = await self.write(
+            "INSERT INTO outbox (conversation_id, turn_id, platform, chat_id, thread_id, text, streaming,"
+            " created_at) VALUES (?, ?, ?, ?, ?, '', 1, ?)",
+            (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, time.time()),
+        )
+        assert cur.lastrowid is not None
         return OutboxEntry(cur.lastrowid, conversation_id, turn_id, chat, "", "pending", [], 0, None, streaming=True)
 
     async def stream_previewed(self, outbox_id: int, preview_id: str, shown: str) -> None:
         """The platform message ``preview_id`` now shows the streaming row ``outbox_id``, with
         the text ``shown``."""
-        async with self.transaction() as db:
-            await db.execute("UPDATE outbox SET preview_id=?, text=? WHERE id=?", (preview_id, shown, outbox_id))
+        await self.write("UPDATE outbox SET preview_id=?, text=? WHERE id=?", (preview_id, shown, outbox_id))
 
     async def settle_stream(self, outbox_id: int, *, status: str, text: str | None = None, error: str | None = None) -> None:
         """Close a streaming row without a ``say`` to show: ``failed`` (its preview was taken
         down, or never shown) or ``sent`` (``/stop``: the ``text`` shown so far stays, as
         the row's message)."""
-        async with self.transaction() as db:
-            await db.execute(
-                "UPDATE outbox SET status=?, streaming=0, text=COALESCE(?, text), last_error=?,"
-                " platform_message_ids=CASE WHEN ?='sent' AND preview_id IS NOT NULL"
-                " THEN json_array(preview_id) ELSE platform_message_ids END,"
-                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
-                (status, text, error, status, status, time.time(), outbox_id),
-            )
+        await self.write(
+            "UPDATE outbox SET status=?, streaming=0, text=COALESCE(?, text), last_error=?,"
+            " platform_message_ids=CASE WHEN ?='sent' AND preview_id IS NOT NULL"
+            " THEN json_array(preview_id) ELSE platform_message_ids END,"
+            " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
+            (status, text, error, status, status, time.time(), outbox_id),
+        )
 
     async def upgrade_turn(self, conversation_id: int, session: int, turn_id: int, messages: list[Message], state: dict[str, Any]) -> None:
         """Give a legacy turn (see :meth:`running_turns`) its session, state and first messages."""

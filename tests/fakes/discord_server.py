@@ -17,7 +17,7 @@ Usage::
             await client.close(); await task
 
 Platform rules mimicked (source: Discord developer docs, "Gateway", "Message Resource",
-"Interactions", "JSON Error Codes"; and /work/shared/notes/test-infra.md section 2):
+"Interactions", "JSON Error Codes"):
 
 - JSON responses carry ``Content-Type: application/json`` exactly (discord.py compares the
   header literally; aiohttp's ``json_response`` adds ``; charset=utf-8`` and breaks it).

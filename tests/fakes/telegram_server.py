@@ -2,8 +2,8 @@
 
 Point python-telegram-bot at it with ``base_url=tg.base_url`` and
 ``base_file_url=tg.base_file_url``; PTB appends the token (``/bot<token>/<method>``).
-Request decoding and response shapes follow /work/shared/notes/test-infra.md section 1
-(form fields carry JSON for non-string values; ``{"ok": true, "result": ...}``).
+Request decoding and response shapes follow the Bot API documentation ("Making requests"): form
+fields carry JSON for non-string values; responses are ``{"ok": true, "result": ...}``.
 
 Usage::
 

@@ -1,0 +1,104 @@
+"""A conversation's actor (bumblebot/runtime/actor.py): /reset stops the running turn and fences the old session."""
+
+from __future__ import annotations
+
+import asyncio
+
+from conftest import running, write_config
+from fakes.openai_server import is_loop, text
+from support import UNCLEAR, Gate, contents, db, is_classifier, judges_say_done, loop_requests, say
+
+
+async def test_reset_during_a_running_turn_stops_it_and_later_messages_belong_to_the_new_session(tmp_path, llm, tg):
+    """The failing input: ``/reset`` while a turn runs; the next message was steered into the
+    old turn, answered with the discarded history, and stored under the old session."""
+    judges_say_done(llm)
+    hold = Gate(say("Tomatoes are fruit."))
+    llm.push(hold, when=is_loop)
+    llm.push(say("Fresh here: what would you like?"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("tell me about tomatoes", chat_id=168)
+        await asyncio.wait_for(hold.entered.wait(), 10)
+        tg.push_text("/reset", chat_id=168)
+        [answer] = await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        assert "stopped what I was working on" in answer.params["text"]
+        tg.push_text("what did I ask you before?", chat_id=168)
+        await daemon.engine.wait_for_turns(2, timeout=10)
+    hold.release.set()
+    assert tg.sent(168)[-1] == "Fresh here: what would you like?"
+    assert "Tomatoes are fruit." not in tg.sent(168)  # the old turn never answered
+    after = loop_requests(llm)[-1]
+    assert "what did I ask you before?" in contents(after) and "tomatoes" not in contents(after)
+    conn = db(tmp_path)
+    sessions = dict(conn.execute("SELECT content, session FROM messages WHERE role='user'").fetchall())
+    assert sessions["tell me about tomatoes"] < sessions["what did I ask you before?"]
+    stop_reasons = [r[0] for r in conn.execute("SELECT json_extract(trace, '$.stop_reason') FROM turns ORDER BY id")]
+    assert stop_reasons[0] == "stopped"
+
+
+async def test_messages_waiting_when_reset_comes_are_set_aside_not_answered_in_the_new_session(tmp_path, llm, tg):
+    judges_say_done(llm)
+    hold = Gate(say("Old answer."))
+    llm.push(hold, when=is_loop)
+    llm.push(say("New answer."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"mid_turn_messages": "queue"})
+    async with running(config) as daemon:
+        tg.push_text("first question", chat_id=169)
+        await asyncio.wait_for(hold.entered.wait(), 10)
+        tg.push_text("a follow-up that waits", chat_id=169)
+        await daemon.engine.wait_until(lambda: daemon.engine.queue_depth == 1)
+        tg.push_text("/reset", chat_id=169)
+        [answer] = await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        assert "the 1 message you sent before it will not be answered" in answer.params["text"]
+        tg.push_text("a new topic", chat_id=169)
+        await daemon.engine.wait_for_turns(2, timeout=10)
+    hold.release.set()
+    assert tg.sent(169)[-1] == "New answer."
+    assert not any("a follow-up that waits" in contents(r) for r in llm.requests)
+    status = dict(db(tmp_path).execute("SELECT text, status FROM journal").fetchall())
+    assert status["a follow-up that waits"] == "ignored"
+
+
+async def test_reset_while_the_turn_is_being_routed_sets_its_message_aside(tmp_path, llm, tg):
+    """``/reset`` while the classifier decides the route: the turn never begins in the new
+    session (nor in the old)."""
+    judges_say_done(llm)
+    routing = Gate(text("DELIBERATE"))
+    llm.push(routing, when=is_classifier)
+    llm.push(say("Answer in the new session."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": True})
+    async with running(config) as daemon:
+        tg.push_text(UNCLEAR, chat_id=170)
+        await asyncio.wait_for(routing.entered.wait(), 10)
+        tg.push_text("/reset", chat_id=170)
+        await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        routing.release.set()
+        await daemon.engine.wait_until(lambda: daemon.engine.idle)
+        tg.push_text("hello again", chat_id=170)
+        await daemon.engine.wait_for_turns(2, timeout=10)
+    assert tg.sent(170)[-1] == "Answer in the new session."
+    assert not any(UNCLEAR in contents(r) for r in loop_requests(llm))
+    conn = db(tmp_path)
+    assert conn.execute("SELECT COUNT(*) FROM turns").fetchone() == (1,)
+    assert dict(conn.execute("SELECT text, status FROM journal").fetchall())[UNCLEAR] == "ignored"
+
+
+async def test_reset_during_a_turn_keeps_that_turn_out_of_the_fresh_conversation(tmp_path, llm, tg):
+    judges_say_done(llm)
+    slow = Gate(say("answer to the old topic"))
+    llm.push(slow, when=is_loop)
+    llm.push(say("fresh"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("old topic case-rst", chat_id=12)
+        await asyncio.wait_for(slow.entered.wait(), 5)
+        tg.push_text("/reset", chat_id=12)
+        await tg.wait_for("sendMessage")  # the reset confirmation
+        tg.push_text("/status", chat_id=12)  # loads the new session's (empty) history
+        await tg.wait_for("sendMessage", n=2)
+        slow.release.set()
+        await d.engine.wait_for_turns(1)
+        tg.push_text("new topic", chat_id=12)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "fresh")
+    fresh = [r for r in loop_requests(llm) if "new topic" in contents(r)][0]
+    assert "case-rst" not in contents(fresh)
+    assert "answer to the old topic" not in tg.sent(12)  # /reset stopped it

@@ -1,0 +1,81 @@
+"""The outbox (bumblebot/delivery/outbox.py): a message resumes where it stopped and is never sent twice."""
+
+from __future__ import annotations
+
+import asyncio
+
+from support import FlakyConsole
+
+from bumblebot.core.events import ChatRef, Platform
+from bumblebot.delivery import Delivery
+from bumblebot.store import Store
+
+
+def delivery_for(store: Store, adapter: FlakyConsole, attempts: int = 3) -> Delivery:
+    delivery = Delivery(store, attempts=attempts)
+    delivery.register(adapter)
+    return delivery
+
+
+async def test_retry_resumes_after_the_last_delivered_chunk(tmp_path):
+    chat = ChatRef(Platform.CONSOLE, "c")
+    async with Store(tmp_path / "db.sqlite") as store:
+        conversation = await store.conversation(chat)
+        adapter = FlakyConsole(fail_on_call=set(), crash_on_call={3})
+        delivery = delivery_for(store, adapter, attempts=1)
+        try:
+            await delivery.send(conversation.id, chat, "one|two|three")
+        except asyncio.CancelledError:
+            pass
+        assert adapter.sent == ["one", "two"]
+        [pending] = await store.outbox_pending()
+        assert pending.platform_message_ids == ["1", "2"]
+        assert await delivery.retry_pending() == 1
+        assert adapter.sent == ["one", "two", "three"]  # no chunk twice
+        assert await store.outbox_pending() == []
+
+
+async def test_sweeper_does_not_resend_a_message_being_delivered(tmp_path):
+    chat = ChatRef(Platform.CONSOLE, "c")
+    release = asyncio.Event()
+
+    class Slow(FlakyConsole):
+        async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
+            await release.wait()
+            return await super().send_chunk(chat, text)
+
+    async with Store(tmp_path / "db.sqlite") as store:
+        conversation = await store.conversation(chat)
+        adapter = Slow(fail_on_call=set())
+        delivery = delivery_for(store, adapter)
+        sending = asyncio.create_task(delivery.send(conversation.id, chat, "hello"))
+        while not await store.outbox_pending():
+            await asyncio.sleep(0)  # let the send record its outbox row
+        sweep = asyncio.create_task(delivery.retry_pending())
+        release.set()
+        await asyncio.gather(sending, sweep)
+        assert adapter.sent == ["hello"]
+
+
+async def test_the_sweeper_rechecks_a_row_before_sending_it(tmp_path):
+    """Regression: a stale list of pending rows let the sweeper resend a row sent meanwhile."""
+    chat = ChatRef(Platform.CONSOLE, "c")
+    async with Store(tmp_path / "db.sqlite") as store:
+        conversation = await store.conversation(chat)
+        adapter = FlakyConsole(fail_on_call={1})
+        delivery = delivery_for(store, adapter, attempts=1)
+        first = await delivery.send(conversation.id, chat, "X")  # fails: left pending
+        assert first.queued
+        [row] = await store.outbox_pending()
+        await store.outbox_progress(row.id, status="sent", message_ids=["9"])  # sent elsewhere meanwhile
+        original = store.outbox_pending
+
+        async def stale() -> list:
+            return [row]  # the sweeper's snapshot from before the send
+
+        store.outbox_pending = stale  # type: ignore[method-assign]
+        try:
+            assert await delivery.retry_pending() == 0
+        finally:
+            store.outbox_pending = original  # type: ignore[method-assign]
+        assert adapter.sent == []

@@ -1,0 +1,72 @@
+"""Preparing a turn (bumblebot/runtime/preparing.py): a long paste kept as a file, files that cannot be fetched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from conftest import running, write_config
+from fakes.openai_server import error, is_aux, text
+from support import judges_say_done, loop_requests, say, telegram_parts
+
+
+async def test_a_long_paste_on_a_4k_window_is_kept_as_a_file_instead_of_refused_as_too_long(tmp_path, llm, tg):
+    """The same kind of paste on a real small model's 4k window: one input, kept whole as a file
+    the model can read in parts, never a request the server refuses as too long."""
+    refused = []
+
+    def four_k_server(request):
+        if len(json.dumps(request["messages"])) > 4096 * 4:
+            refused.append(request)
+            return error(400, "This model's maximum context length is 4096 tokens. Please reduce the length.")
+        if is_aux(request):
+            return text("DONE: the reply is adequate")
+        return say("I saved it and read the start.")
+
+    llm.default = four_k_server
+    paste = "\n".join(f"row {i:04d}: " + "the quick brown fox jumps over the lazy dog " * 2 for i in range(200))
+    parts = telegram_parts(paste)
+    assert len(parts) == 5
+    config = write_config(tmp_path, llm, tg, cognition={"debounce_s": 0.3, "max_context_tokens": 4096})
+    async with running(config) as daemon:
+        for part in parts:
+            tg.push_text(part, chat_id=171)
+        await daemon.engine.wait_for_turns(1, timeout=20)
+    assert tg.sent(171) == ["I saved it and read the start."]
+    assert refused == []
+    kept = list((tmp_path / "data" / "workspace" / "inbox" / "telegram_171").glob("message-*.txt"))
+    assert len(kept) == 1 and kept[0].read_text() == paste
+    user = next(m["content"] for m in loop_requests(llm)[0]["messages"] if m["role"] == "user")
+    assert f'read_file("inbox/telegram_171/{kept[0].name}")' in user and "row 0000" in user and "row 0199" not in user
+
+
+async def test_reset_while_a_photo_downloads_and_then_fails_promises_nothing(tmp_path, llm, tg, monkeypatch):
+    """/reset while a photo's download hangs, then the download fails (Telegram unreachable): the
+    set-aside message is not postponed, and the chat is not told "I'll answer as soon as I can",
+    which would never happen. (The download is held, then fails, by a stand-in for it.)"""
+    import io
+
+    from PIL import Image
+
+    import adapters.telegram.adapter as telegram_adapter
+    from bumblebot.core.errors import MediaError
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def download(self, attachment, dest):
+        entered.set()
+        await release.wait()
+        raise MediaError("Telegram could not be reached", retryable=True)
+
+    monkeypatch.setattr(telegram_adapter.TelegramAdapter, "download", download)
+    image = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(image, "JPEG")
+    judges_say_done(llm)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_photo([(64, 64, image.getvalue())], caption="look at this", chat_id=186)
+        await asyncio.wait_for(entered.wait(), 10)
+        tg.push_text("/reset", chat_id=186)
+        await tg.wait_for("sendMessage", predicate=lambda p: "Fresh start" in p.get("text", ""))
+        release.set()
+        await daemon.engine.wait_until(lambda: daemon.engine.idle and not daemon.engine.waiting)
+    assert not any("can't get to the file" in t for t in tg.sent(186))

@@ -1,0 +1,79 @@
+"""The delivery rule (bumblebot/cognition/speech.py): says go out as written, in call order, up to the message cap."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from conftest import running, write_config
+from fakes.openai_server import is_loop, tool_calls
+from support import judges_say_done, loop_requests, say
+
+
+async def test_say_calls_of_one_step_arrive_in_call_order(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(*[("say", {"text": f"part {i}"}) for i in range(5)], ("end_turn", {})), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_messages_per_turn": 5})
+    async with running(config):
+        tg.push_text("count to five", chat_id=4)
+        await tg.wait_for("sendMessage", n=5)
+    assert tg.sent(4) == [f"part {i}" for i in range(5)]
+
+
+async def test_the_same_say_twice_in_one_step_reaches_the_user_once(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say("Hello!", "Hello!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=20)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(20) == ["Hello!"]
+
+
+async def test_the_same_say_in_two_steps_reaches_the_user_once(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Hello there!"})), when=is_loop)
+    llm.push(say("hello  there!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("Explain in detail, step by step, how the build pipeline in the repo works.", chat_id=15)  # deliberate: a reflex turn ends at its first say
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(15) == ["Hello there!"]
+    # the second say's result tells the model why nothing was sent
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert any("not sent again" in r[0] for r in db.execute("SELECT content FROM messages WHERE role='tool'"))
+
+
+async def test_a_reworded_message_is_the_model_s_to_send(tmp_path, llm, tg):
+    """Only an exact repeat is held back: a near-identical message may be a correction."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("say", {"text": "Sure, I can help with that."})), when=is_loop)
+    llm.push(say("Sure, I can help you with that!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("can you help?", chat_id=94)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(94) == ["Sure, I can help with that.", "Sure, I can help you with that!"]
+
+
+async def test_a_turn_sends_at_most_four_messages_and_the_model_is_told(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push(say(*[f"message number {i}" for i in range(6)]), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("talk a lot", chat_id=93)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(93) == [f"message number {i}" for i in range(4)]
+    [(results,)] = __import__("sqlite3").connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT group_concat(content, '|') FROM messages WHERE role='tool' AND name='say'").fetchall()
+    assert results.count('"dropped": true') == 2 and "end_turn" in results  # the model is told why
+
+
+async def test_a_blocked_bot_stops_the_turn_instead_of_retrying_say(tmp_path, llm, tg):
+    judges_say_done(llm)
+    for _ in range(4):
+        llm.push(tool_calls(("say", {"text": "are you there?"})), when=is_loop)
+    tg.fail_next("sendMessage", 403, {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked by the user"})
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=16)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    assert len([c for c in tg.calls if c.method == "sendMessage"]) == 1
+    assert len(loop_requests(llm)) == 1 and trace["stop_reason"] == "undeliverable"
