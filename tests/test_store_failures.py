@@ -236,6 +236,23 @@ async def test_a_transaction_left_open_by_a_cancelled_write_does_not_block_every
 
     async with Store(tmp_path / "b.db") as store:
         await store.db.execute("BEGIN IMMEDIATE")  # what the cancelled write left behind
-        await store.set_kv("k", "v")
+        await store.set_kv("k", "v")  # one statement, autocommitted
         assert await store.get_kv("k") == "v"
         assert not store.db.in_transaction
+        await store.db.execute("BEGIN IMMEDIATE")
+        await store.delete_kv("k")
+        async with store.transaction() as db:  # several statements, one transaction
+            await db.execute("INSERT INTO kv (key, value) VALUES ('a', '1')")
+        assert await store.get_kv("a") == "1" and await store.get_kv("k") is None
+        assert not store.db.in_transaction
+
+
+async def test_a_lone_write_is_committed_at_once_and_seen_by_another_connection(tmp_path):
+    """A single statement is written in autocommit mode (no BEGIN … COMMIT): it must still be
+    durable when it returns, visible to a second connection such as ``bumblebot trace``."""
+    from bumblebot.store import Store
+
+    async with Store(tmp_path / "b.db") as store:
+        await store.set_kv("k", "v")
+        async with Store(tmp_path / "b.db", readonly=True) as reader:
+            assert await reader.get_kv("k") == "v"
