@@ -84,6 +84,8 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 RUN_TIMEOUT_S = 240.0  # one bot's whole run, whatever happens
 VISIBLE_METHODS = ("sendMessage", "editMessageText", "sendMessageDraft")
+#: Calls to a chat, counted per turn in the notes (Telegram's limits count them).
+CHAT_METHODS = (*VISIBLE_METHODS, "sendChatAction", "deleteMessage")
 MAX_SETTLE_ROUNDS = 8
 KEEP_TMP = False
 PROFILE = False  # --profile: run each child under cProfile and print its hottest functions  # --keep-tmp: leave each run's directory (config, database, child log) behind
@@ -419,6 +421,7 @@ class Result:
     log_tail: str = ""
     template: list[Any] | None = None  # a recorded turn's messages (for the history runs)
     profile: str = ""  # --profile: the child's hottest functions
+    platform_calls: Counter[str] = field(default_factory=Counter)  # calls to chats over the whole run
 
     @property
     def tps(self) -> float | None:
@@ -553,6 +556,7 @@ async def measure(bot: str, case: Case, template: list[Any] | None, empty_db: in
                 raise RuntimeError(f"{bot} never polled (exit code {proc.returncode})")
             result.ready_s = tg.first_poll - spawned
             await turns(tg, model, proc.pid, case, chats, result)
+            result.platform_calls = Counter(c.method for c in tg.calls if c.method in CHAT_METHODS)
             await asyncio.sleep(0.2)  # let trailing writes (outbox, journal) land
             result.rss_peak_kb = proc_status_kb(proc.pid, "VmHWM")
         finally:
@@ -872,6 +876,10 @@ def collect_notes(results: list[Result], streaming_key: bool) -> list[str]:
     if kinds:
         notes.append("Bumblebot's model requests per measured turn by kind (`streamed` counts requests that asked "
                      "to stream, already counted under their kind): " + "; ".join(kinds) + ".")
+    calls = [f"{r.case.name} {r.bot}: " + ", ".join(f"{k} {v / r.all_turns:.2f}" for k, v in sorted(r.platform_calls.items()))
+             for r in results if r.all_turns and r.platform_calls]
+    if calls:
+        notes.append("Telegram calls per turn over the whole run (warm-up included): " + "; ".join(calls) + ".")
     harness = [f"{r.case.name} {r.bot} {1000 * r.harness_cpu_s / r.turns:.1f}" for r in results if r.turns]
     if harness:
         notes.append("CPU per turn of the benchmark process itself (both fakes, on the same 2 cores), ms: "

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import selectors
 import signal
 import sqlite3
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +323,45 @@ def chatty(answer: str) -> Any:
         return say(answer)
 
     return reply
+
+
+# -- virtual time -------------------------------------------------------------------------
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """Polls the real selector without blocking; a wait for a timer moves the clock instead."""
+
+    def __init__(self, loop: VirtualClockLoop) -> None:
+        super().__init__()
+        self._loop = loop
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        events = super().select(0)
+        if not events and timeout is None:
+            raise RuntimeError("deadlock: nothing is scheduled and nothing can wake the loop")
+        if not events and timeout:
+            self._loop.now += timeout
+        return events
+
+
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock only moves when every task waits for a timer."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        super().__init__(_JumpingSelector(self))
+
+    def time(self) -> float:
+        return self.now
+
+
+def virtual(main: Coroutine[Any, Any, Any]) -> Any:
+    loop = VirtualClockLoop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.close()
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()

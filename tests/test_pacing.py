@@ -2,8 +2,8 @@
 typing indicator that honours a 429.
 
 The unit tests run :class:`~adapters.telegram.pacing.Pacer` with Telegram's published limits on an
-event loop with virtual time (:class:`VirtualClockLoop`: when nothing is ready, the clock jumps
-to the next timer), so a minute of pacing takes no time and every instant is exact. The
+event loop with virtual time (:class:`support.VirtualClockLoop`: when nothing is ready, the
+clock jumps to the next timer), so a minute of pacing takes no time and every instant is exact. The
 end-to-end tests run the real python-telegram-bot against tests/fakes/telegram_server.py
 with a scaled-down interval, asserting only lower bounds of the spacing the fake recorded.
 """
@@ -14,8 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import selectors
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from itertools import pairwise
 from typing import Any
 
@@ -23,7 +22,7 @@ import pytest
 from conftest import running, write_config
 from fakes.openai_server import is_loop
 from fakes.telegram_server import retry_after_body
-from support import Gate, say
+from support import Gate, now, say, virtual
 
 from adapters.telegram.pacing import MIN_TRACKED, PaceLimits, Pacer
 from bumblebot.core.adapter import Adapter
@@ -31,45 +30,6 @@ from bumblebot.core.errors import DeliveryFailed
 from bumblebot.core.events import ChatRef, Platform
 
 TELEGRAM = PaceLimits()  # the published limits: 1 s per chat, 20 a minute per group, 30 a second
-
-
-class _JumpingSelector(selectors.DefaultSelector):
-    """Polls the real selector without blocking; a wait for a timer moves the clock instead."""
-
-    def __init__(self, loop: VirtualClockLoop) -> None:
-        super().__init__()
-        self._loop = loop
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        events = super().select(0)
-        if not events and timeout is None:
-            raise RuntimeError("deadlock: nothing is scheduled and nothing can wake the loop")
-        if not events and timeout:
-            self._loop.now += timeout
-        return events
-
-
-class VirtualClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock only moves when every task waits for a timer."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        super().__init__(_JumpingSelector(self))
-
-    def time(self) -> float:
-        return self.now
-
-
-def virtual(main: Coroutine[Any, Any, Any]) -> Any:
-    loop = VirtualClockLoop()
-    try:
-        return loop.run_until_complete(main)
-    finally:
-        loop.close()
-
-
-def now() -> float:
-    return asyncio.get_running_loop().time()
 
 
 class Recorder:
@@ -581,6 +541,30 @@ def test_a_droppable_call_gives_way_when_the_overall_window_is_full():
 
     names, refused = virtual(main())
     assert len(names) == 30 and refused
+
+
+def test_a_droppable_call_gives_way_to_messages_waiting_for_the_overall_window():
+    """When a slot of the overall window frees while messages of other chats wait for it, a
+    preview arriving at that instant gives way to them (100 chats at an instant model: previews
+    took the freed slots, each reply cost two calls, and every reply waited about a second)."""
+    async def main() -> tuple[list[str], bool]:
+        pacer = Pacer(TELEGRAM)
+        rec = Recorder(pacer)
+        await asyncio.gather(*(rec.call(str(chat), f"m{chat}") for chat in range(30)))  # the window is full
+        waiting = [asyncio.ensure_future(rec.call(str(chat), f"w{chat}")) for chat in range(30, 35)]
+        await asyncio.sleep(1.0)  # the window's first slot is free again; the five are due now
+        refused = False
+        try:
+            async with pacer.slot("99", droppable=True):
+                pass
+        except DeliveryFailed:
+            refused = True
+        await asyncio.gather(*waiting)
+        return rec.names(), refused
+
+    names, refused = virtual(main())
+    assert refused
+    assert sorted(names[30:]) == [f"w{chat}" for chat in range(30, 35)]  # no order across chats
 
 
 async def test_three_short_429s_in_a_row_keep_the_turns_messages_in_order(tmp_path, llm, tg):

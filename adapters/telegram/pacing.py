@@ -46,6 +46,11 @@ from bumblebot.core.errors import DeliveryFailed
 #: Seconds of the group window (``group_per_minute``) and of the overall one (``global_per_second``).
 GROUP_WINDOW_S = 60.0
 GLOBAL_WINDOW_S = 1.0
+#: The share of the overall window a droppable call (a streamed preview) may find in use and
+#: still go: past it, the room left is kept for messages and final edits. A shown preview costs
+#: its reply a second call (the final edit), so previews taking the window's last slots under
+#: load would cut the replies a second can carry, and every reply would queue.
+PREVIEW_SHARE = 0.5
 #: After a 429, how long past the pause the turn stays kept for the refused call's retry,
 #: seconds (the delivery layer retries as the pause ends); then the queue moves on without it.
 HOLD_GRACE_S = 2.0
@@ -129,6 +134,7 @@ class Pacer:
         self.limits = limits or PaceLimits()
         self._chats: dict[str, _Chat] = {}
         self._recent: deque[float] = deque()  # starts of the calls of the last second, oldest first
+        self._waiting_overall = 0  # calls asleep until the overall window has room
         self._sweep_at = MIN_TRACKED
 
     @property
@@ -265,9 +271,10 @@ class Pacer:
     async def _wait_limits(self, chat: _Chat, group: bool, deadline: float | None, *, droppable: bool = False) -> None:
         """Sleep until every limit allows a call to ``chat``, then count it in the overall
         window (checked and counted with no pause in between: no other call slips in). A
-        ``droppable`` call never waits for the overall window: when it is full the call is
-        refused at once, so under load the calls that must get out (messages, final edits)
-        have it, and previews are what gives way."""
+        ``droppable`` call never waits for the overall window: when more than
+        :data:`PREVIEW_SHARE` of it is in use, or other calls wait for room in it, the call is
+        refused at once, so under load the calls that must get out (messages, final edits) have
+        it, and previews are what gives way."""
         loop = asyncio.get_running_loop()
         limits = self.limits
         while True:
@@ -280,9 +287,11 @@ class Pacer:
                 ready = max(ready, now + over * limits.per_chat_interval_s)
             if group and len(chat.sent) >= limits.group_per_minute:
                 ready = max(ready, chat.sent[-limits.group_per_minute] + GROUP_WINDOW_S)
-            if len(self._recent) >= limits.global_per_second:
-                if droppable:
-                    raise DeliveryFailed("the overall window is full: a preview gives way", retryable=True)
+            full = len(self._recent) >= limits.global_per_second
+            busy = len(self._recent) >= limits.global_per_second * PREVIEW_SHARE
+            if droppable and (busy or self._waiting_overall):
+                raise DeliveryFailed("the overall window is full: a preview gives way", retryable=True)
+            if full:
                 ready = max(ready, self._recent[-limits.global_per_second] + GLOBAL_WINDOW_S)
             if ready <= now:
                 self._recent.append(now)
@@ -292,4 +301,8 @@ class Pacer:
                     f"the chat's turn is {ready - now:.1f} s away: not sent, to be tried again",
                     retryable=True, retry_after=ready - now,
                 )
-            await asyncio.sleep(ready - now)
+            self._waiting_overall += full
+            try:
+                await asyncio.sleep(ready - now)
+            finally:
+                self._waiting_overall -= full

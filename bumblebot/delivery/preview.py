@@ -10,8 +10,10 @@ preview no ``say`` takes over (a call dropped as a repeat, an unusable call) is 
 
 Pacing: edits of one message are at least ``interval_s`` apart; text that arrives meanwhile
 is coalesced, so only the latest is sent. A platform 429 pauses the preview for its
-``retry_after`` (up to :data:`MAX_PAUSE_S`) and intermediate text is dropped; the final text
-is always delivered through the outbox whatever happened to the preview. Edits never hold the
+``retry_after`` (up to :data:`MAX_PAUSE_S`), and the final text waits it out too; a preview
+the adapter skips (its pacer gave the turn to another call) just tries again after
+``interval_s``. Intermediate text is dropped; the final text is always delivered through the
+outbox whatever happened to the preview. Edits never hold the
 model's stream up: :meth:`LivePreview.update` only records the text and wakes the pump task.
 """
 
@@ -155,7 +157,9 @@ class LivePreview:
                 log.info("streaming preview in %s stopped: %s", chat.key, exc)
                 self._dead = True
                 return 0.0
-            pause = min(exc.retry_after or self._interval_s, MAX_PAUSE_S)  # the latest text goes next
+            if exc.retry_after is None:  # skipped (another call went first): the platform asked nothing
+                return self._interval_s
+            pause = min(exc.retry_after, MAX_PAUSE_S)  # a 429: the latest text goes once it is over
             self._quiet_until = asyncio.get_running_loop().time() + pause
             return pause
         self.shown = text
