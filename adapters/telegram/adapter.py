@@ -124,6 +124,7 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         self._started = False
         self._bot_budget = BotTurnBudget()
         self._albums: dict[str, None] = {}  # albums answered lately (insertion order: oldest first)
+        self._menu: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -139,13 +140,17 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
             raise AdapterError(f"cannot reach Telegram at {self.settings.base_url}: {exc.message}") from exc
         with contextlib.suppress(TelegramError):
             await self.app.bot.delete_webhook(drop_pending_updates=False)
-        with contextlib.suppress(TelegramError):
-            await self.app.bot.set_my_commands(MENU)
         await self.app.start()
         self._poller = asyncio.create_task(self._poll(), name="bumblebot:telegram:poll")
+        # the command menu is a convenience: it goes up while the first updates are read
+        self._menu = asyncio.create_task(self._set_menu(), name="bumblebot:telegram:menu")
         log.info("Telegram: polling as @%s", self.app.bot.username)
         if self.settings.respond_in_groups != "never" and self.app.bot.can_read_all_group_messages is False:
             log.warning(PRIVACY_NOTE, self.app.bot.username)
+
+    async def _set_menu(self) -> None:
+        with contextlib.suppress(TelegramError):
+            await self.app.bot.set_my_commands(MENU)
 
     async def stop_intake(self) -> None:
         if self._poller is not None:
@@ -159,6 +164,10 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
             return
         self._started = False
         await self.stop_intake()
+        if self._menu is not None and not self._menu.done():
+            self._menu.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._menu
         if self.app.running:
             await self.app.stop()
         await self.app.shutdown()

@@ -20,12 +20,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import BinaryIO
-
-import pypdf
+from typing import TYPE_CHECKING, BinaryIO
 
 from bumblebot.core.errors import BumblebotError
 from bumblebot.media.kinds import SNIFF_BYTES, magic_kind, text_encoding
+
+if TYPE_CHECKING:
+    import pypdf
 
 __all__ = ["PDF_TIMEOUT_S", "DocumentError", "describe_size", "excerpt", "pdf_text", "pdf_text_bounded"]
 
@@ -168,6 +169,8 @@ def _worker(argv: list[str]) -> None:
 
 
 def _pdf_text(fh: BinaryIO, max_chars: int | None, max_pages: int) -> tuple[str, int, bool]:
+    import pypdf  # here, not at the top: reading a PDF is rare, and the daemon starts faster without it
+
     try:
         reader = pypdf.PdfReader(fh)
         if reader.is_encrypted and not _decrypt(reader):
@@ -204,6 +207,8 @@ def _pdf_text(fh: BinaryIO, max_chars: int | None, max_pages: int) -> tuple[str,
 
 def _decrypt(reader: pypdf.PdfReader) -> bool:
     """Open ``reader`` with the empty password; ``False`` when a password is needed."""
+    import pypdf
+
     try:
         return reader.decrypt("") != pypdf.PasswordType.NOT_DECRYPTED
     except pypdf.errors.DependencyError as exc:
