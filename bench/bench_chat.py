@@ -840,8 +840,8 @@ def report_md(results: list[Result], baselines: dict[str, Result], by: dict[tupl
         ("- Bumblebot keeps to Telegram's published limits (`adapters/telegram/pacing.py`): about 30 messages a "
         "second overall, one a second per chat after a burst of three. The baseline does not, so in the runs that "
         "ask for more than 30 replies a second (100 chats, and 1,000 at once) Bumblebot's throughput and latency "
-        "are bound by that limit, not by its own cost; a streamed reply takes two calls when the overall window has "
-        "room (preview and final edit), one when it is full (the preview gives way). On Telegram itself the "
+        "are bound by that limit, not by its own cost; a streamed reply takes two calls while less than half the "
+        "overall window is used (preview and final edit), one past that (the preview gives way). On Telegram itself the "
         "baseline's extra rate would end in 429s and flood waits. Compare those runs' CPU per turn, not their "
         "turns per second."),
         ("- With 100 or more requests in flight the baseline's CPU goes mostly to httpcore's connection-pool "
