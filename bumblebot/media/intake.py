@@ -71,7 +71,9 @@ class MediaUnavailable(Exception):
     transcription endpoint is down); try again later. ``entries``: the entries given to
     :meth:`MediaIntake.prepare`, those it prepared before the failure with their ``media``."""
 
-    entries: list[JournalEntry] = []
+    def __init__(self, message: str, entries: list[JournalEntry] | None = None) -> None:
+        super().__init__(message)
+        self.entries = entries or []
 
 
 def image_tokens(width: int | None, height: int | None) -> int:
