@@ -186,16 +186,7 @@ class Daemon:
         """Start the loop watchdog, open the store and build every part (no adapter yet)."""
         await self.watchdog.start()  # first: it watches everything after it
         settings, store = self.settings, self.store
-        if settings.engine.max_concurrent_turns is not None:
-            log.warning(
-                "engine.max_concurrent_turns is no longer used and is ignored: concurrency is capped only by "
-                "llm.max_concurrent_requests (%d)", settings.llm.max_concurrent_requests,
-            )
-        if settings.tools.max_result_chars is not None:
-            log.warning(
-                "tools.max_result_chars is no longer used and is ignored: one tool result is capped by "
-                "cognition.max_tool_result_share (%g of the window)", settings.cognition.max_tool_result_share,
-            )
+        _warn_ignored_settings(settings)
         await store.open()
         environ = mcp_environ()
         if settings.mcp.servers:
@@ -246,7 +237,17 @@ class Daemon:
             settings.media, store=store, media_dir=settings.media_dir, workspace=settings.workspace.resolve(), speech=speech,
         )
         await asyncio.to_thread(self.media.clean_partials)  # a killed fetch left half a file
+        self.runner = self._runner(memory, environ)
+        self.engine = Engine(
+            settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
+            media=self.media, debounce_s=settings.cognition.debounce_s,
+        )
+        return self.engine
 
+    def _runner(self, memory: Memory, environ: dict[str, str]) -> TurnRunner:
+        """The turn runner and the agent loop it drives, from the parts :meth:`open` built."""
+        settings, llm, cognition = self.settings, self.llm, self.settings.cognition
+        assert self.prompts is not None
         judge_timeout_s = min(JUDGE_TIMEOUT_S, settings.llm.timeout_s)
 
         async def judge(messages: list[dict[str, Any]]) -> str:
@@ -256,35 +257,30 @@ class Daemon:
 
         loop = AgentLoop(
             llm=llm,
-            toolbox=toolbox,
+            toolbox=self.toolbox,
             gate=CompletionGate(judge),
             tool_context=ToolContext(workspace=settings.workspace.resolve(), data_dir=settings.data_dir),
         )
         secrets = self.secrets.values() + mcp_secret_values(settings.mcp, environ)
-        self.runner = TurnRunner(
+        return TurnRunner(
             cognition=cognition,
             engine=settings.engine,
-            prompts=prompts,
+            prompts=self.prompts,
             llm=llm,
             loop=loop,
-            compactor=Compactor(cognition.history_compression, llm, memory, budget),
-            delivery=delivery,
-            budget=budget,
-            toolbox=toolbox,
+            compactor=Compactor(cognition.history_compression, llm, memory, self.budget),
+            delivery=self.delivery,
+            budget=self.budget,
+            toolbox=self.toolbox,
             redact=lambda value: redact_values(value, secrets),
             streaming=settings.delivery,
             media=self.media,
             media_files=MediaFiles(settings.media_dir),
             voice=settings.voice,
-            metrics=metrics,
-            tasks=scheduler,
+            metrics=self.metrics,
+            tasks=self.scheduler,
             status_lines=self.mcp_tools.summary if self.mcp_tools is not None else None,
         )
-        self.engine = Engine(
-            settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
-            media=self.media, debounce_s=settings.cognition.debounce_s,
-        )
-        return self.engine
 
     async def start(self, adapters: list[Adapter] | None = None) -> None:
         """Open, recover, connect ``adapters`` (default: every enabled platform), run turns.
@@ -333,3 +329,17 @@ class Daemon:
             await self.store.close()
         finally:
             await self.watchdog.stop()  # last: it watched the whole stop
+
+
+def _warn_ignored_settings(settings: Settings) -> None:
+    """Keys older configurations may still set, which no longer do anything."""
+    if settings.engine.max_concurrent_turns is not None:
+        log.warning(
+            "engine.max_concurrent_turns is no longer used and is ignored: concurrency is capped only by "
+            "llm.max_concurrent_requests (%d)", settings.llm.max_concurrent_requests,
+        )
+    if settings.tools.max_result_chars is not None:
+        log.warning(
+            "tools.max_result_chars is no longer used and is ignored: one tool result is capped by "
+            "cognition.max_tool_result_share (%g of the window)", settings.cognition.max_tool_result_share,
+        )
