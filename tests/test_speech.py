@@ -77,3 +77,20 @@ async def test_a_blocked_bot_stops_the_turn_instead_of_retrying_say(tmp_path, ll
         trace = (await d.store.recent_turns())[0]["trace"]
     assert len([c for c in tg.calls if c.method == "sendMessage"]) == 1
     assert len(loop_requests(llm)) == 1 and trace["stop_reason"] == "undeliverable"
+
+
+async def test_a_say_the_text_rules_trimmed_counts_once_against_the_message_cap(tmp_path, llm, tg):
+    """A say that copied an engine note is delivered trimmed, and counted once: its call's
+    result once counted it again in the words the model wrote, so the fourth message of the turn
+    was dropped as past the cap of four."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("read_file", {"path": "a.md"})), when=is_loop)
+    llm.push(tool_calls(("say", {"text": "[Same turn] Tool results are ready; failed: read_file. The file does not exist."})),
+             when=is_loop)
+    llm.push(tool_calls(("say", {"text": "Fact A."})), when=is_loop)
+    llm.push(tool_calls(("say", {"text": "Fact B."})), when=is_loop)
+    llm.push(say("Fact C."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, cognition={"max_messages_per_turn": 4})) as d:
+        tg.push_text("read a.md and give me three facts", chat_id=12)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(12) == ["The file does not exist.", "Fact A.", "Fact B.", "Fact C."]

@@ -116,10 +116,11 @@ class DeliveryRule:
             )
         return None
 
-    def sent(self, shown: str, report: DeliveryReport) -> None:
-        """What became of a message the port recorded and sent."""
+    def sent(self, shown: str, report: DeliveryReport, *, call_id: str | None = None) -> None:
+        """What became of a message the port recorded and sent: ``shown`` is the text as the
+        user got it (after the text rules), counted once for its call."""
         if report.ok:
-            self._state.said(shown)
+            self._state.said(shown, call_id=call_id)
         else:
             self.lost = True
         self.reached(report)

@@ -93,6 +93,8 @@ class LoopState:
         #: call id -> whether the repeat guard let it run
         self.allowed: dict[str, bool] = {}
         self.idle_steps = 0
+        #: calls whose message the delivery rule counted as the user got it
+        self._counted: set[str] = set()
 
     @classmethod
     def replay(cls, transcript: list[Message], kind: Callable[[str], ToolKind | None]) -> LoopState:
@@ -132,7 +134,11 @@ class LoopState:
         if not message.tool_calls and message.content.strip():
             self.said(message.content)
 
-    def said(self, text: str) -> None:
+    def said(self, text: str, *, call_id: str | None = None) -> None:
+        """``text`` reached the user; ``call_id``: the call that delivered it (its result then
+        does not count it again, in the words the model wrote before the text rules)."""
+        if call_id is not None:
+            self._counted.add(call_id)
         key = repeat_key(text)
         if key not in self._delivered_keys:
             self._delivered_keys.add(key)
@@ -180,7 +186,7 @@ class LoopState:
         self.idle_steps = 0 if fresh or len(self.delivered) > said_before else self.idle_steps + 1
 
     def on_result(self, call: ToolCall, result: ToolResult) -> None:
-        if call.name in DELIVERIES and result.ok:
+        if call.name in DELIVERIES and result.ok and call.id not in self._counted:
             text = shown(call)
             if text:
                 self.said(text)
