@@ -10,6 +10,7 @@ from conftest import running, write_config
 from fakes.openai_server import is_loop, tool_calls
 from support import judges_say_done
 
+from bumblebot.cognition.notes import CLOSING_NUDGE, model_words, post_tool_nudge
 from bumblebot.core.textrules import (
     TURN_CONTEXT,
     EchoFilter,
@@ -228,3 +229,30 @@ def test_user_text_keeps_urls_test_names_and_plain_sentences():
                  "```\n[Same turn] Tool results are ready.\n```"):
         assert echoes(kept) == kept
     assert echoes(nudge) == ""  # failures ride in the marked sentence
+
+
+def test_what_a_note_quotes_of_the_model_is_never_an_echo_even_with_quotes_inside():
+    """The post-tool note quotes the model's messages; a message holding double quotes (a quoted
+    person, an inch mark) once turned the quote parsing inside out, and the model's next
+    sentence repeating its own words was cut as a copy of the engine's note."""
+    first = 'Alice wrote: "I will be late because the train is delayed by about twenty minutes, sorry."'
+    note = post_tool_nudge([], [first])
+    echoes = EchoFilter()
+    echoes.add(note, model_words=model_words([first], None))
+    final = "So Alice will be late because the train is delayed. I moved your meeting to 10:30."
+    assert echoes(final) == final
+    assert echoes("Tool results are ready. I moved it.") == "I moved it."  # the note's own words still go
+    inch = 'The screen is 27" wide and the desk is 30" wide, so it fits on the desk nicely.'
+    echoes = EchoFilter()
+    echoes.add(post_tool_nudge([], [inch]), model_words=model_words([inch], None))
+    again = 'As I said, the desk is 30" wide, so it fits on the desk nicely.'
+    assert echoes(again) == again
+
+
+def test_the_checks_reason_in_a_closing_request_is_the_models_to_restate():
+    reason = "milk was never added to the shopping list"
+    echoes = EchoFilter()
+    echoes.add(CLOSING_NUDGE.format(why=f"a check found the request not done yet: {reason}"),
+               model_words=model_words([], reason))
+    closing = "Sorry, milk was never added to the shopping list because I could not open it. Want me to try again?"
+    assert echoes(closing) == closing

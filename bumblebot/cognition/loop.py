@@ -68,8 +68,10 @@ from bumblebot.cognition.notes import (
     LIMIT_NOTES,
     LIMIT_WHY,
     NO_REPLY_MESSAGE,
+    REASON_CHARS,
     UNFINISHED_MESSAGE,
     clip,
+    model_words,
     post_tool_nudge,
 )
 from bumblebot.cognition.port import RequestBuilder, TurnPort
@@ -229,7 +231,7 @@ class AgentLoop:
         stop, limits = run.port.stop, run.limits
         request, estimate = await run.requests.build(run.nudge)
         if run.nudge:
-            run.visible.echoes.add(run.nudge)
+            run.visible.echoes.add(run.nudge, model_words=_model_words(run))
         run.port.waiting()
         run.stream.reset()
         # the first completion of a turn that began at once may be asked again when the
@@ -358,7 +360,7 @@ class AgentLoop:
             await self._note(run, CONTEXT_FULL_MESSAGE)  # the window has no room to ask
             return self._result(run)
         if StopFlag.UNFINISHED in run.flags:
-            unmet = clip(run.unmet.reason, 120) if run.unmet and run.unmet.reason else ""
+            unmet = clip(run.unmet.reason, REASON_CHARS) if run.unmet and run.unmet.reason else ""
             why = f"a check found the request not done yet: {unmet}" if unmet else "a check found the request not done yet"
             await self._closing_words(run, why, UNFINISHED_MESSAGE.format(why=f" ({unmet})" if unmet else ""))
         elif reason.limit:
@@ -403,7 +405,7 @@ class AgentLoop:
         limits = run.limits
         try:
             request, _ = await run.requests.build(nudge)
-            run.visible.echoes.add(nudge)
+            run.visible.echoes.add(nudge, model_words=_model_words(run))
             # without the tool rounds: a weak model shown them only writes another call as text,
             # and some servers refuse tool messages in a request that offers no tools
             completion = await self.llm.complete(
@@ -460,3 +462,8 @@ class AgentLoop:
             thinking=limits.thinking,
             on_say=on_say,
         )
+
+
+def _model_words(run: Run) -> list[str]:
+    """What the notes of this turn quote of the model's (the echo rule leaves it alone)."""
+    return model_words(run.state.delivered, run.unmet.reason if run.unmet else None)

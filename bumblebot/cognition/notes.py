@@ -45,13 +45,25 @@ LENGTH_ADVICE = (
 )
 
 
+#: How much of each message the post-tool note quotes, and of the check's reason the closing
+#: request and note do.
+QUOTE_CHARS = 80
+REASON_CHARS = 120
+
+
+def model_words(delivered: list[str], reason: str | None) -> list[str]:
+    """The model's own words that notes quote (its messages, whole and as the post-tool note
+    clips them; the completion check's reason): never material for the echo rule."""
+    return [*delivered, *(clip(t, QUOTE_CHARS) for t in delivered), *([reason, clip(reason, REASON_CHARS)] if reason else [])]
+
+
 def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
     """The short note after a tool round (spec, "Post-tool nudge")."""
     # failures share the marked sentence: a weak model that echoes it echoes the marker too
     failures = f"; failed: {', '.join(dict.fromkeys(failed))}" if failed else ""
     parts = [f"[Same turn] Tool results are ready{failures}."]
     if delivered:
-        told = "; ".join(f'"{clip(t, 80)}"' for t in delivered[-3:])
+        told = "; ".join(f'"{clip(t, QUOTE_CHARS)}"' for t in delivered[-3:])
         parts.append(f"Already told the user (do not repeat): {told}.")
     parts.append("Next: call more tools, say() to talk to the user, or end_turn() when done.")
     return " ".join(parts)

@@ -352,7 +352,12 @@ class EchoFilter:
         for note in notes:
             self.add(note)
 
-    def add(self, note: str) -> None:
+    def add(self, note: str, *, model_words: Iterable[str] = ()) -> None:
+        """Learn the sentences of ``note``. ``model_words``: the spans of it that are the
+        model's own (what it said this turn, quoted; the check's reason), taken out first: the
+        model saying them again is not an echo, whatever quotes they hold or lose to a clip."""
+        for words in sorted({w for w in model_words if w.strip()}, key=len, reverse=True):
+            note = note.replace(words, " ")
         for line in note.splitlines():
             for sentence in _sentences(line):
                 marker, rest = _split_marker(sentence)
