@@ -94,3 +94,22 @@ async def test_a_say_the_text_rules_trimmed_counts_once_against_the_message_cap(
         tg.push_text("read a.md and give me three facts", chat_id=12)
         await d.engine.wait_for_turns(1)
     assert tg.sent(12) == ["The file does not exist.", "Fact A.", "Fact B.", "Fact C."]
+
+
+async def test_a_say_that_is_a_call_written_out_is_told_so_and_its_code_block_version_arrives(tmp_path, llm, tg):
+    """A say that is all a call of an offered tool written as JSON is not delivered (a weak
+    model writes its calls that way), and the model is told why and how to show one: in a code
+    block, which arrives as written. It was once told "nothing left after removing reasoning"."""
+    from support import tool_results
+
+    judges_say_done(llm)
+    call = '{"name": "read_file", "arguments": {"path": "notes.md"}}'
+    block = f"```json\n{call}\n```"
+    llm.push(tool_calls(("say", {"text": call})), when=is_loop)
+    llm.push(say(block), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("show me, as raw JSON, a function call that reads notes.md with read_file", chat_id=13)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(13) == [call]  # the code block, shown as code (its fence is formatting)
+    told = [r for r in tool_results(loop_requests(llm)[1]) if "not sent" in r]
+    assert told and "code block" in told[0]

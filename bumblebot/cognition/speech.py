@@ -28,6 +28,14 @@ from bumblebot.core.toolkit import DeliveryReport
 from bumblebot.llm import SayListener
 
 
+#: What a say that was all a tool call written as text is told: how to call the tool, and how
+#: to show such a call when the user asked to see one.
+CALL_AS_TEXT_DROPPED = (
+    "not sent: the text is a tool call written out; call the tool itself instead, or, to show "
+    "the user an example of a call, put it in a code block"
+)
+
+
 class Visible:
     """What of the model's text may reach the user, by the text rules
     (:mod:`bumblebot.core.textrules`): reasoning, the engine's own notes echoed, and a tool call
@@ -37,8 +45,11 @@ class Visible:
         self.tools = tools
         self.echoes = EchoFilter([TURN_CONTEXT])
         self._trace = trace
+        #: the last text was all a tool call written as text (the model is told so)
+        self.dropped_as_call = False
 
     def __call__(self, text: str, *, call: str | None = None) -> str:
+        self.dropped_as_call = False
         out = strip_reasoning(text)
         if out != text.strip():
             self._trace.cut("reasoning", call=call, chars=len(text) - len(out))
@@ -47,6 +58,7 @@ class Visible:
             self._trace.cut("engine_echo", call=call, chars=len(out) - len(echoed))
         if echoed and call_as_text(echoed, self.tools):
             self._trace.cut("call_as_text", call=call, chars=len(echoed))
+            self.dropped_as_call = True
             return ""
         return echoed
 
@@ -86,9 +98,9 @@ class DeliveryRule:
         delivered (call it holding :attr:`order`)."""
         text = self._visible(text, call=call_id)
         if not text:
-            return "", DeliveryReport(
-                delivered=False, dropped="not sent: nothing left after removing reasoning and engine notes"
-            )
+            return "", DeliveryReport(delivered=False, dropped=CALL_AS_TEXT_DROPPED if self._visible.dropped_as_call else (
+                "not sent: nothing left after removing reasoning and engine notes"
+            ))
         if self.undeliverable:
             return "", DeliveryReport(delivered=False, error=self.undeliverable)
         return text, self._held_back(text, call_id)
