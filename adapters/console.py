@@ -72,13 +72,16 @@ HELP_HERE = (
 
 
 class LiteralMarkdown(Markdown):
-    """rich's Markdown with character references left as written: CommonMark would show
-    ``&amp;`` as ``&``, and the model's text must arrive as it wrote it."""
+    """rich's Markdown with character references and raw HTML left as written: CommonMark
+    would show ``&amp;`` as ``&`` and drop ``<String>`` from ``List<String>`` as a tag, and the
+    model's text must arrive as it wrote it."""
 
     def __init__(self, markup: str) -> None:
         super().__init__("")
         self.markup = markup
-        self.parsed = MarkdownIt().enable("strikethrough").enable("table").disable("entity").parse(markup)
+        self.parsed = (
+            MarkdownIt().enable("strikethrough").enable("table").disable(["entity", "html_inline", "html_block"]).parse(markup)
+        )
 
 
 class ChatIntake(Intake, Protocol):

@@ -348,3 +348,16 @@ async def test_a_message_arriving_at_the_prompt_redraws_the_half_typed_line(tmp_
     assert lines[told].startswith(f"{NAME}:")  # the half-typed line was cleared first
     assert lines[told - 1] == f"{NAME}: Reminder set." and is_prompt(lines[told + 1])
     assert_no_log_line(terminal)
+
+
+def test_the_console_shows_text_that_looks_like_html_as_written():
+    """rich's Markdown (markdown-it) dropped raw HTML: "List<String>" showed as "List"."""
+    from rich.console import Console
+
+    from adapters.console import LiteralMarkdown
+
+    console = Console(width=100)
+    for text in ("In Java use List<String> here", '<div class="card">Hello</div>', "a &amp; b"):
+        with console.capture() as shown:
+            console.print(LiteralMarkdown(text))
+        assert shown.get().strip() == text

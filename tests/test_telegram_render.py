@@ -22,3 +22,18 @@ def test_long_markdown_splits_within_the_limit_with_entities_in_bounds():
 def test_plain_text_passes_through_unchanged():
     [chunk] = render_chunks("snake_case and 2 * 3 stay as typed")
     assert chunk.text == "snake_case and 2 * 3 stay as typed" and chunk.entities == ()
+
+
+def test_text_that_looks_like_html_arrives_as_written():
+    """CommonMark reads ``<…>`` as raw HTML, which the converter dropped: "In Java use
+    List<String>" arrived as "In Java use List", and a reply that was all a tag as nothing."""
+    for text in ("In Java use List<String> here", "Vec<u8>", "use <br> for breaks", '<div class="card">Hello</div>',
+                 "1 < 2 and 3 > 2", "a &amp; b <i>x</i>"):
+        [chunk] = render_chunks(text)
+        assert chunk.text == text and chunk.entities == ()
+
+
+def test_an_autolink_is_still_a_link():
+    [chunk] = render_chunks("see <https://example.com/a?b=1&c=2>")
+    assert chunk.text == "see https://example.com/a?b=1&c=2"
+    assert [(e.type, e.url) for e in chunk.entities] == [("text_link", "https://example.com/a?b=1&c=2")]

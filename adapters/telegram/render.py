@@ -10,6 +10,7 @@ objects (:func:`render_chunks`) and sent without a ``parse_mode``, so no reply c
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 import telegramify_markdown
@@ -49,13 +50,16 @@ def render_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[TelegramChu
     a cut. Whitespace at the end of a chunk is dropped (Telegram trims it anyway). If the
     conversion fails, the text is sent as it is, split by :func:`bumblebot.delivery.splitting.split_text`.
     """
-    # CommonMark decodes character references (``&amp;`` becomes ``&``), but the model's text
-    # must arrive as written: each ``&`` goes through the converter as a private-use character
-    # no text holds (one UTF-16 unit, like ``&``, so entity offsets stay right) and comes back
+    # CommonMark decodes character references (``&amp;`` becomes ``&``) and reads ``<…>`` as
+    # raw HTML, which the converter drops (``List<String>`` became ``List``), but the model's
+    # text must arrive as written: each ``&``, and each ``<`` that does not open an autolink,
+    # goes through the converter as a private-use character no text holds (one UTF-16 unit
+    # each, so entity offsets stay right) and comes back
     try:
         amp = _unused_character(markdown)
-        plain, entities = telegramify_markdown.convert(markdown.replace("&", amp))
-        plain = plain.replace(amp, "&")
+        lt = _unused_character(markdown + amp)
+        plain, entities = telegramify_markdown.convert(_NOT_AUTOLINK.sub(lt, markdown.replace("&", amp)))
+        plain = plain.replace(amp, "&").replace(lt, "<")
         parts = telegramify_markdown.split_entities(plain, entities, limit)
     except Exception:  # a converter bug must never cost the user the message
         log.exception("Telegram: Markdown conversion failed; sending plain text")
@@ -73,12 +77,16 @@ def render_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[TelegramChu
             kept.append(
                 MessageEntity(
                     type=e.type, offset=e.offset, length=min(e.length, size - e.offset),
-                    url=e.url.replace(amp, "&") if e.url else e.url, language=e.language,
+                    url=e.url.replace(amp, "&").replace(lt, "<") if e.url else e.url, language=e.language,
                     custom_emoji_id=e.custom_emoji_id,
                 )
             )
         out.append(TelegramChunk(text, tuple(kept)))
     return out
+
+
+#: A ``<`` that does not open a CommonMark autolink (``<https://…>``, ``<mailto:…>``).
+_NOT_AUTOLINK = re.compile(r"<(?![A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>)")
 
 
 def _unused_character(text: str) -> str:
