@@ -210,3 +210,12 @@ def test_one_setting_caps_a_tool_result_and_the_old_key_is_ignored(tmp_path):
     )
     settings = load_settings(tmp_path / "config.yaml")
     assert build_toolbox(settings).max_result_chars == int(0.1 * 8192 * 4)
+
+
+def test_a_tool_result_share_too_small_for_any_result_is_a_config_error_naming_the_key(tmp_path):
+    """0.01 of a 4,096-token window is 163 characters: the file loaded, ``check`` said it was
+    fine, and ``run`` died with a traceback building the tools."""
+    path = tmp_path / "config.yaml"
+    path.write_text("cognition: {max_context_tokens: 4096, max_tool_result_share: 0.01}\n")
+    with pytest.raises(ConfigError, match="max_tool_result_share"):
+        load_settings(path)

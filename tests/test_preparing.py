@@ -70,3 +70,30 @@ async def test_reset_while_a_photo_downloads_and_then_fails_promises_nothing(tmp
         release.set()
         await daemon.engine.wait_until(lambda: daemon.engine.idle and not daemon.engine.waiting)
     assert not any("can't get to the file" in t for t in tg.sent(186))
+
+
+async def test_a_long_paste_is_measured_against_the_window_the_scale_learned():
+    """A 40,000-character CJK paste is about 10,000 estimated tokens; with the scale learned
+    for such text (4) the window holds 8,192 of them, so the paste must become a file. It was
+    measured against the raw window (32,768 tokens) and went to the endpoint whole."""
+    import types
+
+    from bumblebot.cognition.budget import ContextBudget
+    from bumblebot.core.events import ChatRef, Inbound, Platform
+    from bumblebot.runtime.preparing import TurnPreparer
+    from bumblebot.store import JournalEntry
+
+    budget = ContextBudget(32768, 0.75, reply_tokens=2048)
+    budget.scale = 4.0
+
+    class Media:
+        async def keep_long_text(self, entries: list[JournalEntry], text: str) -> list[str]:
+            return ["kept as a file"]
+
+    entry = JournalEntry(
+        id=1, inbound=Inbound(chat=ChatRef(Platform.TELEGRAM, "1"), message_id="1", sender_id="1", sender_name="a",
+                              text="漢" * 40000),
+        status="pending", turn_id=None,
+    )
+    preparer = types.SimpleNamespace(window=budget, media=Media())
+    assert await TurnPreparer.fold_long(preparer, [entry]) == ["kept as a file"]  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from bumblebot.core.logs import bound
+from bumblebot.core.settings import MIN_TOOL_RESULT_CHARS
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
 from .arguments import validate_arguments
@@ -113,7 +114,8 @@ class Registry:
         sources: run-time tools (see :class:`ToolSource` and :meth:`add_source`).
 
     Raises:
-        ValueError: on a duplicate tool name or a ``max_result_chars`` below 200.
+        ValueError: on a duplicate tool name or a ``max_result_chars`` below
+            :data:`~bumblebot.core.settings.MIN_TOOL_RESULT_CHARS`.
     """
 
     def __init__(
@@ -123,8 +125,8 @@ class Registry:
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         sources: Iterable[ToolSource] = (),
     ) -> None:
-        if max_result_chars < 200:
-            raise ValueError(f"max_result_chars must be >= 200, got {max_result_chars}")
+        if max_result_chars < MIN_TOOL_RESULT_CHARS:
+            raise ValueError(f"max_result_chars must be >= {MIN_TOOL_RESULT_CHARS}, got {max_result_chars}")
         self.max_result_chars = max_result_chars
         self._tools: dict[str, Tool] = {}
         self._schemas: dict[int, list[dict[str, Any]]] = {}

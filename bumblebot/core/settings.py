@@ -273,6 +273,20 @@ class CognitionSettings(_Section):
     )
     history_compression: HistoryCompression = Field(default_factory=HistoryCompression)
 
+    @model_validator(mode="after")
+    def _result_cap_holds_a_result(self) -> CognitionSettings:
+        chars = int(self.max_tool_result_share * self.max_context_tokens * 4)  # 4 characters a token
+        if chars < MIN_TOOL_RESULT_CHARS:
+            raise ValueError(
+                f"max_tool_result_share leaves one tool result {chars} characters of a {self.max_context_tokens}-token "
+                f"window; it needs at least {MIN_TOOL_RESULT_CHARS}"
+            )
+        return self
+
+
+#: The least one tool result may hold, characters: the head and tail a cut result keeps, and its note.
+MIN_TOOL_RESULT_CHARS = 200
+
 
 class ShellSettings(_Section):
     enabled: bool = Field(False, description="register run_command (runs as the daemon user)")

@@ -129,7 +129,7 @@ class TurnPreparer:
         :data:`LONG_INPUT_SHARE` of the window (4 characters a token) become one excerpt naming
         the file that keeps the whole text (``MediaIntake.keep_long_text``): a long paste on a
         small window is a document to read, not a request the endpoint refuses as too long."""
-        limit = int(self.window.max_context_tokens * 4 * LONG_INPUT_SHARE)
+        limit = self.window.share_chars(LONG_INPUT_SHARE)  # the learned scale applies: CJK text is dense
         if self.media is None or already + sum(len(e.inbound.text) for e in entries) <= limit:
             return entries
         chat = entries[0].inbound.chat.key
