@@ -378,3 +378,27 @@ def test_the_dotenv_next_to_the_config_is_read_from_any_directory(tmp_path):
     env = {k: v for k, v in env_for(tmp_path).items() if k != "OPENAI_BASE_URL"}
     result = run_cli("check", "--chat-only", "--config", str(etc / "bumblebot.yaml"), cwd=elsewhere, env=env)
     assert "http://127.0.0.1:9/v1/chat/completions" in result.stdout, result.stdout + result.stderr
+
+
+async def test_trace_shows_how_a_turn_stopped_with_its_flags(tmp_path, llm, tg):
+    """A turn the completion check found unfinished stopped as ``end_turn`` with the flag
+    ``unfinished``; ``trace`` printed only ``stop=end_turn`` once the two were stored apart."""
+    from conftest import running
+    from fakes.openai_server import is_aux, text
+    from support import say
+
+    llm.default = lambda r: text("CONTINUE: the request is not done yet") if is_aux(r) else text("plain")
+    for i in range(6):
+        llm.push(say(f"attempt {i}"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    async with running(config) as d:
+        tg.push_text("do the thing", chat_id=9)
+        await d.engine.wait_for_turns(1)
+    flags = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT json_extract(trace, '$.stop_flags') FROM turns").fetchone()[0]
+    assert "unfinished" in flags
+    out = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "bumblebot", "--config", str(config), "trace"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert out.returncode == 0 and "stop=end_turn+" in out.stdout and "unfinished" in out.stdout.splitlines()[0]

@@ -327,10 +327,11 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
             conversation_id = int(rows[0][0])
         for turn in reversed(await store.recent_turns(conversation_id, limit)):
             t = turn["trace"]
+            stop = "+".join([str(t.get("stop_reason")), *t.get("stop_flags", [])])  # as ``str(Stop)`` writes it
             when = datetime.fromtimestamp(turn["started_at"]).strftime("%Y-%m-%d %H:%M:%S")
             print(
                 f"turn {turn['turn_id']} {when} {turn['chat']} [{turn['status']}] route={t.get('route')}"
-                f" ({t.get('route_reason')}) label={t.get('classifier_label')} stop={t.get('stop_reason')}"
+                f" ({t.get('route_reason')}) label={t.get('classifier_label')} stop={stop}"
                 f" wall={t.get('wall_s')}s"
             )
             for step in t.get("steps", []):
