@@ -762,3 +762,15 @@ def test_a_pdf_that_takes_too_long_is_given_up_and_its_worker_killed(tmp_path: P
     quick.write_bytes(make_pdf(["quick"]))
     text, pages, cut = pdf_text_bounded(quick)
     assert (text.strip(), pages, cut) == ("quick", 1, False)
+
+
+def test_the_pdf_reader_process_does_not_import_the_intake_or_the_model_client():
+    """The reader runs as ``python -m bumblebot.media.documents``; when the media package's front
+    page imported the intake (and openai behind it), each PDF read paid about a second of
+    imports first, and a read on a busy machine ran past its wait."""
+    import subprocess
+    import sys
+
+    probe = "import sys, bumblebot.media.documents; print(sorted(m for m in ('openai', 'bumblebot.media.intake') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
