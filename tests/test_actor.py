@@ -102,3 +102,25 @@ async def test_reset_during_a_turn_keeps_that_turn_out_of_the_fresh_conversation
     fresh = [r for r in loop_requests(llm) if "new topic" in contents(r)][0]
     assert "case-rst" not in contents(fresh)
     assert "answer to the old topic" not in tg.sent(12)  # /reset stopped it
+
+
+async def test_a_text_sent_while_a_voice_note_waits_for_its_files_is_answered_at_once(tmp_path, llm, tg, monkeypatch):
+    """While a voice note waits out a transcription outage, a new text goes on meanwhile: the
+    actor's sleep until the voice note's retry swallowed the wake, so the text waited for that
+    retry (up to a minute as the backoff grows). The retry is an hour away here: the text is
+    answered long before it."""
+    import bumblebot.runtime.outage
+
+    monkeypatch.setattr(bumblebot.runtime.outage, "OUTAGE_RETRY_FIRST_S", 3600.0)
+    for _ in range(2):  # the client's one retry sees it too
+        llm.push_transcript_error(503, "overloaded")
+    llm.push(say("answering your text"), when=is_loop)
+    judges_say_done(llm)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(b"OggS" + b"\x0a" * 50, chat_id=72)
+        await tg.wait_for("sendMessage")  # "I can't get to the file you sent right now…"
+        [actor] = d.engine._actors.values()
+        await d.engine.wait_until(lambda: bool(actor.inbox.postponed) and not actor.busy)
+        tg.push_text("are you there?", chat_id=72)
+        await tg.wait_for("sendMessage", n=2, timeout=10)
+    assert tg.sent(72)[-1] == "answering your text"

@@ -171,8 +171,8 @@ class ConversationActor:
                     return
             elif self.inbox:
                 await self._turn(lambda: self._runner.run(conversation, self.inbox.take()))
-            elif self.inbox.postponed:  # nothing else to do: sleep until the retry
-                if await self._sleep(self.inbox.postponed_due - asyncio.get_running_loop().time()):
+            elif self.inbox.postponed:  # nothing else to do: sleep until the retry, or new work
+                if await self._sleep(self.inbox.postponed_due - asyncio.get_running_loop().time(), woken=True):
                     return  # the entries stay pending in the journal: the next start has them
             else:
                 self._wake.clear()
@@ -184,11 +184,13 @@ class ConversationActor:
                         return
 
     async def _sleep(
-        self, seconds: float, early: asyncio.Event | None = None, stop: asyncio.Event | None = None
+        self, seconds: float, early: asyncio.Event | None = None, stop: asyncio.Event | None = None, *,
+        woken: bool = False,
     ) -> bool:
         """Wait ``seconds`` unless stopped, or until ``early`` is set (then after a jitter of at
         most :data:`EARLY_JITTER_S`, so waiting conversations do not all retry at once), or
-        ``stop`` is (``/stop``: at once); ``True`` when the actor is stopped."""
+        ``stop`` is (``/stop``: at once), or, with ``woken``, until new work comes (a message,
+        a job); ``True`` when the actor is stopped."""
         self._wake.clear()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
@@ -205,6 +207,8 @@ class ConversationActor:
             finally:
                 for waiter in waits:
                     waiter.cancel()
+            if woken and self._wake.is_set():
+                break
             self._wake.clear()
         return self._stopping
 
