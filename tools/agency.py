@@ -1,9 +1,9 @@
 """Agency tools: ``say``, ``think``, ``wait``, ``end_turn``.
 
 They steer the running turn through :class:`bumblebot.core.toolkit.TurnControl` and never count
-as grounding (spec, "Completion gate"). Outside a turn (``ctx.turn is None``) each returns
-an error result. Because the engine forces ``tool_choice="required"`` (spec, "Tool
-forcing"), ``say`` is the only way the entity talks to the conversation.
+as grounding (docs/cognition.md, "The completion gate"). Outside a turn (``ctx.turn is None``) each returns
+an error result. Because the engine forces ``tool_choice="required"`` (docs/cognition.md,
+"The agent loop"), ``say`` is the only way the entity talks to the conversation.
 """
 
 from __future__ import annotations

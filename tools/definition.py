@@ -53,7 +53,7 @@ class Tool:
     Args:
         name: the function name the model calls (``[A-Za-z0-9_-]{1,64}``).
         description: what the model reads about the tool.
-        kind: agency or work (spec, "Completion gate").
+        kind: agency or work (docs/cognition.md, "The completion gate").
         args_model: the pydantic model the JSON arguments are validated against.
         fn: the implementation, ``fn(ctx, args_model_instance)`` (see :meth:`invoke`).
         timeout_s: per-call timeout in seconds the engine applies; ``None`` for its default.

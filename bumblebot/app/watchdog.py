@@ -64,7 +64,7 @@ class _State(StrEnum):
 
 
 def location(frame: FrameType) -> str:
-    """Where ``frame``'s stack is: ``"bumblebot.cognition.gate.progress_only (gate.py:88)"``.
+    """Where ``frame``'s stack is: ``"bumblebot.cognition.gate.CompletionGate.check (gate.py:88)"``.
 
     Names the innermost frame whose file is under ``bumblebot/``, ``adapters/`` or ``tools/``,
     else ``frame`` itself (the innermost of the stack).

@@ -1,7 +1,7 @@
 """The context window in estimated tokens, and what the endpoint taught us about counting.
 
-The spec's estimate (``len(text) // 4 + 10`` per message, :mod:`bumblebot.core.messages`) over-counts
-English, so compaction fires early, as the spec intends, but it undercounts dense text (CJK,
+The token estimate (``len(text) // 4 + 10`` per message, :mod:`bumblebot.core.messages`) over-counts
+English, so compaction fires early, which is safe, but it undercounts dense text (CJK,
 code, JSON). Each completion reports ``usage.prompt_tokens``; :meth:`ContextBudget.observe`
 learns the ratio of reported to estimated tokens (smoothed, clamped to [1, 4]) and the window
 shrinks by it, so compaction fires in time there too.
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 #: A completion's token budget is at most this share of the window (servers that count prompt
 #: plus ``max_tokens`` against it, vLLM, llama.cpp, OpenAI, refuse more).
 REPLY_SHARE = 0.25
-#: The spec's estimate misses some structure (tool-call JSON): requests are kept this far
+#: The token estimate misses some structure (tool-call JSON): requests are kept this far
 #: under the hard limit.
 ESTIMATE_MARGIN = 0.9
 MIN_SCALE = 1.0
@@ -98,7 +98,7 @@ class ContextBudget:
         return int((self.max_context_tokens - reply) / self.scale)
 
     def threshold(self, reply_tokens: int | None = None) -> int:
-        """The estimate above which compaction fires (spec: "When it triggers"): the share
+        """The estimate above which compaction fires (docs/compaction.md, "When compaction triggers"): the share
         ``threshold_ratio`` of the window, or, in a window so small that the reply budget
         leaves less, :data:`ESTIMATE_MARGIN` of :meth:`limit`."""
         return int(min(self.window() * self.threshold_ratio, self.limit(reply_tokens) * ESTIMATE_MARGIN))

@@ -1,5 +1,4 @@
-"""Context compaction: keep a conversation's prompt under the context window (spec, "Context
-compaction").
+"""Context compaction: keep a conversation's prompt under the context window (docs/compaction.md).
 
 Vocabulary. The *history* is the active message list sent after the system prompt. Compaction
 splits it into a protected **head** (first ``protect_first_n`` messages), a **middle** and a
@@ -52,7 +51,7 @@ __all__ = [
     "summary_message", "summary_request", "with_summary",
 ]  # fmt: skip
 
-#: What an old tool result becomes when pruned (spec, "Prune old tool results").
+#: What an old tool result becomes when pruned (docs/compaction.md, "One compaction, pass by pass").
 PLACEHOLDER = "[Old tool output cleared to save context space]"
 #: First line of the injected summary message.
 SUMMARY_HEADER = "[Conversation summary: earlier messages were compacted]\n"
@@ -425,7 +424,7 @@ class _Compaction:
             try:
                 # its reply budget shares the window with the chunk, like the summary's
                 out.flushed = await _flush(chunk, self.knowledge, self.complete, min(FLUSH_MAX_TOKENS, max_out))
-            except Exception as exc:  # best effort (spec): record and go on
+            except Exception as exc:  # best effort: record and go on
                 self.errors.append(f"flush: {type(exc).__name__}: {exc}")
         if not chunk or (self.total() <= target and not (self.force and first)):
             return False
@@ -448,7 +447,7 @@ class _Compaction:
             self.out.summary_failed = True
             self.errors.append(f"summary: {type(exc).__name__}: {exc}")
             if self.total() <= (self.limit if self.force else self.window):
-                return None  # the request can still be sent: keep every message (spec)
+                return None  # the request can still be sent: keep every message (docs/compaction.md, "Failure policy")
             # the prompt alone would overflow the window, or the server already refused it (a
             # model too weak to summarise, a small window): an extractive summary keeps the
             # conversation alive; the messages stay in the database (covered, never deleted)

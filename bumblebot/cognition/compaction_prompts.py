@@ -1,7 +1,7 @@
 """Prompts of context compaction: transcript serialization, summary and memory-flush requests.
 
 Pure text in, chat messages (OpenAI dicts) out; :mod:`bumblebot.cognition.compaction` sends them.
-Rules from the spec ("Context compaction"): the summary uses a
+Rules (docs/compaction.md): the summary uses a
 fixed template (:data:`SUMMARY_HEADINGS`) and, on re-compaction, *updates* the previous
 summary; the flush asks for durable facts as a JSON array of ``{"title", "body"}`` objects.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from bumblebot.core.messages import Message
 from bumblebot.core.textrules import strip_reasoning
 
-#: The summary template, in order (spec, "Structured summary").
+#: The summary template, in order (docs/compaction.md, "One compaction, pass by pass").
 SUMMARY_HEADINGS = (
     "Goal",
     "Constraints",

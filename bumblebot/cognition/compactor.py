@@ -1,4 +1,4 @@
-"""Runs compaction for a conversation's session and persists it (spec, "Context compaction").
+"""Runs compaction for a conversation's session and persists it (docs/compaction.md).
 
 :mod:`bumblebot.cognition.compaction` plans and summarises; this module decides *when*, and the
 :class:`~bumblebot.runtime.conversation.Session` it acts on records the result (it is the only writer
@@ -157,7 +157,7 @@ class Compactor:
                 entry["pruned"] += pruned["pruned"]
         if not force and not outcome.summary_failed and estimate(session, fixed_tokens, turn_messages) > self.budget.limit(reply_tokens):
             # the protected head and tail left too little to summarise: one forced pass (a
-            # failed summary instead keeps every message and backs off, as the spec asks)
+            # failed summary instead keeps every message and backs off: docs/compaction.md, "Failure policy")
             again = await self.maybe_compact(
                 session, fixed_tokens, turn_messages, force=True, emergency=True, reply_tokens=reply_tokens
             )

@@ -101,7 +101,7 @@ class Requests:
         self.compactions: list[dict[str, Any]] = []
 
     def estimate(self, nudge: str | None = None) -> int:
-        """Estimated prompt tokens of the next request (spec heuristic)."""
+        """Estimated prompt tokens of the next request (the token estimate, docs/compaction.md)."""
         nudge_tokens = estimate_text_tokens(nudge) + 10 if nudge else 0
         return estimate(self.session, self._fixed(), self.transcript) + nudge_tokens
 

@@ -39,7 +39,7 @@ NUDGE_TOOLS = 6
 
 @dataclass(frozen=True, slots=True)
 class Preview:
-    """First 280 characters of a work tool's result (spec: last 8 are kept for the gate)."""
+    """First 280 characters of a work tool's result (the last 8 are kept for the gate)."""
 
     tool: str
     ok: bool

@@ -7,7 +7,7 @@ and appears only in that conversation's prompts and ``recall``. ``<data_dir>/kno
 **global**: the operator's file, read in every conversation and never written by the entity
 (what an older version flushed there stays global).
 
-Format (spec, "Context compaction" → memory flush)::
+Format (docs/compaction.md, "One compaction, pass by pass")::
 
     # Knowledge            <- preamble, kept as is
     ## [locked] About yourself

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The same work tool in this many consecutive steps is refused (spec, "Repeat guard").
+#: The same work tool in this many consecutive steps is refused (docs/cognition.md, "The agent loop").
 REPEAT_LIMIT = 3
 #: Length-limited completions in a row before the model is told to write long output to a
 #: file; one more after that ends the turn (``budget``).
@@ -24,7 +24,7 @@ MIN_RESULT_SHARE = 500
 
 @dataclass(slots=True)
 class LoopLimits:
-    """One turn's profile (spec, "Routing") and bounds."""
+    """One turn's profile (docs/cognition.md, "Routing") and bounds."""
 
     max_steps: int
     max_tokens: int
@@ -43,7 +43,8 @@ class LoopLimits:
 
 
 def max_steps(rounds: int) -> int:
-    """Spec: rounds clamped to [0, 16]; total steps ``max(6, min(25, 6 + rounds))``."""
+    """The step cap of a turn (docs/cognition.md, "The agent loop"): rounds clamped to [0, 16]; total steps
+    ``max(6, min(25, 6 + rounds))``."""
     rounds = min(16, max(0, rounds))
     return max(6, min(25, 6 + rounds))
 

@@ -1,4 +1,4 @@
-"""The bounded agent loop of one turn (spec, "Agent loop").
+"""The bounded agent loop of one turn (docs/cognition.md, "The agent loop").
 
 Each step sends one chat completion with every tool and tool forcing. Tool calls of a step run
 concurrently, each under a timeout. Speaking is the ``say`` tool; ending is ``end_turn``, which
@@ -36,7 +36,7 @@ function of that record, so a turn resumed after a crash rebuilds it with
 
 Limits: tool continuation rounds are clamped to [0, 16]; steps are capped at
 ``max(6, min(25, 6 + rounds))``; a work tool called in three consecutive steps is refused from
-the third (spec, "Repeat guard"); three steps in a row that bring nothing new stop a looping
+the third (docs/cognition.md, "The agent loop"); three steps in a row that bring nothing new stop a looping
 model; after 3 consecutive length-limited completions the model is told to write long output
 to a file (or to say less at a time), and a fourth stops the turn.
 

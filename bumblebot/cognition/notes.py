@@ -58,7 +58,7 @@ def model_words(delivered: list[str], reason: str | None) -> list[str]:
 
 
 def post_tool_nudge(failed: list[str], delivered: list[str]) -> str:
-    """The short note after a tool round (spec, "Post-tool nudge")."""
+    """The short note after a tool round (docs/cognition.md, "The agent loop")."""
     # failures share the marked sentence: a weak model that echoes it echoes the marker too
     failures = f"; failed: {', '.join(dict.fromkeys(failed))}" if failed else ""
     parts = [f"[Same turn] Tool results are ready{failures}."]

@@ -134,7 +134,7 @@ class PromptBuilder:
 
     def system_prompt(self, level: int = 0) -> str:
         """The system prompt at a compaction ``level`` (:data:`PROMPT_LEVELS`); recompiled only
-        when the entity, knowledge, tools or level changed (spec, "System prompt separation")."""
+        when the entity, knowledge, tools or level changed (docs/cognition.md, "System prompt and [Turn context]")."""
         self._refresh_entity()
         knowledge_text, _ = self._read(self.memory.shared, create=True)
         key = hashlib.sha256(

@@ -1,11 +1,11 @@
-"""Routing a turn to the reflex or the deliberate profile (spec: cognition.md, "Routing").
+"""Routing a turn to the reflex or the deliberate profile (docs/cognition.md, "Routing").
 
 Heuristic first (:func:`heuristic`); only when it is uncertain (80 to 200 characters with no
 cue either way), one classifier call on the reflex model labels the input CHAT, GROUNDED,
 EXACT or DEEP and only CHAT stays reflex (:func:`route`). Automation and autonomous input, and
 entities with ``always_deliberate``, are always deliberate and never reach the classifier.
 
-The spec's reflex profile is for input that is "short, non-technical, and low-intensity", and
+The reflex profile is for input that is "short, non-technical, and low-intensity", and
 for slang, simple reactions and brief questions under 80 characters. The deliberate cues
 (code, identity, file, research, emotional) say what is technical or intense; input under 80
 characters with none of them is reflex (``brief``), so a plain chat turn costs no classifier
@@ -66,7 +66,7 @@ __all__ = [
 
 
 class Route(StrEnum):
-    """The inference profile of a turn (spec: "Routing")."""
+    """The inference profile of a turn (docs/cognition.md, "Routing")."""
 
     REFLEX = "reflex"
     DELIBERATE = "deliberate"
@@ -81,7 +81,7 @@ class Source(StrEnum):
 
 
 class Label(StrEnum):
-    """Classifier labels (spec: "Routing"); only ``CHAT`` keeps reflex."""
+    """Classifier labels (docs/cognition.md, "Routing"); only ``CHAT`` keeps reflex."""
 
     CHAT = "CHAT"
     GROUNDED = "GROUNDED"  # needs tools, files, live data or verification
@@ -332,7 +332,7 @@ async def route(
     source: str = Source.CHAT,
     always_deliberate: bool = False,
 ) -> RouteDecision:
-    """Decide reflex or deliberate for one turn (spec: "Routing").
+    """Decide reflex or deliberate for one turn (docs/cognition.md, "Routing").
 
     Args:
         text: the input, as for :func:`heuristic`.
@@ -359,7 +359,7 @@ async def route(
         return RouteDecision(Route.DELIBERATE, "uncertain: no classifier")
     try:
         reply = await classify(classifier_messages(text))
-    except Exception as exc:  # any failure of the model call routes deliberate (spec)
+    except Exception as exc:  # any failure of the model call routes deliberate (the safe side)
         error = f"{type(exc).__name__}: {exc}"
         return RouteDecision(Route.DELIBERATE, "classifier: failed", classifier_error=error)
     label = parse_label(reply)

@@ -155,7 +155,7 @@ class LoopState:
         return any(done.startswith(key) for done in self._delivered_keys)
 
     def plan(self, calls: list[ToolCall]) -> list[tuple[ToolCall, bool]]:
-        """Each call of one step with whether it may run (spec, "Repeat guard"): a work tool
+        """Each call of one step with whether it may run (docs/cognition.md, "The agent loop"): a work tool
         called in :data:`REPEAT_LIMIT` consecutive steps is refused from the third on. Steps
         with agency tools only (``say``, ``think``) do not break the streak; a step with other
         work tools does. Several calls of one tool in one step (a fan-out) are one decision and

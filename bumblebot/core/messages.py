@@ -9,7 +9,7 @@ A :class:`Message` is one entry of a conversation in OpenAI chat-completions for
 * ``system``: only ever built per request (the system prompt, the compaction summary); never stored.
 
 ``id`` is the SQLite row id once stored (``None`` before). Token estimates follow the
-spec ("Token estimation"): ``len(text) // 4 + 10`` per
+token estimate (docs/compaction.md, "Token estimate"): ``len(text) // 4 + 10`` per
 message, where text includes tool call names and arguments. The estimate is computed once
 per message and cached, so the cost of estimating a prompt grows with new messages only.
 """
@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
 
-#: Per-message overhead of the spec's estimate, in tokens.
+#: Per-message overhead of the token estimate, in tokens.
 MESSAGE_OVERHEAD_TOKENS = 10
 #: Long string arguments of old tool calls are shown cut to this many characters.
 CLIPPED_VALUE_CHARS = 200
@@ -31,7 +31,7 @@ CALL_FRAME_CHARS = 60
 
 
 def estimate_text_tokens(text: str) -> int:
-    """Tokens for a piece of text by the spec's heuristic: ``len(text) // 4``."""
+    """Tokens for a piece of text by the token estimate: ``len(text) // 4``."""
     return len(text) // 4
 
 

@@ -220,7 +220,7 @@ class DiscordSettings(_Section):
 
 
 class HistoryCompression(_Section):
-    """Context compaction; keys and defaults from the spec's configuration block."""
+    """Context compaction; keys and defaults as docs/compaction.md describes them."""
 
     enabled: bool = Field(True, description="compact before the context fills up")
     compaction_threshold_ratio: float = Field(
@@ -247,7 +247,7 @@ class HistoryCompression(_Section):
 
 
 class CognitionSettings(_Section):
-    """The turn pipeline (spec: Routing, Agent loop, Context compaction)."""
+    """The turn pipeline (docs/cognition.md and docs/compaction.md)."""
 
     max_context_tokens: int = Field(
         32768, ge=4096, le=10_000_000, description="the model's context window, tokens"

@@ -3,7 +3,7 @@
 The engine (``bumblebot/``) never imports ``tools/``; ``bumblebot/app/cli.py`` builds a
 registry from ``tools/`` and hands it to the engine as a :class:`Toolbox`.
 
-Two kinds of tool (spec, "Completion gate"):
+Two kinds of tool (docs/cognition.md, "The completion gate"):
 
 * **agency** tools (``say``, ``think``, ``wait``, ``end_turn``) steer the turn; they never
   count as grounding;
@@ -52,8 +52,8 @@ class DeliveryReport:
 
     ``queued`` is ``True`` when delivery failed for now but the message stays in the outbox
     and will be retried (so the model must not repeat it). ``duplicate`` is ``True`` when the
-    same text (or nearly the same) was already said in this turn and was not sent again (spec:
-    a message reaches the user exactly once). ``chat_unreachable`` is ``True`` when the platform
+    same text was already said in this turn and was not sent again (a message reaches the
+    user exactly once). ``chat_unreachable`` is ``True`` when the platform
     said no message can reach this chat (blocked, deleted, no permission). ``dropped`` says why
     the engine did not send it at all (the turn's message limit), not a delivery failure.
     """
@@ -87,7 +87,8 @@ class DeliveryReport:
 
 
 class TurnControl(Protocol):
-    """What agency tools may do to the running turn. Implemented by the agent loop."""
+    """What agency tools may do to the running turn. Implemented by the runtime's ``TurnIO``
+    (``bumblebot/runtime/io.py``), which asks the agent loop's delivery rule what goes out."""
 
     async def say(self, text: str, *, call_id: str | None = None) -> DeliveryReport:
         """Deliver ``text`` to the conversation now, through the outbox; ``call_id`` is the

@@ -14,7 +14,7 @@ is coalesced, so only the latest is sent. A platform 429 pauses the preview for 
 the adapter skips (its pacer gave the turn to another call) just tries again after
 ``interval_s``. Intermediate text is dropped; the final text is always delivered through the
 outbox whatever happened to the preview. Edits never hold the
-model's stream up: :meth:`LivePreview.update` only records the text and wakes the pump task.
+model's stream up: :meth:`LivePreview.add` only records the text and wakes the pump task.
 """
 
 from __future__ import annotations

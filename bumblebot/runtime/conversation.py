@@ -7,7 +7,7 @@ store first and then applied in memory, so what is in memory is always what is o
 
 * :class:`Session` (``/reset`` starts the next one): the active history, the compaction
   summary and counters, and the running token estimate of both.
-* :class:`Turn`: the turn in progress, written as it happens (spec, "Agent loop"):
+* :class:`Turn`: the turn in progress, written as it happens (docs/cognition.md, "The agent loop"):
   the user message when it starts, each assistant message *before* its tools run, each tool
   result as soon as it completes, each message taken mid-turn, and each message for the user
   in the outbox together with the assistant message that shows it. After a crash the turn is

@@ -1,6 +1,6 @@
 """A turn's input, made ready before the turn begins: its files fetched (or, while a file
 service is down, its messages postponed), a text too long for the window kept as a file for
-the model to read, and its route (spec, "Routing")."""
+the model to read, and its route (docs/cognition.md, "Routing")."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ class TurnPreparer:
         return folded
 
     async def start_state(self, entries: list[JournalEntry]) -> TurnState:
-        """A turn's first state: its route (spec, "Routing"), kept for every later resume."""
+        """A turn's first state: its route (docs/cognition.md, "Routing"), kept for every later resume."""
         if any(prepared(e).document for e in entries):  # reading a file is work
             decision = RouteDecision(Route.DELIBERATE, "a document came")
         else:

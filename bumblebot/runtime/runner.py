@@ -343,7 +343,7 @@ class TurnRunner:
         return await self.compactor.force(conversation.session, self.between_turns(conversation).fixed_tokens)
 
     def _limits(self, reflex: bool, source: str = "chat") -> LoopLimits:
-        """The turn's profile (spec, "Routing"). The completion budget is at most
+        """The turn's profile (docs/cognition.md, "Routing"). The completion budget is at most
         :data:`REPLY_SHARE` of the window: servers that count prompt plus ``max_tokens``
         against it (vLLM, llama.cpp, OpenAI) would refuse a 2048-token reply in a 4k window."""
         cfg = self.cfg

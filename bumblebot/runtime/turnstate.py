@@ -21,7 +21,7 @@ class Closing:
 class TurnState:
     """A turn's resumable state."""
 
-    #: the router's decision (spec, "Routing"), kept for every later resume
+    #: the router's decision (docs/cognition.md, "Routing"), kept for every later resume
     route: str = ""
     route_reason: str = ""
     classifier_label: str | None = None
