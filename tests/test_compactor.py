@@ -71,20 +71,22 @@ async def test_long_messages_at_a_4096_window_keep_going(tmp_path, llm, tg):
 
 
 async def test_the_turn_after_a_too_long_one_is_answered(tmp_path, llm, tg):
-    """The turn after one whose message was too long is answered: the forced compaction pass does
-    not keep the oversized message in its protected tail."""
+    """A big paste on a small window whose text the endpoint counts at 4 tokens per estimated
+    one, and the turn after it, are answered: the paste is measured with that learned scale and
+    kept as a file (measured against the raw window, it went whole and came back "too long"),
+    and the forced compaction pass never keeps an oversized message in its protected tail."""
     llm.default = tokenizer_fake(4096, _chatty("Answer. " + "w " * 40), 4.0)
     config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "max_context_tokens": 4096})
     async with running(config) as d:
         for i in range(4):
             tg.push_text(f"q{i} " + "tell me more " * 60, chat_id=87)
             await d.engine.wait_for_turns(i + 1, timeout=20)
-        # just under the 40% of the window that would be kept as a file
+        # under 40% of the raw window, over 40% of the window the scale leaves
         tg.push_text("big " + "lorem ipsum dolor " * 360, chat_id=87)
         await d.engine.wait_for_turns(5, timeout=30)
         tg.push_text("short follow-up", chat_id=87)
         await d.engine.wait_for_turns(6, timeout=30)
-    assert "too long" in tg.sent(87)[4] and tg.sent(87)[5].startswith("Answer.")
+    assert tg.sent(87)[4].startswith("Answer.") and tg.sent(87)[5].startswith("Answer.")
 
 
 async def test_an_eight_step_tool_turn_fits_a_32k_window(tmp_path, llm, tg):
