@@ -151,3 +151,49 @@ async def test_a_tail_that_alone_overflows_is_pruned_after_a_refusal(tmp_path, l
         tg.push_text("hello again", chat_id=19)
         await tg.wait_for("sendMessage")
     assert tg.sent(19) == ["fits again"]
+
+
+async def test_compaction_runs_at_the_threshold_the_window_object_decided():
+    """In a 4,096-token window the budget's threshold (2,764 estimated tokens, under the
+    request limit) sent the compactor in, but the compaction recomputed its own (75% of the
+    window, 3,072) and did nothing, writing that nothing on every request in between."""
+    from bumblebot.cognition.budget import ContextBudget
+    from bumblebot.cognition.compactor import Compactor, estimate
+    from bumblebot.core.messages import Message
+    from bumblebot.core.settings import HistoryCompression
+    from bumblebot.store import CompactionState
+
+    class Model:
+        model = "m"
+        calls = 0
+
+        async def text(self, *args: object, **kwargs: object) -> str:
+            Model.calls += 1
+            return "## Goal\nthe summary of what was said so far " * 5
+
+    class Memory:
+        def of(self, key: str) -> None:
+            return None
+
+    class Session:  # the runtime's Session, in memory
+        key = "telegram:1"
+
+        def __init__(self, n: int) -> None:
+            self.history = [Message(role=("user", "assistant")[i % 2], content="x" * 400, id=i + 1) for i in range(n)]
+            self.compaction = CompactionState(None, 0, 0, 0, 0.0)
+            self.summary_message = None
+            self.tokens = sum(m.tokens for m in self.history)
+            self.writes = 0
+
+        async def apply_compaction(self, outcome: object, *, failed: bool, next_retry_at: float) -> None:
+            self.writes += 1
+
+        async def prune(self, history: list[Message], ids: list[int]) -> None:
+            self.history = history
+
+    budget = ContextBudget(4096, 0.75, reply_tokens=2048)
+    compactor = Compactor(HistoryCompression(compaction_flush_to_knowledge=False), Model(), Memory(), budget)
+    session = Session(20)
+    assert budget.threshold() < estimate(session, 600, []) <= int(budget.window() * 0.75)
+    entry = await compactor.maybe_compact(session, 600, [])
+    assert entry is not None and entry["passes"] >= 1 and Model.calls >= 1 and session.writes == 1

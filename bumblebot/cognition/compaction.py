@@ -320,6 +320,7 @@ async def compact(
     force: bool = False,
     min_gain_tokens: int = 0,
     request_limit: int | None = None,
+    threshold_tokens: int | None = None,
 ) -> CompactionOutcome:
     """Compact ``history`` if its prompt estimate is over the threshold (or ``force``).
 
@@ -344,6 +345,8 @@ async def compact(
         request_limit: the largest prompt one turn's request may carry (the window less the
             reply budget), tokens; default ``max_context_tokens``. (A summary request fits the
             window with its own reply budget.)
+        threshold_tokens: the estimate above which to compact, when the caller decided it
+            (``ContextBudget.threshold``); default ``max_context_tokens * threshold_ratio``.
 
     Returns:
         The outcome; ``with_summary(outcome.messages, outcome.summary, ...)`` is valid
@@ -352,7 +355,8 @@ async def compact(
     """
     return await _Compaction(
         history, previous_summary, complete, knowledge, fixed_tokens=fixed_tokens,
-        window=max_context_tokens, threshold=int(max_context_tokens * threshold_ratio),
+        window=max_context_tokens,
+        threshold=int(max_context_tokens * threshold_ratio) if threshold_tokens is None else threshold_tokens,
         target=int(max_context_tokens * target_ratio),
         limit=max_context_tokens if request_limit is None else request_limit,
         protect_first_n=protect_first_n, protect_last_n=protect_last_n, max_passes=max_passes,

@@ -143,11 +143,14 @@ class Compactor:
             force=force,
             min_gain_tokens=window // MIN_GAIN_DIVISOR,
             request_limit=limit,
+            threshold_tokens=self.budget.threshold(reply_tokens),  # the one that decided to come here
         )
         failed = outcome.summary_failed and not outcome.covered_ids
-        await session.apply_compaction(
-            outcome, failed=failed, next_retry_at=time.time() + backoff_s(state.failures + 1) if failed else 0.0
-        )
+        if outcome.passes or outcome.covered_ids or outcome.pruned_ids or outcome.flushed or failed:
+            # a run that changed nothing writes nothing (and keeps a summary failure's backoff)
+            await session.apply_compaction(
+                outcome, failed=failed, next_retry_at=time.time() + backoff_s(state.failures + 1) if failed else 0.0
+            )
         if outcome.flushed:
             log.info("compaction saved %d fact(s) to knowledge.md", len(outcome.flushed))
         entry = _trace_entry(outcome)
