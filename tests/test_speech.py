@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 from conftest import running, write_config
 from fakes.openai_server import is_loop, tool_calls
-from support import judges_say_done, loop_requests, say
+from support import judges_say_done, loop_requests, say, tool_results
 
 
 async def test_say_calls_of_one_step_arrive_in_call_order(tmp_path, llm, tg):
@@ -100,7 +101,6 @@ async def test_a_say_that_is_a_call_written_out_is_told_so_and_its_code_block_ve
     """A say that is all a call of an offered tool written as JSON is not delivered (a weak
     model writes its calls that way), and the model is told why and how to show one: in a code
     block, which arrives as written. It was once told "nothing left after removing reasoning"."""
-    from support import tool_results
 
     judges_say_done(llm)
     call = '{"name": "read_file", "arguments": {"path": "notes.md"}}'
@@ -113,3 +113,19 @@ async def test_a_say_that_is_a_call_written_out_is_told_so_and_its_code_block_ve
     assert tg.sent(13) == [call]  # the code block, shown as code (its fence is formatting)
     told = [r for r in tool_results(loop_requests(llm)[1]) if "not sent" in r]
     assert told and "code block" in told[0]
+
+
+async def test_the_model_is_told_when_one_message_is_left_so_it_can_say_what_remains(tmp_path, llm, tg):
+    """"Eight fun facts, one message each" at a cap of four: four arrived and the turn ended
+    with no word why, as the model only learnt of the cap when its fifth was dropped."""
+    judges_say_done(llm)
+    for i in range(1, 4):
+        llm.push(tool_calls(("say", {"text": f"Fact {i}."})), when=is_loop)
+    llm.push(say("Fact 4. That's all I can send at once: ask me for the other four!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, cognition={"max_messages_per_turn": 4})) as d:
+        tg.push_text("tell me eight fun facts, one message each", chat_id=14)
+        await d.engine.wait_for_turns(1)
+    results = [json.loads(r) for r in tool_results(loop_requests(llm)[3])]
+    assert [r.get("messages_left") for r in results] == [None, None, 1]
+    assert "one message left" in results[-1]["note"]
+    assert tg.sent(14)[-1].startswith("Fact 4.")

@@ -52,7 +52,7 @@ def render_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[TelegramChu
     """
     # CommonMark decodes character references (``&amp;`` becomes ``&``) and reads ``<…>`` as
     # raw HTML, which the converter drops (``List<String>`` became ``List``), but the model's
-    # text must arrive as written: each ``&``, and each ``<`` that does not open an autolink,
+    # text must arrive as written: each ``&``, and each ``<`` that opens no autolink or comment,
     # goes through the converter as a private-use character no text holds (one UTF-16 unit
     # each, so entity offsets stay right) and comes back
     try:
@@ -85,8 +85,9 @@ def render_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[TelegramChu
     return out
 
 
-#: A ``<`` that does not open a CommonMark autolink (``<https://…>``, ``<mailto:…>``).
-_NOT_AUTOLINK = re.compile(r"<(?![A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>)")
+#: A ``<`` that opens neither a CommonMark autolink (``<https://…>``, ``<mailto:…>``) nor an
+#: HTML comment (``<!-- … -->`` is the one piece of HTML meant to show nothing).
+_NOT_AUTOLINK = re.compile(r"<(?![A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>|!--)")
 
 
 def _unused_character(text: str) -> str:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from bumblebot.cognition.limits import LoopLimits
 from bumblebot.cognition.state import LoopState, file_shown, repeat_key
@@ -128,14 +129,17 @@ class DeliveryRule:
             )
         return None
 
-    def sent(self, shown: str, report: DeliveryReport, *, call_id: str | None = None) -> None:
+    def sent(self, shown: str, report: DeliveryReport, *, call_id: str | None = None) -> DeliveryReport:
         """What became of a message the port recorded and sent: ``shown`` is the text as the
-        user got it (after the text rules), counted once for its call."""
-        if report.ok:
-            self._state.said(shown, call_id=call_id)
-        else:
-            self.lost = True
+        user got it (after the text rules), counted once for its call. Returns the report the
+        model gets: with the messages left, when one or none is."""
         self.reached(report)
+        if not report.ok:
+            self.lost = True
+            return report
+        self._state.said(shown, call_id=call_id)
+        left = self._max_messages - len(self._state.delivered)
+        return dataclasses.replace(report, left=max(0, left)) if left <= 1 else report
 
     def reached(self, report: DeliveryReport) -> None:
         """Any message's delivery: the platform may have said the chat cannot be reached."""

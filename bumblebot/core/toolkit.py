@@ -56,6 +56,8 @@ class DeliveryReport:
     user exactly once). ``chat_unreachable`` is ``True`` when the platform
     said no message can reach this chat (blocked, deleted, no permission). ``dropped`` says why
     the engine did not send it at all (the turn's message limit), not a delivery failure.
+    ``left`` is how many more messages the turn may send, told when it is one or none, so
+    the model can say what remains while it still may.
     """
 
     delivered: bool
@@ -64,6 +66,7 @@ class DeliveryReport:
     duplicate: bool = False
     chat_unreachable: bool = False
     dropped: str | None = None
+    left: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -76,6 +79,12 @@ class DeliveryReport:
         import json
 
         payload: dict[str, object] = {"delivered": self.delivered, "queued": self.queued}
+        if self.left is not None:
+            payload["messages_left"] = self.left
+            payload["note"] = (
+                "that was the last message this turn may send; call end_turn" if self.left == 0 else
+                "one message left this turn: if more remains than fits in it, use it to say so"
+            )
         if self.duplicate:
             payload["note"] = "you already said this in this turn; it was not sent again"
         if self.dropped:

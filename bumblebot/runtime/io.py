@@ -158,7 +158,7 @@ class TurnIO(TurnPort):
             if held is not None:
                 return held
             report = await self._send_file(str(path), caption, call_id)
-            rule.sent(shown, report, call_id=call_id)
+            report = rule.sent(shown, report, call_id=call_id)
         return report
 
     async def _send_file(self, path: str, caption: str, call_id: str | None) -> DeliveryReport:
@@ -193,7 +193,7 @@ class TurnIO(TurnPort):
             stream = (await live.take() if live is not None else None) or await self._orphan()
             entry = await self._turn.speak(text, tool_call_id=call_id, stream=stream, attachment=self._voice())
             report = await self._delivery.deliver(entry)
-            rule.sent(text, report, call_id=call_id)
+            report = rule.sent(text, report, call_id=call_id)
         return report
 
     def end_turn(self) -> None:
