@@ -545,3 +545,19 @@ async def test_a_short_say_after_an_outage_edits_the_half_written_preview(tmp_pa
         await tg.wait_for("editMessageText", predicate=lambda p: p.get("text") == "Done.", timeout=10)
     assert tg.shown(70) == ["Done.", OUTAGE_NOTICE]
     assert not any(c.method == "deleteMessage" for c in tg.calls)
+
+
+async def test_a_streamed_say_that_renders_to_nothing_leaves_no_preview_behind(tmp_path, llm, tg):
+    """A say that is only an HTML comment renders to nothing and is not delivered; its preview,
+    which showed the raw text as it streamed, stayed on screen for good."""
+    from fakes.openai_server import tool_calls
+
+    judges_say_done(llm)
+    comment = tool_calls(("say", {"text": "<!-- a note to myself about the user -->"}))
+    comment.stream_chars, comment.stream_delay = 4, 0.03
+    llm.push(comment, when=is_loop)
+    llm.push(say("Hello!"), when=is_loop)
+    async with running(streaming_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=606)
+        await d.engine.wait_for_turns(1)
+    assert tg.shown(606) == ["Hello!"]

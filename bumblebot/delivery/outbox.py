@@ -208,6 +208,9 @@ class Delivery:
             return DeliveryReport(delivered=False, error=error)
         if not chunks:  # Markdown that renders to nothing (an HTML comment): no message to send
             error = "nothing to show: the text renders to an empty message"
+            if entry.preview_id is not None:  # its streamed preview showed the raw text: take it down
+                with contextlib.suppress(Exception):
+                    await adapter.delete_message(entry.chat, entry.preview_id)
             await self.store.outbox_progress(entry.id, status="failed", message_ids=entry.platform_message_ids, error=error)
             return DeliveryReport(delivered=False, error=error)
         sent = list(entry.platform_message_ids)
