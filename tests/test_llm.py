@@ -9,6 +9,8 @@ from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI, error, is_aux, is_loop, text
 from support import judges_say_done, loop_requests, say
 
+from bumblebot.llm.capabilities import tool_choice_key
+
 #: A request the router sends deliberate (the "research" cue): such turns ask for thinking.
 DELIBERATE = "help me research the history of the bicycle and compare the sources"
 REFUSAL = "Unsupported parameter: 'reasoning_effort' is not supported with this model."
@@ -48,9 +50,11 @@ async def test_an_endpoint_that_refuses_thinking_is_asked_without_it_and_that_is
             tg.push_text("now research the history of the tandem and compare it", chat_id=316)
             await finished(d)
             remembered = await d.store.get_kv(f"llm.thinking:{llm.base_url}|test-model")
+            forcing = await d.store.get_kv(tool_choice_key(llm.base_url))
     assert tg.sent(316) == ["Here is the plan.", "And here is more."]
-    # refused once (with tool_choice "required", then "auto"); without it, and the next turn, answered
-    assert len(llm.rejected) == 2
+    # refused once: the error names reasoning_effort, so it is not taken for a refusal of
+    # tool_choice "required" (that cost two more requests and a strike against forcing)
+    assert len(llm.rejected) == 1 and forcing is None
     sent = [r for r in loop_requests(llm) if r not in llm.rejected]
     assert len(sent) == 2 and all("reasoning_effort" not in r for r in sent)
     assert "reasoning_effort" in json.loads(remembered)["reason"]
@@ -113,3 +117,19 @@ async def test_a_call_in_template_markup_inside_a_streamed_answer_is_a_broken_st
             remembered = await d.store.get_kv(f"llm.stream:{llm.base_url}")
     assert tg.shown(505) == ["Hi!"]
     assert "as text" in json.loads(remembered)["reason"]
+
+
+async def test_a_streamed_request_refused_for_its_thinking_costs_one_extra_request(tmp_path, tg):
+    """A streamed request refused because of ``reasoning_effort`` was sent again whole (the
+    same refusal), then without thinking: the error names the parameter, so it is not about
+    streaming either."""
+    async with FakeOpenAI(reject_reasoning_effort=True) as llm:
+        judges_say_done(llm)
+        llm.push(say("Here is how."), when=is_loop)
+        config = write_config(tmp_path, llm, tg, delivery={"streaming": "on"})
+        async with running(config) as d:
+            tg.push_text(DELIBERATE, chat_id=317)
+            await finished(d)
+            streams = await d.store.get_kv(f"llm.stream:{llm.base_url}")
+    assert len(llm.rejected) == 1 and streams is None
+    assert tg.sent(317) == ["Here is how."]

@@ -330,7 +330,7 @@ class LLM:
         try:
             response = await self._create(params, on_say)
         except openai.APIStatusError as exc:
-            if choice != "required" or not may_refuse_forcing(exc, messages):
+            if choice != "required" or not may_refuse_forcing(exc, params):
                 raise self._translate(exc) from exc
             log.warning(
                 "endpoint %s refused a request with tool_choice=required (HTTP %s); retrying with 'auto'",

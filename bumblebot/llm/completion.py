@@ -130,6 +130,20 @@ def is_context_error(exc: openai.APIError) -> bool:
     return bool(_CONTEXT_RE.search(str(exc.message)))
 
 
+#: The parameters every chat request may carry; any other (``reasoning_effort``, an
+#: ``extra_body`` key) is optional, and an error that names one is about it.
+BASIC_PARAMS = frozenset({"model", "messages", "max_tokens", "temperature", "tools", "tool_choice", "stream",
+                          "stream_options"})
+
+
+def names_optional_param(exc: openai.APIError, params: dict[str, Any]) -> bool:
+    """Whether an endpoint's error names an optional parameter the request sent (by its key:
+    "Unrecognized request argument supplied: reasoning_effort"), so that it is about that
+    parameter, not about streaming or tool forcing."""
+    message = str(exc.message)
+    return any(key in message for key in params if key not in BASIC_PARAMS)
+
+
 def translate(
     exc: openai.APIError, *, base_url: str, timeout_s: float, clock: Callable[[], float]
 ) -> ModelError:

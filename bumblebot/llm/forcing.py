@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bumblebot.llm.capabilities import CapabilityMemory, duration, refusal, tool_choice_key, utc
-from bumblebot.llm.completion import is_context_error
+from bumblebot.llm.completion import is_context_error, names_optional_param
 from bumblebot.llm.images import has_images, names_images
 
 if TYPE_CHECKING:
@@ -111,12 +111,15 @@ class ForcingFallback:
         return f"auto{since}: {self.reason}{retried}; {every} ({when})"
 
 
-def may_refuse_forcing(exc: openai.APIStatusError, messages: list[dict[str, Any]]) -> bool:
+def may_refuse_forcing(exc: openai.APIStatusError, params: dict[str, Any]) -> bool:
     """Whether a refusal of a request sent with ``tool_choice="required"`` may be about forcing,
     so that the request is tried again with ``"auto"``: a 400, 422 or 500 that is not about
-    the request's images (the image step tells those apart) nor about the context window."""
-    if exc.status_code not in (400, 422, 500):
+    the request's images (the image step tells those apart), nor about the context window,
+    nor names an optional parameter the request sent (``reasoning_effort``: the thinking
+    step handles that one)."""
+    if exc.status_code not in (400, 422, 500) or names_optional_param(exc, params):
         return False
+    messages = params["messages"]
     if has_images(messages) and names_images(str(exc.message)):
         return False
     return not is_context_error(exc)

@@ -45,6 +45,7 @@ from bumblebot.llm.completion import (
     ToolCall,
     int_or_none,
     is_context_error,
+    names_optional_param,
     new_call_id,
     normalise,
 )
@@ -135,7 +136,7 @@ class StreamedRequests:
         except openai.APITimeoutError:
             raise  # slow, not unable to stream: an outage as any timeout is
         except openai.APIStatusError as exc:
-            if exc.status_code in _NOT_ABOUT_STREAMING or is_context_error(exc):
+            if exc.status_code in _NOT_ABOUT_STREAMING or is_context_error(exc) or names_optional_param(exc, params):
                 raise
             response = await self._whole(params)  # the same request, whole: if it fails too, not our business
             why = f"a streamed request was refused ({refusal(exc)}); an unstreamed one was answered"
