@@ -219,3 +219,9 @@ def test_a_tool_result_share_too_small_for_any_result_is_a_config_error_naming_t
     path.write_text("cognition: {max_context_tokens: 4096, max_tool_result_share: 0.01}\n")
     with pytest.raises(ConfigError, match="max_tool_result_share"):
         load_settings(path)
+
+
+def test_a_config_path_that_is_a_directory_says_so(tmp_path):
+    """``--config /tmp`` said "config file not found" about a directory that exists."""
+    with pytest.raises(ConfigError, match="is a directory, not a config file"):
+        find_config(str(tmp_path))

@@ -372,8 +372,9 @@ def parser() -> argparse.ArgumentParser:
     """The command line; ``--config`` is accepted before or after the subcommand."""
     p = argparse.ArgumentParser(
         prog="bumblebot", description="An LLM entity on Telegram and Discord.",
-        epilog="Exit codes: 0 done; 1 a platform, the endpoint or the database failed; 2 configuration error; "
-        "130 quit by a second Ctrl-C.",
+        epilog="Exit codes: 0 done; 1 a platform, the endpoint, the database or a backup failed, the data "
+        "directory is in use, or check found a problem; 2 a configuration error, or run with nothing to serve; "
+        "130 quit by a second Ctrl-C (docs/running.md).",
     )
     p.add_argument("--version", action="version", version=f"bumblebot {__version__}")
     config_help = "YAML config file (default: $BUMBLEBOT_CONFIG, else ./bumblebot.yaml)"

@@ -99,7 +99,8 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
         except OSError:
             raise ConfigError(str(path), "", "config file not found") from None
         if not stat.S_ISREG(found.st_mode):
-            raise ConfigError(str(path), "", "config file not found")
+            raise ConfigError(str(path), "", "is a directory, not a config file" if stat.S_ISDIR(found.st_mode)
+                              else "is not a regular file, not a config file")
         return path
     default = Path("bumblebot.yaml")
     return default if default.is_file() else None

@@ -109,7 +109,7 @@ class Scheduler:
                 turn_id=turn_id, max_active=self.automation.max_tasks,
             )
         except TooManyTasks as exc:
-            raise TaskError(f"{exc}; cancel one first (list_tasks shows them)") from None
+            raise TaskError(f"{exc}; cancel one first (the chat's task list shows them)") from None
         self.changed.set()
         log.info("task %d in %s: %s, first due %s", task_id, conversation, describe(parsed.kind, parsed.spec),
                  self.when(parsed.first_due, zone))
@@ -128,10 +128,10 @@ class Scheduler:
             TaskError: no active task with that id in this conversation.
         """
         if not 0 < task_id < 2**62:
-            raise TaskError(f"there is no active task {task_id} in this chat (list_tasks shows them)")
+            raise TaskError(f"there is no active task {task_id} in this chat (the chat's task list shows them)")
         record = await self._store.conversation(ChatRef.from_key(conversation))
         if not await self._store.cancel_task(record.id, task_id):
-            raise TaskError(f"there is no active task {task_id} in this chat (list_tasks shows them)")
+            raise TaskError(f"there is no active task {task_id} in this chat (the chat's task list shows them)")
         self.changed.set()
 
     def when(self, epoch: float | None, zone: ZoneInfo | None = None) -> str:
