@@ -29,7 +29,7 @@ def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, An
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
 #: The README's two commands, word for word.
 INSTALL_AND_RUN = "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/bumblebot run"
-TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -n auto"
+TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -n 4"
 
 
 def _config_keys() -> list[tuple[str, Any]]:
@@ -98,7 +98,7 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["bumblebot"] == "bumblebot.app.cli:main"
     assert "test" in project["optional-dependencies"]
-    assert any(d.startswith("pytest-xdist") for d in project["optional-dependencies"]["test"])  # -n auto
+    assert any(d.startswith("pytest-xdist") for d in project["optional-dependencies"]["test"])  # -n 4
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert any(line.endswith("pip install --quiet -e '.[test]'") for line in ci)
     assert ci[-1] == "exec " + TEST_COMMAND.split(" && ")[-1]
