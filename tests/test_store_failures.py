@@ -256,3 +256,50 @@ async def test_a_lone_write_is_committed_at_once_and_seen_by_another_connection(
         await store.set_kv("k", "v")
         async with Store(tmp_path / "b.db", readonly=True) as reader:
             assert await reader.get_kv("k") == "v"
+
+
+#: A read that keeps aiosqlite's thread busy for a while (two million rows counted).
+SLOW_READ = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT 2000000) SELECT count(*) FROM c"
+
+
+async def _cancel_a_transaction_while_its_begin_waits(store):
+    """A write whose ``BEGIN`` waits in aiosqlite's queue behind a read, cancelled there (the
+    lock is free at once; the ``BEGIN`` still runs after the read)."""
+    import asyncio
+
+    busy = asyncio.ensure_future(store.db.execute_fetchall(SLOW_READ))
+    await asyncio.sleep(0)  # the read is queued first
+
+    async def write():
+        async with store.transaction() as db:
+            await db.execute("INSERT INTO kv (key, value) VALUES ('cancelled', '1')")
+
+    task = asyncio.ensure_future(write())
+    for _ in range(3):  # a few turns of the loop: it takes the lock and queues its BEGIN
+        await asyncio.sleep(0)
+    task.cancel()
+    return busy, task
+
+
+async def test_a_write_after_a_write_cancelled_in_aiosqlites_queue_is_committed(tmp_path):
+    """The cancelled write's ``BEGIN`` ran after its task was gone and left a transaction open:
+    the next lone write ran inside it and returned as if done, unseen by any other connection and
+    rolled back by the write after it (a delivery recorded as sent, lost)."""
+    import asyncio
+    import contextlib
+
+    from bumblebot.store import Store
+
+    async with Store(tmp_path / "b.db") as store:
+        busy, task = await _cancel_a_transaction_while_its_begin_waits(store)
+        await store.set_kv("sent", "yes")
+        await busy
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        async with Store(tmp_path / "b.db", readonly=True) as reader:
+            assert await reader.get_kv("sent") == "yes"
+        await store.set_kv("other", "x")
+        assert await store.get_kv("sent") == "yes" and await store.get_kv("cancelled") is None
+        async with store.transaction() as db:  # and a transaction after it works too
+            await db.execute("INSERT INTO kv (key, value) VALUES ('a', '1')")
+        assert await store.get_kv("a") == "1" and not store.db.in_transaction

@@ -8,6 +8,7 @@ class: they all read through :meth:`Database._one` and :meth:`Database._all` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -74,7 +75,7 @@ class Database:
         """Serialise a write transaction; commits on success, rolls back on error."""
         async with self._write_lock:
             await self._end_left_open()
-            await self.db.execute("BEGIN IMMEDIATE")
+            await self._begin()
             try:
                 yield self.db
             except BaseException:
@@ -91,10 +92,24 @@ class Database:
             await self._end_left_open()
             return await self.db.execute(sql, params)
 
+    async def _begin(self) -> None:
+        """``BEGIN IMMEDIATE``, never left open: a task cancelled while the statement waits in
+        aiosqlite's queue (behind a read) does not stop it from running there, so the
+        transaction it opens is rolled back before the write lock goes to the next writer,
+        whose statements would otherwise run inside it and never be committed."""
+        begin = asyncio.ensure_future(self.db.execute("BEGIN IMMEDIATE"))
+        try:
+            await asyncio.shield(begin)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await begin
+                await self.db.execute("ROLLBACK")
+            raise
+
     async def _end_left_open(self) -> None:
-        """Roll back a transaction a cancelled write left open: its ``BEGIN`` ran in aiosqlite's
-        thread after the task was cancelled, so its ``ROLLBACK`` never did, and every later
-        statement would join it and never be committed."""
+        """Roll back a transaction left open (a safety net: :meth:`_begin` leaves none), so
+        that no later statement joins it and is never committed. Checked holding the write
+        lock, when no writer's statement waits in aiosqlite's queue."""
         if self.db.in_transaction:
             log.warning("a transaction was left open by a cancelled write; rolling it back")
             await self.db.execute("ROLLBACK")
