@@ -256,3 +256,16 @@ def test_the_checks_reason_in_a_closing_request_is_the_models_to_restate():
                model_words=model_words([], reason))
     closing = "Sorry, milk was never added to the shopping list because I could not open it. Want me to try again?"
     assert echoes(closing) == closing
+
+
+@pytest.mark.parametrize("said", ["No", "a"])
+def test_a_one_word_message_of_the_model_leaves_the_notes_own_sentences_whole(said):
+    """Taking the model's words out of a note took every "No" or "a" out of the note's own
+    sentences ("[Same turn]  tools now.", "re dy"), and the model's copy of the note got through."""
+    from bumblebot.cognition.notes import LAST_CHANCE_NUDGE
+
+    echoes = EchoFilter()
+    echoes.add(LAST_CHANCE_NUDGE, model_words=model_words([said], None))
+    echoes.add(post_tool_nudge([], [said]), model_words=model_words([said], None))
+    assert echoes("[Same turn] No tools now. The answer is 4.") == "The answer is 4."
+    assert echoes("[Same turn] Tool results are ready. Here it is.") == "Here it is."

@@ -355,8 +355,11 @@ class EchoFilter:
     def add(self, note: str, *, model_words: Iterable[str] = ()) -> None:
         """Learn the sentences of ``note``. ``model_words``: the spans of it that are the
         model's own (what it said this turn, quoted; the check's reason), taken out first: the
-        model saying them again is not an echo, whatever quotes they hold or lose to a clip."""
-        for words in sorted({w for w in model_words if w.strip()}, key=len, reverse=True):
+        model saying them again is not an echo, whatever quotes they hold or lose to a clip.
+        A span of one word ("No", "a") stays: taking it out would take that word out of the
+        note's own sentences too, and alone it can neither be a sentence of the note nor
+        make a run of :data:`ECHO_RUN_WORDS`."""
+        for words in sorted({w for w in model_words if len(w.split()) > 1}, key=len, reverse=True):
             note = note.replace(words, " ")
         for line in note.splitlines():
             for sentence in _sentences(line):
