@@ -37,3 +37,17 @@ def test_an_autolink_is_still_a_link():
     [chunk] = render_chunks("see <https://example.com/a?b=1&c=2>")
     assert chunk.text == "see https://example.com/a?b=1&c=2"
     assert [(e.type, e.url) for e in chunk.entities] == [("text_link", "https://example.com/a?b=1&c=2")]
+
+
+def test_markdown_that_uses_angle_brackets_keeps_its_meaning():
+    """Keeping HTML-looking text as written must not break the Markdown that uses ``<``: a link
+    destination in angle brackets, an email autolink, an escaped ``\\<``, and a ``<!--`` with no
+    ``-->`` (it hid the rest of the reply)."""
+    [link] = render_chunks("see [the doc](<https://example.com/a b>) now")
+    assert link.text == "see the doc now" and [e.url for e in link.entities] == ["https://example.com/a b"]
+    [mail] = render_chunks("mail <bob@example.com> now")
+    assert mail.text == "mail bob@example.com now"
+    [escaped] = render_chunks(r"escape: \<b> here")
+    assert escaped.text == "escape: <b> here"
+    shown = "".join(c.text for c in render_chunks("<!-- is how a comment starts in HTML.\n\nThe rest of the answer."))
+    assert "<!-- is how a comment starts" in shown and "The rest of the answer." in shown

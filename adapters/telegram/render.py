@@ -85,9 +85,15 @@ def render_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[TelegramChu
     return out
 
 
-#: A ``<`` that opens neither a CommonMark autolink (``<https://…>``, ``<mailto:…>``) nor an
-#: HTML comment (``<!-- … -->`` is the one piece of HTML meant to show nothing).
-_NOT_AUTOLINK = re.compile(r"<(?![A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>|!--)")
+#: A ``<`` that Markdown reads as something other than raw HTML is kept: escaped (``\<``), a
+#: link's destination (``[a](<url with spaces>)``), a CommonMark autolink (``<https://…>``,
+#: ``<bob@example.com>``), or a closed HTML comment (``<!-- … -->``, the one piece of HTML
+#: meant to show nothing; an unclosed ``<!--`` would hide everything after it).
+_NOT_AUTOLINK = re.compile(
+    r"(?<!\\)(?<!\]\()<(?![A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>"
+    r"|[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*>"
+    r"|!--[\s\S]*?-->)"
+)
 
 
 def _unused_character(text: str) -> str:
