@@ -583,3 +583,26 @@ async def test_three_short_429s_in_a_row_keep_the_turns_messages_in_order(tmp_pa
         await tg.wait_for("sendMessage", n=4, timeout=15, predicate=lambda p: p.get("text") == "part one")  # 3 refused
         await tg.wait_for("sendMessage", timeout=15, predicate=lambda p: p.get("text") == "part two")
     assert tg.shown(1520) == ["part one", "part two"]
+
+
+def test_a_chat_paused_by_a_429_does_not_hold_previews_back_everywhere():
+    """A message to a chat a 429 paused, arriving while the overall window was full, counted as
+    waiting for that window for its whole pause: every preview of every chat gave way meanwhile,
+    long after the window had room."""
+    async def main() -> bool:
+        pacer = Pacer(dataclasses.replace(TELEGRAM, per_chat_interval_s=0, global_per_second=2))
+        for key in ("1", "2"):  # the overall window is full
+            async with pacer.slot(key):
+                pass
+        pacer.pause("3", 5.0)
+        waiting = asyncio.ensure_future(Recorder(pacer).call("3", "after the pause"))
+        await asyncio.sleep(1.5)  # the window has room again; chat 3 waits for its pause
+        try:
+            async with pacer.slot("4", droppable=True):
+                return True
+        except DeliveryFailed:
+            return False
+        finally:
+            await waiting
+
+    assert virtual(main())

@@ -291,8 +291,11 @@ class Pacer:
             busy = len(self._recent) >= limits.global_per_second * PREVIEW_SHARE
             if droppable and (busy or self._waiting_overall):
                 raise DeliveryFailed("the overall window is full: a preview gives way", retryable=True)
-            if full:
-                ready = max(ready, self._recent[-limits.global_per_second] + GLOBAL_WINDOW_S)
+            # waiting for the overall window, not for its chat's spacing or pause: only then does
+            # it hold previews back (a chat paused by a 429 must not stop previews everywhere)
+            window_at = self._recent[-limits.global_per_second] + GLOBAL_WINDOW_S if full else 0.0
+            for_window = window_at > max(ready, now)
+            ready = max(ready, window_at)
             if ready <= now:
                 self._recent.append(now)
                 return
@@ -301,8 +304,8 @@ class Pacer:
                     f"the chat's turn is {ready - now:.1f} s away: not sent, to be tried again",
                     retryable=True, retry_after=ready - now,
                 )
-            self._waiting_overall += full
+            self._waiting_overall += for_window
             try:
-                await asyncio.sleep(ready - now)
+                await asyncio.sleep((window_at if for_window else ready) - now)  # then the limits are read again
             finally:
-                self._waiting_overall -= full
+                self._waiting_overall -= for_window
