@@ -124,3 +124,25 @@ async def test_a_text_sent_while_a_voice_note_waits_for_its_files_is_answered_at
         tg.push_text("are you there?", chat_id=72)
         await tg.wait_for("sendMessage", n=2, timeout=10)
     assert tg.sent(72)[-1] == "answering your text"
+
+
+async def test_a_stop_of_messages_waiting_for_files_settles_even_when_the_daemon_stops_at_once(
+    tmp_path, llm, tg, monkeypatch
+):
+    """``/stop`` while a voice note waits for its files drops it; the drop is a job of the actor,
+    and an actor stopping in the same instant (SIGTERM right after the /stop) skipped its jobs:
+    the voice note stayed pending and the next start answered what the user had stopped."""
+    import bumblebot.runtime.outage
+    from support import journal_texts
+
+    monkeypatch.setattr(bumblebot.runtime.outage, "OUTAGE_RETRY_FIRST_S", 3600.0)
+    for _ in range(2):
+        llm.push_transcript_error(503, "overloaded")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(b"OggS" + b"\x0a" * 50, chat_id=73)
+        await tg.wait_for("sendMessage")
+        [actor] = d.engine._actors.values()
+        await d.engine.wait_until(lambda: bool(actor.inbox.postponed) and not actor.busy)
+        assert actor.stop_turn()
+        actor.stop()
+    assert [status for _, status in journal_texts(tmp_path)] == ["ignored"]

@@ -80,7 +80,9 @@ class ConversationActor:
         self._ready = ready
         self._idle_unload_s = idle_unload_s
         self._progress = progress
-        self._jobs: list[Callable[[], Awaitable[None]]] = []
+        #: jobs to run between turns, each with whether it settles a write the chat was
+        #: promised (then it runs even when the actor stops first)
+        self._jobs: list[tuple[Callable[[], Awaitable[None]], bool]] = []
         self._resume: list[RunningTurn] = []
         self._wake = asyncio.Event()
         self._stopping = False
@@ -129,9 +131,10 @@ class ConversationActor:
         self._resume.append(running)
         self._wake.set()
 
-    def schedule(self, job: Callable[[], Awaitable[None]]) -> None:
-        """Run ``job`` in this actor between turns (e.g. ``/compact``), never during one."""
-        self._jobs.append(job)
+    def schedule(self, job: Callable[[], Awaitable[None]], *, settles: bool = False) -> None:
+        """Run ``job`` in this actor between turns (e.g. ``/compact``), never during one;
+        ``settles``: a write the chat was promised, run even if the actor stops before it."""
+        self._jobs.append((job, settles))
         self._wake.set()
 
     def stop(self) -> None:
@@ -142,6 +145,20 @@ class ConversationActor:
     async def run(self) -> None:
         """The actor's task: resume, run turns and jobs, retry a suspended turn, unload when idle."""
         await self._ready.wait()
+        await self._serve()
+        if self._stopping:  # writes promised before the stop still settle (a /stop's drop)
+            for job, settles in self._jobs:
+                if settles:
+                    await self._job(job)
+
+    async def _job(self, job: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await job()
+        except Exception:
+            log.exception("job in %s failed", self.key)
+        await self._progress.notify()
+
+    async def _serve(self) -> None:
         conversation = self.conversation
         while not self._stopping:
             if self._recover_in is not None:
@@ -158,12 +175,7 @@ class ConversationActor:
                 running = self._resume.pop(0)
                 await self._turn(lambda: self._runner.resume(conversation, running))
             elif self._jobs:
-                job = self._jobs.pop(0)
-                try:
-                    await job()
-                except Exception:
-                    log.exception("job in %s failed", self.key)
-                await self._progress.notify()
+                await self._job(self._jobs.pop(0)[0])
             elif self.inbox.postponed_ready():
                 self.inbox.release_postponed()  # the file service may be back: they go first again
             elif self.inbox and (wait := self.inbox.settle_wait()) > 0:
@@ -220,7 +232,7 @@ class ConversationActor:
             # messages waiting for a file service: they are not answered after all (settled in
             # the actor, so a stop of the engine waits for the write)
             dropped = self.inbox.drop_postponed()
-            self.schedule(lambda: self.conversation.drop(dropped))
+            self.schedule(lambda: self.conversation.drop(dropped), settles=True)
             return True
         if not (self.busy or self._suspended is not None) or not self.conversation.request_stop():
             return False
