@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from conftest import running, write_config
 from fakes.openai_server import is_loop, text
 from support import UNCLEAR, Gate, contents, db, is_classifier, judges_say_done, loop_requests, say
@@ -104,45 +105,49 @@ async def test_reset_during_a_turn_keeps_that_turn_out_of_the_fresh_conversation
     assert "answer to the old topic" not in tg.sent(12)  # /reset stopped it
 
 
-async def test_a_text_sent_while_a_voice_note_waits_for_its_files_is_answered_at_once(tmp_path, llm, tg, monkeypatch):
-    """While a voice note waits out a transcription outage, a new text goes on meanwhile: the
-    actor's sleep until the voice note's retry swallowed the wake, so the text waited for that
-    retry (up to a minute as the backoff grows). The retry is an hour away here: the text is
-    answered long before it."""
+@pytest.fixture
+def transcription_down_for_an_hour(llm, monkeypatch):
+    """The transcription endpoint refuses (503) and a voice note's next try is an hour away."""
     import bumblebot.runtime.outage
 
     monkeypatch.setattr(bumblebot.runtime.outage, "OUTAGE_RETRY_FIRST_S", 3600.0)
     for _ in range(2):  # the client's one retry sees it too
         llm.push_transcript_error(503, "overloaded")
+
+
+async def voice_note_waiting(d, tg, chat_id: int):
+    """Send a voice note and return the chat's actor once the note waits for its transcript."""
+    tg.push_voice(b"OggS" + b"\x0a" * 50, chat_id=chat_id)
+    await tg.wait_for("sendMessage")  # "I can't get to the file you sent right now…"
+    [actor] = d.engine._actors.values()
+    await d.engine.wait_until(lambda: bool(actor.inbox.postponed) and not actor.busy)
+    return actor
+
+
+@pytest.mark.usefixtures("transcription_down_for_an_hour")
+async def test_a_text_sent_while_a_voice_note_waits_for_its_files_is_answered_at_once(tmp_path, llm, tg):
+    """While a voice note waits out a transcription outage, a new text goes on meanwhile: the
+    actor's sleep until the voice note's retry swallowed the wake, so the text waited for that
+    retry (up to a minute as the backoff grows). The retry is an hour away here: the text is
+    answered long before it."""
     llm.push(say("answering your text"), when=is_loop)
     judges_say_done(llm)
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_voice(b"OggS" + b"\x0a" * 50, chat_id=72)
-        await tg.wait_for("sendMessage")  # "I can't get to the file you sent right now…"
-        [actor] = d.engine._actors.values()
-        await d.engine.wait_until(lambda: bool(actor.inbox.postponed) and not actor.busy)
+        await voice_note_waiting(d, tg, 72)
         tg.push_text("are you there?", chat_id=72)
         await tg.wait_for("sendMessage", n=2, timeout=10)
     assert tg.sent(72)[-1] == "answering your text"
 
 
-async def test_a_stop_of_messages_waiting_for_files_settles_even_when_the_daemon_stops_at_once(
-    tmp_path, llm, tg, monkeypatch
-):
+@pytest.mark.usefixtures("transcription_down_for_an_hour")
+async def test_a_stop_of_messages_waiting_for_files_settles_even_when_the_daemon_stops_at_once(tmp_path, llm, tg):
     """``/stop`` while a voice note waits for its files drops it; the drop is a job of the actor,
     and an actor stopping in the same instant (SIGTERM right after the /stop) skipped its jobs:
     the voice note stayed pending and the next start answered what the user had stopped."""
-    import bumblebot.runtime.outage
     from support import journal_texts
 
-    monkeypatch.setattr(bumblebot.runtime.outage, "OUTAGE_RETRY_FIRST_S", 3600.0)
-    for _ in range(2):
-        llm.push_transcript_error(503, "overloaded")
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_voice(b"OggS" + b"\x0a" * 50, chat_id=73)
-        await tg.wait_for("sendMessage")
-        [actor] = d.engine._actors.values()
-        await d.engine.wait_until(lambda: bool(actor.inbox.postponed) and not actor.busy)
+        actor = await voice_note_waiting(d, tg, 73)
         assert actor.stop_turn()
         actor.stop()
     assert [status for _, status in journal_texts(tmp_path)] == ["ignored"]

@@ -287,13 +287,12 @@ class Pacer:
                 ready = max(ready, now + over * limits.per_chat_interval_s)
             if group and len(chat.sent) >= limits.group_per_minute:
                 ready = max(ready, chat.sent[-limits.group_per_minute] + GROUP_WINDOW_S)
-            full = len(self._recent) >= limits.global_per_second
-            busy = len(self._recent) >= limits.global_per_second * PREVIEW_SHARE
-            if droppable and (busy or self._waiting_overall):
-                raise DeliveryFailed("the overall window is full: a preview gives way", retryable=True)
+            used = len(self._recent)
+            if droppable and (used >= limits.global_per_second * PREVIEW_SHARE or self._waiting_overall):
+                raise DeliveryFailed("the overall window is busy: a preview gives way", retryable=True)
             # waiting for the overall window, not for its chat's spacing or pause: only then does
             # it hold previews back (a chat paused by a 429 must not stop previews everywhere)
-            window_at = self._recent[-limits.global_per_second] + GLOBAL_WINDOW_S if full else 0.0
+            window_at = self._recent[-limits.global_per_second] + GLOBAL_WINDOW_S if used >= limits.global_per_second else 0.0
             for_window = window_at > max(ready, now)
             ready = max(ready, window_at)
             if ready <= now:
@@ -306,6 +305,6 @@ class Pacer:
                 )
             self._waiting_overall += for_window
             try:
-                await asyncio.sleep((window_at if for_window else ready) - now)  # then the limits are read again
+                await asyncio.sleep(ready - now)  # then the limits are read again
             finally:
                 self._waiting_overall -= for_window

@@ -58,7 +58,7 @@ def render_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[TelegramChu
     try:
         amp = _unused_character(markdown)
         lt = _unused_character(markdown + amp)
-        plain, entities = telegramify_markdown.convert(_NOT_AUTOLINK.sub(lt, markdown.replace("&", amp)))
+        plain, entities = telegramify_markdown.convert(_LITERAL_LT.sub(lt, markdown.replace("&", amp)))
         plain = plain.replace(amp, "&").replace(lt, "<")
         parts = telegramify_markdown.split_entities(plain, entities, limit)
     except Exception:  # a converter bug must never cost the user the message
@@ -89,7 +89,7 @@ def render_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[TelegramChu
 #: link's destination (``[a](<url with spaces>)``), a CommonMark autolink (``<https://…>``,
 #: ``<bob@example.com>``), or a closed HTML comment (``<!-- … -->``, the one piece of HTML
 #: meant to show nothing; an unclosed ``<!--`` would hide everything after it).
-_NOT_AUTOLINK = re.compile(
+_LITERAL_LT = re.compile(
     r"(?<!\\)(?<!\]\()<(?![A-Za-z][A-Za-z0-9+.-]{1,31}:[^\s<>]*>"
     r"|[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*>"
     r"|!--[\s\S]*?-->)"

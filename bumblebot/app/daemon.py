@@ -114,8 +114,7 @@ def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any
         web_timeout_s=t.web.timeout_s,
         web_max_bytes=t.web.max_bytes,
         web_allow_private=t.web.allow_private,
-        # the loop caps each result again against the window it learns (the same setting)
-        max_result_chars=int(settings.cognition.max_tool_result_share * settings.cognition.max_context_tokens * 4),
+        max_result_chars=settings.cognition.tool_result_chars,
         scheduler=scheduler,
     )
 

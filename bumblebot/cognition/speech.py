@@ -46,11 +46,8 @@ class Visible:
         self.tools = tools
         self.echoes = EchoFilter([TURN_CONTEXT])
         self._trace = trace
-        #: the last text was all a tool call written as text (the model is told so)
-        self.dropped_as_call = False
 
     def __call__(self, text: str, *, call: str | None = None) -> str:
-        self.dropped_as_call = False
         out = strip_reasoning(text)
         if out != text.strip():
             self._trace.cut("reasoning", call=call, chars=len(text) - len(out))
@@ -59,7 +56,6 @@ class Visible:
             self._trace.cut("engine_echo", call=call, chars=len(out) - len(echoed))
         if echoed and call_as_text(echoed, self.tools):
             self._trace.cut("call_as_text", call=call, chars=len(echoed))
-            self.dropped_as_call = True
             return ""
         return echoed
 
@@ -99,7 +95,9 @@ class DeliveryRule:
         delivered (call it holding :attr:`order`)."""
         text = self._visible(text, call=call_id)
         if not text:
-            return "", DeliveryReport(delivered=False, dropped=CALL_AS_TEXT_DROPPED if self._visible.dropped_as_call else (
+            last = self._trace.cuts[-1] if self._trace.cuts else {}
+            as_call = last.get("rule") == "call_as_text" and last.get("call") == call_id
+            return "", DeliveryReport(delivered=False, dropped=CALL_AS_TEXT_DROPPED if as_call else (
                 "not sent: nothing left after removing reasoning and engine notes"
             ))
         if self.undeliverable:

@@ -246,6 +246,10 @@ class HistoryCompression(_Section):
         return self
 
 
+#: The least one tool result may hold, characters: the head and tail a cut result keeps, and its note.
+MIN_TOOL_RESULT_CHARS = 200
+
+
 class CognitionSettings(_Section):
     """The turn pipeline (docs/cognition.md and docs/compaction.md)."""
 
@@ -273,19 +277,21 @@ class CognitionSettings(_Section):
     )
     history_compression: HistoryCompression = Field(default_factory=HistoryCompression)
 
+    @property
+    def tool_result_chars(self) -> int:
+        """``max_tool_result_share`` of the configured window in characters (4 a token); the
+        loop caps again against the window it learns (``ContextBudget.share_chars``)."""
+        return int(self.max_tool_result_share * self.max_context_tokens * 4)
+
     @model_validator(mode="after")
     def _result_cap_holds_a_result(self) -> CognitionSettings:
-        chars = int(self.max_tool_result_share * self.max_context_tokens * 4)  # 4 characters a token
+        chars = self.tool_result_chars
         if chars < MIN_TOOL_RESULT_CHARS:
             raise ValueError(
                 f"max_tool_result_share leaves one tool result {chars} characters of a {self.max_context_tokens}-token "
                 f"window; it needs at least {MIN_TOOL_RESULT_CHARS}"
             )
         return self
-
-
-#: The least one tool result may hold, characters: the head and tail a cut result keeps, and its note.
-MIN_TOOL_RESULT_CHARS = 200
 
 
 class ShellSettings(_Section):
