@@ -175,7 +175,8 @@ class ConversationActor:
                 running = self._resume.pop(0)
                 await self._turn(lambda: self._runner.resume(conversation, running))
             elif self._jobs:
-                await self._job(self._jobs.pop(0)[0])
+                await self._job(self._jobs[0][0])
+                del self._jobs[0]  # only now: the actor counts as working while its job runs
             elif self.inbox.postponed_ready():
                 self.inbox.release_postponed()  # the file service may be back: they go first again
             elif self.inbox and (wait := self.inbox.settle_wait()) > 0:
