@@ -6,7 +6,7 @@ from __future__ import annotations
 from conftest import running, write_config
 from fakes.openai_server import is_loop
 
-from bumblebot.core.commands import BY_NAME, COMMANDS, MANAGING_COMMANDS, help_text
+from bumblebot.core.commands import BY_NAME, COMMANDS, asks_manager, help_text, needs_manager
 
 
 def test_help_names_every_command_but_the_greeting():
@@ -17,7 +17,14 @@ def test_help_names_every_command_but_the_greeting():
 
 
 def test_only_commands_that_change_a_shared_conversation_are_for_managers():
-    assert MANAGING_COMMANDS == {"reset", "compact"}
+    managing = {c.name for c in COMMANDS if needs_manager(c.name, f"/{c.name}")}
+    assert managing == {"reset", "compact"}
+    assert needs_manager("tasks", "/tasks cancel 1") and needs_manager("tasks", "/tasks@bee_bot Cancel #2")
+    assert not needs_manager("tasks", "/tasks") and not needs_manager("tasks", "/tasks list")
+    assert not needs_manager("nosuch", "/nosuch cancel")
+    # /stop depends on who asks (the person answered or a manager), so the adapter finds out
+    assert asks_manager("stop", "/stop") and not needs_manager("stop", "/stop")
+    assert not asks_manager("status", "/status") and not asks_manager("help", "/help")
     assert all(len(c.line()) <= 100 for c in COMMANDS)  # Discord's limit of a slash description
 
 

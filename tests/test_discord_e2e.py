@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import TOKEN, running, write_config
 from fakes.discord_server import BOT_ID, HUMAN_ID, FakeDiscord
-from fakes.openai_server import FakeOpenAI, is_loop
+from fakes.openai_server import FakeOpenAI, is_loop, tool_calls
 from support import contents, judges_say_done, loop_requests, say, user_text
 
 from bumblebot.core.errors import AdapterError
@@ -373,6 +373,27 @@ async def test_only_members_who_manage_messages_reset_a_guild_channel(tmp_path, 
     assert refused == NOT_MANAGER_TEXT and status.startswith("Context: ") and done.startswith("Fresh start")
     assert dc.interaction_responses[-1]["data"]["content"] == NOT_MANAGER_TEXT
     assert llm.requests == []
+
+
+async def test_a_plain_member_cannot_cancel_the_channels_task(tmp_path, llm, dc):
+    """``/tasks cancel 1`` from any member cancelled what the channel scheduled."""
+    from adapters.discord.commands import NOT_MANAGER_TEXT
+
+    owner = dc.human("500000000000000099", "owner")
+    dc.add_guild(GUILD_ID, [CHANNEL_ID], name="Hive", owner=owner)
+    judges_say_done(llm)
+    llm.push(tool_calls(("schedule_task", {"when": "in 2 hours", "task": "Water the plants."})), when=is_loop)
+    llm.push(say("Scheduled."), when=is_loop)
+    async with bot(dc, config(tmp_path, llm, dc)) as d:
+        await dc.send_guild_message("remind us in 2 hours to water the plants", GUILD_ID, CHANNEL_ID, mention_bot=True)
+        await d.engine.wait_for_turns(1)
+        await dc.send_guild_message("/tasks cancel 1", GUILD_ID, CHANNEL_ID, mention_bot=True)  # alice: a member
+        await dc.wait_for_call("POST", f"/channels/{CHANNEL_ID}/messages", n=2, status=200)
+        await dc.send_guild_message("/tasks cancel 1", GUILD_ID, CHANNEL_ID, mention_bot=True, author=owner)
+        await dc.wait_for_call("POST", f"/channels/{CHANNEL_ID}/messages", n=3, status=200)
+        tasks = await d.store.tasks(active=False)
+    assert dc.messages_sent(CHANNEL_ID)[1:] == [NOT_MANAGER_TEXT, "Cancelled task #1."]
+    assert [t.status for t in tasks] == ["cancelled"]
 
 
 async def test_wrong_token_fails_start_with_a_clear_message(tmp_path, llm, dc):

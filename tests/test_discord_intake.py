@@ -54,7 +54,9 @@ class RecordingIntake:
         await self._record("submit", inbound)
         return True
 
-    async def command(self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None) -> str | None:
+    async def command(
+        self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None, manager: bool = False
+    ) -> str | None:
         await self._record("command", inbound)
         return None
 

@@ -7,10 +7,11 @@ next ``getUpdates`` moved the offset past it), never after a sleep.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from conftest import running, write_config
-from fakes.openai_server import is_loop
+from fakes.openai_server import is_loop, tool_calls
 from fakes.telegram_server import BOT_USER, FakeTelegram
 from support import contents, db, handled, judges_say_done, loop_requests, say
 
@@ -18,6 +19,7 @@ from adapters.telegram.adapter import PRIVACY_NOTE
 from adapters.telegram.commands import NOT_ADMIN_TEXT
 from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
 from bumblebot.core.settings import TelegramSettings
+from bumblebot.runtime.engine import NOT_ANSWERED_TEXT
 from bumblebot.runtime.conversation import BACKGROUND_OPEN
 
 GROUP = -500
@@ -65,14 +67,16 @@ def test_decide_follows_the_mode_the_allowlists_and_bots():
     assert decide(MessageFacts(7, False, -9, False, True), users, 42) is Verdict.ANSWER
 
 
-def test_only_admins_and_allowlisted_users_manage_a_group():
-    settings = TelegramSettings(allowed_user_ids=[5])
-    assert may_manage("reset", private=False, user_id=7, admin_status="member", settings=settings) is False
-    assert may_manage("reset", private=False, user_id=7, admin_status="administrator", settings=settings)
-    assert may_manage("compact", private=False, user_id=7, admin_status="creator", settings=settings)
-    assert may_manage("reset", private=False, user_id=5, admin_status=None, settings=settings)
-    assert may_manage("status", private=False, user_id=7, admin_status=None, settings=settings)
-    assert may_manage("reset", private=True, user_id=7, admin_status=None, settings=settings)
+def test_only_managers_run_what_changes_a_group_for_everyone():
+    assert may_manage("reset", "/reset", private=False, manager=False) is False
+    assert may_manage("compact", "/compact@bee_bot", private=False, manager=False) is False
+    assert may_manage("tasks", "/tasks cancel 1", private=False, manager=False) is False
+    assert may_manage("tasks", "/tasks CANCEL #1", private=False, manager=False) is False
+    assert may_manage("tasks", "/tasks", private=False, manager=False)  # listing changes nothing
+    assert may_manage("status", "/status", private=False, manager=False)
+    assert may_manage("stop", "/stop", private=False, manager=False)  # the engine decides: who is answered
+    assert may_manage("reset", "/reset", private=False, manager=True)
+    assert may_manage("tasks", "/tasks cancel 1", private=True, manager=False)
 
 
 # -- through the real client -----------------------------------------------------------------
@@ -420,3 +424,54 @@ async def test_only_a_real_reply_or_mention_of_the_bot_addresses_it(tmp_path, ll
     assert sends(tg, FORUM) == [] and sends(tg, GROUP) == []
     assert sends(tg, -600) == [("Yes, in the thread.", None)]  # no topic outside a forum
     assert db(tmp_path).execute("SELECT chat_id, thread_id FROM conversations").fetchall() == [("-600", "")]
+
+
+async def test_a_member_cannot_cancel_the_groups_task_but_an_admin_can(tmp_path, llm, tg):
+    """A member's ``/tasks cancel 1`` answered "Cancelled task #1." before: any member could
+    cancel what the group scheduled. Listing stays open to everyone."""
+    tg.member_status[(GROUP, 8)] = "administrator"
+    judges_say_done(llm)
+    llm.push(tool_calls(("schedule_task", {"when": "in 2 hours", "task": "Water the plants."})), when=is_loop)
+    llm.push(say("Scheduled."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("@fake_bot remind us to water the plants in 2 hours", chat_id=GROUP, user_id=7, chat_type="group")
+        await d.engine.wait_for_turns(1)
+        for n, (user, text) in enumerate([(7, "/tasks cancel 1"), (7, "/tasks"), (8, "/tasks cancel 1")], start=2):
+            tg.push_text(text, chat_id=GROUP, user_id=user, chat_type="group")
+            await tg.wait_for("sendMessage", n=n)
+        tasks = await d.store.tasks(active=False)
+    scheduled, refused, listing, cancelled = tg.sent(GROUP)
+    assert refused == NOT_ADMIN_TEXT and "Water the plants." in listing and cancelled == "Cancelled task #1."
+    assert [t.status for t in tasks] == ["cancelled"]
+
+
+async def test_only_the_person_answered_or_an_admin_stops_an_answer_in_a_group(tmp_path, llm, tg):
+    """``/stop`` from any member cut another member's answer off."""
+    tg.member_status[(GROUP, 8)] = "administrator"
+    judges_say_done(llm)
+    holds = []
+    for _ in range(3):
+        hold = asyncio.Event()
+        reply = say("A long answer, written slowly, word by word, for the member who asked for it.")
+        reply.stream_hold, reply.stream_hold_after, reply.stream_chars = hold, 12, 4
+        llm.push(reply, when=is_loop)
+        holds.append(hold)
+    config = write_config(tmp_path, llm, tg, delivery={"streaming": "on", "stream_edit_interval_s": 0.2})
+    async with running(config) as d:
+        progress = d.engine.progress
+        tg.push_text("@fake_bot tell me something long", chat_id=GROUP, user_id=7, chat_type="group")
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == GROUP)
+        tg.push_text("/stop", chat_id=GROUP, user_id=9, chat_type="group")  # another member
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == NOT_ANSWERED_TEXT)
+        tg.push_text("/stop", chat_id=GROUP, user_id=7, chat_type="group")  # the one being answered
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Stopped.")
+        await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=5)
+        tg.push_text("@fake_bot and another long one", chat_id=GROUP, user_id=9, chat_type="group")
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == GROUP, n=4)
+        tg.push_text("/stop", chat_id=GROUP, user_id=8, chat_type="group")  # an admin
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Stopped.", n=2)
+        await progress.wait_until(lambda: progress.turns_finished >= 2, timeout=5)
+    for hold in holds:
+        hold.set()
+    rows = db(tmp_path).execute("SELECT json_extract(trace, '$.stop_reason') FROM turns ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == ["stopped", "stopped"]

@@ -26,7 +26,7 @@ from adapters.discord.intake import REFUSAL_TEXT, chat_ref
 from adapters.discord.policy import MessageFacts, Verdict, decide
 from adapters.discord.sending import NO_PINGS
 from bumblebot.core.adapter import Intake
-from bumblebot.core.commands import COMMANDS, MANAGING_COMMANDS
+from bumblebot.core.commands import COMMANDS, needs_manager
 from bumblebot.core.events import ChatKind, Inbound
 from bumblebot.core.settings import DiscordSettings
 
@@ -66,12 +66,13 @@ class DiscordCommands:
             log.warning("Discord: could not register slash commands (%s); text commands still work", exc)
 
     async def _text_command(self, message: discord.Message, inbound: Inbound, name: str, is_dm: bool) -> None:
-        """A text command for this bot: run if its author may (:meth:`_may_manage`), and the
+        """A text command for this bot: run if its author may (:meth:`_manager`), and the
         engine's answer sent as a reply."""
-        if not self._may_manage(name, is_dm, message.author.id, self._manages_messages(message)):
+        manager = self._manager(is_dm, message.author.id, self._manages_messages(message))
+        if not manager and needs_manager(name, inbound.text):
             await self.intake.answer(inbound, NOT_MANAGER_TEXT)
             return
-        answer = await self.intake.command(inbound, name)
+        answer = await self.intake.command(inbound, name, manager=manager)
         if answer:
             await self.intake.reply(inbound.chat, answer)
 
@@ -90,7 +91,8 @@ class DiscordCommands:
                     text, ephemeral=True, allowed_mentions=NO_PINGS
                 )
             return
-        if not self._may_manage(name, is_dm, user.id, bool(interaction.permissions.manage_messages)):
+        manager = self._manager(is_dm, user.id, bool(interaction.permissions.manage_messages))
+        if not manager and needs_manager(name):
             with contextlib.suppress(discord.HTTPException):
                 await interaction.response.send_message(NOT_MANAGER_TEXT, ephemeral=True, allowed_mentions=NO_PINGS)
             return
@@ -108,7 +110,7 @@ class DiscordCommands:
             log.debug("Discord: cannot acknowledge /%s: %s", name, exc)
             return
         try:
-            answer = await self.intake.command(inbound, name) or "Already done."
+            answer = await self.intake.command(inbound, name, manager=manager) or "Already done."
         except Exception:
             log.exception("Discord: /%s failed", name)
             answer = "Sorry, that did not work. Try again later."
@@ -143,7 +145,8 @@ class DiscordCommands:
                 chat=chat_ref(channel), message_id=f"interaction:{interaction.id}", sender_id=str(user.id),
                 sender_name=user.display_name, text="/stop", chat_kind=ChatKind.PRIVATE if is_dm else ChatKind.GROUP,
             )
-            answer = await self.intake.command(inbound, "stop")
+            manager = self._manager(is_dm, user.id, bool(interaction.permissions.manage_messages))
+            answer = await self.intake.command(inbound, "stop", manager=manager)
         with contextlib.suppress(discord.HTTPException):
             if answer:
                 await interaction.response.send_message(answer, ephemeral=True, allowed_mentions=NO_PINGS)
@@ -157,12 +160,13 @@ class DiscordCommands:
             return False
         return bool(message.channel.permissions_for(author).manage_messages)  # type: ignore[union-attr]
 
-    def _may_manage(self, command: str, is_dm: bool, user_id: int, manages_messages: bool) -> bool:
-        """``/reset`` and ``/compact`` change a guild channel's conversation for everyone in it:
-        there only members with Manage Messages and allowlisted users may run them."""
-        if is_dm or command not in MANAGING_COMMANDS:
-            return True
-        return manages_messages or user_id in self.settings.allowed_user_ids
+    def _manager(self, is_dm: bool, user_id: int, manages_messages: bool) -> bool:
+        """Whether a user manages the conversation: in a DM, its one person; in a guild channel,
+        members with Manage Messages and allowlisted users. ``/reset``, ``/compact`` and
+        ``/tasks cancel`` change a channel's conversation for everyone, so only they may run
+        them there (:func:`~bumblebot.core.commands.needs_manager`); ``/stop`` is theirs and
+        the person being answered's (the engine knows who that is)."""
+        return is_dm or manages_messages or user_id in self.settings.allowed_user_ids
 
     def _user_allowed(self, user_id: int) -> bool:
         return not self.settings.allowed_user_ids or user_id in self.settings.allowed_user_ids

@@ -3,9 +3,11 @@ another bot, and presses of the Stop button under a streamed message.
 
 A command goes through the same gate as any message (:meth:`TelegramIntake._gate
 <adapters.telegram.intake.TelegramIntake._gate>`) and then to ``Intake.command``. In a group,
-``/reset`` and ``/compact`` change the conversation for everyone: only the group's admins (an
-anonymous admin writes as the group itself) and allowlisted users may run them
-(:func:`~adapters.telegram.policy.may_manage`). A command for another bot
+``/reset``, ``/compact`` and ``/tasks cancel`` change the conversation for everyone: only the
+group's admins (an anonymous admin writes as the group itself) and allowlisted users may run
+them (:func:`~adapters.telegram.policy.may_manage`); ``/stop`` (also the Stop button) is for
+the person being answered and those managers, which the engine decides from what it is
+answering and the ``manager`` fact found here. A command for another bot
 (``/reset@other_bot``) is never run, in a private chat or a group, and in a group an unknown
 command gets "Unknown command" only when it names this bot. The Stop button sends ``/stop``
 from whoever pressed it; its answer shows as the button's notification.
@@ -23,10 +25,10 @@ from telegram.error import TelegramError
 from telegram.ext import Application, ContextTypes
 
 from adapters.telegram.intake import REFUSAL_TEXT
-from adapters.telegram.policy import MessageFacts, Verdict, command_target, decide, may_manage
+from adapters.telegram.policy import ADMIN_STATUSES, MessageFacts, Verdict, command_target, decide, may_manage
 from adapters.telegram.reading import topic_of
 from bumblebot.core.adapter import Intake
-from bumblebot.core.commands import COMMANDS, MANAGING_COMMANDS
+from bumblebot.core.commands import COMMANDS, asks_manager
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.core.settings import TelegramSettings
 
@@ -61,19 +63,25 @@ class TelegramCommands:
             return
         name = message.text.split()[0].lstrip("/").split("@")[0].lower()
         private = inbound.chat_kind is ChatKind.PRIVATE
-        user_id = int(inbound.sender_id)
-        status = None
-        if not private and name in MANAGING_COMMANDS:
-            if message.sender_chat is not None and message.sender_chat.id == message.chat.id:
-                status = "administrator"  # an anonymous admin of this group writes as the group
-            else:
-                status = await self._member_status(int(inbound.chat.chat_id), user_id)
-        if not may_manage(name, private=private, user_id=user_id, admin_status=status, settings=self.settings):
+        manager = private
+        if not private and asks_manager(name, message.text):
+            anonymous = message.sender_chat is not None and message.sender_chat.id == message.chat.id
+            manager = await self._manages(inbound, anonymous_admin=anonymous)
+        if not may_manage(name, message.text, private=private, manager=manager):
             await self.intake.answer(inbound, NOT_ADMIN_TEXT, kv=self._take_kv())
             return
-        answer = await self.intake.command(inbound, name, kv=self._take_kv())
+        answer = await self.intake.command(inbound, name, kv=self._take_kv(), manager=manager)
         if answer:
             await self.intake.reply(inbound.chat, answer)
+
+    async def _manages(self, inbound: Inbound, *, anonymous_admin: bool = False) -> bool:
+        """Whether the sender of ``inbound`` manages its group: an anonymous admin (who writes as
+        the group itself), an administrator or its creator, or a user in
+        ``telegram.allowed_user_ids``."""
+        user_id = int(inbound.sender_id)
+        if anonymous_admin or user_id in self.settings.allowed_user_ids:
+            return True
+        return await self._member_status(int(inbound.chat.chat_id), user_id) in ADMIN_STATUSES
 
     async def _member_status(self, chat_id: int, user_id: int) -> str | None:
         """``getChatMember``'s status of ``user_id`` (``None`` if Telegram would not say)."""
@@ -121,6 +129,8 @@ class TelegramCommands:
             chat_kind=ChatKind.PRIVATE if chat.type == ChatType.PRIVATE else ChatKind.GROUP,
             update_id=update.update_id,
         )
-        answer = await self.intake.command(inbound, "stop", kv=self._take_kv())
+        private = inbound.chat_kind is ChatKind.PRIVATE
+        manager = private or await self._manages(inbound)
+        answer = await self.intake.command(inbound, "stop", kv=self._take_kv(), manager=manager)
         with contextlib.suppress(TelegramError):
             await query.answer(answer or None)

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bumblebot.core.commands import MANAGING_COMMANDS
+from bumblebot.core.commands import needs_manager
 from bumblebot.core.settings import TelegramSettings
 
 __all__ = ["MessageFacts", "Verdict", "command_target", "decide", "may_manage"]
@@ -103,11 +103,9 @@ def decide(facts: MessageFacts, settings: TelegramSettings, bot_id: int) -> Verd
     return Verdict.BACKGROUND if not facts.sender_is_bot else Verdict.IGNORE
 
 
-def may_manage(command: str, *, private: bool, user_id: int, admin_status: str | None, settings: TelegramSettings) -> bool:
-    """Whether ``user_id`` may run ``command`` here: anything in a private chat; in a group,
-    :data:`MANAGING_COMMANDS` only for administrators (``admin_status`` from
-    ``getChatMember``: ``creator`` or ``administrator``) and users in
-    ``telegram.allowed_user_ids``."""
-    if private or command not in MANAGING_COMMANDS:
-        return True
-    return admin_status in ADMIN_STATUSES or user_id in settings.allowed_user_ids
+def may_manage(command: str, text: str = "", *, private: bool, manager: bool) -> bool:
+    """Whether the sender may run ``command`` (written as ``text``) here: anything in a private
+    chat; in a group, what :func:`~bumblebot.core.commands.needs_manager` reserves only for its
+    managers (``manager``: an administrator, the creator, or a user in
+    ``telegram.allowed_user_ids``)."""
+    return private or manager or not needs_manager(command, text)

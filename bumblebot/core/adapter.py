@@ -51,8 +51,12 @@ class Intake(Protocol):
     async def submit(self, inbound: Inbound, *, kv: dict[str, str] | None = None) -> bool:
         """A message for the entity: a turn answers it. ``False`` for a duplicate."""
 
-    async def command(self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None) -> str | None:
-        """Run ``/name``; returns the answer to show, ``None`` for a duplicate."""
+    async def command(
+        self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None, manager: bool = False
+    ) -> str | None:
+        """Run ``/name``; returns the answer to show, ``None`` for a duplicate. ``manager``: the
+        sender manages this shared chat (an admin, or allowlisted), as the adapter found out when
+        :func:`~bumblebot.core.commands.asks_manager` says it matters."""
 
     async def answer(self, inbound: Inbound, text: str | None, *, kv: dict[str, str] | None = None) -> bool:
         """Handle a message without a turn: reply ``text`` (``None``: no reply). ``False`` for a

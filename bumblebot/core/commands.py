@@ -21,6 +21,10 @@ class Command:
         summary: one line for a platform's command menu (Discord allows 100 characters).
         managers_only: it changes a shared conversation for everyone in it, so in a group or a
             guild channel only the chat's administrators (and allowlisted users) may run it.
+        managing_args: the first arguments that make it such a command (``/tasks cancel 3``
+            cancels the group's task; ``/tasks`` alone only lists them).
+        answered_or_managers: in a shared chat only the person being answered and the chat's
+            managers may run it (``/stop``: a member must not cut another's answer off).
         usage: how its arguments are used (``"/tasks cancel ID cancels one"``); ``""`` for none.
         greeting: the platform's own first message (Telegram sends ``/start`` when a person
             opens the chat); a platform without that convention leaves it out of its menu.
@@ -29,6 +33,8 @@ class Command:
     name: str
     summary: str
     managers_only: bool = False
+    managing_args: tuple[str, ...] = ()
+    answered_or_managers: bool = False
     usage: str = ""
     greeting: bool = False
 
@@ -39,16 +45,34 @@ class Command:
 
 COMMANDS: tuple[Command, ...] = (
     Command("start", "About this bot", greeting=True),
-    Command("stop", "Stop the answer in progress"),
+    Command("stop", "Stop the answer in progress", answered_or_managers=True),
     Command("reset", "Start a fresh conversation", managers_only=True),
     Command("status", "Context usage and compaction"),
     Command("compact", "Compact the conversation now", managers_only=True),
-    Command("tasks", "Scheduled tasks here", usage="/tasks cancel ID cancels one"),
+    Command("tasks", "Scheduled tasks here", managing_args=("cancel",), usage="/tasks cancel ID cancels one"),
     Command("help", "What I can do"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}
-#: Commands only a shared chat's managers may run (see :attr:`Command.managers_only`).
-MANAGING_COMMANDS = frozenset(c.name for c in COMMANDS if c.managers_only)
+
+
+def needs_manager(name: str, text: str = "") -> bool:
+    """Whether ``/name`` written as ``text`` (with its arguments) is for a shared chat's managers
+    only: a :attr:`~Command.managers_only` command, or one with a
+    :attr:`~Command.managing_args` argument."""
+    command = BY_NAME.get(name)
+    if command is None:
+        return False
+    if command.managers_only:
+        return True
+    args = text.split()[1:2]
+    return bool(args) and args[0].lower() in command.managing_args
+
+
+def asks_manager(name: str, text: str = "") -> bool:
+    """Whether running ``/name`` in a shared chat depends on whether its sender manages the chat
+    (:func:`needs_manager`, or :attr:`~Command.answered_or_managers`): the adapter then finds out."""
+    command = BY_NAME.get(name)
+    return needs_manager(name, text) or (command is not None and command.answered_or_managers)
 
 
 def help_text() -> str:

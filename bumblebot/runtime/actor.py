@@ -87,6 +87,7 @@ class ConversationActor:
         self._wake = asyncio.Event()
         self._stopping = False
         self._suspended: Suspended | None = None
+        self._taken: list[JournalEntry] = []  # the messages of the turn being run
         #: after a failure under a turn (the database), seconds before it is read back and resumed
         self._recover_in: float | None = None
         self.busy = False
@@ -173,7 +174,7 @@ class ConversationActor:
                 await self._turn(lambda: self._runner.retry(conversation, suspended))
             elif self._resume:
                 running = self._resume.pop(0)
-                await self._turn(lambda: self._runner.resume(conversation, running))
+                await self._turn(lambda: self._runner.resume(conversation, running), running.entries)
             elif self._jobs:
                 await self._job(self._jobs[0][0])
                 del self._jobs[0]  # only now: the actor counts as working while its job runs
@@ -183,7 +184,8 @@ class ConversationActor:
                 if await self._sleep(wait):  # more photos of the album, or messages, may be on their way
                     return
             elif self.inbox:
-                await self._turn(lambda: self._runner.run(conversation, self.inbox.take()))
+                taken = self.inbox.take()
+                await self._turn(lambda: self._runner.run(conversation, taken), taken)
             elif self.inbox.postponed:  # nothing else to do: sleep until the retry, or new work
                 if await self._sleep(self.inbox.postponed_due - asyncio.get_running_loop().time(), woken=True):
                     return  # the entries stay pending in the journal: the next start has them
@@ -225,6 +227,16 @@ class ConversationActor:
             self._wake.clear()
         return self._stopping
 
+    def answering(self) -> set[str]:
+        """The senders of the messages the work in progress answers: the turn running (or being
+        prepared), the one waiting out an outage, the messages waiting for their files."""
+        entries = [*self._taken, *self.inbox.postponed]
+        if self.conversation.turn is not None:
+            entries += self.conversation.turn.entries
+        if self._suspended is not None:
+            entries += self._suspended.turn.entries
+        return {entry.inbound.sender_id for entry in entries}
+
     def stop_turn(self) -> bool:
         """``/stop``: the running turn (or the one waiting out an outage) stops at once: its
         model call is aborted, tools still running are cancelled, what it delivered stays, and
@@ -252,10 +264,11 @@ class ConversationActor:
         await self._progress.notify()
         return stopped, len(aside)
 
-    async def _turn(self, work: Callable[[], Awaitable[Outcome]]) -> None:
-        """Run one turn (messages keep merging into the inbox meanwhile)."""
+    async def _turn(self, work: Callable[[], Awaitable[Outcome]], taken: list[JournalEntry] | None = None) -> None:
+        """Run one turn of the ``taken`` messages (messages keep merging into the inbox meanwhile)."""
         outcome: Outcome | None = None
         self.busy = True
+        self._taken = taken or []
         try:
             outcome = await work()
         except asyncio.CancelledError:
@@ -267,6 +280,7 @@ class ConversationActor:
             self._recover_in = RECOVER_FIRST_S
         finally:
             self.busy = False
+            self._taken = []
         if isinstance(outcome, Suspended):
             self._suspended = outcome
         elif isinstance(outcome, Postponed):
