@@ -24,12 +24,8 @@ from bumblebot.core.messages import Message
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind
 from tools import build_registry
 from tools.definition import Tool, make_tool
-from tools.mcp import (
-    MCPTools,
-    allowlisted_private_chats,
-    mcp_schema,
-    tool_name,
-)
+from tools.access import allowlisted_private_chats
+from tools.mcp import MCPTools, mcp_schema, tool_name
 from tools.mcp_client import MCPManager, probe_servers
 from tools.mcp_records import ServerState
 from tools.registry import Registry

@@ -10,6 +10,7 @@ from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
 from support import Gate, contents, judges_say_done, loop_requests, say
 
 from bumblebot.llm import ForcingFallback
+from bumblebot.runtime.engine import MAX_REFUSALS
 
 
 async def test_say_then_end_turn_reaches_send_message_with_typing(tmp_path, llm, tg):
@@ -163,6 +164,23 @@ async def test_user_outside_allowlist_gets_one_refusal(tmp_path, llm, tg):
         await tg.wait_for("sendMessage")
         pending = await d.store.pending_inbound()
     assert tg.sent(66) == ["Sorry, this bot is private."]
+    assert llm.requests == [] and pending == []
+
+
+async def test_refusals_to_strangers_are_rate_limited_overall(tmp_path, llm, tg):
+    """30 strangers writing at once got 30 refusals: each is refused once, but the bot as a whole
+    sends at most MAX_REFUSALS a minute; the others are journaled and not answered."""
+    config = write_config(tmp_path, llm, tg, telegram={"allowed_user_ids": [1], "poll_timeout_s": 1})
+    async with running(config) as d:
+        for stranger in range(1000, 1030):
+            tg.push_text("let me in", chat_id=stranger)
+        await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset", 0)) >= tg.next_update_id)
+        await tg.wait_for("sendMessage", n=MAX_REFUSALS)
+        pending = await d.store.pending_inbound()
+    data = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert data.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == MAX_REFUSALS
+    assert data.execute("SELECT COUNT(*) FROM journal WHERE status = 'refused' OR status = 'ignored'").fetchone()[0] == 30
+    assert len([c for c in tg.calls if c.method == "sendMessage"]) == MAX_REFUSALS
     assert llm.requests == [] and pending == []
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .access import ChatAccess, ToolAccess, allowlisted_private_chats
 from .agency import AGENCY_TOOLS
 from .definition import Tool, make_tool, tool
 from .files import FILE_TOOLS
@@ -22,22 +23,49 @@ from .tasks import task_tools
 from .web import web_tools
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from bumblebot.core.settings import ToolsSettings
     from bumblebot.runtime.scheduler import Scheduler
 
 __all__ = [
     "COMMANDS_DIR",
     "AGENCY_TOOLS",
+    "TOOL_GROUPS",
     "FILE_TOOLS",
     "Registry",
     "Tool",
     "build_registry",
+    "allowlisted_private_chats",
     "cap_text",
     "make_tool",
     "reap_orphaned_commands",
     "shell_tools",
     "tool",
+    "tool_access",
     "web_tools",
 ]
+
+#: The tool groups of ``tools.<group>.allowed_chats``, with the names of their tools. The agency
+#: tools (``say``, ``think``, ``wait``, ``end_turn``) belong to none: every turn has them.
+TOOL_GROUPS: dict[str, tuple[str, ...]] = {
+    "shell": ("run_command",),
+    "web": ("fetch_url",),
+    "files": (*(t.name for t in FILE_TOOLS), *(t.name for t in SENDING_TOOLS)),
+    "knowledge": tuple(t.name for t in KNOWLEDGE_TOOLS),
+    "tasks": ("schedule_task", "list_tasks", "cancel_task"),
+}
+
+
+def tool_access(settings: ToolsSettings, trusted: Callable[[str], bool]) -> ToolAccess:
+    """Where each tool may be used, from ``tools.<group>.allowed_chats`` and
+    ``tools.files.shared_chats``; ``trusted`` is the ``"private"`` rule
+    (:func:`tools.access.allowlisted_private_chats`)."""
+    rules = {}
+    for group, names in TOOL_GROUPS.items():
+        access = ChatAccess(tuple(getattr(settings, group).allowed_chats), trusted)
+        rules.update(dict.fromkeys(names, access))
+    return ToolAccess(rules, ChatAccess(tuple(settings.files.shared_chats), trusted))
 
 
 def build_registry(
@@ -53,6 +81,7 @@ def build_registry(
     web_allowed_hosts: Iterable[str] = (),
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     scheduler: Scheduler | None = None,
+    access: ToolAccess | None = None,
 ) -> Registry:
     """The registry the daemon offers: agency tools, file tools, and the enabled others.
 
@@ -72,6 +101,7 @@ def build_registry(
         web_allowed_hosts: host names exempt from that address check.
         max_result_chars: cap on every tool result, in characters (head and tail kept).
         scheduler: offer ``schedule_task``, ``list_tasks`` and ``cancel_task`` on it.
+        access: where each tool may be used (:func:`tool_access`); default: everywhere.
 
     Returns:
         A new :class:`Registry`: ``say``, ``think``, ``wait``, ``end_turn``, the file tools,
@@ -95,4 +125,4 @@ def build_registry(
             allow_private=web_allow_private,
             allowed_hosts=web_allowed_hosts,
         )
-    return Registry(tools, max_result_chars=max_result_chars)
+    return Registry(tools, max_result_chars=max_result_chars, access=access)

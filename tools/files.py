@@ -108,7 +108,7 @@ class PathEscapeError(PathError):
     """A path that resolves outside the workspace."""
 
 
-def resolve_in_workspace(workspace: Path, path: str, *, chat: str = "") -> Path:
+def resolve_in_workspace(workspace: Path, path: str, *, chat: str = "", own_only: bool = False) -> Path:
     """Resolve ``path`` (relative to ``workspace``) and check it stays inside.
 
     Args:
@@ -116,6 +116,8 @@ def resolve_in_workspace(workspace: Path, path: str, *, chat: str = "") -> Path:
         path: what the model gave; relative, or absolute inside the workspace.
         chat: the conversation key of the turn: the files people sent in other chats
             (``inbox/<their chat>/``) are refused, as their memory is (``""``: no check).
+        own_only: only the chat's own folder (``inbox/<chat>/``) may be touched: the turn's
+            chat may not reach the workspace trusted chats share (``ToolContext.own_files_only``).
 
     Returns:
         The resolved absolute path: the workspace itself or a path inside it. It need not
@@ -141,7 +143,9 @@ def resolve_in_workspace(workspace: Path, path: str, *, chat: str = "") -> Path:
         raise PathError(f"cannot resolve path {path}: {exc}") from exc
     if not target.is_relative_to(root):
         raise PathEscapeError(f"path escapes the workspace: {path}")
-    if chat and not inbox_allowed(root, target, chat):
+    if chat and not inbox_allowed(root, target, chat, own_only):
+        if own_only:
+            raise PathError(f"{path} is outside this chat's folder: here the file tools reach only {chat_inbox(chat)}/")
         raise PathError(f"{path} holds files sent in another chat; this chat's are in {chat_inbox(chat)}/")
     return target
 
@@ -152,9 +156,12 @@ def chat_inbox(chat: str) -> str:
     return f"{INBOX}/{chat_folder(chat)}"
 
 
-def inbox_allowed(root: Path, target: Path, chat: str) -> bool:
-    """Whether a turn of ``chat`` may touch ``target``: anything but another chat's inbox."""
+def inbox_allowed(root: Path, target: Path, chat: str, own_only: bool = False) -> bool:
+    """Whether a turn of ``chat`` may touch ``target``: anything but another chat's inbox; with
+    ``own_only``, only what is in its own inbox."""
     inbox = root / INBOX
+    if own_only:
+        return target.is_relative_to(inbox / chat_folder(chat))
     if not target.is_relative_to(inbox) or target == inbox:
         return True
     return target.relative_to(inbox).parts[0] == chat_folder(chat)
@@ -194,12 +201,12 @@ class ReadFileArgs(BaseModel):
 async def read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolResult | str:
     """Read a text file from the workspace (at most 64 KiB per call; use offset_line to
     continue). For a PDF, reads the text extracted from it, paged the same way."""
-    return await _run(_read_sync, ctx.workspace, args, ctx.conversation)
+    return await _run(_read_sync, ctx.workspace, args, ctx.conversation, ctx.own_files_only)
 
 
-def _read_sync(workspace: Path, args: ReadFileArgs, chat: str = "") -> ToolResult | str:
+def _read_sync(workspace: Path, args: ReadFileArgs, chat: str = "", own_only: bool = False) -> ToolResult | str:
     root = workspace.resolve()
-    target = resolve_in_workspace(root, args.path, chat=chat)
+    target = resolve_in_workspace(root, args.path, chat=chat, own_only=own_only)
     shown = _display(root, target)
     if not target.exists():
         return ToolResult.error(f"no such file: {shown}")
@@ -334,12 +341,12 @@ class WriteFileArgs(BaseModel):
 async def write_file(ctx: ToolContext, args: WriteFileArgs) -> ToolResult | str:
     """Create or overwrite a file in the workspace with the given content (parent
     directories are created)."""
-    return await _run(_write_sync, ctx.workspace, args.path, args.content, ctx.conversation)
+    return await _run(_write_sync, ctx.workspace, args.path, args.content, ctx.conversation, ctx.own_files_only)
 
 
-def _writable_target(workspace: Path, path: str, chat: str = "") -> tuple[Path, Path, str]:
+def _writable_target(workspace: Path, path: str, chat: str = "", own_only: bool = False) -> tuple[Path, Path, str]:
     root = workspace.resolve()
-    target = resolve_in_workspace(root, path, chat=chat)
+    target = resolve_in_workspace(root, path, chat=chat, own_only=own_only)
     shown = _display(root, target)
     if target == root or target.is_dir():
         raise PathError(f"{shown} is a directory")
@@ -349,8 +356,8 @@ def _writable_target(workspace: Path, path: str, chat: str = "") -> tuple[Path, 
     return root, target, shown
 
 
-def _write_sync(workspace: Path, path: str, content: str, chat: str = "") -> str:
-    _root, target, shown = _writable_target(workspace, path, chat)
+def _write_sync(workspace: Path, path: str, content: str, chat: str = "", own_only: bool = False) -> str:
+    _root, target, shown = _writable_target(workspace, path, chat, own_only)
     data = content.encode("utf-8")
     try:
         mode = os.stat(target, follow_symlinks=False).st_mode & 0o7777
@@ -376,11 +383,11 @@ class AppendFileArgs(BaseModel):
 @tool(kind=ToolKind.WORK, brief="Append text to a file of the workspace.")
 async def append_file(ctx: ToolContext, args: AppendFileArgs) -> ToolResult | str:
     """Append text to the end of a file in the workspace (created if missing)."""
-    return await _run(_append_sync, ctx.workspace, args.path, args.content, ctx.conversation)
+    return await _run(_append_sync, ctx.workspace, args.path, args.content, ctx.conversation, ctx.own_files_only)
 
 
-def _append_sync(workspace: Path, path: str, content: str, chat: str = "") -> str:
-    _root, target, shown = _writable_target(workspace, path, chat)
+def _append_sync(workspace: Path, path: str, content: str, chat: str = "", own_only: bool = False) -> str:
+    _root, target, shown = _writable_target(workspace, path, chat, own_only)
     data = content.encode("utf-8")
     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "ab") as fh:
@@ -398,12 +405,12 @@ class ListDirectoryArgs(BaseModel):
 @tool(kind=ToolKind.WORK, brief="List a directory of the workspace.")
 async def list_directory(ctx: ToolContext, args: ListDirectoryArgs) -> ToolResult | str:
     """List a directory of the workspace; directories end with "/", symlinks with "@"."""
-    return await _run(_list_sync, ctx.workspace, args.path, ctx.conversation)
+    return await _run(_list_sync, ctx.workspace, args.path, ctx.conversation, ctx.own_files_only)
 
 
-def _list_sync(workspace: Path, path: str, chat: str = "") -> ToolResult | str:
+def _list_sync(workspace: Path, path: str, chat: str = "", own_only: bool = False) -> ToolResult | str:
     root = workspace.resolve()
-    target = resolve_in_workspace(root, path, chat=chat)
+    target = resolve_in_workspace(root, path, chat=chat, own_only=own_only)
     shown = _display(root, target)
     if not target.exists():
         return ToolResult.error(f"no such directory: {shown}")
@@ -411,7 +418,7 @@ def _list_sync(workspace: Path, path: str, chat: str = "") -> ToolResult | str:
         return ToolResult.error(f"{shown} is not a directory")
     with os.scandir(target) as scan:
         entries = sorted(
-            (e for e in scan if not chat or inbox_allowed(root, Path(e.path), chat)), key=lambda entry: entry.name
+            (e for e in scan if not chat or inbox_allowed(root, Path(e.path), chat, own_only)), key=lambda entry: entry.name
         )
     lines = [f"{shown}/ ({len(entries)} entries)"]
     for entry in entries[:MAX_LIST_ENTRIES]:
@@ -447,12 +454,12 @@ class SearchFilesArgs(BaseModel):
 async def search_files(ctx: ToolContext, args: SearchFilesArgs) -> ToolResult | str:
     """Search the text files of the workspace for a pattern, line by line (skips binary
     files, files over 1 MiB and .git, node_modules, .venv, __pycache__)."""
-    return await _run(_search_sync, ctx.workspace, args, ctx.conversation)
+    return await _run(_search_sync, ctx.workspace, args, ctx.conversation, ctx.own_files_only)
 
 
-def _search_sync(workspace: Path, args: SearchFilesArgs, chat: str = "") -> ToolResult | str:
+def _search_sync(workspace: Path, args: SearchFilesArgs, chat: str = "", own_only: bool = False) -> ToolResult | str:
     root = workspace.resolve()
-    target = resolve_in_workspace(root, args.path, chat=chat)
+    target = resolve_in_workspace(root, args.path, chat=chat, own_only=own_only)
     shown = _display(root, target)
     flags = regex.IGNORECASE if args.ignore_case else 0
     source = args.pattern if args.regex else regex.escape(args.pattern)
@@ -466,7 +473,7 @@ def _search_sync(workspace: Path, args: SearchFilesArgs, chat: str = "") -> Tool
     scanned = 0
     deadline = time.monotonic() + SEARCH_BUDGET_S
     try:
-        for file in _walk_files(root, target, chat):
+        for file in _walk_files(root, target, chat, own_only):
             scanned += 1
             if scanned > MAX_SEARCH_FILES or len(matches) >= MAX_SEARCH_MATCHES:
                 break
@@ -484,7 +491,7 @@ def _search_sync(workspace: Path, args: SearchFilesArgs, chat: str = "") -> Tool
     return "\n".join([header, *matches[:MAX_SEARCH_MATCHES]])
 
 
-def _walk_files(root: Path, target: Path, chat: str = "") -> Iterator[Path]:
+def _walk_files(root: Path, target: Path, chat: str = "", own_only: bool = False) -> Iterator[Path]:
     """Files under ``target`` in a stable order, never following symlinks out (nor into
     another chat's inbox)."""
     if not target.is_dir():
@@ -493,7 +500,7 @@ def _walk_files(root: Path, target: Path, chat: str = "") -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(target, followlinks=False):
         dirnames[:] = sorted(
             d for d in dirnames
-            if d not in SEARCH_SKIP_DIRS and (not chat or inbox_allowed(root, Path(dirpath, d), chat))
+            if d not in SEARCH_SKIP_DIRS and (not chat or inbox_allowed(root, Path(dirpath, d), chat, own_only))
         )
         for name in sorted(filenames):
             file = Path(dirpath, name)
@@ -502,7 +509,7 @@ def _walk_files(root: Path, target: Path, chat: str = "") -> Iterator[Path]:
                     real = file.resolve()
                 except (OSError, RuntimeError):
                     continue
-                if not real.is_relative_to(root) or (chat and not inbox_allowed(root, real, chat)):
+                if not real.is_relative_to(root) or (chat and not inbox_allowed(root, real, chat, own_only)):
                     continue
             yield file
 

@@ -16,22 +16,8 @@ Each tool's schema (name, description and parameters as JSON) is held to
 cut, then optional parameters, then every description; the last resort is the bare list of
 required parameter names.
 
-Where the tools are offered (``allowed_chats``). The tool learns the chat from
-``ToolContext.conversation`` (at call time) and from the conversation key the turn binds for its
-logs (``bumblebot.core.logs.bind``, read by ``Registry.schemas``): the conversation key is the one
-fact every turn carries. Rules, any of which admits a conversation:
-
-* ``"*"``: everywhere, also outside a conversation;
-* ``"private"`` (the default): the terminal chat (``console:…``), and private chats with
-  allowlisted users: a Telegram chat whose id is positive (a private chat's id is its user's)
-  and listed in ``telegram.allowed_user_ids`` or ``telegram.allowed_chat_ids``; a Discord DM,
-  when ``discord.allowed_user_ids`` is set and the daemon can tell DMs (``is_private``). With no
-  allowlist nobody is "allowlisted": the tools stay in the terminal until ``allowed_chats`` says
-  otherwise (an open bot must not hand a stranger the owner's calendar);
-* ``"telegram:*"``: every chat of a platform;
-* a conversation key, e.g. ``"telegram:-1001234"``: that chat and its topics.
-
-``allowed_chats: []`` offers the tools nowhere.
+Where the tools are offered: each server's ``allowed_chats`` (default ``"private"``), read by
+:class:`tools.access.ChatAccess` like the work tools' rules (``tools/access.py`` lists them).
 """
 
 from __future__ import annotations
@@ -50,13 +36,11 @@ from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolRes
 from tools.mcp_client import MCPManager
 from tools.mcp_records import MCPTimeout, MCPUnavailable, RemoteTool
 
+from .access import PRIVATE, ChatAccess
 from .definition import Tool
 from .schemas import first_sentence
 
 __all__ = [
-    "EVERYWHERE",
-    "PRIVATE",
-    "ChatAccess",
     "MCPTool",
     "MCPTools",
     "allowlisted_private_chats",
@@ -65,10 +49,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("bumblebot.mcp")
-
-#: The ``allowed_chats`` rule for every conversation, and the one for trusted private chats.
-EVERYWHERE = "*"
-PRIVATE = "private"
 
 #: Seconds the engine's own timeout of an MCP call waits past the server's ``timeout_s``, so the
 #: call's clearer error (naming the server) comes first.
@@ -246,80 +226,6 @@ class MCPTool(Tool):
         if level not in self._schemas:
             self._schemas[level] = mcp_schema(self.name, self.description, self.input_schema, level, self.budget_chars)
         return self._schemas[level]
-
-
-@dataclass(frozen=True, slots=True)
-class ChatAccess:
-    """Where one server's tools may be offered and run (the module docstring lists the rules).
-
-    Args:
-        rules: ``allowed_chats``.
-        trusted: the ``"private"`` rule: whether a conversation key is a private chat with an
-            allowlisted user (see :func:`allowlisted_private_chats`).
-    """
-
-    rules: tuple[str, ...] = (PRIVATE,)
-    trusted: Callable[[str], bool] = field(default=lambda key: key.startswith("console:"))
-
-    def permits(self, conversation: str) -> bool:
-        """Whether ``conversation`` (a key; ``""`` outside one) may use the tools."""
-        for rule in self.rules:
-            if rule == EVERYWHERE:
-                return True
-            if not conversation:
-                continue
-            if rule == PRIVATE:
-                if self.trusted(conversation):
-                    return True
-            elif rule.endswith(":*"):
-                if conversation.startswith(rule[:-1]):
-                    return True
-            elif conversation == rule or conversation.startswith(rule + ":"):
-                return True
-        return False
-
-
-def allowlisted_private_chats(
-    *,
-    telegram_user_ids: Iterable[int] = (),
-    telegram_chat_ids: Iterable[int] = (),
-    discord_user_ids: Iterable[int] = (),
-    is_private: Callable[[str], bool] | None = None,
-) -> Callable[[str], bool]:
-    """The ``"private"`` rule from the platforms' allowlists.
-
-    Args:
-        telegram_user_ids: ``telegram.allowed_user_ids``.
-        telegram_chat_ids: ``telegram.allowed_chat_ids`` (its positive ids are private chats).
-        discord_user_ids: ``discord.allowed_user_ids``; the Discord adapter answers nobody else
-            in DMs when it is set.
-        is_private: whether a conversation key is a private chat, for platforms whose key does
-            not say (Discord: a DM's channel id looks like any other); ``None``: Discord chats
-            are never trusted by this rule (list them in ``allowed_chats``).
-
-    Returns:
-        ``trusted(key)``: ``True`` for the terminal chat and for private chats with allowlisted
-        users.
-    """
-    telegram = {int(i) for i in telegram_user_ids} | {int(i) for i in telegram_chat_ids if int(i) > 0}
-    discord = bool(set(discord_user_ids))
-
-    def trusted(key: str) -> bool:
-        platform, _, rest = key.partition(":")
-        chat = rest.split(":", 1)[0]
-        if platform == "console":
-            return bool(chat)
-        if platform == "telegram":
-            try:
-                chat_id = int(chat)
-            except ValueError:
-                return False
-            return chat_id > 0 and chat_id in telegram
-        if platform == "discord":
-            return discord and is_private is not None and is_private(key)
-        return False
-
-    return trusted
 
 
 class MCPTools:

@@ -13,10 +13,16 @@ longer than ``max_result_chars`` is cut in the middle (:func:`cap_text`).
 Tools that come and go at run time (MCP servers, ``tools/mcp.py``) reach a registry through a
 :class:`ToolSource` (:meth:`Registry.add_source`): its tools are offered and run next to the
 registered ones, and it says in which conversations each may be. See :class:`ToolSource`.
+
+Where the registered tools may be used is a :class:`tools.access.ToolAccess`: a tool a
+conversation may not use is neither offered there nor run (the call gets an error saying so),
+and a conversation that may not reach the whole workspace runs its file tools with
+``ToolContext.own_files_only`` set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -28,8 +34,13 @@ from bumblebot.core.logs import bound
 from bumblebot.core.settings import MIN_TOOL_RESULT_CHARS
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
+from .access import ToolAccess
 from .arguments import validate_arguments
 from .definition import Tool, make_tool
+from .files import FILE_TOOLS, chat_inbox
+
+#: The tools ``tools.files.shared_chats`` confines.
+FILE_TOOL_NAMES = frozenset(t.name for t in FILE_TOOLS)
 
 __all__ = [
     "DEFAULT_MAX_RESULT_CHARS",
@@ -112,6 +123,7 @@ class Registry:
         tools: tools to register now.
         max_result_chars: cap on one result's characters (head and tail kept).
         sources: run-time tools (see :class:`ToolSource` and :meth:`add_source`).
+        access: where each registered tool may be used; default: every tool everywhere.
 
     Raises:
         ValueError: on a duplicate tool name or a ``max_result_chars`` below
@@ -124,10 +136,12 @@ class Registry:
         *,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         sources: Iterable[ToolSource] = (),
+        access: ToolAccess | None = None,
     ) -> None:
         if max_result_chars < MIN_TOOL_RESULT_CHARS:
             raise ValueError(f"max_result_chars must be >= {MIN_TOOL_RESULT_CHARS}, got {max_result_chars}")
         self.max_result_chars = max_result_chars
+        self.access = access or ToolAccess()
         self._tools: dict[str, Tool] = {}
         self._schemas: dict[int, list[dict[str, Any]]] = {}
         self._sources: list[ToolSource] = list(sources)
@@ -196,7 +210,7 @@ class Registry:
         if unknown:
             raise ValueError(f"unknown tool(s): {', '.join(sorted(unknown))}")
         chosen = [t for n, t in self._tools.items() if n in kept and n not in excluded]
-        return Registry(chosen, max_result_chars=self.max_result_chars, sources=self._sources)
+        return Registry(chosen, max_result_chars=self.max_result_chars, sources=self._sources, access=self.access)
 
     # -- queries --------------------------------------------------------------------------
 
@@ -218,15 +232,15 @@ class Registry:
         return len(self._tools)
 
     def schemas(self, level: int = 0, conversation: str | None = None) -> list[dict[str, Any]]:
-        """OpenAI ``tools`` entries for every registered tool, in registration order, then the
-        sources' tools that ``conversation`` may use, at a compaction ``level``
+        """OpenAI ``tools`` entries for the registered tools ``conversation`` may use, in
+        registration order, then the sources' tools it may use, at a compaction ``level``
         (:data:`SCHEMA_LEVELS`; at the last level optional tools are left out).
 
         Args:
             level: the compaction level.
             conversation: whose tools: a conversation key. ``None`` takes the one the running
                 turn bound for its logs (``bumblebot.core.logs.bind``, set around every turn), or
-                ``""`` outside a turn, where a source offers only tools allowed everywhere.
+                ``""`` outside a turn, where only tools allowed everywhere are offered.
 
         Built once per level (and conversation and sources' generation) and cached
         (JSON-schema generation is not free and runs every step); :meth:`add` invalidates
@@ -237,7 +251,7 @@ class Registry:
             tools = [t for t in self._tools.values() if not (t.optional and level >= SCHEMA_LEVELS - 1)]
             self._schemas[level] = [t.schema(level) for t in tools]
         static = self._schemas[level]
-        if not self._sources:
+        if not self._sources and not self.access.restricts:
             return static
         if conversation is None:
             conversation = str(bound().get("conversation", ""))
@@ -247,9 +261,27 @@ class Registry:
         if cached is None:
             if len(self._dynamic) >= _MAX_DYNAMIC_SCHEMAS or any(k[2] != generations for k in self._dynamic):
                 self._dynamic = {}
+            if self.refused(conversation):
+                mine = [t for t in self._tools.values() if not (t.optional and level >= SCHEMA_LEVELS - 1)]
+                static = [t.schema(level) for t in mine if self.access.permits(t.name, conversation)]
             extra = [t for t in self.offered(conversation) if not (t.optional and level >= SCHEMA_LEVELS - 1)]
             cached = self._dynamic[key] = static + [t.schema(level) for t in extra] if extra else static
         return cached
+
+    def summary(self, conversation: str) -> str:
+        """``/status``'s line of the tools, e.g. ``"Tools: 12 offered here; not here: run_command.
+        File tools reach only inbox/telegram_-100123/."``"""
+        refused = self.refused(conversation)
+        offered = len(self._tools) - len(refused) + len(self.offered(conversation))
+        line = f"Tools: {offered} offered here"
+        line += f"; not here: {', '.join(refused)}." if refused else "."
+        if not self.access.whole_workspace(conversation) and any(name in self._tools for name in FILE_TOOL_NAMES):
+            line += f" File tools reach only {chat_inbox(conversation)}/."
+        return line
+
+    def refused(self, conversation: str) -> list[str]:
+        """The registered tools ``conversation`` may not use (``tools.<group>.allowed_chats``)."""
+        return [name for name in self._tools if not self.access.permits(name, conversation)]
 
     def offered(self, conversation: str) -> list[Tool]:
         """The sources' tools ``conversation`` may use now, in source order."""
@@ -322,6 +354,8 @@ class Registry:
         found = self._callable(name, ctx.conversation)
         if isinstance(found, ToolResult):
             return found
+        if not ctx.own_files_only and not self.access.whole_workspace(ctx.conversation):
+            ctx = dataclasses.replace(ctx, own_files_only=True)
         args = validate_arguments(found.args_model, arguments)
         if isinstance(args, str):
             return ToolResult.error(f"{name}: {args}")
@@ -342,6 +376,8 @@ class Registry:
     def _callable(self, name: str, conversation: str) -> Tool | ToolResult:
         """Tool ``name`` if ``conversation`` may run it now, else the error result saying why."""
         found = self._tools.get(name)
+        if found is not None and not self.access.permits(name, conversation):
+            return ToolResult.error(f"tool {name!r} is not available in this conversation")
         if found is None and self._sources:  # a source's tool, where this conversation may use it
             entry = self._current().get(name)
             if entry is not None and entry[1].permits(name, conversation):
@@ -355,6 +391,7 @@ class Registry:
                 )
         if found is None:
             offered = [t.name for t in self.offered(conversation)] if self._sources else []
-            available = ", ".join([*self._tools, *offered]) or "(none)"
+            mine = [n for n in self._tools if self.access.permits(n, conversation)]
+            available = ", ".join([*mine, *offered]) or "(none)"
             return ToolResult.error(f"unknown tool {name!r}; available tools: {available}")
         return found

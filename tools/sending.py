@@ -37,7 +37,7 @@ async def send_file(
     if ctx.turn is None:
         return ToolResult.error("no turn is running")
     try:
-        target = resolve_in_workspace(ctx.workspace, path, chat=ctx.conversation)
+        target = resolve_in_workspace(ctx.workspace, path, chat=ctx.conversation, own_only=ctx.own_files_only)
     except PathError as exc:
         return ToolResult.error(str(exc))
     if not target.is_file():

@@ -118,6 +118,8 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
 
+    for what, detail in tool_access_lines(settings):
+        _line(True, what, detail)
     if settings.mcp.servers:
         from bumblebot.app.daemon import mcp_environ
         from tools.mcp_client import probe_servers
@@ -171,6 +173,35 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     if not problems:
         print("all checks passed")
     return problems
+
+
+def tool_access_lines(settings: Settings) -> list[tuple[str, str]]:
+    """Where each enabled tool group and MCP server is offered (``tools.<group>.allowed_chats``,
+    ``mcp.servers.<name>.allowed_chats``), one ``(what, detail)`` per line of ``check``."""
+    from tools import TOOL_GROUPS
+    from tools.access import describe_rules
+
+    t = settings.tools
+    enabled = {"shell": t.shell.enabled, "web": t.web.enabled, "tasks": True, "files": True, "knowledge": True}
+    lines = []
+    for group, names in TOOL_GROUPS.items():
+        if not enabled[group]:
+            lines.append((f"tools {group}", f"off (tools.{group}.enabled: false)"))
+            continue
+        rules = getattr(t, group).allowed_chats
+        detail = f"{', '.join(names)} offered {describe_rules(rules)} (tools.{group}.allowed_chats)"
+        if group == "files":
+            detail += f"; the whole workspace {describe_rules(t.files.shared_chats)}, elsewhere only the chat's " \
+                      "own folder (tools.files.shared_chats)"
+        lines.append((f"tools {group}", detail))
+    for name, server in settings.mcp.servers.items():
+        rules = server.allowed_chats if server.allowed_chats is not None else ["private"]
+        lines.append((f"tools mcp {name}", f"offered {describe_rules(rules)} (mcp.servers.{name}.allowed_chats)"))
+    tg, dc = settings.telegram, settings.discord
+    if not (tg.allowed_user_ids or [i for i in tg.allowed_chat_ids if i > 0] or dc.allowed_user_ids):
+        lines.append(("tools private", "no allowlisted user: 'private' means the terminal only (set "
+                      "telegram.allowed_user_ids or discord.allowed_user_ids)"))
+    return lines
 
 
 async def forcing_mode(settings: Settings, base_url: str, now: float | None = None) -> tuple[str, ForcingFallback | None]:

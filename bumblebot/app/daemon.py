@@ -15,7 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +101,20 @@ def mcp_environ(dotenv: Path = Path(".env")) -> dict[str, str]:
     return {**values, **os.environ}
 
 
+def trusted_chats(settings: Settings) -> Callable[[str], bool]:
+    """The ``"private"`` rule of ``allowed_chats``: the terminal and allowlisted users' private chats."""
+    from tools import allowlisted_private_chats
+
+    tg, dc = settings.telegram, settings.discord
+    return allowlisted_private_chats(
+        telegram_user_ids=tg.allowed_user_ids, telegram_chat_ids=tg.allowed_chat_ids,
+        discord_user_ids=dc.allowed_user_ids,
+    )
+
+
 def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any:
-    from tools import build_registry
+    """The registry of the daemon's tools, each offered where ``tools.<group>.allowed_chats`` says."""
+    from tools import build_registry, tool_access
 
     t = settings.tools
     return build_registry(
@@ -116,6 +128,7 @@ def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any
         web_allow_private=t.web.allow_private,
         max_result_chars=settings.cognition.tool_result_chars,
         scheduler=scheduler,
+        access=tool_access(t, trusted_chats(settings)),
     )
 
 
@@ -217,13 +230,9 @@ class Daemon:
         )
         self.toolbox = toolbox = build_toolbox(settings, scheduler)
         if self.mcp is not None:
-            from tools.mcp import MCPTools, allowlisted_private_chats
+            from tools.mcp import MCPTools
 
-            tg, dc = settings.telegram, settings.discord
-            self.mcp_tools = MCPTools(self.mcp, trusted=allowlisted_private_chats(
-                telegram_user_ids=tg.allowed_user_ids, telegram_chat_ids=tg.allowed_chat_ids,
-                discord_user_ids=dc.allowed_user_ids,
-            ))
+            self.mcp_tools = MCPTools(self.mcp, trusted=trusted_chats(settings))
             toolbox.add_source(self.mcp_tools)
         await reap_orphans(settings)  # before any turn resumes: a cut-off command must not land later
         memory = Memory(settings.data_dir)
@@ -278,8 +287,15 @@ class Daemon:
             voice=settings.voice,
             metrics=self.metrics,
             tasks=self.scheduler,
-            status_lines=self.mcp_tools.summary if self.mcp_tools is not None else None,
+            status_lines=self._status_lines,
         )
+
+    def _status_lines(self, conversation: str) -> str:
+        """``/status``'s lines of the tools and MCP servers ``conversation`` may use."""
+        lines = [self.toolbox.summary(conversation)]
+        if self.mcp_tools is not None:
+            lines.append(self.mcp_tools.summary(conversation))
+        return "\n".join(line for line in lines if line)
 
     async def start(self, adapters: list[Adapter] | None = None) -> None:
         """Open, recover, connect ``adapters`` (default: every enabled platform), run turns.

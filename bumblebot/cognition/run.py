@@ -4,6 +4,7 @@ step to step. The loop (:mod:`.loop`), the tool calls of a step (:mod:`.calls`) 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from bumblebot.cognition.gate import GateDecision
@@ -45,8 +46,4 @@ class Run:
 
     def call_context(self, call_id: str) -> ToolContext:
         """The tool context of one call of this turn."""
-        ctx = self.ctx
-        return ToolContext(
-            workspace=ctx.workspace, data_dir=ctx.data_dir, turn=ctx.turn,
-            conversation=ctx.conversation, call_id=call_id, extras=ctx.extras,
-        )
+        return dataclasses.replace(self.ctx, call_id=call_id)

@@ -294,10 +294,24 @@ class CognitionSettings(_Section):
         return self
 
 
+#: How ``allowed_chats`` is described in every tool group (``tools/access.py`` reads the rules).
+_CHATS = (
+    "conversation keys (telegram:123; a key covers its topics), 'telegram:*', 'private' (private chats with "
+    "allowlisted users, and the terminal), '*' (everywhere)"
+)
+
+
+def _chats(default: str) -> Any:
+    return Field(
+        default_factory=lambda: [default], description=f"where these tools are offered: {_CHATS}; default {default}"
+    )
+
+
 class ShellSettings(_Section):
-    enabled: bool = Field(False, description="register run_command (runs as the daemon user)")
+    enabled: bool = Field(False, description="register run_command")
     timeout_s: float = Field(30.0, gt=0, description="maximum run time of one command, seconds")
     max_output_chars: int = Field(6000, ge=1000, description="cap of stdout/stderr each, characters")
+    allowed_chats: list[str] = _chats("private")
 
 
 class WebSettings(_Section):
@@ -305,6 +319,24 @@ class WebSettings(_Section):
     timeout_s: float = Field(20.0, gt=0, description="request timeout, seconds")
     max_bytes: int = Field(2_000_000, ge=1024, description="maximum body read, bytes")
     allow_private: bool = Field(False, description="allow loopback and private addresses")
+    allowed_chats: list[str] = _chats("*")
+
+
+class FilesSettings(_Section):
+    """The file tools (read_file, write_file, append_file, list_directory, search_files, send_file)."""
+
+    allowed_chats: list[str] = _chats("*")
+    shared_chats: list[str] = Field(
+        default_factory=lambda: ["private"],
+        description="where the file tools reach the whole workspace (same rules as allowed_chats); elsewhere "
+        "only the chat's own folder, inbox/<chat>; default private",
+    )
+
+
+class ToolGroupSettings(_Section):
+    """A tool group whose only setting is where it is offered (its data is the chat's own)."""
+
+    allowed_chats: list[str] = _chats("*")
 
 
 class ToolsSettings(_Section):
@@ -314,6 +346,13 @@ class ToolsSettings(_Section):
     )
     shell: ShellSettings = Field(default_factory=ShellSettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    files: FilesSettings = Field(default_factory=FilesSettings)
+    knowledge: ToolGroupSettings = Field(
+        default_factory=ToolGroupSettings, description="remember and recall (the chat's own facts)"
+    )
+    tasks: ToolGroupSettings = Field(
+        default_factory=ToolGroupSettings, description="schedule_task, list_tasks, cancel_task (the chat's own tasks)"
+    )
 
 
 class AutomationSettings(_Section):

@@ -126,6 +126,9 @@ class ToolContext:
             and where its private facts live (``remember``/``recall``).
         call_id: the id of the tool call being run (``None`` outside a turn).
         extras: free slot for tool-specific services (e.g. an ``httpx.AsyncClient``).
+        own_files_only: the file tools reach only this conversation's own folder of the
+            workspace, not the files of the workspace shared by trusted chats
+            (``tools.files.shared_chats``; set by the registry).
     """
 
     workspace: Path
@@ -134,6 +137,7 @@ class ToolContext:
     conversation: str = ""
     call_id: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    own_files_only: bool = False
 
 
 #: Compaction levels of :meth:`Toolbox.schemas` (0 to 3).

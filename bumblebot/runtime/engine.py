@@ -20,6 +20,7 @@ last, in the daemon.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -29,8 +30,8 @@ from typing import Any
 
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.prompt import PromptBuilder
-from bumblebot.core.commands import BY_NAME, help_text
-from bumblebot.core.events import ChatRef, Inbound, Platform, blank
+from bumblebot.core.commands import BY_NAME, help_text, needs_manager
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform, blank
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.settings import EngineSettings
 from bumblebot.delivery import Delivery
@@ -48,6 +49,15 @@ OUTBOX_SWEEP_S = 30.0
 HOUSEKEEPING_S = 24 * 3600.0
 DAY_S = 86400.0
 REFUSED_KEY = "{platform}.refused:{user_id}"
+#: Most refusals sent to strangers in :data:`REFUSAL_WINDOW_S`, all chats together: a thousand
+#: strangers writing at once must not make the bot send a thousand messages (and spend its
+#: platform's rate limit on them). Those left out are told when they write again.
+MAX_REFUSALS = 20
+REFUSAL_WINDOW_S = 60.0
+#: Answers to a command its sender may not run in a shared chat (see ``bumblebot/core/commands.py``).
+NOT_MANAGER_TEXT = "Only the admins of this chat can do that here."
+NOT_ANSWERED_TEXT = "Only the person I'm answering, or an admin of this chat, can stop this."
+NOTHING_TO_STOP_TEXT = "Nothing to stop: I'm not working on anything here."
 class Engine:
     """The cognition engine's front: what adapters talk to (:class:`~bumblebot.core.adapter.Intake`).
 
@@ -95,6 +105,7 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accepting = False
         self._stopped = False
+        self._refusals: collections.deque[float] = collections.deque()  # when recent refusals were sent
         self.progress = Progress()
         self._commands = self._command_handlers()
         # metrics hook: bumblebot_queue_depth reads the inboxes at each scrape
@@ -411,10 +422,20 @@ class Engine:
         if not await self.answer(inbound, None, kv=kv):
             return
         key = REFUSED_KEY.format(platform=inbound.chat.platform.value, user_id=inbound.sender_id)
-        if await self._store.get_kv(key) is None:
+        if await self._store.get_kv(key) is None and self._may_refuse():
             await self._store.set_kv(key, "1")  # before sending: a crash costs the refusal, never doubles it
             await self.reply(inbound.chat, text)
         log.info("%s: refused user %s (not in the allowlist)", inbound.chat.platform.value, inbound.sender_id)
+
+    def _may_refuse(self) -> bool:
+        """Whether one more refusal fits :data:`MAX_REFUSALS` per :data:`REFUSAL_WINDOW_S`."""
+        now = time.monotonic()
+        while self._refusals and self._refusals[0] <= now - REFUSAL_WINDOW_S:
+            self._refusals.popleft()
+        if len(self._refusals) >= MAX_REFUSALS:
+            return False
+        self._refusals.append(now)
+        return True
 
     async def reply(self, chat: ChatRef, text: str) -> None:
         """Send ``text`` to ``chat`` through the outbox, outside any turn (a command's answer, a
@@ -461,12 +482,16 @@ class Engine:
 
     # -- commands -----------------------------------------------------------------------------
 
-    async def command(self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None) -> str | None:
+    async def command(
+        self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None, manager: bool = False
+    ) -> str | None:
         """Answer a command (``/start``, ``/stop``, ``/reset``, ``/status``, ``/compact``, ``/help``,
         ``/tasks``; the arguments, like ``/tasks cancel 3``, are read from ``inbound.text``).
 
         ``/stop`` is handled here, outside the conversation's actor: it cancels the turn running
         there (its model call is aborted; see ``TurnRunner``), whatever the turn is waiting on.
+        In a shared chat only the person being answered and the chat's managers (``manager``:
+        the adapter found the sender to be an admin or allowlisted) may stop it.
 
         The command message is journaled first (with ``kv``, e.g. Telegram's next offset), so a
         redelivered command is not run twice. ``/reset`` is a fence: the running
@@ -482,9 +507,12 @@ class Engine:
         handler = self._commands.get(name.lower())
         if handler is None:
             return f"Unknown command /{name}. Try /help."
-        return await handler(inbound, journal_id)
+        manager = manager or inbound.chat_kind is ChatKind.PRIVATE
+        if not manager and needs_manager(name.lower(), inbound.text):
+            return NOT_MANAGER_TEXT
+        return await handler(inbound, journal_id, manager)
 
-    def _command_handlers(self) -> dict[str, Callable[[Inbound, int], Awaitable[str]]]:
+    def _command_handlers(self) -> dict[str, Callable[[Inbound, int, bool], Awaitable[str]]]:
         """Each command of :data:`~bumblebot.core.commands.COMMANDS` with its handler."""
         handlers = {
             "start": self._start_command, "help": self._help_command, "tasks": self._tasks_command,
@@ -495,26 +523,28 @@ class Engine:
             raise RuntimeError(f"commands without a handler or entry: {sorted(set(handlers) ^ set(BY_NAME))}")
         return handlers
 
-    async def _start_command(self, inbound: Inbound, journal_id: int) -> str:
+    async def _start_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         return self._prompts.entity.start_text()
 
-    async def _help_command(self, inbound: Inbound, journal_id: int) -> str:
+    async def _help_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         return help_text()
 
-    async def _stop_command(self, inbound: Inbound, journal_id: int) -> str:
+    async def _stop_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         running = self._actors.get(inbound.chat.key)
+        if running is not None and not manager and inbound.sender_id not in running.answering():
+            return NOT_ANSWERED_TEXT if running.answering() else NOTHING_TO_STOP_TEXT
         if running is None or not running.stop_turn():
-            return "Nothing to stop: I'm not working on anything here."
+            return NOTHING_TO_STOP_TEXT
         return "Stopped."
 
-    async def _reset_command(self, inbound: Inbound, journal_id: int) -> str:
+    async def _reset_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         stopped, aside = await (await self._actor(inbound.chat)).reset(journal_id)
         return _reset_text(stopped, aside)
 
-    async def _status_command(self, inbound: Inbound, journal_id: int) -> str:
+    async def _status_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         return self._runner.status((await self._actor(inbound.chat)).conversation)
 
-    async def _compact_command(self, inbound: Inbound, journal_id: int) -> str:
+    async def _compact_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         actor = await self._actor(inbound.chat)
         runner, chat, conversation = self._runner, inbound.chat, actor.conversation
 
@@ -525,7 +555,7 @@ class Engine:
         return "Compacting this conversation; I'll report when it's done."
 
 
-    async def _tasks_command(self, inbound: Inbound, journal_id: int) -> str:
+    async def _tasks_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         """``/tasks`` lists the conversation's tasks; ``/tasks cancel ID`` cancels one."""
         if self._scheduler is None:
             return "Scheduled tasks are not available."
