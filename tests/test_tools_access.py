@@ -162,3 +162,23 @@ async def test_a_group_is_never_offered_the_shell_through_telegram(tmp_path, llm
     )
     assert "run_command" not in group and "run_command" in private
     assert "not here: run_command" in tg.sent(-1001234)[-1]
+
+
+async def test_discord_dms_of_allowlisted_users_get_the_shell_and_guild_channels_do_not(tmp_path, llm, dc):
+    """A Discord key does not say whether it is a DM: the running adapter tells."""
+    from fakes.discord_server import HUMAN_ID
+
+    judges_say_done(llm)
+    llm.push(say("Hello DM."), when=is_loop)
+    llm.push(say("Hello channel."), when=is_loop)
+    dc.add_guild("700000000000000001", ["700000000000000002"], name="Hive")
+    section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url,
+               "allowed_user_ids": [int(HUMAN_ID)]}
+    config = write_config(tmp_path, llm, None, discord=section, tools={"shell": {"enabled": True}})
+    async with running(config, telegram_token=None, discord_token=dc.token) as d:
+        await dc.send_dm("hi")
+        await d.engine.wait_for_turns(1)
+        await dc.send_guild_message("hi all", "700000000000000001", "700000000000000002", mention_bot=True)
+        await d.engine.wait_for_turns(2)
+    dm, channel = ({t["function"]["name"] for t in request["tools"]} for request in loop_requests(llm)[:2])
+    assert "run_command" in dm and "run_command" not in channel

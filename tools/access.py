@@ -14,7 +14,8 @@ conversation key is the one fact every turn carries. Rules, any of which admits 
 * ``"private"``: the terminal chat (``console:…``), and private chats with allowlisted users: a
   Telegram chat whose id is positive (a private chat's id is its user's) and listed in
   ``telegram.allowed_user_ids`` or ``telegram.allowed_chat_ids``; a Discord DM, when
-  ``discord.allowed_user_ids`` is set and the daemon can tell DMs (``is_private``). With no
+  ``discord.allowed_user_ids`` is set (the Discord adapter knows a DM once a message came in it
+  since the daemon started: a turn resumed after a restart may not get such tools). With no
   allowlist nobody is "allowlisted": such tools stay in the terminal until ``allowed_chats``
   says otherwise (an open bot must not hand a stranger the owner's shell);
 * ``"telegram:*"``: every chat of a platform;

@@ -74,6 +74,7 @@ class DiscordAdapter(DiscordIntake, DiscordCommands, DiscordSending, DiscordFile
         self._bot_budget = BotTurnBudget()
         self._saved_endpoints: tuple[str, yarl.URL] | None = None
         self._stopping = False
+        self.dm_keys: set[str] = set()  # conversations seen to be DMs (DiscordIntake adds them)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -110,6 +111,11 @@ class DiscordAdapter(DiscordIntake, DiscordCommands, DiscordSending, DiscordFile
             )
         await self._close_client()
         raise AdapterError(message) from exc
+
+    def is_dm(self, key: str) -> bool:
+        """Whether conversation ``key`` is a DM (a Discord key does not say): one a message came
+        in since the adapter started (until then, it is not trusted as one)."""
+        return key in self.dm_keys
 
     async def stop(self) -> None:
         """Close the gateway and REST session; restore discord.py's endpoints. Idempotent."""

@@ -92,6 +92,7 @@ class DiscordIntake:
     client: discord.Client
     intake: Intake
     settings: DiscordSettings
+    dm_keys: set[str]
     #: per channel: a lock (messages journaled in arrival order) and how many hold or wait for it
     _intake: dict[int, tuple[asyncio.Lock, list[int]]]
     _bot_budget: BotTurnBudget
@@ -263,6 +264,8 @@ class DiscordIntake:
         attachments = tuple(attachment(a, voice=message.flags.voice) for a in message.attachments)
         if not text and not attachments and (facts.mentioned or facts.typed_mention) and self.client.user is not None:
             text = f"@{self.client.user.display_name}"  # only a ping: the person said just that
+        if facts.is_dm:
+            self.dm_keys.add(chat.key)
         return Inbound(
             chat=chat,
             message_id=str(message.id),

@@ -101,18 +101,21 @@ def mcp_environ(dotenv: Path = Path(".env")) -> dict[str, str]:
     return {**values, **os.environ}
 
 
-def trusted_chats(settings: Settings) -> Callable[[str], bool]:
-    """The ``"private"`` rule of ``allowed_chats``: the terminal and allowlisted users' private chats."""
+def trusted_chats(settings: Settings, is_private: Callable[[str], bool] | None = None) -> Callable[[str], bool]:
+    """The ``"private"`` rule of ``allowed_chats``: the terminal and allowlisted users' private
+    chats (``is_private`` tells a Discord DM's key)."""
     from tools import allowlisted_private_chats
 
     tg, dc = settings.telegram, settings.discord
     return allowlisted_private_chats(
         telegram_user_ids=tg.allowed_user_ids, telegram_chat_ids=tg.allowed_chat_ids,
-        discord_user_ids=dc.allowed_user_ids,
+        discord_user_ids=dc.allowed_user_ids, is_private=is_private,
     )
 
 
-def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any:
+def build_toolbox(
+    settings: Settings, scheduler: Scheduler | None = None, is_private: Callable[[str], bool] | None = None
+) -> Any:
     """The registry of the daemon's tools, each offered where ``tools.<group>.allowed_chats`` says."""
     from tools import build_registry, tool_access
 
@@ -128,7 +131,7 @@ def build_toolbox(settings: Settings, scheduler: Scheduler | None = None) -> Any
         web_allow_private=t.web.allow_private,
         max_result_chars=settings.cognition.tool_result_chars,
         scheduler=scheduler,
-        access=tool_access(t, trusted_chats(settings)),
+        access=tool_access(t, trusted_chats(settings, is_private)),
     )
 
 
@@ -228,11 +231,11 @@ class Daemon:
             settings.automation, settings.autonomy, store,
             zone=lambda: (self.prompts.entity if self.prompts is not None else self.entity).zone,
         )
-        self.toolbox = toolbox = build_toolbox(settings, scheduler)
+        self.toolbox = toolbox = build_toolbox(settings, scheduler, self._discord_dm)
         if self.mcp is not None:
             from tools.mcp import MCPTools
 
-            self.mcp_tools = MCPTools(self.mcp, trusted=trusted_chats(settings))
+            self.mcp_tools = MCPTools(self.mcp, trusted=trusted_chats(settings, self._discord_dm))
             toolbox.add_source(self.mcp_tools)
         await reap_orphans(settings)  # before any turn resumes: a cut-off command must not land later
         memory = Memory(settings.data_dir)
@@ -289,6 +292,12 @@ class Daemon:
             tasks=self.scheduler,
             status_lines=self._status_lines,
         )
+
+    def _discord_dm(self, key: str) -> bool:
+        """Whether ``key`` is a Discord DM, as the running Discord adapter knows."""
+        from adapters.discord import DiscordAdapter
+
+        return any(isinstance(a, DiscordAdapter) and a.is_dm(key) for a in self.adapters)
 
     def _status_lines(self, conversation: str) -> str:
         """``/status``'s lines of the tools and MCP servers ``conversation`` may use."""
