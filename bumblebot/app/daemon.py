@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.telegram.pacing import PaceLimits, Pacer
+from bumblebot.app.private import PRIVATE_UMASK, make_private
 from bumblebot.app.watchdog import LoopWatchdog
 from bumblebot.cognition.budget import ContextBudget
 from bumblebot.cognition.compactor import Compactor
@@ -138,11 +139,12 @@ def _tool_lines(schemas: list[dict[str, Any]]) -> list[str]:
 class Daemon:
     """Everything ``bumblebot run`` (or ``chat``) runs, in start order; stops in reverse.
 
-    Start: start the loop watchdog (``bumblebot/app/watchdog.py``), open the store, build the LLM
-    client, tools, cognition and engine, recover (resume cut-off turns, queue pending
-    messages), start each adapter, then let turns run. Stop (idempotent): adapters stop
-    intake, the engine drains in-flight turns (they can still deliver), adapters disconnect,
-    the LLM client closes, the store closes, the watchdog stops last.
+    Start: start the loop watchdog (``bumblebot/app/watchdog.py``), make the data private (the
+    umask 077 until the stop, what was left open closed: ``bumblebot/app/private.py``), open the
+    store, build the LLM client, tools, cognition and engine, recover (resume cut-off turns,
+    queue pending messages), start each adapter, then let turns run. Stop (idempotent):
+    adapters stop intake, the engine drains in-flight turns (they can still deliver), adapters
+    disconnect, the LLM client closes, the store closes, the watchdog stops last.
 
     The parts are attributes (``store``, ``llm``, ``toolbox``, ``delivery``, ``runner``,
     ``engine``) once :meth:`open` ran.
@@ -155,6 +157,7 @@ class Daemon:
         self.settings, self.secrets, self.entity = settings, secrets, entity
         self.pace = pace
         self.store = Store(settings.db_path)
+        self._umask: int | None = None  # the process umask before :meth:`open`, restored at stop
         self.engine: Engine | None = None
         self.llm: LLM | None = None
         self.speech: Speech | None = None
@@ -185,6 +188,9 @@ class Daemon:
         """Start the loop watchdog, open the store and build every part (no adapter yet)."""
         await self.watchdog.start()  # first: it watches everything after it
         settings, store = self.settings, self.store
+        if self._umask is None:  # what the daemon creates is private (bumblebot/app/private.py)
+            self._umask = os.umask(PRIVATE_UMASK)
+        await asyncio.to_thread(make_private, settings.data_dir, settings.workspace)
         _warn_ignored_settings(settings)
         await store.open()
         environ = mcp_environ()
@@ -328,6 +334,8 @@ class Daemon:
             await self.store.close()
         finally:
             await self.watchdog.stop()  # last: it watched the whole stop
+            if self._umask is not None:
+                os.umask(self._umask)
 
 
 def _warn_ignored_settings(settings: Settings) -> None:
