@@ -35,6 +35,7 @@ from bumblebot.core.errors import ConfigError, DataDirInUse
 from bumblebot.core.logs import redact_values
 from bumblebot.core.mcp_settings import secret_values as mcp_secret_values
 from bumblebot.core.metrics import NO_METRICS, Metrics
+from bumblebot.core.redaction import Redactor
 from bumblebot.core.settings import Settings
 from bumblebot.core.toolkit import ToolContext
 from bumblebot.delivery import Delivery
@@ -156,7 +157,9 @@ class Daemon:
     def __init__(self, settings: Settings, secrets: Secrets, entity: Entity, *, pace: PaceLimits | None = None) -> None:
         self.settings, self.secrets, self.entity = settings, secrets, entity
         self.pace = pace
-        self.store = Store(settings.db_path)
+        #: the secrets no chat and nothing stored may hold (the store and delivery apply it)
+        self.redactor = Redactor(secrets.values() + mcp_secret_values(settings.mcp, mcp_environ()))
+        self.store = Store(settings.db_path, redactor=self.redactor)
         self._umask: int | None = None  # the process umask before :meth:`open`, restored at stop
         self.engine: Engine | None = None
         self.llm: LLM | None = None
@@ -236,7 +239,9 @@ class Daemon:
         self.prompts = prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
         api_key = self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None
         self.speech = speech = Speech(settings.llm, settings.voice, base_url=base_url, api_key=api_key)
-        self.delivery = delivery = Delivery(store, speech=speech, media_dir=settings.media_dir, metrics=metrics)
+        self.delivery = delivery = Delivery(
+            store, speech=speech, media_dir=settings.media_dir, metrics=metrics, redactor=self.redactor,
+        )
         settings.workspace.mkdir(parents=True, exist_ok=True)
         self.media = MediaIntake(
             settings.media, store=store, media_dir=settings.media_dir, workspace=settings.workspace.resolve(), speech=speech,

@@ -474,15 +474,15 @@ class Engine:
         begun answering are set aside, and what comes after belongs to the new session
         (:meth:`ConversationActor.reset`).
 
-        Returns the text to show, or ``None`` when this message was already handled (duplicate).
+        Returns the text to show (without a secret: adapters show it as it is), or ``None``
+        when this message was already handled (duplicate).
         """
         journal_id = await self._store.journal(inbound.storable(), kv=kv, status="ignored")
         if journal_id is None:
             return None
         handler = self._commands.get(name.lower())
-        if handler is None:
-            return f"Unknown command /{name}. Try /help."
-        return await handler(inbound, journal_id)
+        answer = f"Unknown command /{name}. Try /help." if handler is None else await handler(inbound, journal_id)
+        return self._delivery.redactor(answer)
 
     def _command_handlers(self) -> dict[str, Callable[[Inbound, int], Awaitable[str]]]:
         """Each command of :data:`~bumblebot.core.commands.COMMANDS` with its handler."""
