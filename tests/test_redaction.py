@@ -187,3 +187,25 @@ async def test_a_command_answer_shown_outside_the_outbox_is_redacted(tmp_path, l
     assert proc.returncode == 0, err.decode()
     assert f"Hi! My key is {MARKER}.".encode() in out and KEY.encode() not in out
     assert_nowhere(tmp_path / "data", KEY)
+
+
+def test_the_daemon_hides_both_tokens_the_key_and_the_mcp_secrets(tmp_path, llm, monkeypatch):
+    """What the store and delivery are given: ``Secrets.values()`` and the values of the MCP
+    servers' ``headers`` and ``env`` (``${VAR}`` resolved, from the environment or ``.env``)."""
+    from bumblebot.app.daemon import Daemon
+    from bumblebot.core.config import Secrets, load_settings
+    from bumblebot.core.entity import load_entity
+
+    monkeypatch.setenv("NOTES_TOKEN", "notes-token-0123456789")
+    (tmp_path / ".env").write_text("MEMORY_KEY=memory-key-9876543210\n")
+    servers = {
+        "notes": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${NOTES_TOKEN}"}},
+        "memory": {"command": ["true"], "env": {"API_KEY": "${MEMORY_KEY}"}},
+    }
+    settings = load_settings(write_config(tmp_path, llm, None, mcp={"servers": servers}))
+    discord = "discord-token-abcdefghijklmnop"
+    d = Daemon(settings, Secrets(TELEGRAM_BOT_TOKEN=TOKEN, DISCORD_BOT_TOKEN=discord, OPENAI_API_KEY=KEY),
+               load_entity(settings.entity, config_dir=tmp_path))
+    text = f"{TOKEN} {discord} {KEY} notes-token-0123456789 memory-key-9876543210"
+    assert d.redactor(text) == " ".join([MARKER] * 5)
+    assert d.store.redactor is d.redactor

@@ -61,16 +61,6 @@ class Redactor:
                 text = text.replace(secret, MARKER)
         return text
 
-    def values(self, value: Any) -> Any:
-        """A JSON-like structure with every string redacted (keys and structure kept)."""
-        if isinstance(value, str):
-            return self(value)
-        if isinstance(value, dict):
-            return {k: self.values(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self.values(v) for v in value]
-        return value
-
     def params(self, params: Any) -> Any:
         """SQL parameters (a sequence or a mapping) with every text redacted, the same object
         when there is nothing to hide."""
