@@ -111,7 +111,7 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     inode = path.stat().st_ino
     KnowledgeFile(path).append_sections([("A", "b")])
     assert path.stat().st_ino != inode  # replaced, not rewritten in place
-    assert path.stat().st_mode & 0o777 == 0o640
+    assert path.stat().st_mode & 0o777 == 0o600  # the owner's permissions kept, the group's dropped
     assert sorted(p.name for p in tmp_path.iterdir()) == ["knowledge.md"]
 
 

@@ -153,7 +153,7 @@ async def test_write_then_read_round_trip(
     assert result == ToolResult("wrote 12 bytes to deep/er/poem.txt")
     target = layout["workspace"] / "deep" / "er" / "poem.txt"
     assert target.read_text() == "line1\nline2\n"
-    assert oct(target.stat().st_mode & 0o777) == oct(0o644)
+    assert oct(target.stat().st_mode & 0o777) == oct(0o600)  # private, whatever the umask
 
     result = await call(files, ctx, "write_file", path="deep/er/poem.txt", content="new")
     assert result.ok and target.read_text() == "new"
@@ -186,6 +186,27 @@ async def test_append_creates_and_appends(
     )
     await call(files, ctx, "append_file", path="log/a.log", content="two\n")
     assert (layout["workspace"] / "log" / "a.log").read_text() == "one\ntwo\n"
+
+
+async def test_files_written_are_private_whatever_the_umask(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    """Written and appended files are 0600 under a umask of 022; one replaced keeps only its
+    owner's permissions (a script stays executable, for its owner alone)."""
+    workspace = layout["workspace"]
+    (workspace / "open.txt").write_text("old")
+    os.chmod(workspace / "open.txt", 0o644)
+    (workspace / "run.sh").write_text("echo old")
+    os.chmod(workspace / "run.sh", 0o755)
+    previous = os.umask(0o022)
+    try:
+        for name in ("new.txt", "open.txt", "run.sh"):
+            assert (await call(files, ctx, "write_file", path=name, content="new")).ok
+        assert (await call(files, ctx, "append_file", path="added.log", content="one\n")).ok
+    finally:
+        os.umask(previous)
+    modes = {n: oct((workspace / n).stat().st_mode & 0o777) for n in ("new.txt", "open.txt", "run.sh", "added.log")}
+    assert modes == {"new.txt": "0o600", "open.txt": "0o600", "run.sh": "0o700", "added.log": "0o600"}
 
 
 async def test_write_to_a_directory_is_an_error(files: Registry, ctx: ToolContext) -> None:

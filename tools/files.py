@@ -359,10 +359,10 @@ def _writable_target(workspace: Path, path: str, chat: str = "", own_only: bool 
 def _write_sync(workspace: Path, path: str, content: str, chat: str = "", own_only: bool = False) -> str:
     _root, target, shown = _writable_target(workspace, path, chat, own_only)
     data = content.encode("utf-8")
-    try:
-        mode = os.stat(target, follow_symlinks=False).st_mode & 0o7777
+    try:  # the owner's permissions of the file replaced; nothing for the group or others
+        mode = os.stat(target, follow_symlinks=False).st_mode & 0o700
     except FileNotFoundError:
-        mode = 0o644
+        mode = 0o600
     fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -389,7 +389,7 @@ async def append_file(ctx: ToolContext, args: AppendFileArgs) -> ToolResult | st
 def _append_sync(workspace: Path, path: str, content: str, chat: str = "", own_only: bool = False) -> str:
     _root, target, shown = _writable_target(workspace, path, chat, own_only)
     data = content.encode("utf-8")
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW, 0o644)
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "ab") as fh:
         fh.write(data)
     return f"appended {len(data)} bytes to {shown}"

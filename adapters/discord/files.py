@@ -90,13 +90,15 @@ class DiscordFiles:
     def caption_fits(self, text: str) -> bool:
         return utf16_len(text) <= MESSAGE_LIMIT
 
-    async def send_file(self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str) -> str:
+    async def send_file(
+        self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str, name: str = ""
+    ) -> str:
         """One message with the file attached (and ``caption`` as its text), with ``key`` as
         its nonce."""
         data = await asyncio.to_thread(path.read_bytes)
         async with refusals():
             message = await self._channel(chat).send(
-                content=caption or None, file=discord.File(io.BytesIO(data), filename=path.name),
+                content=caption or None, file=discord.File(io.BytesIO(data), filename=name or path.name),
                 allowed_mentions=NO_PINGS, nonce=nonce(key),
             )
         return str(message.id)

@@ -94,13 +94,16 @@ class TelegramFiles:
     def caption_fits(self, text: str) -> bool:
         return utf16_len(text) <= CAPTION_LIMIT  # Telegram counts UTF-16 code units
 
-    async def send_file(self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str) -> str:
+    async def send_file(
+        self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str, name: str = ""
+    ) -> str:
         """``sendPhoto``, ``sendDocument`` or ``sendVoice``; a photo Telegram refuses (too large,
         odd dimensions) goes as a document."""
         chat_id = int(chat.chat_id)
         thread = int(chat.thread_id) if chat.thread_id else None
         data = await asyncio.to_thread(path.read_bytes)
-        upload = InputFile(data, filename=path.name)
+        name = name or path.name
+        upload = InputFile(data, filename=name)
         bot = self.app.bot
         # an upload takes its time (PTB's 5 s read timeout would cut off a big one); one that
         # still times out may have arrived: it is not sent again (one copy at most)
@@ -114,14 +117,14 @@ class TelegramFiles:
                         )
                         return str(message.message_id)
                     except BadRequest as exc:
-                        log.info("Telegram refused %s as a photo (%s); sending it as a document", path.name, exc.message)
-                        upload = InputFile(data, filename=path.name)
+                        log.info("Telegram refused %s as a photo (%s); sending it as a document", name, exc.message)
+                        upload = InputFile(data, filename=name)
                 send = bot.send_voice if kind == "voice" else bot.send_document
                 message = await send(chat_id, upload, caption=caption or None, message_thread_id=thread, **timeouts)
         except DeliveryFailed as exc:
             if isinstance(exc.__cause__, TimedOut):
                 raise DeliveryFailed(
-                    f"the upload of {path.name} timed out; it may or may not have arrived, so it is not sent again",
+                    f"the upload of {name} timed out; it may or may not have arrived, so it is not sent again",
                     retryable=False,
                 ) from exc
             raise

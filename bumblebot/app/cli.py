@@ -33,6 +33,7 @@ from typing import Any, TextIO
 
 from bumblebot import __version__
 from bumblebot.app.daemon import Daemon, instance_lock
+from bumblebot.app.private import private_umask
 from bumblebot.core.config import (
     SECRET_VARIABLES,
     Secrets,
@@ -411,6 +412,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; whatever it creates is private to this user (``bumblebot/app/private.py``)."""
+    with private_umask():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     try:
         settings, secrets, entity = _load(args)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.telegram.pacing import PaceLimits, Pacer
+from bumblebot.app.private import PRIVATE_UMASK, make_private
 from bumblebot.app.watchdog import LoopWatchdog
 from bumblebot.cognition.budget import ContextBudget
 from bumblebot.cognition.compactor import Compactor
@@ -34,6 +35,7 @@ from bumblebot.core.errors import ConfigError, DataDirInUse
 from bumblebot.core.logs import redact_values
 from bumblebot.core.mcp_settings import secret_values as mcp_secret_values
 from bumblebot.core.metrics import NO_METRICS, Metrics
+from bumblebot.core.redaction import Redactor
 from bumblebot.core.settings import Settings
 from bumblebot.core.toolkit import ToolContext
 from bumblebot.delivery import Delivery
@@ -154,11 +156,12 @@ def _tool_lines(schemas: list[dict[str, Any]]) -> list[str]:
 class Daemon:
     """Everything ``bumblebot run`` (or ``chat``) runs, in start order; stops in reverse.
 
-    Start: start the loop watchdog (``bumblebot/app/watchdog.py``), open the store, build the LLM
-    client, tools, cognition and engine, recover (resume cut-off turns, queue pending
-    messages), start each adapter, then let turns run. Stop (idempotent): adapters stop
-    intake, the engine drains in-flight turns (they can still deliver), adapters disconnect,
-    the LLM client closes, the store closes, the watchdog stops last.
+    Start: start the loop watchdog (``bumblebot/app/watchdog.py``), make the data private (the
+    umask 077 until the stop, what was left open closed: ``bumblebot/app/private.py``), open the
+    store, build the LLM client, tools, cognition and engine, recover (resume cut-off turns,
+    queue pending messages), start each adapter, then let turns run. Stop (idempotent):
+    adapters stop intake, the engine drains in-flight turns (they can still deliver), adapters
+    disconnect, the LLM client closes, the store closes, the watchdog stops last.
 
     The parts are attributes (``store``, ``llm``, ``toolbox``, ``delivery``, ``runner``,
     ``engine``) once :meth:`open` ran.
@@ -170,7 +173,10 @@ class Daemon:
     def __init__(self, settings: Settings, secrets: Secrets, entity: Entity, *, pace: PaceLimits | None = None) -> None:
         self.settings, self.secrets, self.entity = settings, secrets, entity
         self.pace = pace
-        self.store = Store(settings.db_path)
+        #: the secrets no chat and nothing stored may hold (the store and delivery apply it)
+        self.redactor = Redactor(secrets.values() + mcp_secret_values(settings.mcp, mcp_environ()))
+        self.store = Store(settings.db_path, redactor=self.redactor)
+        self._umask: int | None = None  # the process umask before :meth:`open`, restored at stop
         self.engine: Engine | None = None
         self.llm: LLM | None = None
         self.speech: Speech | None = None
@@ -201,6 +207,9 @@ class Daemon:
         """Start the loop watchdog, open the store and build every part (no adapter yet)."""
         await self.watchdog.start()  # first: it watches everything after it
         settings, store = self.settings, self.store
+        if self._umask is None:  # what the daemon creates is private (bumblebot/app/private.py)
+            self._umask = os.umask(PRIVATE_UMASK)
+        await asyncio.to_thread(make_private, settings.data_dir, settings.workspace)
         _warn_ignored_settings(settings)
         await store.open()
         environ = mcp_environ()
@@ -242,7 +251,9 @@ class Daemon:
         self.prompts = prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
         api_key = self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None
         self.speech = speech = Speech(settings.llm, settings.voice, base_url=base_url, api_key=api_key)
-        self.delivery = delivery = Delivery(store, speech=speech, media_dir=settings.media_dir, metrics=metrics)
+        self.delivery = delivery = Delivery(
+            store, speech=speech, media_dir=settings.media_dir, metrics=metrics, redactor=self.redactor,
+        )
         settings.workspace.mkdir(parents=True, exist_ok=True)
         self.media = MediaIntake(
             settings.media, store=store, media_dir=settings.media_dir, workspace=settings.workspace.resolve(), speech=speech,
@@ -353,6 +364,8 @@ class Daemon:
             await self.store.close()
         finally:
             await self.watchdog.stop()  # last: it watched the whole stop
+            if self._umask is not None:
+                os.umask(self._umask)
 
 
 def _warn_ignored_settings(settings: Settings) -> None:

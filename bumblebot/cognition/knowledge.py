@@ -209,7 +209,7 @@ class KnowledgeFile:
     def _write_atomic(self, text: str) -> None:
         directory = self.path.parent
         try:
-            mode: int | None = self.path.stat().st_mode & 0o7777
+            mode: int | None = self.path.stat().st_mode & 0o700  # the owner's: the file is private
         except FileNotFoundError:
             mode = None
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)

@@ -203,10 +203,13 @@ class Adapter(ABC):
         takes no files)."""
         return None
 
-    async def send_file(self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str) -> str:
+    async def send_file(
+        self, chat: ChatRef, path: Path, *, kind: FileKind, caption: str, key: str, name: str = ""
+    ) -> str:
         """Send the file at ``path`` as ``kind`` with ``caption`` (plain text, maybe ``""``,
-        within :meth:`caption_limit`); returns the platform's message id. ``key`` as for
-        :meth:`send_chunk`. Raises :class:`~bumblebot.core.errors.DeliveryFailed`."""
+        within :meth:`caption_limit`), called ``name`` in the chat (default: the path's
+        name); returns the platform's message id. ``key`` as for :meth:`send_chunk`. Raises
+        :class:`~bumblebot.core.errors.DeliveryFailed`."""
         raise NotImplementedError
 
     def caption_limit(self) -> int:

@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from bumblebot.core.redaction import MARKER, MIN_SECRET_CHARS
+
 _PATTERNS = [
     re.compile(r"(?<!\d)\d{6,12}:[A-Za-z0-9_-]{30,}"),  # Telegram bot token
     re.compile(r"\bsk-[A-Za-z0-9_-]{16,}\b"),  # OpenAI-style keys
@@ -36,18 +38,16 @@ _PATTERNS = [
 ]
 
 
-#: Secrets shorter than this are not searched for (a key like "1" or "none" for a local
-#: server would otherwise blank out ordinary text); token-shaped strings are caught anyway.
-MIN_SECRET_CHARS = 8
-
-
 def redact(text: str, secrets: list[str]) -> str:
-    """``text`` with each secret and each token-shaped string replaced by ``[REDACTED]``."""
+    """``text`` with each secret and each token-shaped string replaced by ``[REDACTED]``.
+
+    Secrets shorter than :data:`~bumblebot.core.redaction.MIN_SECRET_CHARS` are not searched
+    for; token-shaped strings are caught anyway."""
     for secret in secrets:
         if len(secret) >= MIN_SECRET_CHARS:
-            text = text.replace(secret, "[REDACTED]")
+            text = text.replace(secret, MARKER)
     for pattern in _PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + "[REDACTED]", text)
+        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + MARKER, text)
     return text
 
 

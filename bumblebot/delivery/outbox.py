@@ -19,12 +19,18 @@ when the text is longer than the platform's caption limit; a ``voice`` (``voice.
 mirror``) goes after the text's chunks, its speech made on the first attempt and kept as
 ``<data_dir>/media/voice/voice-<outbox id>-<token>.ogg`` (recorded in the row), so a retry
 sends the same file and never makes it twice; it is deleted once sent. The file is the row's last part and counts in ``platform_message_ids`` like a chunk.
+
+No configured secret reaches a chat: a row's text, caption, file name and the words of its
+voice are redacted before they are sent (:attr:`Delivery.redactor`, the store's too, so a row
+read back after a restart splits into the same chunks), and so are the streamed previews
+(``LivePreview``) and the commands' answers (``Engine.command``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 from collections.abc import AsyncIterator
@@ -36,6 +42,7 @@ from bumblebot.core.adapter import Adapter, FileKind, Typing
 from bumblebot.core.errors import DeliveryFailed, MediaError
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.metrics import NO_METRICS, Metrics
+from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.toolkit import DeliveryReport
 from bumblebot.llm.speech import Speech
 from bumblebot.store import OutboxEntry, Store
@@ -73,13 +80,16 @@ class Delivery:
         media_dir: ``<data_dir>/media``: where voice replies are kept.
         metrics: counts each delivery's outcome (``bumblebot_deliveries_total``: sent,
             failed, queued); default: not counted.
+        redactor: the secrets no chat may see (default: none).
     """
 
     def __init__(
         self, store: Store, *, attempts: int = 3, base_delay_s: float = 0.5, speech: Speech | None = None,
-        media_dir: Path | None = None, metrics: Metrics | None = None,
+        media_dir: Path | None = None, metrics: Metrics | None = None, redactor: Redactor = NO_SECRETS,
     ) -> None:
         self.store = store
+        #: what no chat may see: applied to every row sent, every preview, every command's answer
+        self.redactor = redactor
         self._metrics = NO_METRICS if metrics is None else metrics  # metrics hook
         self._speech = speech
         self._media_dir = media_dir
@@ -190,7 +200,18 @@ class Delivery:
             return DeliveryReport(delivered=False, queued=True, error="the chat is rate limited; sent in order after it")
         return await self._deliver_now(entry, attempts or self.attempts)
 
+    def _shown(self, entry: OutboxEntry) -> OutboxEntry:
+        """``entry`` as its chat may see it: its text (the caption, the voice's words) and its
+        file's name redacted."""
+        if not self.redactor:
+            return entry
+        attachment = entry.attachment
+        if attachment and attachment.get("name"):
+            attachment = {**attachment, "name": self.redactor(attachment["name"])}
+        return dataclasses.replace(entry, text=self.redactor(entry.text), attachment=attachment)
+
     async def _attempts(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
+        entry = self._shown(entry)
         adapter = self._adapters.get(entry.chat.platform)
         if adapter is None:
             await self.store.outbox_progress(
@@ -353,7 +374,8 @@ class Delivery:
             await self.store.outbox_set_attachment(entry.id, attachment)
         if not path or not Path(path).is_file():
             raise DeliveryFailed(f"the file to send is gone: {path}", retryable=False)
-        sent = await adapter.send_file(entry.chat, Path(path), kind=part.kind, caption=part.caption, key=key)
+        name = self.redactor(attachment.get("name") or Path(path).name)
+        sent = await adapter.send_file(entry.chat, Path(path), kind=part.kind, caption=part.caption, key=key, name=name)
         if part.kind == "voice":  # made for this row alone: not kept once it is out
             with contextlib.suppress(OSError):
                 Path(path).unlink()

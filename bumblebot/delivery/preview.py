@@ -15,6 +15,10 @@ the adapter skips (its pacer gave the turn to another call) just tries again aft
 ``interval_s``. Intermediate text is dropped; the final text is always delivered through the
 outbox whatever happened to the preview. Edits never hold the
 model's stream up: :meth:`LivePreview.add` only records the text and wakes the pump task.
+
+A preview never shows a configured secret, nor the beginning of one at the end of the text
+written so far (:meth:`~bumblebot.core.redaction.Redactor.streamed`): that part shows with a
+later edit if it turns out to be something else.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Protocol
 from bumblebot.core.adapter import Adapter
 from bumblebot.core.errors import DeliveryFailed
 from bumblebot.core.events import ChatRef
+from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.store import OutboxEntry
 
 log = logging.getLogger(__name__)
@@ -72,13 +77,16 @@ class LivePreview:
         on_shown: called once, when the first text is visible (the typing indicator stops).
         clean: what the user may see of the raw text (reasoning and engine notes removed);
             applied when the text is shown, at most once per edit, not on every fragment.
+        redactor: the secrets never shown (``Delivery.redactor``), applied after ``clean``.
     """
 
     def __init__(
         self, turn: StreamRows, adapter: Adapter, *, interval_s: float, key: Callable[[int], Awaitable[str]],
         on_shown: Callable[[], None] = lambda: None, clean: Callable[[str], str] = str.strip,
+        redactor: Redactor = NO_SECRETS,
     ) -> None:
         self._clean = clean
+        self._redactor = redactor
         self._turn = turn
         self._adapter = adapter
         self._interval_s = interval_s
@@ -131,7 +139,7 @@ class LivePreview:
                     await _first(self._changed, self._closing)
                     continue
                 version = self._version
-                text = self._clean("".join(self._parts))  # once per edit, not per piece
+                text = self._redactor.streamed(self._clean("".join(self._parts)))  # once per edit, not per piece
                 pause = await self._show(text) if text and text != self.shown else 0.0
                 self._shown_version = version
                 await _first(self._closing, timeout=max(self._interval_s, pause))

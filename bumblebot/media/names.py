@@ -259,7 +259,7 @@ def _publish(source: Path, target: Path) -> None:
         if exc.errno == errno.EXDEV:
             raise
         # no hard links here (FAT, some network shares): reserve the name, then replace it
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         os.close(fd)
         try:
             os.replace(source, target)

@@ -499,7 +499,8 @@ class Engine:
         begun answering are set aside, and what comes after belongs to the new session
         (:meth:`ConversationActor.reset`).
 
-        Returns the text to show, or ``None`` when this message was already handled (duplicate).
+        Returns the text to show (without a secret: adapters show it as it is), or ``None``
+        when this message was already handled (duplicate).
         """
         journal_id = await self._store.journal(inbound.storable(), kv=kv, status="ignored")
         if journal_id is None:
@@ -510,7 +511,7 @@ class Engine:
         manager = manager or inbound.chat_kind is ChatKind.PRIVATE
         if not manager and needs_manager(name.lower(), inbound.text):
             return NOT_MANAGER_TEXT
-        return await handler(inbound, journal_id, manager)
+        return self._delivery.redactor(await handler(inbound, journal_id, manager))
 
     def _command_handlers(self) -> dict[str, Callable[[Inbound, int, bool], Awaitable[str]]]:
         """Each command of :data:`~bumblebot.core.commands.COMMANDS` with its handler."""

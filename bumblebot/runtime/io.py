@@ -235,7 +235,7 @@ class TurnIO(TurnPort):
                     other.add("", start=True)
             live = self._streaming[index] = LivePreview(
                 self._turn, adapter, interval_s=interval, key=self._delivery.preview_key,
-                on_shown=self.typing.pause, clean=self._clean,
+                on_shown=self.typing.pause, clean=self._clean, redactor=self._delivery.redactor,
             )
         live.add(text)
 

@@ -3,6 +3,11 @@
 :class:`Database` is the base of :class:`bumblebot.store.Store` and of each table module's
 class: they all read through :meth:`Database._one` and :meth:`Database._all` and write through
 :meth:`Database.transaction`, which serialises writers on the single connection.
+
+Every text a statement is given passes the store's :class:`~bumblebot.core.redaction.Redactor`
+first (writes and the reads that match on them alike): whatever a table module writes (the
+history, tool calls and their results, the journal, the outbox, traces, tasks), no configured
+secret reaches the file.
 """
 
 from __future__ import annotations
@@ -18,17 +23,38 @@ from typing import Any, Self
 import aiosqlite
 
 from bumblebot.core.errors import StoreError
+from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.store.schema import migrate
 
 log = logging.getLogger(__name__)
 
 
-class Database:
-    """An aiosqlite connection to one file, opened with ``async with`` (see :class:`Store`)."""
+class _Redacting:
+    """The connection as a transaction's statements use it: their texts redacted."""
 
-    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+    def __init__(self, db: aiosqlite.Connection, redactor: Redactor) -> None:
+        self._db = db
+        self._redactor = redactor
+
+    def execute(self, sql: str, parameters: Any = None) -> Any:
+        return self._db.execute(sql, self._redactor.params(parameters))
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        return self._db.executemany(sql, [self._redactor.params(r) for r in rows])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+class Database:
+    """An aiosqlite connection to one file, opened with ``async with`` (see :class:`Store`).
+
+    ``redactor``: the secrets no text written or matched may hold (default: none)."""
+
+    def __init__(self, path: Path, *, readonly: bool = False, redactor: Redactor = NO_SECRETS) -> None:
         self.path = path
         self.readonly = readonly
+        self.redactor = redactor
         self._db: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
 
@@ -77,7 +103,7 @@ class Database:
             await self._end_left_open()
             await self._begin()
             try:
-                yield self.db
+                yield _Redacting(self.db, self.redactor) if self.redactor else self.db  # type: ignore[misc]
             except BaseException:
                 await self.db.execute("ROLLBACK")
                 raise
@@ -90,7 +116,7 @@ class Database:
         thread where ``BEGIN`` … ``COMMIT`` would be three."""
         async with self._write_lock:
             await self._end_left_open()
-            return await self.db.execute(sql, params)
+            return await self.db.execute(sql, self.redactor.params(params))
 
     async def _begin(self) -> None:
         """``BEGIN IMMEDIATE``, never left open: a task cancelled while the statement waits in
@@ -116,8 +142,8 @@ class Database:
 
     async def _one(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
         """The first row of a query that returns at most a few (one trip to aiosqlite's thread)."""
-        rows = await self.db.execute_fetchall(sql, params)
+        rows = await self.db.execute_fetchall(sql, self.redactor.params(params))
         return next(iter(rows), None)
 
     async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
-        return list(await self.db.execute_fetchall(sql, params))
+        return list(await self.db.execute_fetchall(sql, self.redactor.params(params)))

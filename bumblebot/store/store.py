@@ -51,6 +51,8 @@ class Store(
         path: the SQLite file (created with its directory when missing, unless ``readonly``).
         readonly: open for reading only (``bumblebot trace``): no migration, no write, so it
             is safe next to a running daemon of any version this code can read.
+        redactor: the secrets the file never holds: every text a statement is given is
+            redacted first (default: none).
 
     Raises:
         StoreError: the file cannot be opened or its schema is newer than this code.
