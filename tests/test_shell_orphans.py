@@ -1,8 +1,9 @@
 """Commands a killed daemon left running are killed when it starts again (tools.shell).
 
-``run_command`` runs in its own session, so a SIGKILLed daemon's command ran on, and landed its
-effect after the restart while the resumed turn was told the call had been interrupted: a
-careful model checked, found nothing yet, and ran it again.
+``run_command`` runs in its own session, so a SIGKILLed daemon's unconfined command
+(``tools.shell.sandbox: off``) ran on, and landed its effect after the restart while the
+resumed turn was told the call had been interrupted: a careful model checked, found nothing
+yet, and ran it again. (A sandboxed command dies with the daemon: tests/test_sandbox.py.)
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ async def test_a_command_cut_off_by_a_crash_is_killed_at_the_next_start(tmp_path
     judges_say_done(llm)
     llm.push(tool_calls(("run_command", {"command": f"{sys.executable} -c \"{script}\"; echo effect >> eff.txt"})),
              when=is_loop)
-    config = write_config(tmp_path, llm, tg, tools={"shell": {"enabled": True, "timeout_s": 600}})
+    config = write_config(tmp_path, llm, tg, tools={"shell": {"enabled": True, "timeout_s": 600, "sandbox": "off"}})
     pid = None
     proc = await start_daemon(config, tmp_path)
     try:

@@ -17,6 +17,7 @@ from .definition import Tool, make_tool, tool
 from .files import FILE_TOOLS
 from .knowledge import KNOWLEDGE_TOOLS
 from .registry import DEFAULT_MAX_RESULT_CHARS, Registry, cap_text
+from .sandbox import Sandbox, probe
 from .sending import SENDING_TOOLS
 from .shell import COMMANDS_DIR, reap_orphaned_commands, shell_tools
 from .tasks import task_tools
@@ -34,11 +35,13 @@ __all__ = [
     "TOOL_GROUPS",
     "FILE_TOOLS",
     "Registry",
+    "Sandbox",
     "Tool",
     "build_registry",
     "allowlisted_private_chats",
     "cap_text",
     "make_tool",
+    "probe",
     "reap_orphaned_commands",
     "shell_tools",
     "tool",
@@ -74,6 +77,7 @@ def build_registry(
     shell_enabled: bool = False,
     shell_timeout_s: float = 60.0,
     shell_max_output_chars: int = 6000,
+    shell_sandbox: Sandbox | None = None,
     web_enabled: bool = True,
     web_timeout_s: float = 20.0,
     web_max_bytes: int = 2_000_000,
@@ -88,12 +92,14 @@ def build_registry(
     Args:
         workspace: the directory work tools are confined to; created if missing. (The
             tools use ``ToolContext.workspace`` at call time; pass the same directory.)
-        shell_enabled: offer ``run_command``. Off by default: a shell is a trust decision
-            (see :mod:`tools.shell`).
+        shell_enabled: offer ``run_command``. Off by default: even sandboxed, a shell is a
+            trust decision (see :mod:`tools.shell`).
         shell_timeout_s: longest (and default) command run time, in seconds.
         shell_max_output_chars: cap per output stream of a command, about characters;
             lowered to ``(max_result_chars - 400) // 2`` if larger, so that the JSON result
             of a command normally fits the result cap and stays valid JSON.
+        shell_sandbox: the bubblewrap sandbox commands run in, already tried
+            (:func:`tools.sandbox.probe`); ``None``: unconfined.
         web_enabled: offer ``fetch_url``.
         web_timeout_s: deadline of one fetch, in seconds.
         web_max_bytes: most body bytes read per fetch.
@@ -115,7 +121,7 @@ def build_registry(
     tools: list[Tool] = [*AGENCY_TOOLS, *FILE_TOOLS, *SENDING_TOOLS, *KNOWLEDGE_TOOLS]
     if shell_enabled:
         per_stream = min(shell_max_output_chars, max(100, (max_result_chars - 400) // 2))
-        tools += shell_tools(max_timeout_s=shell_timeout_s, max_output_chars=per_stream)
+        tools += shell_tools(max_timeout_s=shell_timeout_s, max_output_chars=per_stream, sandbox=shell_sandbox)
     if scheduler is not None:
         tools += task_tools(scheduler)
     if web_enabled:

@@ -1,40 +1,54 @@
-"""The shell tool, ``run_command``: a trust decision, off by default.
+"""The shell tool, ``run_command``: off by default; on, it runs in a bubblewrap sandbox.
 
-**What this tool is.** ``run_command`` runs ``/bin/sh -c <command>`` as the daemon's own
-user. A shell cannot be confined by looking at the command string: deny-lists of
-"dangerous" commands are bypassed by ``. script``, ``| /bin/bash``, here-strings,
-``su -c``, a newline as a separator and countless spellings (a substring deny-list of
-``rm -rf /`` lets ``rm -fr /`` through). So there is
-no deny-list here, and nothing pretends to be one. Enabling the tool means trusting
-everyone who can talk to the entity with a shell as the daemon user, on the daemon's
-machine, with its network. Only enable it for a daemon whose user and host you are willing
-to hand over, and confine the daemon with the operating system: a dedicated user, systemd
-sandboxing (``ProtectSystem=strict``, ``ProtectHome=yes``, ``ReadWritePaths=`` the
-workspace, ``PrivateTmp=yes``, ``NoNewPrivileges=yes``, ``KillMode=control-group``), or a
-container (see ``deploy/``).
+**What the sandbox guarantees** (``tools.shell.sandbox: bwrap``, the default; the details and
+the reasons are in :mod:`tools.sandbox`): the command sees the workspace, read-write, at
+``/workspace`` (its working directory and ``$HOME``), a private ``/tmp``, the system's
+programs and libraries read-only and a few ``/etc`` files, and nothing else of the host: not
+the data directory (the database, the knowledge files, the other chats' state), not the
+daemon's config or secrets, not the daemon's or any other host process (its own PID
+namespace), no network but its own loopback unless ``tools.shell.network``. Each process is
+limited in address space, CPU seconds and, for the command as a whole, in processes and
+threads, so a fork bomb or a runaway allocation fails inside the sandbox while the daemon goes
+on. The sandbox dies with the daemon.
 
-**What the tool does do** (hygiene, not a sandbox):
+**What it does not guarantee**: the workspace itself is the command's to read, change or fill
+(every chat the bot serves shares it, see ``docs/security.md``); disk use, the memory of all
+processes together and, with ``tools.shell.network``, network use are not limited; a kernel
+bug can break any namespace sandbox. Turning the shell on still hands that much to everyone
+who can talk to the entity. If bubblewrap is missing or cannot run (no user namespaces), the
+tool is not offered and ``bumblebot check`` says why. ``tools.shell.sandbox: off`` runs
+``/bin/sh -c`` unconfined, as the daemon's user, with everything that user can reach (its
+files, ``/proc/<daemon pid>/environ``, the network): a trust decision; then confine the daemon
+itself (a dedicated user, the systemd unit's sandboxing, see ``deploy/``). No deny-list of
+"dangerous" commands is kept in either mode: a shell cannot be confined by looking at the
+command string.
+
+**What the tool does in both modes:**
 
 * cwd is the workspace; the environment is reduced to ``PATH``, ``HOME`` (the workspace)
-  and ``LANG``, so the daemon's secrets (``TELEGRAM_BOT_TOKEN``, ``DISCORD_BOT_TOKEN``,
-  ``OPENAI_API_KEY``, ...) are not handed to the command (they can still be read from
-  wherever the daemon reads them, e.g. its config file, if the user may read it);
+  and ``LANG``, so the daemon's secrets (``TELEGRAM_BOT_TOKEN``, ``OPENAI_API_KEY``, ...) are not handed to the
+  command;
 * stdin is ``/dev/null``, so a command waiting for input ends instead of hanging;
-* the command runs in a new session (its own process group). On timeout the group gets
-  ``SIGTERM``, then ``SIGKILL`` after a grace period. When the shell exits, whatever is
-  left of its group (background children) is killed too: nothing outlives the call. A
-  process that starts its own session (``setsid``) escapes the group; only the OS
-  (``KillMode=control-group``) catches that;
-* a command whose daemon died (SIGKILL, a crash) would run on and land its effect after the
+* the command runs in a new session (its own process group). On timeout the command gets
+  ``SIGTERM``, then ``SIGKILL`` after a grace period; when the shell exits, whatever is left
+  of it (background children) is killed too: nothing outlives the call. Unconfined, the
+  signals go to the shell's process group (a process that starts its own session escapes it;
+  only the OS, ``KillMode=control-group``, catches that); in the sandbox, ``SIGTERM`` goes to
+  the sandbox's session and ``SIGKILL`` to bubblewrap's pid 1, whose death ends every process
+  of the PID namespace, whatever its session;
+* a command whose daemon died (SIGKILL, a crash) could run on and land its effect after the
   restart, while the resumed turn is told the call was interrupted. So each running command
   is noted in ``<data_dir>/commands/<pgid>`` (with the leader's start time), and
   :func:`reap_orphaned_commands` kills what is left of those groups when the daemon starts
-  (Linux ``/proc``; the start time guards against a reused pid);
+  (Linux ``/proc``; the start time guards against a reused pid). A sandbox dies with the
+  daemon on its own (``--die-with-parent``); the ledger catches one cut off while starting;
 * the timeout is the smaller of the model's ``timeout_s`` and the configured maximum;
 * stdout and stderr are captured separately, each capped (head and tail kept), and
   reported as JSON ``{"exit_code", "stdout", "stderr", "timed_out"}``; the result is
   ``ok`` only for exit code 0 without timeout. ``exit_code`` is negative when a signal
-  ended the shell (``-9`` for ``SIGKILL``).
+  ended the shell (``-9`` for ``SIGKILL``) unconfined; in the sandbox bubblewrap reports a
+  shell ended by signal n as ``128 + n``, as shells do (``137`` for ``SIGKILL``). Messages
+  name the workspace as ``/workspace``, never by its path on the host.
 """
 
 from __future__ import annotations
@@ -44,9 +58,10 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -54,6 +69,7 @@ from pydantic import BaseModel, Field
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .definition import Tool, make_tool
+from .sandbox import WORKSPACE, Sandbox
 
 __all__ = [
     "COMMANDS_DIR",
@@ -73,14 +89,16 @@ COMMANDS_DIR = "commands"
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def command_env(workspace: Path) -> dict[str, str]:
+def command_env(workspace: Path, *, sandboxed: bool = False) -> dict[str, str]:
     """The whole environment a command gets: ``PATH``, ``HOME`` = workspace, ``LANG``.
 
     Nothing else of the daemon's environment is passed on (no tokens, no API keys).
+    ``sandboxed``: ``HOME`` is the workspace as the sandbox sees it and ``PATH`` the standard
+    one (the daemon's may name host directories the sandbox does not have).
     """
     return {
-        "PATH": os.environ.get("PATH") or _DEFAULT_PATH,
-        "HOME": str(workspace),
+        "PATH": _DEFAULT_PATH if sandboxed else os.environ.get("PATH") or _DEFAULT_PATH,
+        "HOME": WORKSPACE if sandboxed else str(workspace),
         "LANG": os.environ.get("LANG") or "C.UTF-8",
     }
 
@@ -262,6 +280,37 @@ def reap_orphaned_commands(ledger: Path) -> int:
     return killed
 
 
+class _SandboxLeader:
+    """The host pid of bubblewrap's pid 1, which leads the sandbox's session, as bwrap reports
+    it on its ``--info-fd`` (``{"child-pid": ...}``), read without waiting when needed."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._data = b""
+        self.pid: int | None = None
+
+    def read(self) -> int | None:
+        """The pid, once bwrap has written it (it does before the sandbox starts)."""
+        if self.pid is None and self._fd >= 0:
+            with contextlib.suppress(OSError):  # BlockingIOError: nothing (more) written yet
+                while chunk := os.read(self._fd, 4096):
+                    self._data += chunk
+            found = re.search(rb'"child-pid"\s*:\s*(\d+)', self._data)
+            self.pid = int(found.group(1)) if found else None
+        return self.pid
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the sandbox's session (its pid 1 takes only ``SIGKILL``, which ends
+        the whole PID namespace)."""
+        if (pid := self.read()) is not None:
+            _signal_group(pid, sig)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 async def run_shell(
     command: str,
     *,
@@ -271,67 +320,108 @@ async def run_shell(
     kill_grace_s: float = 2.0,
     env: dict[str, str] | None = None,
     ledger: Path | None = None,
+    sandbox: Sandbox | None = None,
 ) -> CommandOutcome:
-    """Run ``/bin/sh -c command`` in its own process group and collect its output.
+    """Run ``/bin/sh -c command`` in a session of its own, in ``sandbox`` if given, and
+    collect its output.
 
     Args:
         command: the shell command line.
-        cwd: working directory (the workspace).
-        timeout_s: seconds before the group gets ``SIGTERM`` (then ``SIGKILL`` after
+        cwd: working directory (the workspace; in the sandbox, bound at ``/workspace``).
+        timeout_s: seconds before the command gets ``SIGTERM`` (then ``SIGKILL`` after
             ``kill_grace_s``).
         max_output_chars: cap per stream, in bytes of output (about as many characters).
         kill_grace_s: seconds between ``SIGTERM`` and ``SIGKILL``, and the longest wait
-            for the output pipes to close once the group is dead.
+            for the output pipes to close once the command is dead.
         env: the environment; defaults to :func:`command_env` of ``cwd``.
         ledger: where the running command is noted for :func:`reap_orphaned_commands`
             (``<data_dir>/commands``); ``None``: not noted.
+        sandbox: run it in this bubblewrap sandbox (:mod:`tools.sandbox`); ``None``: unconfined.
 
     Returns:
-        The outcome. Whatever is left of the process group is killed before returning,
-        also when the call is cancelled.
+        The outcome. Whatever is left of the command is killed before returning, also when
+        the call is cancelled.
 
     Raises:
-        OSError: if the shell cannot be started (e.g. ``cwd`` does not exist).
-        asyncio.CancelledError: if cancelled (after killing the group).
+        OSError: if the shell (or bubblewrap) cannot be started (e.g. ``cwd`` does not exist).
+        asyncio.CancelledError: if cancelled (after killing the command).
     """
     loop = asyncio.get_running_loop()
     protocol = _CommandProtocol(max_output_chars)
+    leader: _SandboxLeader | None = None
+    pass_fds: tuple[int, ...] = ()
+    argv = ["/bin/sh", "-c", command]
+    if sandbox is not None:
+        info, pass_fds = _info_pipe()
+        leader = _SandboxLeader(info)
+        argv = sandbox.argv(command, cwd, info_fd=pass_fds[0])
     starting = asyncio.ensure_future(
         loop.subprocess_exec(
             lambda: protocol,
-            "/bin/sh",
-            "-c",
-            command,
+            *argv,
             cwd=cwd,
-            env=command_env(cwd) if env is None else env,
+            env=command_env(cwd, sandboxed=sandbox is not None) if env is None else env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     )
     try:
-        # shielded: a cancellation while asyncio is still wiring the pipes would leave
-        # asyncio waiting for pipes that background children may hold open for minutes
-        transport, _ = await asyncio.shield(starting)
-    except asyncio.CancelledError:
         try:
-            started, _ = await starting
-        except Exception:
-            pass  # the shell did not start: nothing to stop
-        else:
-            await _stop(started, protocol, kill_grace_s)
-        raise
+            # shielded: a cancellation while asyncio is still wiring the pipes would leave
+            # asyncio waiting for pipes that background children may hold open for minutes
+            transport, _ = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            try:
+                started, _ = await starting
+            except Exception:
+                pass  # the shell did not start: nothing to stop
+            else:
+                await _stop(started, protocol, leader, kill_grace_s)
+            raise
+        finally:
+            for fd in pass_fds:
+                os.close(fd)  # bwrap has its copy (or failed to start)
+        outcome = await _supervise(transport, protocol, leader, timeout_s, kill_grace_s, ledger)
+    finally:
+        if leader is not None:
+            leader.close()
+    if sandbox is None:
+        return outcome
+    return replace(outcome, stdout=sandbox.scrub(outcome.stdout, cwd), stderr=sandbox.scrub(outcome.stderr, cwd))
+
+
+def _info_pipe() -> tuple[int, tuple[int]]:
+    """A pipe for bwrap's ``--info-fd``: the read end (non-blocking) and the write end to pass."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    return read, (write,)
+
+
+async def _supervise(
+    transport: asyncio.SubprocessTransport,
+    protocol: _CommandProtocol,
+    leader: _SandboxLeader | None,
+    timeout_s: float,
+    kill_grace_s: float,
+    ledger: Path | None,
+) -> CommandOutcome:
+    """Wait for the started command, stop it on timeout, and say how it ended."""
     note = _note_command(ledger, transport.get_pid())
     timed_out = False
     try:
         if not await _wait(protocol.exited, timeout_s):
             timed_out = True
-            _signal_group(transport.get_pid(), signal.SIGTERM)
+            if leader is None:
+                _signal_group(transport.get_pid(), signal.SIGTERM)
+            else:  # not bwrap itself: its death would kill the sandbox at once
+                leader.signal(signal.SIGTERM)
             await _wait(protocol.exited, kill_grace_s)
     finally:
         try:
-            await _stop(transport, protocol, kill_grace_s)
+            await _stop(transport, protocol, leader, kill_grace_s)
         finally:
             if note is not None:
                 with contextlib.suppress(OSError):
@@ -342,11 +432,26 @@ async def run_shell(
 
 
 async def _stop(
-    transport: asyncio.SubprocessTransport, protocol: _CommandProtocol, grace_s: float
+    transport: asyncio.SubprocessTransport,
+    protocol: _CommandProtocol,
+    leader: _SandboxLeader | None,
+    grace_s: float,
 ) -> None:
-    """Kill what is left of the command's process group and close the transport."""
-    _signal_group(transport.get_pid(), signal.SIGKILL)  # the shell leads its own group
+    """Kill what is left of the command and close the transport.
+
+    In the sandbox: first its pid 1 (the kernel then kills every process of the namespace, and
+    bwrap reports ``128 + 9``), then bwrap's group, then pid 1 once more: a sandbox that had
+    not been set up at the first kill was in bwrap's group until it started its session, and
+    bwrap has reported it by now.
+    """
+    running = not protocol.exited.is_set()
     try:
+        if leader is not None and running:
+            leader.signal(signal.SIGKILL)
+            await _wait(protocol.exited, grace_s)
+        _signal_group(transport.get_pid(), signal.SIGKILL)  # the shell or bwrap leads its own group
+        if leader is not None and running:
+            leader.signal(signal.SIGKILL)
         await _wait(protocol.exited, grace_s)
         await _wait(protocol.pipes_closed, grace_s)
     finally:
@@ -365,6 +470,7 @@ def shell_tools(
     max_timeout_s: float = 60.0,
     max_output_chars: int = 6000,
     kill_grace_s: float = 2.0,
+    sandbox: Sandbox | None = None,
 ) -> tuple[Tool, ...]:
     """The ``run_command`` tool, configured.
 
@@ -372,6 +478,8 @@ def shell_tools(
         max_timeout_s: the longest a command may run, in seconds; also the default.
         max_output_chars: cap per stream (stdout, stderr), about characters.
         kill_grace_s: seconds between ``SIGTERM`` and ``SIGKILL`` on timeout.
+        sandbox: run commands in this bubblewrap sandbox (check first that it works:
+            :func:`tools.sandbox.probe`); ``None``: unconfined.
 
     Returns:
         A one-tool tuple. Its registry timeout leaves room for the kill sequence, so the
@@ -385,14 +493,18 @@ def shell_tools(
 
     async def run_command(ctx: ToolContext, args: RunCommandArgs) -> ToolResult:
         timeout = min(args.timeout_s or max_timeout_s, max_timeout_s)
-        outcome = await run_shell(
-            args.command,
-            cwd=ctx.workspace,
-            timeout_s=timeout,
-            max_output_chars=max_output_chars,
-            kill_grace_s=kill_grace_s,
-            ledger=ctx.data_dir / COMMANDS_DIR,
-        )
+        try:
+            outcome = await run_shell(
+                args.command,
+                cwd=ctx.workspace,
+                timeout_s=timeout,
+                max_output_chars=max_output_chars,
+                kill_grace_s=kill_grace_s,
+                ledger=ctx.data_dir / COMMANDS_DIR,
+                sandbox=sandbox,
+            )
+        except OSError as exc:  # its text would name host paths
+            return ToolResult.error(f"the command could not be started: {exc.strerror or 'system error'}")
         return outcome.to_result()
 
     description = (
@@ -400,6 +512,12 @@ def shell_tools(
         f"and stderr as JSON. It is stopped after timeout_s seconds (at most "
         f"{max_timeout_s:g}); background processes do not survive the call; stdin is empty."
     )
+    if sandbox is not None:
+        description += (
+            f" It runs in a sandbox: the workspace is {WORKSPACE} (also $HOME), /tmp is private and "
+            "emptied after each call, the rest of the system is read-only"
+            + ("." if sandbox.network else ", and there is no network.")
+        )
     built = make_tool(
         run_command,
         kind=ToolKind.WORK,

@@ -117,6 +117,17 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     stt = settings.llm.transcription_base_url or base_url
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
+    if settings.tools.shell.enabled:
+        from bumblebot.app.daemon import shell_sandbox_problem
+
+        if settings.tools.shell.sandbox == "off":
+            _line(True, "shell", "WARNING: run_command runs unconfined (tools.shell.sandbox: off): as this user, with its "
+                  "files, processes, secrets and network")
+        elif problem := await shell_sandbox_problem(settings):
+            fail("shell", f"run_command is not offered: {problem}")
+        else:
+            net = "with" if settings.tools.shell.network else "without"
+            _line(True, "shell", f"run_command runs in a bubblewrap sandbox, {net} network")
 
     for what, detail in tool_access_lines(settings):
         _line(True, what, detail)

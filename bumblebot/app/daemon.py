@@ -115,18 +115,43 @@ def trusted_chats(settings: Settings, is_private: Callable[[str], bool] | None =
     )
 
 
+def shell_sandbox(settings: Settings) -> Any:
+    """The bubblewrap sandbox of ``tools.shell`` (a ``tools.Sandbox``), ``None`` for ``sandbox: off``."""
+    from tools import Sandbox
+
+    s = settings.tools.shell
+    if s.sandbox == "off":
+        return None
+    return Sandbox(bwrap=s.bwrap, network=s.network, memory_mb=s.memory_mb, max_processes=s.max_processes, cpu_s=s.cpu_s)
+
+
+async def shell_sandbox_problem(settings: Settings) -> str | None:
+    """Why ``run_command`` cannot be offered although ``tools.shell.enabled``: its sandbox does
+    not run here (tried once per process, ``tools.sandbox.probe``). ``None``: it can be."""
+    from tools import probe
+
+    sandbox = shell_sandbox(settings)
+    if not settings.tools.shell.enabled or sandbox is None:
+        return None
+    return await probe(sandbox, settings.workspace.resolve())
+
+
 def build_toolbox(
-    settings: Settings, scheduler: Scheduler | None = None, is_private: Callable[[str], bool] | None = None
+    settings: Settings, scheduler: Scheduler | None = None, *, shell_problem: str | None = None,
+    is_private: Callable[[str], bool] | None = None,
 ) -> Any:
-    """The registry of the daemon's tools, each offered where ``tools.<group>.allowed_chats`` says."""
+    """The tools the daemon offers, each where ``tools.<group>.allowed_chats`` says
+    (``is_private`` tells a Discord DM's key); ``shell_problem`` (from
+    :func:`shell_sandbox_problem`): leave ``run_command`` out, its sandbox does not run."""
     from tools import build_registry, tool_access
 
     t = settings.tools
     return build_registry(
         workspace=settings.workspace,
-        shell_enabled=t.shell.enabled,
+        shell_enabled=t.shell.enabled and shell_problem is None,
         shell_timeout_s=t.shell.timeout_s,
         shell_max_output_chars=t.shell.max_output_chars,
+        shell_sandbox=shell_sandbox(settings),
         web_enabled=t.web.enabled,
         web_timeout_s=t.web.timeout_s,
         web_max_bytes=t.web.max_bytes,
@@ -240,7 +265,11 @@ class Daemon:
             settings.automation, settings.autonomy, store,
             zone=lambda: (self.prompts.entity if self.prompts is not None else self.entity).zone,
         )
-        self.toolbox = toolbox = build_toolbox(settings, scheduler, self._discord_dm)
+        if problem := await shell_sandbox_problem(settings):
+            log.error("run_command is not offered: %s", problem)
+        elif settings.tools.shell.enabled and settings.tools.shell.sandbox == "off":
+            log.warning("run_command runs commands unconfined, as this user (tools.shell.sandbox: off)")
+        self.toolbox = toolbox = build_toolbox(settings, scheduler, shell_problem=problem, is_private=self._discord_dm)
         if self.mcp is not None:
             from tools.mcp import MCPTools
 

@@ -308,10 +308,25 @@ def _chats(default: str) -> Any:
 
 
 class ShellSettings(_Section):
-    enabled: bool = Field(False, description="register run_command")
+    enabled: bool = Field(False, description="register run_command (in a bubblewrap sandbox unless sandbox: off)")
     timeout_s: float = Field(30.0, gt=0, description="maximum run time of one command, seconds")
     max_output_chars: int = Field(6000, ge=1000, description="cap of stdout/stderr each, characters")
+    sandbox: Literal["bwrap", "off"] = Field(
+        "bwrap",
+        description="bwrap: commands run in a bubblewrap sandbox (the workspace writable, the system read-only, "
+        "no daemon files or processes); if it cannot run, run_command is not offered; off: unconfined, as the daemon user",
+    )
+    bwrap: str = Field("bwrap", min_length=1, description="the bubblewrap binary: a name looked up in PATH, or a path")
+    network: bool = Field(False, description="sandboxed commands reach the network (the host's, loopback included)")
+    memory_mb: int = Field(1024, ge=16, description="address space of each sandboxed process, MiB")
+    max_processes: int = Field(128, ge=4, description="processes and threads a sandboxed command may have at once")
+    cpu_s: int = Field(60, ge=1, description="CPU time of each sandboxed process, seconds")
     allowed_chats: list[str] = _chats("private")
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_off(cls, value: Any) -> Any:
+        return _off_is_text(value)
 
 
 class WebSettings(_Section):
