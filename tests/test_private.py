@@ -82,7 +82,7 @@ async def cli(config: Path, tmp_path: Path, *args: str, stdin: bytes = b"") -> b
 
 async def test_run_backup_chat_and_a_restart_under_umask_022_leave_only_private_files(tmp_path, llm, tg):
     judges_say_done(llm)
-    config = write_config(tmp_path, llm, tg)
+    config = write_config(tmp_path, llm, tg, telegram={"allowed_user_ids": [41]})  # the whole workspace
     data = tmp_path / "data"
     llm.push(tool_calls(("write_file", {"path": "notes/out.txt", "content": "kept"}),
                         ("remember", {"title": "Tea", "body": "likes green tea"})), when=is_loop)

@@ -129,7 +129,7 @@ async def test_a_file_name_and_caption_carrying_the_key_are_sent_and_stored_reda
     (workspace / f"report-{KEY}.txt").write_text("numbers\n")
     llm.push(tool_calls(("send_file", {"path": f"report-{KEY}.txt", "caption": f"made with {KEY}"})), when=is_loop)
     llm.push(say("sent"), when=is_loop)
-    async with running(write_config(tmp_path, llm, tg)) as d:
+    async with running(write_config(tmp_path, llm, tg, telegram={"allowed_user_ids": [53]})) as d:
         tg.push_text("send me the report as a file please", chat_id=53)
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
@@ -146,7 +146,7 @@ async def test_a_tool_result_holding_the_key_is_stored_redacted_and_read_back_so
     (workspace / "settings.ini").write_text(f"api_key = {KEY}\n")
     llm.push(tool_calls(("read_file", {"path": "settings.ini"})), when=is_loop)
     llm.push(say("it holds a key; I won't repeat it"), when=is_loop)
-    config = write_config(tmp_path, llm, tg)
+    config = write_config(tmp_path, llm, tg, telegram={"allowed_user_ids": [54]})
     async with running(config) as d:
         tg.push_text("what does settings.ini hold?", chat_id=54)
         await tg.wait_for("sendMessage")

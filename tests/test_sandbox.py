@@ -217,7 +217,8 @@ async def test_unprivileged_the_process_limit_holds_in_the_user_namespace(
 
 
 def shell_config(tmp_path: Path, llm: FakeOpenAI, tg: Any, **shell: Any) -> Path:
-    return write_config(tmp_path, llm, tg, tools={"shell": {"enabled": True, **shell}})
+    # the chats of these tests are their allowlisted users' private chats: the shell is offered there
+    return write_config(tmp_path, llm, tg, tools={"shell": {"enabled": True, **shell}}, telegram={"allowed_user_ids": [81, 82]})
 
 
 @pytest.mark.parametrize("sandbox", ["bwrap", "off"])
