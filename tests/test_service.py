@@ -128,6 +128,19 @@ def test_the_user_unit_has_no_user_and_no_namespace_sandboxing():
         assert unit[f"Service.{key}"] == ["yes"], key  # seccomp-based: fine for an unprivileged manager
 
 
+def test_with_the_sandboxed_shell_on_the_unit_lets_bubblewrap_start_and_keeps_the_rest():
+    """A service with tools.shell.enabled got a unit under which bubblewrap cannot start (no
+    namespaces, a hidden /proc, no netlink), so the shell was never offered."""
+    plain, shell = parse(standard()), parse(standard(shell_sandbox=True))
+    assert shell["Service.RestrictNamespaces"] == ["user mnt pid ipc uts net cgroup"]
+    assert shell["Service.ProtectKernelTunables"] == ["no"] and shell["Service.ProtectKernelLogs"] == ["no"]
+    assert shell["Service.RestrictAddressFamilies"] == ["AF_INET AF_INET6 AF_UNIX AF_NETLINK"]
+    changed = {"Service.RestrictNamespaces", "Service.ProtectKernelTunables", "Service.ProtectKernelLogs",
+               "Service.RestrictAddressFamilies"}
+    assert {k: v for k, v in shell.items() if k not in changed} == {k: v for k, v in plain.items() if k not in changed}
+    assert plain["Service.RestrictNamespaces"] == ["yes"]
+
+
 def test_no_user_runs_the_system_unit_as_root():
     assert "Service.User" not in parse(standard(user=None))
 

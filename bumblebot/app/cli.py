@@ -301,7 +301,11 @@ def run_service(args: argparse.Namespace, config: Path | None, settings: Setting
         return EXIT_CONFIG
     workspace = settings.workspace.resolve()
     outside = [] if workspace.is_relative_to(settings.data_dir.resolve()) else [workspace]
-    plan = service.plan_install(config_path=config, data_dir=settings.data_dir, user_mode=args.user, writable=outside)
+    shell = settings.tools.shell
+    plan = service.plan_install(
+        config_path=config, data_dir=settings.data_dir, user_mode=args.user, writable=outside,
+        shell_sandbox=shell.enabled and shell.sandbox == "bwrap",
+    )
     try:
         print(service.install(plan, dry_run=args.dry_run))
     except service.InstallError as exc:

@@ -192,6 +192,7 @@ def render_unit(
     user_mode: bool,
     working_dir: Path,
     writable: Iterable[Path] = (),
+    shell_sandbox: bool = False,
 ) -> str:
     """The unit file text (module docstring, "The unit", for every setting and why).
 
@@ -207,6 +208,9 @@ def render_unit(
         working_dir: ``WorkingDirectory=``, absolute.
         writable: more directories the daemon writes (e.g. a ``tools.workspace`` outside
             ``data_dir``), made writable like ``data_dir``.
+        shell_sandbox: ``run_command`` is on, in its bubblewrap sandbox: the unit lets the
+            daemon make the namespaces, the own ``/proc`` and the netlink socket bubblewrap
+            needs (else the shell would not be offered).
 
     Raises:
         InstallError: a path is relative or has characters a unit cannot hold (it is named).
@@ -281,21 +285,27 @@ def render_unit(
         lines += [
             "PrivateTmp=yes",
             "PrivateDevices=yes",
-            "ProtectKernelTunables=yes",
+            f"ProtectKernelTunables={'no' if shell_sandbox else 'yes'}",
             "ProtectKernelModules=yes",
-            "ProtectKernelLogs=yes",
+            f"ProtectKernelLogs={'no' if shell_sandbox else 'yes'}",
             "ProtectControlGroups=yes",
             "ProtectClock=yes",
             "ProtectHostname=yes",
             "CapabilityBoundingSet=",
             "AmbientCapabilities=",
         ]
+    if shell_sandbox:  # docs/tools.md, "The shell sandbox"
+        lines += [
+            "# run_command's bubblewrap sandbox: its namespaces, its own /proc (which the two",
+            "# Protect* settings above would stop it mounting) and its loopback (set up by netlink).",
+            "RestrictNamespaces=user mnt pid ipc uts net cgroup",
+        ]
     lines += [
         "RestrictSUIDSGID=yes",
         "RestrictRealtime=yes",
-        "RestrictNamespaces=yes",
+        *([] if shell_sandbox else ["RestrictNamespaces=yes"]),
         "LockPersonality=yes",
-        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX" + (" AF_NETLINK" if shell_sandbox else ""),
         "SystemCallArchitectures=native",
         "",
         "[Install]",
@@ -341,6 +351,7 @@ def plan_install(
     unit_dir: Path | None = None,
     home: Path | None = None,
     euid: int | None = None,
+    shell_sandbox: bool = False,
 ) -> InstallPlan:
     """Work out the unit for the installation this process runs from.
 
@@ -357,6 +368,7 @@ def plan_install(
         unit_dir: where the unit goes (default per ``user_mode``; tests pass a tmp directory).
         home: the home directory for ``user_mode`` (default ``Path.home()``).
         euid: whose commands to print (default ``os.geteuid()``; root gets no ``sudo``).
+        shell_sandbox: ``tools.shell`` is on with its bubblewrap sandbox (see :func:`render_unit`).
 
     Raises:
         InstallError: no config file, no console script next to ``executable``, or a path the
@@ -388,6 +400,7 @@ def plan_install(
     unit_text = render_unit(
         exec_path=entry, config_path=config, data_dir=data, env_file=env, user=user,
         user_mode=user_mode, working_dir=data, writable=[Path(os.path.abspath(p)) for p in writable],
+        shell_sandbox=shell_sandbox,
     )
 
     notes: list[str] = []
