@@ -8,7 +8,8 @@ JSON arguments (``tools/arguments.py``) and invoking the tool (tools are declare
 ``ToolResult(ok=False)``. A tool runs at most once per call, and only with validated
 arguments: a failed call is never run again (say, with no arguments after a ``TypeError``),
 since a second run could repeat its effects. ``asyncio.CancelledError`` propagates. A result
-longer than ``max_result_chars`` is cut in the middle (:func:`cap_text`).
+longer than ``max_result_chars`` is cut in the middle (:func:`cap_text`). What a tool returns
+(a web page, a file, an MCP server's answer) has its lone surrogates replaced by U+FFFD.
 
 Tools that come and go at run time (MCP servers, ``tools/mcp.py``) reach a registry through a
 :class:`ToolSource` (:meth:`Registry.add_source`): its tools are offered and run next to the
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from bumblebot.core.events import storable_text
 from bumblebot.core.logs import bound
 from bumblebot.core.settings import MIN_TOOL_RESULT_CHARS
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
@@ -314,9 +316,10 @@ class Registry:
             asyncio.CancelledError: if the call is cancelled (never swallowed).
         """
         out = await self._run(name, arguments, ctx)
-        if len(out.content) > self.max_result_chars:
-            out = ToolResult(cap_text(out.content, self.max_result_chars), ok=out.ok)
-        return out
+        content = storable_text(out.content)
+        if len(content) > self.max_result_chars:
+            content = cap_text(content, self.max_result_chars)
+        return out if content == out.content else ToolResult(content, ok=out.ok)
 
     async def _run(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
         found = self._callable(name, ctx.conversation)

@@ -3,6 +3,12 @@
 :class:`Database` is the base of :class:`bumblebot.store.Store` and of each table module's
 class: they all read through :meth:`Database._one` and :meth:`Database._all` and write through
 :meth:`Database.transaction`, which serialises writers on the single connection.
+
+Every text bound to a statement goes through :func:`~bumblebot.core.events.storable_text`
+on its way (:class:`Writes`): SQLite takes text as UTF-8, which has no lone surrogate, and one
+in a transcript, a file name or a tool's output would otherwise fail the write again at every
+retry. JSON columns are written with :func:`~bumblebot.core.messages.json_text`, which does
+the same for what is inside them.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -18,9 +24,32 @@ from typing import Any, Self
 import aiosqlite
 
 from bumblebot.core.errors import StoreError
+from bumblebot.core.events import storable_text
 from bumblebot.store.schema import migrate
 
 log = logging.getLogger(__name__)
+
+
+def storable(params: Sequence[Any]) -> tuple[Any, ...]:
+    """A statement's parameters with each text made storable (lone surrogates as U+FFFD)."""
+    return tuple(storable_text(p) if isinstance(p, str) else p for p in params)
+
+
+class Writes:
+    """The connection as a write transaction uses it: ``execute`` and ``executemany`` bind
+    storable text (:func:`storable`); anything else is the aiosqlite connection's own."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._db.execute(sql, storable(params))
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> aiosqlite.Cursor:
+        return await self._db.executemany(sql, [storable(r) for r in rows])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
 
 
 class Database:
@@ -71,13 +100,13 @@ class Database:
         return self._db
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def transaction(self) -> AsyncIterator[Writes]:
         """Serialise a write transaction; commits on success, rolls back on error."""
         async with self._write_lock:
             await self._end_left_open()
             await self._begin()
             try:
-                yield self.db
+                yield Writes(self.db)
             except BaseException:
                 await self.db.execute("ROLLBACK")
                 raise
@@ -90,7 +119,7 @@ class Database:
         thread where ``BEGIN`` … ``COMMIT`` would be three."""
         async with self._write_lock:
             await self._end_left_open()
-            return await self.db.execute(sql, params)
+            return await self.db.execute(sql, storable(params))
 
     async def _begin(self) -> None:
         """``BEGIN IMMEDIATE``, never left open: a task cancelled while the statement waits in
@@ -116,8 +145,8 @@ class Database:
 
     async def _one(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
         """The first row of a query that returns at most a few (one trip to aiosqlite's thread)."""
-        rows = await self.db.execute_fetchall(sql, params)
+        rows = await self.db.execute_fetchall(sql, storable(params))
         return next(iter(rows), None)
 
     async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
-        return list(await self.db.execute_fetchall(sql, params))
+        return list(await self.db.execute_fetchall(sql, storable(params)))
