@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import sqlite3
 from pathlib import Path
 
+import pytest
 from conftest import running, write_config
 from fakes.openai_server import image_parts, is_loop, tool_calls
 from support import contents, judges_say_done, loop_requests, say, tool_results
@@ -704,3 +706,62 @@ def test_a_chat_that_moves_takes_its_inbox_along(tmp_path):
     media = MediaIntake(MediaSettings(), store=None, media_dir=tmp_path / "m", workspace=workspace, speech=None)  # type: ignore[arg-type]
     media.move_chat("telegram:-5", "telegram:-1005")
     assert (workspace / "inbox" / "telegram_-1005" / "a.txt").read_text() == "a" and not old.exists()
+
+
+# -- transcription answers that are not what the API promises -------------------------------------
+
+#: What an exception's name looks like in a message (none may reach a user).
+EXCEPTION_NAME = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception)\b")
+
+
+@pytest.mark.parametrize("body, content_type", [
+    ("not json at all {", "application/json"),  # the SDK's reader raised JSONDecodeError
+    ('{"text": 12345}', "application/json"),  # the strip() of an int raised AttributeError
+    ('{"transcript": "hi"}', "application/json"),
+    ("<html><body>502 Bad Gateway</body></html>", "text/html"),
+])
+async def test_a_transcription_answer_that_is_not_what_the_api_promises_is_told_plainly_and_the_chat_goes_on(
+    tmp_path, llm, tg, body, content_type,
+):
+    """Such an answer raised in intake: the user saw the exception's name ("JSONDecodeError"),
+    the voice note was stored as a user message with content '' and, on an endpoint that
+    refuses blank text, every later turn of the chat failed with 400."""
+    judges_say_done(llm)
+    llm.push_transcript_body(body, content_type)
+    llm.push(say("yes, still here"), when=is_loop)
+    audio = b"OggS" + b"\x06" * 90
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(audio, chat_id=21)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        tg.push_text("are you there?", chat_id=21)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
+    notice, answer = tg.sent(21)
+    assert notice.startswith("I couldn't transcribe your voice message (the transcription service gave an answer that could not be read).")
+    assert not EXCEPTION_NAME.search(notice) and answer == "yes, still here"
+    [kept] = (tmp_path / "data" / "workspace" / "inbox" / "telegram_21").glob("voice-*.ogg")
+    assert kept.read_bytes() == audio
+    users = [r[0] for r in sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute("SELECT content FROM messages WHERE role='user'")]
+    assert len(users) == 2 and all(u.strip() for u in users) and "could not be transcribed" in users[0]
+    assert not llm.violations
+
+
+async def test_a_transcript_with_a_lone_surrogate_is_answered_and_the_chat_goes_on(tmp_path, llm, tg):
+    """The transcript's lone surrogate made ``store.begin_turn`` raise UnicodeEncodeError; the
+    daemon retried every 5 s for ever and every later message of the chat stayed pending."""
+    judges_say_done(llm)
+    llm.push_transcript("call me at \ud83d noon")
+    llm.push(say("noted"), when=lambda r: is_loop(r) and "noon" in contents(r))
+    llm.push(say("and again"), when=lambda r: is_loop(r) and "one more" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(b"OggS" + b"\x07" * 90, chat_id=22)
+        await tg.wait_for("sendMessage")
+        tg.push_text("one more", chat_id=22)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(22) == ["noted", "and again"]
+    assert "call me at \ufffd noon" in contents(loop_requests(llm)[0])
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT status FROM journal ORDER BY id").fetchall() == [("done",), ("done",)]
+    assert "\ufffd" in json.loads(db.execute("SELECT media FROM journal ORDER BY id").fetchone()[0])["text"]
