@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import logging
 
-from telegram import Update
 from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError, TimedOut
 from telegram.ext import (
     Application,
@@ -189,7 +188,7 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         backoff = 1.0
         while True:
             try:
-                updates = await self.app.bot.get_updates(
+                await self.app.bot.get_updates(  # the batch is read update by update by self._polling
                     offset=offset, timeout=self.settings.poll_timeout_s, allowed_updates=ALLOWED_UPDATES,
                     limit=1 if offset <= self._polling.narrow_until else None,
                 )
@@ -217,7 +216,7 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
                 continue
-            for update_id, update in self._in_order(offset, updates):
+            for update_id, update in self._polling.take_batch():
                 next_offset = update_id + 1
                 if update is None:  # one python-telegram-bot cannot read (logged): passed
                     await self.intake.set_cursor(OFFSET_KEY, str(next_offset))
@@ -247,12 +246,6 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
                     await self.intake.set_cursor(OFFSET_KEY, str(next_offset))
                     self._pending_kv = {}
                 offset = next_offset
-
-    def _in_order(self, offset: int, updates: tuple[Update, ...]) -> list[tuple[int, Update | None]]:
-        """The batch by update id: the updates, and (as ``None``) those of it that could not be
-        read (:class:`~adapters.telegram.polling.PollingRequest`), whose offset is passed too."""
-        unread = [(i, None) for i in set(self._polling.take_skipped()) if i >= offset]
-        return sorted([*((u.update_id, u) for u in updates), *unread], key=lambda pair: pair[0])
 
     async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
         self._handler_error = context.error

@@ -6,8 +6,10 @@ python-telegram-bot reads a batch whole (``Update.de_list``): one update it cann
 the batch, the offset never moves past it, and no chat is served again. :class:`PollingRequest`
 is the batch's connection (``ApplicationBuilder.get_updates_request``) and reads its JSON
 through ``parse_json_payload``, the hook python-telegram-bot gives for reading JSON: each update
-is tried on its own (``Update.de_json``), one that fails is left out of the batch, logged once
-with its id, and kept in :attr:`PollingRequest.skipped` for the poller to move the offset past.
+is read on its own (``Update.de_json``) and kept for the poller (:meth:`PollingRequest.take_batch`);
+one that fails is logged once with its id and kept as ``None``, for the poller to move the offset
+past it. ``Bot.get_updates`` is then only the transport (parameters, timeouts, errors) and
+returns an empty tuple: each update is read once.
 
 A body nested too deeply for the standard library's JSON reader cannot be read at all: its
 updates are then asked for one at a time (:attr:`PollingRequest.narrow_until`), and the one
@@ -35,21 +37,25 @@ TOLD_KEPT = 1000
 
 class PollingRequest(HTTPXRequest):
     """python-telegram-bot's HTTP request for ``getUpdates`` (one connection, ``read_timeout``
-    long enough for a long poll), reading each update on its own (module docstring)."""
+    long enough for a long poll), reading each update on its own (module docstring).
+
+    Args:
+        read_timeout: seconds to wait for an answer (the long poll's timeout and a margin).
+    """
 
     def __init__(self, read_timeout: float) -> None:
         super().__init__(connection_pool_size=1, read_timeout=read_timeout)
-        #: ids of the updates left out of the batches read since the poller last took them
-        self.skipped: list[int] = []
         #: the poller asks for one update at a time up to this id (a batch that could not be read)
         self.narrow_until = -1
         #: the bot the updates are read for (set once the application is built)
         self.bot: Bot | None = None
+        self._batch: list[tuple[int, Update | None]] = []
         self._told: dict[int, None] = {}  # updates skipped lately (insertion order: oldest first)
 
-    def take_skipped(self) -> list[int]:
-        skipped, self.skipped = self.skipped, []
-        return skipped
+    def take_batch(self) -> list[tuple[int, Update | None]]:
+        """The last answer's updates by id, ``None`` for one that could not be read."""
+        batch, self._batch = sorted(self._batch, key=lambda pair: pair[0]), []
+        return batch
 
     def parse_json_payload(self, payload: bytes) -> Any:  # type: ignore[override]
         try:
@@ -57,34 +63,35 @@ class PollingRequest(HTTPXRequest):
         except RecursionError:  # nested deeper than the standard library's reader goes
             return self._undecodable(payload)
         result = data.get("result") if isinstance(data, dict) else None
-        if not isinstance(result, list):  # another method's answer, or an error's
+        if not isinstance(result, list) or not data.get("ok"):  # an error's answer
             return data
-        return {**data, "result": [u for u in result if self._readable(u)]}
+        self._batch = [self._read(update) for update in result]
+        return {**data, "result": []}
 
-    def _readable(self, update: Any) -> bool:
+    def _read(self, update: Any) -> tuple[int, Update | None]:
+        update_id = update.get("update_id") if isinstance(update, dict) else None
         try:
-            Update.de_json(update, self.bot)
+            return int(update_id), Update.de_json(update, self.bot)  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - whatever the library fails with, the update is skipped
-            update_id = update.get("update_id") if isinstance(update, dict) else None
-            self._skip(update_id if isinstance(update_id, int) else None, _why(exc))
-            return False
-        return True
+            if not isinstance(update_id, int):
+                raise NetworkError("getUpdates answered an update without an id") from exc
+            self._skip(update_id, _why(exc))
+            return update_id, None
 
-    def _skip(self, update_id: int | None, why: str) -> None:
-        """Leave an update out: logged the first time (a batch read again, after a failed write,
-        holds it again), kept for the poller."""
-        if update_id is None or update_id not in self._told:
+    def _skip(self, update_id: int, why: str) -> None:
+        """Leave an update out, logged the first time (a batch read again, after a failed
+        write, holds it again)."""
+        if update_id not in self._told:
             log.warning("Telegram: update %s cannot be read (%s); skipped", update_id, why)
-        if update_id is not None:
-            self._told[update_id] = None
-            while len(self._told) > TOLD_KEPT:
-                self._told.pop(next(iter(self._told)))
-            self.skipped.append(update_id)
+        self._told[update_id] = None
+        while len(self._told) > TOLD_KEPT:
+            self._told.pop(next(iter(self._told)))
 
     def _undecodable(self, payload: bytes) -> dict[str, Any]:
         ids = [int(m) for m in _UPDATE_ID.findall(payload)]
         if len(ids) == 1:
             self._skip(ids[0], "nested too deeply")
+            self._batch = [(ids[0], None)]
         elif ids:
             log.info("Telegram: a batch of updates is nested too deeply to read; reading %d update(s) one at a time", len(ids))
             self.narrow_until = max(ids)
@@ -95,5 +102,5 @@ class PollingRequest(HTTPXRequest):
 
 def _why(exc: BaseException) -> str:
     """A short reason for a log line (an exception's first line, at most 200 characters)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
