@@ -765,3 +765,55 @@ async def test_a_transcript_with_a_lone_surrogate_is_answered_and_the_chat_goes_
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
     assert db.execute("SELECT status FROM journal ORDER BY id").fetchall() == [("done",), ("done",)]
     assert "\ufffd" in json.loads(db.execute("SELECT media FROM journal ORDER BY id").fetchone()[0])["text"]
+
+
+# -- how many files one turn takes ---------------------------------------------------------------
+
+
+async def test_a_ten_thousand_part_album_makes_one_turn_of_ten_images_and_every_chat_goes_on(tmp_path, llm, tg):
+    """Nothing capped the files of a turn: a 10,000-part album made one request with 3,800
+    images. An album holds at most 10 files: the parts past ``media.max_attachments_per_turn``
+    are never fetched, the sender is told once, and the chat and the others go on."""
+    judges_say_done(llm)
+    llm.push(say("ten fine photos"), when=is_loop)
+    llm.push(say("hello other"), when=lambda r: is_loop(r) and "other chat" in contents(r))
+    photo = png(8, 8)
+    for i in range(10_000):  # one album over 10,000 updates, all waiting when the daemon starts
+        last = tg.push_photo([(8, 8, photo)], caption="my trip" if i == 0 else None, chat_id=92, media_group_id="flood")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset") or 0) > last["update_id"], timeout=60)
+        tg.push_text("other chat", chat_id=93)
+        await tg.wait_for("sendMessage", n=3)
+        await d.engine.wait_for_turns(2)
+        offset = await d.store.get_kv("telegram.offset")
+    overflow, answer = tg.sent(92)
+    assert overflow.startswith("That album has more files than I take at once (10)") and answer == "ten fine photos"
+    assert tg.sent(93) == ["hello other"] and offset == str(last["update_id"] + 2)
+    album_turn, other_turn = loop_requests(llm)
+    assert len(image_parts(album_turn)) == 10 and "my trip" in contents(album_turn) and not image_parts(other_turn)
+    assert len(tg.get_file_calls) == 10 and not llm.violations
+
+
+async def test_files_past_the_cap_of_one_turn_are_not_fetched_and_the_model_and_the_sender_are_told(tmp_path, llm):
+    """A message with more files than ``media.max_attachments_per_turn`` (Discord takes 10 a
+    message; a burst of messages, more): the first ones are fetched, the others never are."""
+    from fakes.discord_server import FakeDiscord
+
+    judges_say_done(llm)
+    llm.push(say("three seen"), when=is_loop)
+    files = [{"filename": f"p{i}.png", "data": png(16, 16, (i * 40, 0, 0)), "content_type": "image/png"} for i in range(5)]
+    async with FakeDiscord() as dc:
+        section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+        config = write_config(tmp_path, llm, None, discord=section, media={"max_attachments_per_turn": 3})
+        async with running(config, telegram_token=None, discord_token=dc.token) as d:
+            dm = dc.dm_channel_id()
+            await dc.send_dm("which is reddest?", attachments=files)
+            await dc.wait_until(lambda: len(dc.messages_sent(dm)) == 2)
+            await d.engine.wait_for_turns(1)
+        notice, answer = dc.messages_sent(dm)
+        assert len(dc.downloads) == 3
+    assert notice == "I take 3 files at a time, so I left the other 2 out. Send them again, a few at a time, if they matter."
+    assert answer == "three seen"
+    [request] = loop_requests(llm)
+    assert len(image_parts(request)) == 3
+    assert "[2 more files came with this and were left out unopened: at most 3 are taken at once]" in contents(request)

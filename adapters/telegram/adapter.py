@@ -127,7 +127,7 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._started = False
         self._bot_budget = BotTurnBudget()
-        self._albums: dict[str, None] = {}  # albums answered lately (insertion order: oldest first)
+        self._albums: dict[str, int] = {}  # albums answered lately, with the parts taken (oldest first)
         self._menu: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -70,6 +70,8 @@ class Prepared:
         notices: sentences for the user about files that could not be used.
         usable: how many files gave the model something.
         spoken: the transcripts alone (what the router reads of a voice note).
+        left_out: how many of its files were not fetched at all (over
+            ``media.max_attachments_per_turn``).
     """
 
     text: str = ""
@@ -79,6 +81,7 @@ class Prepared:
     notices: tuple[str, ...] = ()
     usable: int = 0
     spoken: str = ""
+    left_out: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "text", storable_text(self.text))
@@ -89,6 +92,7 @@ class Prepared:
         return {
             "text": self.text, "images": [i.to_json() for i in self.images], "voice": self.voice,
             "document": self.document, "notices": list(self.notices), "usable": self.usable, "spoken": self.spoken,
+            "left_out": self.left_out,
         }
 
     @classmethod
@@ -99,7 +103,7 @@ class Prepared:
             text=str(data.get("text") or ""), images=tuple(ImageRef.from_json(i) for i in data.get("images") or ()),
             voice=bool(data.get("voice")), document=bool(data.get("document")),
             notices=tuple(str(n) for n in data.get("notices") or ()), usable=int(data.get("usable") or 0),
-            spoken=str(data.get("spoken") or ""),
+            spoken=str(data.get("spoken") or ""), left_out=int(data.get("left_out") or 0),
         )
 
 

@@ -17,11 +17,14 @@ each file through the adapter that received it and turns it into a :class:`Prepa
   collisions suffixed: :func:`bumblebot.media.names.place`); the model is told the path, size
   and type, with the first ``media.inline_chars`` characters inline for text and PDFs.
 
-What came of it (:class:`~bumblebot.media.fetched.Prepared`) is written to the journal row
-(``journal.media``) before the turn begins, so a restart never downloads or transcribes a
-message twice. A file that cannot be fetched or read gives a :attr:`Prepared.notices` line for
-the user (in words, never an exception's name); when nothing of the message is left for the
-model (no caption, nothing readable) the turn ends with that notice alone.
+The messages a turn takes at once fetch at most ``media.max_attachments_per_turn`` files together
+(a thousand-part album must not make one request of a thousand images); the others are never
+downloaded, and the model and the user are told, once, how many were left out. What came of it
+(:class:`~bumblebot.media.fetched.Prepared`) is written to the journal row (``journal.media``)
+before the turn begins, so a restart never downloads or transcribes a message twice. A file
+that cannot be fetched or read gives a :attr:`Prepared.notices` line for the user (in words,
+never an exception's name); when nothing of the message is left for the model (no caption,
+nothing readable) the turn ends with that notice alone.
 """
 
 from __future__ import annotations
@@ -163,10 +166,12 @@ class MediaIntake:
                 as failed instead.
         """
         out: list[JournalEntry] = []
+        takes, left_out = self._plan(entries)
         for entry in entries:
             if entry.inbound.attachments and entry.media is None:
                 try:
-                    result = (await self._prepare(entry, final)).to_json()
+                    result = (await self._prepare(entry, final, takes[entry.id], left_out)).to_json()
+                    left_out = left_out if result["left_out"] == 0 else 0  # told once, with the first
                 except MediaUnavailable as exc:
                     exc.entries = [*out, *entries[len(out):]]  # what was prepared stays prepared
                     raise
@@ -175,10 +180,26 @@ class MediaIntake:
             out.append(entry)
         return out
 
-    async def _prepare(self, entry: JournalEntry, final: bool) -> Prepared:
+    def _plan(self, entries: list[JournalEntry]) -> tuple[dict[int, int], int]:
+        """How many of its files each entry to prepare may fetch, in order, so that ``entries``
+        fetch at most ``media.max_attachments_per_turn`` together (counting those fetched
+        before); and how many are left out."""
+        room = self.settings.max_attachments_per_turn - sum(
+            len(e.inbound.attachments) - prepared(e).left_out for e in entries if e.media is not None
+        )
+        takes: dict[int, int] = {}
+        for e in entries:
+            if e.inbound.attachments and e.media is None:
+                takes[e.id] = min(len(e.inbound.attachments), max(room, 0))
+                room -= takes[e.id]
+        return takes, sum(len(e.inbound.attachments) for e in entries if e.id in takes) - sum(takes.values())
+
+    async def _prepare(self, entry: JournalEntry, final: bool, take: int, left_out: int) -> Prepared:
+        """The files of ``entry``, its first ``take`` fetched; when it leaves some out, it tells
+        the model and the user how many of the turn's (``left_out``) were."""
         result = _Result()
         atts = entry.inbound.attachments
-        for index, att in enumerate(atts):
+        for index, att in enumerate(atts[:take]):
             try:
                 await self._one(entry, index, att, result, final)
             except MediaError as exc:
@@ -192,11 +213,18 @@ class MediaIntake:
                 log.exception("file %d of message %s in %s failed", index, entry.inbound.message_id, entry.inbound.chat.key)
                 result.notices.append(f"I couldn't use {_what(att)}: something went wrong reading it.")
                 result.text.append(f"[{_what(att, cap=True)} that could not be used]")
+        if take < len(atts) and left_out:
+            cap = self.settings.max_attachments_per_turn
+            log.info("%d file(s) in %s left out: over %d at once", left_out, entry.inbound.chat.key, cap)
+            files = f"{left_out} more file{'s' if left_out != 1 else ''}"
+            result.text.append(f"[{files} came with this and {'were' if left_out != 1 else 'was'} left out unopened: at most {cap} are taken at once]")
+            result.notices.append(f"I take {cap} files at a time, so I left the other {left_out} out. Send them again, a few at a time, if they matter.")
         return Prepared(
             text="\n".join(result.text), images=tuple(result.images),
             voice=any(a.kind is AttachmentKind.VOICE for a in atts),
             document=any(a.kind is AttachmentKind.DOCUMENT for a in atts),
             notices=tuple(result.notices), usable=result.usable, spoken="\n".join(result.spoken),
+            left_out=len(atts) - take,
         )
 
     async def _fetch(self, entry: JournalEntry, att: Attachment, dest: Path) -> int:
