@@ -264,6 +264,21 @@ async def test_send_file_refuses_a_path_outside_the_workspace(tmp_path, llm, tg)
     assert "error" in json.loads(result)
 
 
+async def test_send_file_of_a_name_longer_than_the_file_system_allows_is_a_plain_error(tmp_path, llm, tg, caplog):
+    """``is_file`` raised on the over-long name: a traceback in the log, and the workspace's
+    absolute path in what the model read."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("send_file", {"path": "n" * 300 + ".pdf"})), when=is_loop)
+    llm.push(say("no such file"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("send me the file with the very long name from the workspace, please", chat_id=23)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    [result] = tool_results(loop_requests(llm)[1])
+    assert json.loads(result)["error"] == f"no such file in the workspace: {'n' * 300}.pdf"
+    assert not [r for r in caplog.records if r.exc_info] and tg.files_sent == []
+
+
 async def test_voice_reply_mirror_sends_the_reply_as_ogg_voice_next_to_the_text(tmp_path, llm, tg):
     llm.push_transcript("how are you")
     llm.push(say("fine, thanks"), when=is_loop)
