@@ -832,3 +832,23 @@ async def test_files_past_the_cap_of_one_turn_are_not_fetched_and_the_model_and_
     [request] = loop_requests(llm)
     assert len(image_parts(request)) == 3
     assert "[2 more files came with this and were left out unopened: at most 3 are taken at once]" in contents(request)
+
+
+async def test_a_file_host_that_cannot_be_reached_is_told_without_the_http_library_s_words(tmp_path, llm, tg, monkeypatch):
+    """python-telegram-bot words a failed connection "httpx.ConnectError: …": that reached the
+    user inside "I can't get to the file you sent right now (…)"."""
+    import socket
+
+    from bumblebot.media import intake
+
+    monkeypatch.setattr(intake, "FETCH_RETRY_S", 0.01)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    config = write_config(tmp_path, llm, tg, telegram={"base_url": tg.base_url, "base_file_url": f"http://127.0.0.1:{closed}/file/bot"})
+    async with running(config):
+        tg.push_document(b"data", "notes.txt", "text/plain", chat_id=24)
+        [told] = await tg.wait_for("sendMessage")
+    notice = told.params["text"]
+    assert notice.startswith("I can't get to the file you sent right now (Telegram could not be reached).")
+    assert "httpx" not in notice and not EXCEPTION_NAME.search(notice)
