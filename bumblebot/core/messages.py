@@ -17,6 +17,7 @@ per message and cached, so the cost of estimating a prompt grows with new messag
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -235,10 +236,16 @@ def clip_arguments(arguments: str, max_chars: int) -> str:
     return json_text(clip(value))
 
 
+#: What a surrogate looks like in JSON text: raw, or as a ``\uXXXX`` escape.
+_MAY_HOLD_SURROGATE = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
+
+
 def storable_arguments(arguments: str) -> str:
     """A tool call's arguments (a JSON object's text) with every lone surrogate, raw or written
     as a ``\\uXXXX`` escape (which reads back as a raw one), replaced by U+FFFD; ``arguments``
-    itself when it holds none, or is not valid JSON."""
+    itself when it holds none."""
+    if not _MAY_HOLD_SURROGATE.search(arguments):
+        return arguments
     try:
         value = json.loads(arguments)
     except (ValueError, RecursionError):
