@@ -852,3 +852,19 @@ async def test_a_file_host_that_cannot_be_reached_is_told_without_the_http_libra
     notice = told.params["text"]
     assert notice.startswith("I can't get to the file you sent right now (Telegram could not be reached).")
     assert "httpx" not in notice and not EXCEPTION_NAME.search(notice)
+
+
+async def test_an_audio_file_with_a_name_longer_than_servers_take_is_transcribed_under_a_short_one(tmp_path, llm, tg):
+    """The sender's 3,000-character name went to the transcription server as the upload's file
+    name; the server failed on the header (HTTP 500), and the voice note waited as if the
+    service were down."""
+    judges_say_done(llm)
+    llm.push_transcript("the long one")
+    llm.push(say("heard it"), when=lambda r: is_loop(r) and "the long one" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_audio(b"ID3" + b"\x08" * 90, file_name="\U0001f3b5" * 3000 + ".mp3", chat_id=25)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    [sent] = llm.transcriptions
+    assert sent["filename"].endswith(".mp3") and len(sent["filename"].encode()) <= 120
+    assert tg.sent(25) == ["heard it"]
