@@ -30,12 +30,12 @@ from bumblebot.core.settings import DiscordSettings
 if TYPE_CHECKING:
     from adapters.discord.adapter import DiscordAdapter
 
+log = logging.getLogger(__name__)
+
 #: Seconds discord.py waits for further GUILD_CREATEs after READY before ``on_ready``. The
 #: guilds arrive right after READY; the cache fills on its own for any that come later, and
 #: messages are taken before ``on_ready`` anyway, so a long wait would only delay start-up.
 GUILD_READY_TIMEOUT_S = 0.2
-log = logging.getLogger(__name__)
-
 #: Gateway events whose parsers are not guarded: they make the session.
 SESSION_EVENTS = frozenset({"READY", "RESUMED"})
 #: Longest rate limit discord.py sleeps through (discord.py raises it to at least 30 s); a

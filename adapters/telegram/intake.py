@@ -21,9 +21,9 @@ Files: photos, image documents, voice notes, audio, video and other documents ar
 (:mod:`adapters.telegram.files`); one over ``telegram.max_file_bytes`` gets one polite reply and
 is never downloaded. Stickers, locations, venues, contacts, polls and dice arrive as a short
 description in the text. The parts of an album make one turn; an album holds at most 10 files,
-so parts past ``media.max_attachments_per_turn`` of one are journaled as ignored (never fetched)
-and the sender is told once. Service messages (joins, pins, new topics) are nobody speaking:
-nothing is journaled.
+so the parts of one past ``media.max_attachments_per_turn`` are neither fetched nor answered
+(the sender is told once, with the first of them). Service messages (joins, pins, new topics)
+are nobody speaking: nothing is journaled.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bumblebot.media.intake import MediaFiles, MediaIntake, MediaUnavailable, normalise_image
     from bumblebot.media.fetched import ImageRef, Prepared, answerable, image_tokens, prepared
+    from bumblebot.media.intake import MediaFiles, MediaIntake, MediaUnavailable, normalise_image
 
 #: Each name and the module it is loaded from.
 _HOMES = {
