@@ -6,7 +6,7 @@ import json
 
 from conftest import running, write_config
 from fakes.openai_server import Reply, is_loop, tool_calls
-from support import db, judges_say_done, loop_requests, say, tool_result
+from support import db, judges_say_done, loop_requests, say, tool_result, tool_results
 
 
 def _call(name: str, arguments: str, *, end: bool = False) -> Reply:
@@ -115,6 +115,20 @@ async def test_a_say_whose_text_holds_a_lone_surrogate_after_reasoning_is_cut_do
         await daemon.engine.wait_for_turns(1, timeout=15)
     assert tg.sent(183) == ["hi \ufffd there", "Next turn is fine."]
     assert llm.violations == []
+
+
+async def test_a_work_call_whose_arguments_hold_a_lone_surrogate_runs_with_u_fffd(tmp_path, llm, tg):
+    """``{"content": "a\\ud800b"}``: the file write failed on the surrogate (UTF-8 has none),
+    and the arguments kept it for every later request of the turn."""
+    judges_say_done(llm)
+    llm.push(_call("write_file", '{"path": "odd.txt", "content": "a\\ud800b"}'), when=is_loop)
+    llm.push(say("written"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as daemon:
+        tg.push_text("please write the odd character into a file called odd.txt", chat_id=184)
+        await daemon.engine.wait_for_turns(1)
+    assert (tmp_path / "data" / "workspace" / "odd.txt").read_text() == "a\ufffdb"
+    [result] = tool_results(loop_requests(llm)[1])
+    assert result == "wrote 5 bytes to odd.txt" and tg.sent(184) == ["written"] and not llm.violations
 
 
 # -- a say is never cut off by the tool timeout ------------------------------------------------

@@ -424,3 +424,27 @@ async def test_one_process_serves_telegram_and_discord(tmp_path, llm, dc, tg):
         await dc.wait_for_call("POST", MESSAGES, status=200)
         await tg.wait_for("sendMessage")
     assert dc.messages_sent() == ["hello discord"] and tg.sent(31) == ["hello telegram"]
+
+
+@pytest.mark.parametrize("broken", [
+    {"channel_id": "not a snowflake"},  # discord.py's parser raised ValueError
+    {"author": None},  # and TypeError
+    {"id": None, "channel_id": None},
+])
+async def test_a_gateway_event_discord_py_cannot_parse_is_skipped_and_intake_goes_on(tmp_path, llm, dc, caplog, broken):
+    """A parser's exception escaped discord.py's gateway loop: the client stopped, and with it
+    the daemon. The event is logged and skipped; the messages before and after it are answered."""
+    judges_say_done(llm)
+    llm.push(say("first"), when=lambda r: is_loop(r) and "before it" in contents(r))
+    llm.push(say("second"), when=lambda r: is_loop(r) and "after it" in contents(r))
+    async with bot(dc, config(tmp_path, llm, dc)) as d:
+        await dc.send_dm("before it")
+        dm = dc.dm_channel_id()
+        await dc.wait_until(lambda: dc.messages_sent(dm) == ["first"])
+        payload = dc.message_payload("odd", dm, author=dc.human_user)
+        await dc.dispatch("MESSAGE_CREATE", {**payload, **broken})
+        await dc.send_dm("after it")
+        await dc.wait_until(lambda: dc.messages_sent(dm) == ["first", "second"])
+        await d.engine.wait_for_turns(2)
+        assert not d.adapters[0].failure.done()
+    assert [r for r in caplog.records if "cannot be read" in r.getMessage() and r.levelname == "WARNING"]

@@ -578,6 +578,19 @@ def test_pdf_text_broken_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         pdf_text(path)
 
 
+def test_a_reader_failure_without_words_is_told_without_the_exception_s_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reason of a failure whose message is empty was the exception's name ("the PDF could
+    not be read: IndexError"), and the user read it."""
+
+    def extract(self: pypdf.PageObject, *args: Any, **kwargs: Any) -> str:
+        raise IndexError
+
+    monkeypatch.setattr(pypdf.PageObject, "extract_text", extract)
+    with pytest.raises(DocumentError) as raised:
+        pdf_text(write_pdf(tmp_path, make_pdf(THREE_PAGES)))
+    assert str(raised.value) == "the PDF could not be read: it seems damaged"
+
+
 # -- describe_size --------------------------------------------------------------------------
 
 

@@ -185,6 +185,9 @@ async def test_a_command_that_cannot_run_is_reported(caplog: pytest.LogCaptureFi
         assert status.state is ServerState.RETRYING
         assert status.error == "cannot run '/nonexistent/mcp-server': No such file or directory: /nonexistent/mcp-server"
         assert "MCP server ghost failed to start: cannot run" in caplog.text
+        # /status in a chat says that it is down, not the error (a path of the daemon's machine)
+        shown = MCPTools(manager, trusted=allowlisted_private_chats(telegram_user_ids=[OWNER])).summary(PRIVATE_CHAT)
+        assert shown.startswith("MCP: ghost retrying in ") and "nonexistent" not in shown and "(" not in shown
 
 
 async def test_a_server_that_dies_is_reconnected(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

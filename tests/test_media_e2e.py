@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import sqlite3
 from pathlib import Path
 
+import pytest
 from conftest import running, write_config
 from fakes.openai_server import image_parts, is_loop, tool_calls
 from support import contents, judges_say_done, loop_requests, say, tool_results
@@ -260,6 +262,21 @@ async def test_send_file_refuses_a_path_outside_the_workspace(tmp_path, llm, tg)
     assert tg.files_sent == []
     result = [m["content"] for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"][0]
     assert "error" in json.loads(result)
+
+
+async def test_send_file_of_a_name_longer_than_the_file_system_allows_is_a_plain_error(tmp_path, llm, tg, caplog):
+    """``is_file`` raised on the over-long name: a traceback in the log, and the workspace's
+    absolute path in what the model read."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("send_file", {"path": "n" * 300 + ".pdf"})), when=is_loop)
+    llm.push(say("no such file"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("send me the file with the very long name from the workspace, please", chat_id=23)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    [result] = tool_results(loop_requests(llm)[1])
+    assert json.loads(result)["error"] == f"no such file in the workspace: {'n' * 300}.pdf"
+    assert not [r for r in caplog.records if r.exc_info] and tg.files_sent == []
 
 
 async def test_voice_reply_mirror_sends_the_reply_as_ogg_voice_next_to_the_text(tmp_path, llm, tg):
@@ -704,3 +721,150 @@ def test_a_chat_that_moves_takes_its_inbox_along(tmp_path):
     media = MediaIntake(MediaSettings(), store=None, media_dir=tmp_path / "m", workspace=workspace, speech=None)  # type: ignore[arg-type]
     media.move_chat("telegram:-5", "telegram:-1005")
     assert (workspace / "inbox" / "telegram_-1005" / "a.txt").read_text() == "a" and not old.exists()
+
+
+# -- transcription answers that are not what the API promises -------------------------------------
+
+#: What an exception's name looks like in a message (none may reach a user).
+EXCEPTION_NAME = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception)\b")
+
+
+@pytest.mark.parametrize("body, content_type", [
+    ("not json at all {", "application/json"),  # the SDK's reader raised JSONDecodeError
+    ('{"text": 12345}', "application/json"),  # the strip() of an int raised AttributeError
+    ('{"transcript": "hi"}', "application/json"),
+    ("<html><body>502 Bad Gateway</body></html>", "text/html"),
+])
+async def test_a_transcription_answer_that_is_not_what_the_api_promises_is_told_plainly_and_the_chat_goes_on(
+    tmp_path, llm, tg, body, content_type,
+):
+    """Such an answer raised in intake: the user saw the exception's name ("JSONDecodeError"),
+    the voice note was stored as a user message with content '' and, on an endpoint that
+    refuses blank text, every later turn of the chat failed with 400."""
+    judges_say_done(llm)
+    llm.push_transcript_body(body, content_type)
+    llm.push(say("yes, still here"), when=is_loop)
+    audio = b"OggS" + b"\x06" * 90
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(audio, chat_id=21)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        tg.push_text("are you there?", chat_id=21)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
+    notice, answer = tg.sent(21)
+    assert notice.startswith("I couldn't transcribe your voice message (the transcription service gave an answer that could not be read).")
+    assert not EXCEPTION_NAME.search(notice) and answer == "yes, still here"
+    [kept] = (tmp_path / "data" / "workspace" / "inbox" / "telegram_21").glob("voice-*.ogg")
+    assert kept.read_bytes() == audio
+    users = [r[0] for r in sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute("SELECT content FROM messages WHERE role='user'")]
+    assert len(users) == 2 and all(u.strip() for u in users) and "could not be transcribed" in users[0]
+    assert not llm.violations
+
+
+async def test_a_transcript_with_a_lone_surrogate_is_answered_and_the_chat_goes_on(tmp_path, llm, tg):
+    """The transcript's lone surrogate made ``store.begin_turn`` raise UnicodeEncodeError; the
+    daemon retried every 5 s for ever and every later message of the chat stayed pending."""
+    judges_say_done(llm)
+    llm.push_transcript("call me at \ud83d noon")
+    llm.push(say("noted"), when=lambda r: is_loop(r) and "noon" in contents(r))
+    llm.push(say("and again"), when=lambda r: is_loop(r) and "one more" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_voice(b"OggS" + b"\x07" * 90, chat_id=22)
+        await tg.wait_for("sendMessage")
+        tg.push_text("one more", chat_id=22)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(22) == ["noted", "and again"]
+    assert "call me at \ufffd noon" in contents(loop_requests(llm)[0])
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT status FROM journal ORDER BY id").fetchall() == [("done",), ("done",)]
+    assert "\ufffd" in json.loads(db.execute("SELECT media FROM journal ORDER BY id").fetchone()[0])["text"]
+
+
+# -- how many files one turn takes ---------------------------------------------------------------
+
+
+async def test_a_ten_thousand_part_album_makes_one_turn_of_ten_images_and_every_chat_goes_on(tmp_path, llm, tg):
+    """Nothing capped the files of a turn: a 10,000-part album made one request with 3,800
+    images. An album holds at most 10 files: the parts past ``media.max_attachments_per_turn``
+    are never fetched, the sender is told once, and the chat and the others go on."""
+    judges_say_done(llm)
+    llm.push(say("ten fine photos"), when=is_loop)
+    llm.push(say("hello other"), when=lambda r: is_loop(r) and "other chat" in contents(r))
+    photo = png(8, 8)
+    for i in range(10_000):  # one album over 10,000 updates, all waiting when the daemon starts
+        last = tg.push_photo([(8, 8, photo)], caption="my trip" if i == 0 else None, chat_id=92, media_group_id="flood")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await tg.wait_for("getUpdates", predicate=lambda p: int(p.get("offset") or 0) > last["update_id"], timeout=60)
+        tg.push_text("other chat", chat_id=93)
+        await tg.wait_for("sendMessage", n=3)
+        await d.engine.wait_for_turns(2)
+        offset = await d.store.get_kv("telegram.offset")
+    overflow, answer = tg.sent(92)
+    assert overflow.startswith("That album has more files than I take at once (10)") and answer == "ten fine photos"
+    assert tg.sent(93) == ["hello other"] and offset == str(last["update_id"] + 2)
+    album_turn, other_turn = loop_requests(llm)
+    assert len(image_parts(album_turn)) == 10 and "my trip" in contents(album_turn) and not image_parts(other_turn)
+    assert len(tg.get_file_calls) == 10 and not llm.violations
+
+
+async def test_files_past_the_cap_of_one_turn_are_not_fetched_and_the_model_and_the_sender_are_told(tmp_path, llm):
+    """A message with more files than ``media.max_attachments_per_turn`` (Discord takes 10 a
+    message; a burst of messages, more): the first ones are fetched, the others never are."""
+    from fakes.discord_server import FakeDiscord
+
+    judges_say_done(llm)
+    llm.push(say("three seen"), when=is_loop)
+    files = [{"filename": f"p{i}.png", "data": png(16, 16, (i * 40, 0, 0)), "content_type": "image/png"} for i in range(5)]
+    async with FakeDiscord() as dc:
+        section = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url}
+        config = write_config(tmp_path, llm, None, discord=section, media={"max_attachments_per_turn": 3})
+        async with running(config, telegram_token=None, discord_token=dc.token) as d:
+            dm = dc.dm_channel_id()
+            await dc.send_dm("which is reddest?", attachments=files)
+            await dc.wait_until(lambda: len(dc.messages_sent(dm)) == 2)
+            await d.engine.wait_for_turns(1)
+        notice, answer = dc.messages_sent(dm)
+        assert len(dc.downloads) == 3
+    assert notice == "I take 3 files at a time, so I left the other 2 out. Send them again, a few at a time, if they matter."
+    assert answer == "three seen"
+    [request] = loop_requests(llm)
+    assert len(image_parts(request)) == 3
+    assert "[2 more files came with this and were left out unopened: at most 3 are taken at once]" in contents(request)
+
+
+async def test_a_file_host_that_cannot_be_reached_is_told_without_the_http_library_s_words(tmp_path, llm, tg, monkeypatch):
+    """python-telegram-bot words a failed connection "httpx.ConnectError: …": that reached the
+    user inside "I can't get to the file you sent right now (…)"."""
+    import socket
+
+    from bumblebot.media import intake
+
+    monkeypatch.setattr(intake, "FETCH_RETRY_S", 0.01)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    config = write_config(tmp_path, llm, tg, telegram={"base_url": tg.base_url, "base_file_url": f"http://127.0.0.1:{closed}/file/bot"})
+    async with running(config):
+        tg.push_document(b"data", "notes.txt", "text/plain", chat_id=24)
+        [told] = await tg.wait_for("sendMessage")
+    notice = told.params["text"]
+    assert notice.startswith("I can't get to the file you sent right now (Telegram could not be reached).")
+    assert "httpx" not in notice and not EXCEPTION_NAME.search(notice)
+
+
+async def test_an_audio_file_with_a_name_longer_than_servers_take_is_transcribed_under_a_short_one(tmp_path, llm, tg):
+    """The sender's 3,000-character name went to the transcription server as the upload's file
+    name; the server failed on the header (HTTP 500), and the voice note waited as if the
+    service were down."""
+    judges_say_done(llm)
+    llm.push_transcript("the long one")
+    llm.push(say("heard it"), when=lambda r: is_loop(r) and "the long one" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_audio(b"ID3" + b"\x08" * 90, file_name="\U0001f3b5" * 3000 + ".mp3", chat_id=25)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    [sent] = llm.transcriptions
+    assert sent["filename"].endswith(".mp3") and len(sent["filename"].encode()) <= 120
+    assert tg.sent(25) == ["heard it"]

@@ -515,3 +515,26 @@ async def test_the_model_saying_only_invisible_characters_sends_nothing_and_stor
     assert tg.sent(167) == ["A real answer.", "Next."]
     assert llm.violations == []
     assert "nothing to say" in tool_result(loop_requests(llm)[1], "say")[0]["error"]
+
+
+# -- what a result may hold ---------------------------------------------------------------------
+
+
+async def test_an_error_names_workspace_files_relative_to_it_and_a_result_holds_no_lone_surrogate(ctx) -> None:
+    """A tool's exception was shown to the model with the workspace's absolute path in it; a
+    result holding a lone surrogate (a web page's ``\\ud800``) failed the turn's next write."""
+
+    async def opens(ctx: ToolContext, path: Annotated[str, Field(description="a file")]) -> str:
+        """Open a file."""
+        raise FileNotFoundError(2, "No such file or directory", str(ctx.workspace / path))
+
+    async def fetches(ctx: ToolContext) -> str:
+        """Fetch a page."""
+        return "a page with a broken \ud800 character"
+
+    registry = Registry([make_tool(opens, kind=ToolKind.WORK), make_tool(fetches, kind=ToolKind.WORK)])
+    failed = await registry.execute("opens", json.dumps({"path": "notes/today.md"}), ctx)
+    fetched = await registry.execute("fetches", "{}", ctx)
+    assert not failed.ok and str(ctx.workspace) not in failed.content
+    assert json.loads(failed.content)["error"].endswith("No such file or directory: 'notes/today.md'")
+    assert fetched.ok and fetched.content == "a page with a broken \ufffd character"

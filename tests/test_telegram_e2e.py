@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 
 from conftest import TOKEN, running, write_config
 from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
-from support import Gate, contents, judges_say_done, loop_requests, say
+from support import Gate, contents, handled, judges_say_done, loop_requests, say
 
 from bumblebot.llm import ForcingFallback
 from bumblebot.runtime.engine import MAX_REFUSALS
@@ -299,3 +300,67 @@ async def test_refused_formatting_falls_back_to_plain_text_once(tmp_path, llm, t
         calls = await tg.wait_for("sendMessage", n=2)
     assert [c.params["text"] for c in calls] == ["important news", "important news"]
     assert "entities" in calls[0].params and "entities" not in calls[1].params
+
+
+# -- updates python-telegram-bot cannot read ----------------------------------------------------
+
+
+def _deep_update(update_id: int, chat_id: int, depth: int) -> str:
+    """An update whose message replies to a chain ``depth`` messages deep, as JSON text (deeper
+    than ``json.dumps`` or ``json.loads`` go)."""
+    chat = f'{{"id": {chat_id}, "type": "private", "first_name": "Deep"}}'
+    text = f'{{"message_id": 1, "date": 1700000000, "chat": {chat}, "text": "root"}}'
+    for i in range(depth):
+        text = f'{{"message_id": {i + 2}, "date": 1700000000, "chat": {chat}, "text": "reply", "reply_to_message": {text}}}'
+    return f'{{"update_id": {update_id}, "message": {text}}}'
+
+
+async def test_updates_the_library_cannot_read_are_skipped_once_and_every_other_chat_is_served(tmp_path, llm, tg, caplog):
+    """One update python-telegram-bot could not parse (a date that is no timestamp; a reply chain
+    3,000 deep) failed the whole getUpdates batch ("Error while parsing updates!") and the offset
+    never moved past it: no chat was served again. Each is skipped, logged once with its id, and
+    the updates before, between and after them are answered."""
+    caplog.set_level(logging.WARNING)
+    judges_say_done(llm)
+    for chat in (71, 72, 73):
+        llm.push(say(f"hello {chat}"), when=lambda r, chat=chat: is_loop(r) and f"note {chat}" in contents(r))
+    tg.push_text("note 71", chat_id=71)
+    bad_date = tg.push_text("when?", chat_id=74)
+    bad_date["message"]["date"] = "yesterday"
+    deep = tg.push_raw_update(tg.next_update_id, _deep_update(tg.next_update_id, 75, 3000))
+    tg.push_text("note 72", chat_id=72)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await tg.wait_for("sendMessage", n=2)
+        later = tg.push_text("note 73", chat_id=73)
+        await tg.wait_for("sendMessage", n=3)
+        await d.engine.wait_for_turns(3)
+        await handled(tg, later)
+        offset = await d.store.get_kv("telegram.offset")
+    assert (tg.sent(71), tg.sent(72), tg.sent(73)) == (["hello 71"], ["hello 72"], ["hello 73"])
+    assert tg.sent(74) == [] and tg.sent(75) == []
+    assert offset == str(later["update_id"] + 1)
+    skipped = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert len(skipped) == 2 and all(r.levelno == logging.WARNING for r in caplog.records if "cannot be read" in r.getMessage())
+    assert f"update {bad_date['update_id']} " in skipped[0] and f"update {deep.update_id} " in skipped[1]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_batch_ending_in_an_unreadable_update_moves_past_it(tmp_path, llm, tg, caplog):
+    """The last update of a batch could not be read: the offset must still pass it, or each poll
+    would fetch it again at once (a busy loop, the same warning for ever)."""
+    caplog.set_level(logging.WARNING)
+    judges_say_done(llm)
+    llm.push(say("first"), when=lambda r: is_loop(r) and "note 81" in contents(r))
+    llm.push(say("second"), when=lambda r: is_loop(r) and "note 82" in contents(r))
+    tg.push_text("note 81", chat_id=81)
+    bad = tg.push_text("odd", chat_id=83)
+    bad["message"]["chat"] = "not a chat"
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        await handled(tg, bad)
+        polls = len([c for c in tg.calls if c.method == "getUpdates"])
+        tg.push_text("note 82", chat_id=82)
+        await tg.wait_for("sendMessage", n=2)
+        await d.engine.wait_for_turns(2)
+    assert tg.sent(81) == ["first"] and tg.sent(82) == ["second"]
+    assert polls <= 3  # the start's, the batch's, the one past it: no busy loop
+    assert len([r for r in caplog.records if "cannot be read" in r.getMessage()]) == 1

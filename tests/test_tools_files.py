@@ -360,3 +360,38 @@ async def test_catastrophic_regex_is_stopped_without_freezing_the_event_loop(tmp
     assert not search.done()
     result = await search
     assert not result.ok and "simplify the pattern" in result.content
+
+
+# -- names longer than the file system allows, and errors the model reads -----------------------
+
+
+async def test_a_name_longer_than_the_file_system_allows_is_shortened_keeping_its_extension(
+    files: Registry, ctx: ToolContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file name over the OS limit (255 bytes) failed the write and named the workspace's
+    absolute path to the model; the name is shortened instead, its extension kept."""
+    long = "ü" * 300 + ".md"
+    result = await call(files, ctx, "write_file", path=f"notes/{long}", content="kept")
+    assert result.ok, result.content
+    [saved] = (ctx.workspace / "notes").iterdir()
+    assert saved.suffix == ".md" and len(saved.name.encode()) <= 255 and saved.read_text() == "kept"
+    assert result.content == f"wrote 4 bytes to notes/{saved.name}"
+    appended = await call(files, ctx, "append_file", path=f"notes/{long}", content="!")
+    assert appended.ok and saved.read_text() == "kept!"
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+@pytest.mark.parametrize("name, args", [
+    ("read_file", {"path": "x" * 300 + ".txt"}),
+    ("list_directory", {"path": "y" * 300}),
+    ("write_file", {"path": "z" * 300 + "/a.txt", "content": "c"}),
+    ("read_file", {"path": "missing/file.txt"}),
+])
+async def test_a_failing_file_operation_names_the_path_relative_to_the_workspace(
+    files: Registry, ctx: ToolContext, name: str, args: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``_run`` formatted the OS error's ``filename``: the workspace's absolute path."""
+    result = await call(files, ctx, name, **args)
+    assert not result.ok
+    assert str(ctx.workspace) not in result.content and str(ctx.workspace.parent) not in result.content
+    assert not [r for r in caplog.records if r.exc_info]

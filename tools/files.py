@@ -47,7 +47,7 @@ from pydantic import BaseModel, Field
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 from bumblebot.media.documents import DocumentError, pdf_text_bounded
 from bumblebot.media.kinds import is_pdf
-from bumblebot.media.names import INBOX, chat_folder
+from bumblebot.media.names import INBOX, chat_folder, fit_name, name_max
 
 from .definition import Tool, tool
 
@@ -176,15 +176,24 @@ def _is_binary(head: bytes) -> bool:
     return b"\x00" in head[:_SNIFF_BYTES]
 
 
-async def _run(fn: Callable[..., ToolResult | str], *args: object) -> ToolResult | str:
-    """Run a blocking file operation in a thread; refusals and OS errors become errors."""
+async def _run(fn: Callable[..., ToolResult | str], workspace: Path, *args: object) -> ToolResult | str:
+    """Run a blocking file operation on ``workspace`` in a thread; refusals and OS errors
+    become errors, naming paths as the tools take them (relative to the workspace)."""
     try:
-        return await asyncio.to_thread(fn, *args)
+        return await asyncio.to_thread(fn, workspace, *args)
     except PathError as exc:
         return ToolResult.error(str(exc))
     except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{_shown_name(workspace, exc.filename)}: " if exc.filename else ""
         return ToolResult.error(f"{where}{exc.strerror or exc}")
+
+
+def _shown_name(workspace: Path, name: object) -> str:
+    """A path an OS error names, relative to the workspace (only its last part when it lies
+    outside)."""
+    path = Path(os.fsdecode(name))  # type: ignore[arg-type]
+    root = workspace.resolve()
+    return _display(root, path) if path.is_relative_to(root) else path.name
 
 
 # -- read_file ----------------------------------------------------------------------------
@@ -345,8 +354,12 @@ async def write_file(ctx: ToolContext, args: WriteFileArgs) -> ToolResult | str:
 
 
 def _writable_target(workspace: Path, path: str, chat: str = "", own_only: bool = False) -> tuple[Path, Path, str]:
+    """Where a write goes: ``path`` resolved in the workspace, its parents created; a last
+    part longer than its file system allows is shortened (its extension kept) and the result
+    names the path written."""
     root = workspace.resolve()
     target = resolve_in_workspace(root, path, chat=chat, own_only=own_only)
+    target = target.with_name(fit_name(target.name, name_max(target.parent)))
     shown = _display(root, target)
     if target == root or target.is_dir():
         raise PathError(f"{shown} is a directory")
@@ -363,7 +376,7 @@ def _write_sync(workspace: Path, path: str, content: str, chat: str = "", own_on
         mode = os.stat(target, follow_symlinks=False).st_mode & 0o700
     except FileNotFoundError:
         mode = 0o600
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{fit_name(target.name, 100)}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

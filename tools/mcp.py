@@ -32,6 +32,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from bumblebot.core.events import storable_text
+from bumblebot.core.messages import json_text
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 from tools.mcp_client import MCPManager
 from tools.mcp_records import MCPTimeout, MCPUnavailable, RemoteTool
@@ -278,14 +280,15 @@ class MCPTools:
 
     def summary(self, conversation: str) -> str:
         """``/status``'s line: each server's state and how many of its tools ``conversation``
-        may use, e.g. ``"MCP: notes connected (3 tools here), home retrying in 40 s (connection
-        refused), team connected (not offered in this chat)"``; ``""`` without servers."""
+        may use, e.g. ``"MCP: notes connected (3 tools here), home retrying in 40 s, team
+        connected (not offered in this chat)"``; ``""`` without servers. Why a server is down
+        is the log's (its error may name a path of this machine)."""
         from tools.mcp_records import ServerState
 
         parts = []
         for status in self._manager.status():
             if status.state is not ServerState.CONNECTED:
-                parts.append(self._manager.summary_of(status))
+                parts.append(self._manager.summary_of(status, reason=False))
             elif not self._access[status.name].permits(conversation):
                 parts.append(f"{status.name} connected (not offered in this chat)")
             else:
@@ -331,7 +334,8 @@ class MCPTools:
                 return ToolResult.error(f"{public}: {result.text}")
             return ToolResult(result.text)
 
-        description = remote.description or f"The {remote.name} tool of the {server} MCP server."
+        # a server's text may hold a lone surrogate, which no request to the model can carry
+        description = storable_text(remote.description or f"The {remote.name} tool of the {server} MCP server.")
         return MCPTool(
             name=name,
             description=description,
@@ -342,6 +346,6 @@ class MCPTools:
             brief=first_sentence(description),
             server=server,
             remote=remote.name,
-            input_schema=remote.input_schema,
+            input_schema=json.loads(json_text(remote.input_schema)),
             budget_chars=budget,
         )

@@ -208,16 +208,18 @@ class MCPManager:
         return f"MCP: {', '.join(parts)}" if parts else ""
 
     @staticmethod
-    def summary_of(status: ServerStatus) -> str:
-        """One server's part of :meth:`summary`, e.g. ``"home retrying in 40 s (connection refused)"``."""
+    def summary_of(status: ServerStatus, *, reason: bool = True) -> str:
+        """One server's part of :meth:`summary`, e.g. ``"home retrying in 40 s (connection
+        refused)"``; without the ``reason`` (an error's own words, which may name a path of
+        this machine) where people in a chat read it."""
         if status.state is ServerState.CONNECTED:
             count = len(status.tools)
             return f"{status.name} connected ({count} tool{'s' if count != 1 else ''})"
         if status.state is ServerState.RETRYING:
             wait = f" in {status.retry_in_s:.0f} s" if status.retry_in_s is not None else ""
-            return f"{status.name} retrying{wait} ({clip(status.error or 'down', 80)})"
+            return f"{status.name} retrying{wait}" + (f" ({clip(status.error or 'down', 80)})" if reason else "")
         if status.state is ServerState.FAILED:
-            return f"{status.name} failed ({clip(status.error or '', 80)})"
+            return f"{status.name} failed" + (f" ({clip(status.error or '', 80)})" if reason else " (see the daemon's log)")
         return f"{status.name} {status.state.value}"
 
     def server_of(self, name: str) -> ServerStatus | None:

@@ -8,7 +8,10 @@ JSON arguments (``tools/arguments.py``) and invoking the tool (tools are declare
 ``ToolResult(ok=False)``. A tool runs at most once per call, and only with validated
 arguments: a failed call is never run again (say, with no arguments after a ``TypeError``),
 since a second run could repeat its effects. ``asyncio.CancelledError`` propagates. A result
-longer than ``max_result_chars`` is cut in the middle (:func:`cap_text`).
+longer than ``max_result_chars`` is cut in the middle (:func:`cap_text`). What a tool returns
+(a web page, a file, an MCP server's answer) has its lone surrogates replaced by U+FFFD, and
+an error names the workspace's files by their paths in it (:func:`workspace_relative`), never
+by where the workspace lies on the daemon's machine.
 
 Tools that come and go at run time (MCP servers, ``tools/mcp.py``) reach a registry through a
 :class:`ToolSource` (:meth:`Registry.add_source`): its tools are offered and run next to the
@@ -24,12 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from bumblebot.core.events import storable_text
 from bumblebot.core.logs import bound
 from bumblebot.core.settings import MIN_TOOL_RESULT_CHARS
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
@@ -47,12 +53,21 @@ __all__ = [
     "Registry",
     "ToolSource",
     "cap_text",
+    "workspace_relative",
 ]
 
 log = logging.getLogger(__name__)
 
 #: Default cap on the characters of one tool result the model sees.
 DEFAULT_MAX_RESULT_CHARS = 16_000
+
+
+def workspace_relative(text: str, workspace: Path) -> str:
+    """``text`` with every path under ``workspace`` written relative to it (as the file tools
+    take paths) and the workspace itself as ``.``."""
+    for root in dict.fromkeys((str(workspace), str(workspace.resolve()))):
+        text = re.sub(re.escape(root) + r"(?:/|(?![\w.-]))", lambda m: "" if m.group().endswith("/") else ".", text)
+    return text
 
 
 def cap_text(text: str, limit: int) -> str:
@@ -346,9 +361,12 @@ class Registry:
             asyncio.CancelledError: if the call is cancelled (never swallowed).
         """
         out = await self._run(name, arguments, ctx)
-        if len(out.content) > self.max_result_chars:
-            out = ToolResult(cap_text(out.content, self.max_result_chars), ok=out.ok)
-        return out
+        content = storable_text(out.content)
+        if not out.ok:
+            content = workspace_relative(content, ctx.workspace)
+        if len(content) > self.max_result_chars:
+            content = cap_text(content, self.max_result_chars)
+        return out if content == out.content else ToolResult(content, ok=out.ok)
 
     async def _run(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
         found = self._callable(name, ctx.conversation)

@@ -40,7 +40,11 @@ async def send_file(
         target = resolve_in_workspace(ctx.workspace, path, chat=ctx.conversation, own_only=ctx.own_files_only)
     except PathError as exc:
         return ToolResult.error(str(exc))
-    if not target.is_file():
+    try:
+        found = target.is_file()
+    except OSError:  # a name longer than the file system allows
+        found = False
+    if not found:
         return ToolResult.error(f"no such file in the workspace: {path}")
     report = await ctx.turn.send_file(target, caption.strip(), call_id=ctx.call_id)
     return report.as_result()

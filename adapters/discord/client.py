@@ -1,6 +1,12 @@
 """The discord.py client: the gateway intents it asks for, its events handed to the adapter,
 the slash command tree, and why it could not log in or stay connected, in one line.
 
+A gateway event discord.py cannot read (a field of the wrong type, a missing id) raises in its
+parser, and that escapes discord.py's gateway loop: the client stops, and the daemon with it.
+Each parser is therefore wrapped (:func:`guarded`): such an event is logged and skipped, the
+next one is read. Events that make the session itself (``READY``, ``RESUMED``) are left as
+they are: without them there is no connection to keep.
+
 Redirection (config ``discord.api_base_url`` / ``discord.gateway_url``, for a proxy or tests) is
 done by the adapter on discord.py's class attributes (:meth:`DiscordAdapter._redirect
 <adapters.discord.adapter.DiscordAdapter._redirect>`); resumes use the ``resume_gateway_url``
@@ -9,6 +15,8 @@ of the server's READY.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -22,10 +30,14 @@ from bumblebot.core.settings import DiscordSettings
 if TYPE_CHECKING:
     from adapters.discord.adapter import DiscordAdapter
 
+log = logging.getLogger(__name__)
+
 #: Seconds discord.py waits for further GUILD_CREATEs after READY before ``on_ready``. The
 #: guilds arrive right after READY; the cache fills on its own for any that come later, and
 #: messages are taken before ``on_ready`` anyway, so a long wait would only delay start-up.
 GUILD_READY_TIMEOUT_S = 0.2
+#: Gateway events whose parsers are not guarded: they make the session.
+SESSION_EVENTS = frozenset({"READY", "RESUMED"})
 #: Longest rate limit discord.py sleeps through (discord.py raises it to at least 30 s); a
 #: longer one becomes a retryable DeliveryFailed and the outbox takes over.
 MAX_RATELIMIT_WAIT_S = 30.0
@@ -85,6 +97,11 @@ class Client(discord.Client):
             chunk_guilds_at_startup=False,
         )
         self.adapter = adapter
+        # discord.py has no hook around its parsers: its connection state holds them by event
+        parsers = self._connection.parsers
+        for event, parse in list(parsers.items()):
+            if event not in SESSION_EVENTS:
+                parsers[event] = guarded(event, parse)
         self.tree = app_commands.CommandTree(self)
         for name, description in SLASH_COMMANDS.items():
             self.tree.add_command(
@@ -106,6 +123,20 @@ class Client(discord.Client):
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
         # raw: a message sent before the start (not in discord.py's cache) still counts
         await self.adapter._on_edit(payload)
+
+
+def guarded(event: str, parse: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``parse`` (discord.py's parser of gateway ``event``), logging and skipping an event it
+    cannot read instead of raising out of the gateway loop."""
+
+    def read(data: Any) -> None:
+        try:
+            parse(data)
+        except Exception as exc:  # noqa: BLE001 - whatever the parser fails with, the event is skipped
+            what = data.get("id") if isinstance(data, dict) else None
+            log.warning("Discord: a %s event (id %s) cannot be read (%s: %s); skipped", event, what, type(exc).__name__, exc)
+
+    return read
 
 
 def _slash_callback(adapter: DiscordAdapter, name: str) -> Any:

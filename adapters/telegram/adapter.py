@@ -18,8 +18,9 @@ resumes from the stored offset, so an update that was answered is never answered
 update Telegram delivers again is dropped by the journal's uniqueness on (chat, message id).
 Past an update no handler journals (a service message, an edit) the poller moves the offset
 itself; an update whose recording fails is retried, and skipped after
-:data:`MAX_UPDATE_ATTEMPTS` so others can flow. A 409 ``Conflict`` (another instance polling
-the same token) is fatal.
+:data:`MAX_UPDATE_ATTEMPTS` so others can flow; one python-telegram-bot cannot read at all is
+logged and skipped at once (:mod:`adapters.telegram.polling`). A 409 ``Conflict`` (another
+instance polling the same token) is fatal.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from adapters.telegram.commands import MENU, TelegramCommands
 from adapters.telegram.files import TelegramFiles
 from adapters.telegram.intake import TelegramIntake
 from adapters.telegram.pacing import Pacer
+from adapters.telegram.polling import PollingRequest
 from adapters.telegram.reading import seconds
 from adapters.telegram.sending import STOP_DATA, TelegramSending
 from bumblebot.core.adapter import Adapter, Intake
@@ -88,15 +90,17 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         self.intake = intake
         self.settings = settings
         self.media = media or MediaSettings()
+        self._polling = PollingRequest(read_timeout=settings.poll_timeout_s + 10)
         self.app: Application = (  # type: ignore[type-arg]
             ApplicationBuilder()
             .token(token)
             .base_url(settings.base_url)
             .base_file_url(settings.base_file_url)
             .updater(None)
-            .get_updates_read_timeout(settings.poll_timeout_s + 10)
+            .get_updates_request(self._polling)
             .build()
         )
+        self._polling.bot = self.app.bot
         # first: every other handler's filters (TEXT, COMMAND, PHOTO…) match edited messages
         # too, and an edit must never be answered as a new message
         self.app.add_handler(MessageHandler(filters.UpdateType.EDITED, self._on_edit))
@@ -123,7 +127,7 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         self.failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._started = False
         self._bot_budget = BotTurnBudget()
-        self._albums: dict[str, None] = {}  # albums answered lately (insertion order: oldest first)
+        self._albums: dict[str, int] = {}  # albums answered lately, with the parts taken (oldest first)
         self._menu: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -184,8 +188,9 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         backoff = 1.0
         while True:
             try:
-                updates = await self.app.bot.get_updates(
-                    offset=offset, timeout=self.settings.poll_timeout_s, allowed_updates=ALLOWED_UPDATES
+                await self.app.bot.get_updates(  # the batch is read update by update by self._polling
+                    offset=offset, timeout=self.settings.poll_timeout_s, allowed_updates=ALLOWED_UPDATES,
+                    limit=1 if offset <= self._polling.narrow_until else None,
                 )
                 backoff = 1.0
             except Conflict as exc:
@@ -206,8 +211,17 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
                 continue
-            for update in updates:
-                next_offset = update.update_id + 1
+            except Exception:  # a library bug must not end the polling for good
+                log.exception("Telegram: polling failed; retrying in %.0f s", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                continue
+            for update_id, update in self._polling.take_batch():
+                next_offset = update_id + 1
+                if update is None:  # one python-telegram-bot cannot read (logged): passed
+                    await self.intake.set_cursor(OFFSET_KEY, str(next_offset))
+                    offset = next_offset
+                    continue
                 self._pending_kv = {OFFSET_KEY: str(next_offset)}
                 self._handler_error = None
                 await self.app.process_update(update)

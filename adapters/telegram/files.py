@@ -73,8 +73,9 @@ class TelegramFiles:
             if "too big" in exc.message.lower():
                 raise MediaError("it is over the 20 MB that Telegram lets bots download") from exc
             raise MediaError(f"Telegram would not hand it over ({self._untokened(exc.message)})") from exc
-        except (TimedOut, NetworkError) as exc:
-            raise MediaError(f"Telegram could not be reached ({self._untokened(exc.message)})", retryable=True) from exc
+        except (TimedOut, NetworkError) as exc:  # its message names the HTTP library's exception: logged only
+            log.info("Telegram: a download failed: %s", self._untokened(exc.message))
+            raise MediaError("Telegram could not be reached", retryable=True) from exc
         except TelegramError as exc:
             raise MediaError(f"Telegram would not hand it over ({self._untokened(exc.message)})") from exc
         await asyncio.to_thread(dest.write_bytes, bytes(data))

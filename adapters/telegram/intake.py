@@ -20,8 +20,10 @@ Files: photos, image documents, voice notes, audio, video and other documents ar
 :func:`~adapters.telegram.reading.attachments_of`) and fetched by the engine before the turn
 (:mod:`adapters.telegram.files`); one over ``telegram.max_file_bytes`` gets one polite reply and
 is never downloaded. Stickers, locations, venues, contacts, polls and dice arrive as a short
-description in the text. The parts of an album make one turn. Service messages (joins, pins,
-new topics) are nobody speaking: nothing is journaled.
+description in the text. The parts of an album make one turn; an album holds at most 10 files,
+so the parts of one past ``media.max_attachments_per_turn`` are neither fetched nor answered
+(the sender is told once, with the first of them). Service messages (joins, pins, new topics)
+are nobody speaking: nothing is journaled.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ UNSUPPORTED_TEXT = "I can't read that kind of message; could you tell me in word
 QUOTE_CHARS = 200
 #: Albums remembered as answered (their later parts follow the part with the caption).
 ALBUMS_KEPT = 100
+ALBUM_OVERFLOW_TEXT = (
+    "That album has more files than I take at once ({cap}); I'm looking at the first {cap} and "
+    "left the rest out. Send the others again, a few at a time, if they matter."
+)
 
 
 class TelegramIntake:
@@ -73,7 +79,7 @@ class TelegramIntake:
     settings: TelegramSettings
     media: MediaSettings
     _bot_budget: BotTurnBudget
-    _albums: dict[str, None]  # albums answered lately (insertion order: oldest first)
+    _albums: dict[str, int]  # albums answered lately, with the parts taken (insertion order: oldest first)
     _take_kv: Callable[[], dict[str, str]]
 
     # -- the message as the engine takes it ----------------------------------------------------
@@ -243,8 +249,15 @@ class TelegramIntake:
         if inbound is None:
             return
         if album:  # its parts make one turn
+            taken = self._albums.get(album, 0)
+            if taken >= self.media.max_attachments_per_turn:  # no client sends such an album
+                cap = self.media.max_attachments_per_turn
+                if taken == cap:
+                    await self.intake.answer(inbound, ALBUM_OVERFLOW_TEXT.format(cap=cap), kv=self._take_kv())
+                self._albums[album] = taken + 1
+                return
             inbound = dataclasses.replace(inbound, album=album)
-            self._albums[album] = None
+            self._albums[album] = taken + 1
             while len(self._albums) > ALBUMS_KEPT:
                 self._albums.pop(next(iter(self._albums)))
         limit = self.settings.max_file_bytes

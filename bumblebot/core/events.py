@@ -195,9 +195,15 @@ class Inbound:
 
     def storable(self) -> Inbound:
         """This message with lone UTF-16 surrogates (which SQLite and JSON encoders refuse,
-        e.g. from a broken client or a terminal's bad byte) replaced by U+FFFD."""
-        if not any(_SURROGATE.search(value) for value in (self.text, self.sender_name, self.quote)):
+        e.g. from a broken client or a terminal's bad byte) replaced by U+FFFD, in its texts and
+        in its files' names and types."""
+        files = tuple(
+            dataclasses.replace(a, name=storable_text(a.name), mime=storable_text(a.mime)) for a in self.attachments
+        )
+        values = (self.text, self.sender_name, self.quote, self.message_id, self.sender_id)
+        if not any(_SURROGATE.search(value) for value in values) and files == self.attachments:
             return self
         return dataclasses.replace(
             self, text=storable_text(self.text), sender_name=storable_text(self.sender_name), quote=storable_text(self.quote),
+            message_id=storable_text(self.message_id), sender_id=storable_text(self.sender_id), attachments=files,
         )

@@ -17,8 +17,11 @@ per message and cached, so the cost of estimating a prompt grows with new messag
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from bumblebot.core.events import blank, storable_text
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -28,6 +31,12 @@ MESSAGE_OVERHEAD_TOKENS = 10
 CLIPPED_VALUE_CHARS = 200
 #: Characters of one tool call's JSON frame: ``{"id":…,"type":"function","function":{"name":…,"arguments":…}}``.
 CALL_FRAME_CHARS = 60
+
+
+#: What a user message that shows nothing (:func:`~bumblebot.core.events.blank`) reads as: one
+#: whose files all failed, or one an older version stored blank. Endpoints that refuse blank
+#: text (Anthropic models through OpenRouter) would refuse every later request of the chat.
+NOTHING_READABLE = "[A message with nothing in it that could be read]"
 
 
 def estimate_text_tokens(text: str) -> int:
@@ -92,6 +101,19 @@ class Message:
             self._tokens = n // 4 + MESSAGE_OVERHEAD_TOKENS
         return self._tokens
 
+    def make_storable(self) -> None:
+        """Make this message fit to store and send, in place (before it is first written): lone
+        surrogates in its text and its calls' arguments replaced by U+FFFD, and a user text
+        that shows nothing replaced by :data:`NOTHING_READABLE`."""
+        content = storable_text(self.content)
+        if self.role == "user" and blank(content):
+            content = NOTHING_READABLE
+        if content != self.content:
+            self.content, self._tokens = content, None
+        calls = [sound_call(c) for c in self.tool_calls or ()]
+        if calls != (self.tool_calls or []):
+            self.tool_calls, self._tokens = calls, None
+
     def with_content(self, content: str, *, pruned: bool | None = None) -> Message:
         """A copy with new ``content`` (the cached estimate is recomputed)."""
         return Message(
@@ -155,15 +177,11 @@ def estimate_tools(tool_schemas: list[dict[str, Any]]) -> int:
 
 
 def json_text(value: Any, *, default: Any = None) -> str:
-    """``value`` as JSON text, non-ASCII kept readable; with ``\\uXXXX`` escapes instead when it
-    holds a lone surrogate, which no UTF-8 writer (SQLite, an HTTP body) takes raw. ``default``
-    as for :func:`json.dumps`."""
-    text = json.dumps(value, ensure_ascii=False, default=default)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(value, default=default)
-    return text
+    """``value`` as JSON text, non-ASCII kept readable, every lone surrogate in it replaced by
+    U+FFFD (:func:`~bumblebot.core.events.storable_text`): no UTF-8 writer (SQLite, an HTTP
+    body) takes one raw, and one kept as a ``\\uXXXX`` escape comes back raw when the text is
+    read. ``default`` as for :func:`json.dumps`."""
+    return storable_text(json.dumps(value, ensure_ascii=False, default=default))
 
 
 def _no_constant(name: str) -> Any:
@@ -218,17 +236,33 @@ def clip_arguments(arguments: str, max_chars: int) -> str:
     return json_text(clip(value))
 
 
+#: What a surrogate looks like in JSON text: raw, or as a ``\uXXXX`` escape.
+_MAY_HOLD_SURROGATE = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
+
+
+def storable_arguments(arguments: str) -> str:
+    """A tool call's arguments (a JSON object's text) with every lone surrogate, raw or written
+    as a ``\\uXXXX`` escape (which reads back as a raw one), replaced by U+FFFD; ``arguments``
+    itself when it holds none."""
+    if not _MAY_HOLD_SURROGATE.search(arguments):
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return storable_text(arguments)
+    clean = json_text(value)
+    return arguments if clean == json.dumps(value, ensure_ascii=False) else clean
+
+
 def sound_call(call: dict[str, Any]) -> dict[str, Any]:
     """A tool call read back from the store as a request may carry it: arguments that are not a
-    JSON object (older versions recorded them as the model sent them) become ``{}``, and a raw lone surrogate
-    is escaped, so one bad call in an old history cannot make a strict endpoint refuse every
-    later request. (What this version records is sound already: ``loop._fit_call``.)"""
+    JSON object (older versions recorded them as the model sent them) become ``{}``, and a lone
+    surrogate (:func:`storable_arguments`) becomes U+FFFD, so one bad call in an old history
+    cannot make a strict endpoint refuse every later request. (What this version records is
+    sound already: ``calls.fit_call``.)"""
     fn = call.get("function") or {}
     arguments = fn.get("arguments") or ""
     if valid_arguments(arguments):
-        try:
-            arguments.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate (an older version kept one raw)
-            return {**call, "function": {**fn, "arguments": json_text(json.loads(arguments))}}
-        return call
+        sound = storable_arguments(arguments)
+        return call if sound == arguments else {**call, "function": {**fn, "arguments": sound}}
     return {**call, "function": {**fn, "arguments": "{}"}}

@@ -145,6 +145,11 @@ class MediaSettings(_Section):
         description="characters of a text document or PDF shown to the model inline (the rest it "
         "reads with read_file); 0: none",
     )
+    max_attachments_per_turn: int = Field(
+        10, ge=1, le=100,
+        description="most files fetched for the messages a turn takes at once (a Telegram album holds "
+        "10); the rest are not downloaded, and the model and the sender are told how many were left out",
+    )
 
 
 class VoiceSettings(_Section):

@@ -6,6 +6,9 @@ one of Bumblebot's model errors.
   (``reasoning_content``) are never read: none of it reaches the user.
 * A tool call the server sent without an id gets one (:func:`new_call_id`); one without a
   name is dropped.
+* A lone surrogate (a ``"\\ud800"`` escape in the server's JSON) becomes U+FFFD in the text
+  and in the calls' arguments: nothing the model wrote can then fail a write to the store or
+  the next request's encoding.
 * Errors are translated here, once (:func:`translate`): :class:`~bumblebot.core.errors.ModelTimeout`,
   :class:`~bumblebot.core.errors.ContextTooLong` (with the prompt's size when the endpoint
   tells it), :class:`~bumblebot.core.errors.ModelUnavailable` for what may pass (unreachable,
@@ -25,6 +28,8 @@ from typing import Any
 import openai
 
 from bumblebot.core.errors import ContextTooLong, ModelError, ModelTimeout, ModelUnavailable
+from bumblebot.core.events import storable_text
+from bumblebot.core.messages import storable_arguments
 from bumblebot.core.textrules import strip_reasoning
 
 #: The prompt's size in a context-length refusal (vLLM, OpenAI): "(4145 in the messages".
@@ -53,6 +58,9 @@ class ToolCall:
     arguments: str
     index: int | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", storable_arguments(self.arguments))
+
     def to_api(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
@@ -77,6 +85,9 @@ class Completion:
     completion_tokens: int | None = None
     tool_choice: str | None = None
     streamed: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "content", storable_text(self.content))
 
     @property
     def hit_length(self) -> bool:

@@ -12,7 +12,9 @@
 Like ``bumblebot/llm/client.py`` for chat completions, this is the one place ``openai``'s audio API is
 used, and its errors leave as :class:`~bumblebot.core.errors.MediaError` with a sentence a user can
 read (never the key: the SDK's messages are redacted by the caller's log filter, and the
-sentence here names only the status).
+sentence here names only the status). An answer that is not what the API promises (a body that
+is not JSON, a ``text`` that is not a string) is such an error too, and a transcript's lone
+surrogates become U+FFFD.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 import openai
 
 from bumblebot.core.errors import MediaError
+from bumblebot.core.events import storable_text
 from bumblebot.core.settings import LLMSettings, VoiceSettings
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,8 @@ _URL = re.compile(r"https?://[^\s)]{1,2000}")
 TRANSCRIPTION_TIMEOUT_S = 300.0
 #: Statuses after which a later try may work (the endpoint down, busy or rate-limited).
 _TRANSIENT = frozenset({408, 409, 429, 500, 502, 503, 504})
+#: Why a transcription answer that is not what the API promises is not used.
+UNREADABLE = "the transcription service gave an answer that could not be read"
 
 
 class Speech:
@@ -88,8 +93,15 @@ class Speech:
             log.warning("transcription at %s failed: %s", self.transcription_base_url, exc)
             raise MediaError("the transcription service could not be reached", retryable=True) from exc
         except openai.APIError as exc:
-            raise MediaError(f"the transcription service failed ({type(exc).__name__})") from exc
-        return (getattr(result, "text", None) or "").strip()
+            raise MediaError("the transcription service failed") from exc
+        except ValueError as exc:  # a 200 whose body is not the JSON it says it is
+            log.warning("transcription at %s: the answer is not JSON (%s)", self.transcription_base_url, exc)
+            raise MediaError(UNREADABLE) from exc
+        text = getattr(result, "text", None)
+        if not isinstance(text, str):  # not JSON at all, no text, or a text that is no string
+            log.warning("transcription at %s: the answer holds no text: %.200r", self.transcription_base_url, result)
+            raise MediaError(UNREADABLE)
+        return storable_text(text).strip()
 
     async def synthesize(self, text: str, dest: Path) -> Path:
         """Speak ``text`` (cut to ``voice.max_chars``) into ``dest`` as Ogg/Opus, written
@@ -112,7 +124,7 @@ class Speech:
         except openai.APIConnectionError as exc:
             raise MediaError("the speech service could not be reached", retryable=True) from exc
         except openai.APIError as exc:
-            raise MediaError(f"the speech service failed ({type(exc).__name__})") from exc
+            raise MediaError("the speech service failed") from exc
         audio = response.content
         if not audio.startswith(b"OggS"):
             raise MediaError("the speech service did not answer with Ogg/Opus audio")

@@ -12,25 +12,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bumblebot.media.intake import (
-        ImageRef,
-        MediaFiles,
-        MediaIntake,
-        MediaUnavailable,
-        Prepared,
-        answerable,
-        image_tokens,
-        normalise_image,
-        prepared,
-    )
+    from bumblebot.media.fetched import ImageRef, Prepared, answerable, image_tokens, prepared
+    from bumblebot.media.intake import MediaFiles, MediaIntake, MediaUnavailable, normalise_image
 
-__all__ = [
-    "ImageRef", "MediaFiles", "MediaIntake", "MediaUnavailable", "Prepared", "answerable", "image_tokens",
-    "normalise_image", "prepared",
-]
+#: Each name and the module it is loaded from.
+_HOMES = {
+    "ImageRef": "fetched", "MediaFiles": "intake", "MediaIntake": "intake", "MediaUnavailable": "intake",
+    "Prepared": "fetched", "answerable": "fetched", "image_tokens": "fetched",
+    "normalise_image": "intake", "prepared": "fetched",
+}
+__all__ = list(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("bumblebot.media.intake"), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"bumblebot.media.{_HOMES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -218,7 +218,9 @@ def _decrypt(reader: pypdf.PdfReader) -> bool:
 
 
 def _reason(exc: Exception) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """Why a PDF could not be read, in the reader's words (a user reads it: never the
+    exception's name)."""
+    text = " ".join(str(exc).split()) or "it seems damaged"
     return text if len(text) <= 200 else text[:199] + "…"
 
 

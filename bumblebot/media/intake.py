@@ -17,10 +17,14 @@ each file through the adapter that received it and turns it into a :class:`Prepa
   collisions suffixed: :func:`bumblebot.media.names.place`); the model is told the path, size
   and type, with the first ``media.inline_chars`` characters inline for text and PDFs.
 
-What came of it is written to the journal row (``journal.media``) before the turn begins, so a
-restart never downloads or transcribes a message twice. A file that cannot be fetched or read
-gives a :attr:`Prepared.notices` line for the user; when nothing of the message is left for
-the model (no caption, nothing readable) the turn ends with that notice alone.
+The messages a turn takes at once fetch at most ``media.max_attachments_per_turn`` files together
+(a thousand-part album must not make one request of a thousand images); the others are never
+downloaded, and the model and the user are told, once, how many were left out. What came of it
+(:class:`~bumblebot.media.fetched.Prepared`) is written to the journal row (``journal.media``)
+before the turn begins, so a restart never downloads or transcribes a message twice. A file
+that cannot be fetched or read gives a :attr:`Prepared.notices` line for the user (in words,
+never an exception's name); when nothing of the message is left for the model (no caption,
+nothing readable) the turn ends with that notice alone.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import base64
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import time
 import uuid
@@ -44,6 +47,7 @@ from bumblebot.core.events import Attachment, AttachmentKind, Platform
 from bumblebot.core.settings import MediaSettings
 from bumblebot.llm.speech import Speech
 from bumblebot.media import documents
+from bumblebot.media.fetched import ImageRef, Prepared, prepared
 from bumblebot.media.kinds import sniff
 from bumblebot.media.names import INBOX, chat_folder, place, safe_name
 from bumblebot.store import JournalEntry, Store
@@ -62,8 +66,6 @@ DATA_URL_CACHE_BYTES = 32 * 1024 * 1024
 #: A transcript is shown whole up to ``media.inline_chars`` characters, but never cut shorter
 #: than this (about a minute of speech); a longer one is kept as a file.
 MIN_TRANSCRIPT_CHARS = 1000
-#: The token estimate of an image whose size is not known: a 1024×768 image (4 tiles).
-UNKNOWN_IMAGE_TOKENS = 765
 
 
 class MediaUnavailable(Exception):
@@ -74,95 +76,6 @@ class MediaUnavailable(Exception):
     def __init__(self, message: str, entries: list[JournalEntry] | None = None) -> None:
         super().__init__(message)
         self.entries = entries or []
-
-
-def image_tokens(width: int | None, height: int | None) -> int:
-    """Estimated prompt tokens of one image, by OpenAI's published rule for ``detail: high``
-    (OpenAI, "Images and vision", calculating costs): scaled to fit 2048×2048, then so its
-    shortest side is at most 768 px; 170 tokens per 512 px tile plus 85. A 1280×960 photo is
-    4 tiles, 765 tokens. Other endpoints count differently (llama.cpp's CLIP models use a fixed
-    576 or so); the estimate stays on the safe side for them."""
-    if not width or not height:
-        return UNKNOWN_IMAGE_TOKENS
-    w, h = float(width), float(height)
-    scale = min(1.0, 2048 / max(w, h))
-    w, h = w * scale, h * scale
-    scale = min(1.0, 768 / min(w, h))
-    w, h = w * scale, h * scale
-    return 85 + 170 * math.ceil(w / 512) * math.ceil(h / 512)
-
-
-@dataclass(frozen=True, slots=True)
-class ImageRef:
-    """An image kept for the model: ``path`` relative to ``<data_dir>/media``; pixels."""
-
-    path: str
-    mime: str
-    width: int
-    height: int
-
-    @property
-    def tokens(self) -> int:
-        return image_tokens(self.width, self.height)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ImageRef:
-        return cls(str(data["path"]), str(data.get("mime") or "image/jpeg"), int(data.get("width") or 0), int(data.get("height") or 0))
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """What a message's files gave (stored as ``journal.media``).
-
-    Args:
-        text: what the model reads for the files, after the message's own text (transcripts,
-            saved paths and excerpts, image markers); may be ``""``.
-        images: the images it shows.
-        voice: a voice note came (``voice.reply: mirror`` answers it by voice too).
-        document: a document came (the turn goes deliberate: reading it is work).
-        notices: sentences for the user about files that could not be used.
-        usable: how many files gave the model something.
-        spoken: the transcripts alone (what the router reads of a voice note).
-    """
-
-    text: str = ""
-    images: tuple[ImageRef, ...] = ()
-    voice: bool = False
-    document: bool = False
-    notices: tuple[str, ...] = ()
-    usable: int = 0
-    spoken: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "text": self.text, "images": [i.to_json() for i in self.images], "voice": self.voice,
-            "document": self.document, "notices": list(self.notices), "usable": self.usable, "spoken": self.spoken,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> Prepared:
-        if not data:
-            return cls()
-        return cls(
-            text=str(data.get("text") or ""), images=tuple(ImageRef.from_json(i) for i in data.get("images") or ()),
-            voice=bool(data.get("voice")), document=bool(data.get("document")),
-            notices=tuple(str(n) for n in data.get("notices") or ()), usable=int(data.get("usable") or 0),
-            spoken=str(data.get("spoken") or ""),
-        )
-
-
-def prepared(entry: JournalEntry) -> Prepared:
-    """The :class:`Prepared` of a journal entry (empty when it had no files)."""
-    return Prepared.from_json(entry.media)
-
-
-def answerable(entry: JournalEntry) -> bool:
-    """Whether the model has anything to answer in ``entry``: its text, or a file that gave
-    something (a message of only an unreadable file is answered by its notice alone)."""
-    return bool(entry.inbound.text.strip()) or not entry.inbound.attachments or prepared(entry).usable > 0
 
 
 class Downloader(Protocol):
@@ -253,10 +166,12 @@ class MediaIntake:
                 as failed instead.
         """
         out: list[JournalEntry] = []
+        takes, left_out = self._plan(entries)
         for entry in entries:
             if entry.inbound.attachments and entry.media is None:
                 try:
-                    result = (await self._prepare(entry, final)).to_json()
+                    result = (await self._prepare(entry, final, takes[entry.id], left_out)).to_json()
+                    left_out = left_out if result["left_out"] == 0 else 0  # told once, with the first
                 except MediaUnavailable as exc:
                     exc.entries = [*out, *entries[len(out):]]  # what was prepared stays prepared
                     raise
@@ -265,10 +180,26 @@ class MediaIntake:
             out.append(entry)
         return out
 
-    async def _prepare(self, entry: JournalEntry, final: bool) -> Prepared:
+    def _plan(self, entries: list[JournalEntry]) -> tuple[dict[int, int], int]:
+        """How many of its files each entry to prepare may fetch, in order, so that ``entries``
+        fetch at most ``media.max_attachments_per_turn`` together (counting those fetched
+        before); and how many are left out."""
+        room = self.settings.max_attachments_per_turn - sum(
+            len(e.inbound.attachments) - prepared(e).left_out for e in entries if e.media is not None
+        )
+        takes: dict[int, int] = {}
+        for e in entries:
+            if e.inbound.attachments and e.media is None:
+                takes[e.id] = min(len(e.inbound.attachments), max(room, 0))
+                room -= takes[e.id]
+        return takes, sum(len(e.inbound.attachments) for e in entries if e.id in takes) - sum(takes.values())
+
+    async def _prepare(self, entry: JournalEntry, final: bool, take: int, left_out: int) -> Prepared:
+        """The files of ``entry``, its first ``take`` fetched; when it leaves some out, it tells
+        the model and the user how many of the turn's (``left_out``) were."""
         result = _Result()
         atts = entry.inbound.attachments
-        for index, att in enumerate(atts):
+        for index, att in enumerate(atts[:take]):
             try:
                 await self._one(entry, index, att, result, final)
             except MediaError as exc:
@@ -278,14 +209,22 @@ class MediaIntake:
                 log.info("file %d of message %s in %s not used: %s", index, entry.inbound.message_id, entry.inbound.chat.key, exc)
                 result.notices.append(f"I couldn't use {what}: {_sentence(exc)}")
                 result.text.append(f"[{_what(att, cap=True)} that could not be used: {exc}]")
-            except Exception as exc:  # a converter bug must not lose the message
+            except Exception:  # a converter bug must not lose the message
                 log.exception("file %d of message %s in %s failed", index, entry.inbound.message_id, entry.inbound.chat.key)
-                result.notices.append(f"I couldn't use {_what(att)}: something went wrong reading it ({type(exc).__name__}).")
+                result.notices.append(f"I couldn't use {_what(att)}: something went wrong reading it.")
+                result.text.append(f"[{_what(att, cap=True)} that could not be used]")
+        if take < len(atts) and left_out:
+            cap = self.settings.max_attachments_per_turn
+            log.info("%d file(s) in %s left out: over %d at once", left_out, entry.inbound.chat.key, cap)
+            files = f"{left_out} more file{'s' if left_out != 1 else ''}"
+            result.text.append(f"[{files} came with this and {'were' if left_out != 1 else 'was'} left out unopened: at most {cap} are taken at once]")
+            result.notices.append(f"I take {cap} files at a time, so I left the other {left_out} out. Send them again, a few at a time, if they matter.")
         return Prepared(
             text="\n".join(result.text), images=tuple(result.images),
             voice=any(a.kind is AttachmentKind.VOICE for a in atts),
             document=any(a.kind is AttachmentKind.DOCUMENT for a in atts),
             notices=tuple(result.notices), usable=result.usable, spoken="\n".join(result.spoken),
+            left_out=len(atts) - take,
         )
 
     async def _fetch(self, entry: JournalEntry, att: Attachment, dest: Path) -> int:
@@ -361,7 +300,7 @@ class MediaIntake:
             name = att.name or _voice_name(entry, att)
             data = await asyncio.to_thread(tmp.read_bytes)
             try:
-                transcript = await self._speech.transcribe(data, name=name, mime=att.mime or "audio/ogg")
+                transcript = await self._speech.transcribe(data, name=safe_name(name), mime=att.mime or "audio/ogg")
             except MediaError as exc:
                 if exc.retryable and not final:
                     raise  # the service is down: the message waits for it

@@ -27,7 +27,7 @@ import regex
 
 from bumblebot.media.kinds import EXT_KINDS
 
-__all__ = ["INBOX", "MAX_NAME_BYTES", "MAX_VARIANTS", "chat_folder", "place", "safe_name"]
+__all__ = ["INBOX", "MAX_NAME_BYTES", "MAX_VARIANTS", "chat_folder", "fit_name", "name_max", "place", "safe_name"]
 
 #: Longest name :func:`safe_name` returns, in UTF-8 bytes (file systems allow 255).
 MAX_NAME_BYTES = 120
@@ -90,6 +90,27 @@ def safe_name(name: str, *, fallback: str = "file") -> str:
         core = "_" + core
     stem, ext = _split_ext(core)
     return _fit(stem, ext, MAX_NAME_BYTES)
+
+
+def fit_name(name: str, max_bytes: int) -> str:
+    """``name`` in at most ``max_bytes`` UTF-8 bytes: its stem shortened, never inside a
+    character or a grapheme cluster, its extension kept (``.tar.gz`` and its kin count as one);
+    ``name`` itself when it fits."""
+    if len(name.encode("utf-8")) <= max_bytes:
+        return name
+    stem, ext = _split_ext(name)
+    return _fit(stem, ext, max_bytes)
+
+
+def name_max(directory: Path) -> int:
+    """The longest file name, in bytes, the file system of ``directory`` takes (asked of its
+    nearest existing parent when it does not exist yet); 255 when the system does not say."""
+    for folder in (directory, *directory.parents):
+        try:
+            return int(os.pathconf(folder, "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            continue
+    return 255
 
 
 def _clean(name: str) -> str:

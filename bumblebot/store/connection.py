@@ -4,10 +4,14 @@
 class: they all read through :meth:`Database._one` and :meth:`Database._all` and write through
 :meth:`Database.transaction`, which serialises writers on the single connection.
 
-Every text a statement is given passes the store's :class:`~bumblebot.core.redaction.Redactor`
-first (writes and the reads that match on them alike): whatever a table module writes (the
-history, tool calls and their results, the journal, the outbox, traces, tasks), no configured
-secret reaches the file.
+Every text bound to a statement goes through :func:`~bumblebot.core.events.storable_text`
+on its way (:class:`Writes`): SQLite takes text as UTF-8, which has no lone surrogate, and one
+in a transcript, a file name or a tool's output would otherwise fail the write again at every
+retry. JSON columns are written with :func:`~bumblebot.core.messages.json_text`, which does
+the same for what is inside them. Every text then passes the store's
+:class:`~bumblebot.core.redaction.Redactor` (writes and the reads that match on them alike):
+whatever a table module writes (the history, tool calls and their results, the journal, the
+outbox, traces, tasks), no configured secret reaches the file.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
@@ -24,13 +28,39 @@ import aiosqlite
 
 from bumblebot.core.errors import StoreError
 from bumblebot.core.redaction import NO_SECRETS, Redactor
+from bumblebot.core.events import storable_text
 from bumblebot.store.schema import migrate
 
 log = logging.getLogger(__name__)
 
 
-class _Redacting:
-    """The connection as a transaction's statements use it: their texts redacted."""
+def storable(params: Sequence[Any], redactor: Redactor = NO_SECRETS) -> Any:
+    """A statement's parameters with each text made storable (lone surrogates as U+FFFD) and
+    without a secret (``redactor``)."""
+    return redactor.params(tuple(storable_text(p) if isinstance(p, str) else p for p in params))
+
+
+class Writes:
+    """The connection as a write transaction uses it: ``execute`` and ``executemany`` bind
+    storable text without secrets (:func:`storable`); anything else is the aiosqlite
+    connection's own."""
+
+    def __init__(self, db: aiosqlite.Connection, redactor: Redactor) -> None:
+        self._db = db
+        self._redactor = redactor
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._db.execute(sql, storable(params, self._redactor))
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> aiosqlite.Cursor:
+        return await self._db.executemany(sql, [storable(r, self._redactor) for r in rows])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+class Database:
+    """An aiosqlite connection to one file, opened with ``async with`` (see :class:`Store`)."""
 
     def __init__(self, db: aiosqlite.Connection, redactor: Redactor) -> None:
         self._db = db
@@ -97,13 +127,13 @@ class Database:
         return self._db
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def transaction(self) -> AsyncIterator[Writes]:
         """Serialise a write transaction; commits on success, rolls back on error."""
         async with self._write_lock:
             await self._end_left_open()
             await self._begin()
             try:
-                yield _Redacting(self.db, self.redactor) if self.redactor else self.db  # type: ignore[misc]
+                yield Writes(self.db, self.redactor)
             except BaseException:
                 await self.db.execute("ROLLBACK")
                 raise
@@ -116,7 +146,7 @@ class Database:
         thread where ``BEGIN`` … ``COMMIT`` would be three."""
         async with self._write_lock:
             await self._end_left_open()
-            return await self.db.execute(sql, self.redactor.params(params))
+            return await self.db.execute(sql, storable(params, self.redactor))
 
     async def _begin(self) -> None:
         """``BEGIN IMMEDIATE``, never left open: a task cancelled while the statement waits in
@@ -142,8 +172,8 @@ class Database:
 
     async def _one(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
         """The first row of a query that returns at most a few (one trip to aiosqlite's thread)."""
-        rows = await self.db.execute_fetchall(sql, self.redactor.params(params))
+        rows = await self.db.execute_fetchall(sql, storable(params, self.redactor))
         return next(iter(rows), None)
 
     async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
-        return list(await self.db.execute_fetchall(sql, self.redactor.params(params)))
+        return list(await self.db.execute_fetchall(sql, storable(params, self.redactor)))

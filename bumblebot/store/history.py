@@ -16,8 +16,9 @@ from typing import Any
 
 import aiosqlite
 
-from bumblebot.core.messages import Message, sound_call
-from bumblebot.store.connection import Database
+from bumblebot.core.events import blank
+from bumblebot.core.messages import NOTHING_READABLE, Message, json_text, sound_call
+from bumblebot.store.connection import Database, Writes
 from bumblebot.store.records import CompactionState, ConversationRecord
 
 PRUNED_PLACEHOLDER = "[Old tool output cleared to save context space]"
@@ -136,13 +137,23 @@ def _tool_calls(r: aiosqlite.Row) -> list[dict[str, Any]] | None:
     return [sound_call(c) for c in json.loads(r["tool_calls"])] if r["tool_calls"] else None
 
 
+def _content(r: aiosqlite.Row) -> str:
+    """A row's text as requests carry it: a pruned tool result as the placeholder, and a user
+    text that shows nothing (an older version stored some) as :data:`NOTHING_READABLE`."""
+    if r["pruned"]:
+        return PRUNED_PLACEHOLDER
+    if r["role"] == "user" and blank(r["content"]):
+        return NOTHING_READABLE
+    return str(r["content"])
+
+
 def _message(r: aiosqlite.Row) -> Message:
     if r["pruned"] and r["role"] == "assistant":  # an old step of a turn that outgrew the window
         full = Message(role="assistant", content=r["content"], tool_calls=_tool_calls(r), id=int(r["id"]), note=bool(r["note"]))
         return full.with_clipped_calls()
     return Message(
         role=r["role"],
-        content=PRUNED_PLACEHOLDER if r["pruned"] else r["content"],
+        content=_content(r),
         tool_calls=_tool_calls(r),
         tool_call_id=r["tool_call_id"],
         name=r["name"],
@@ -182,20 +193,22 @@ def _in_call_order(messages: list[Message]) -> list[Message]:
 
 
 async def insert_messages(
-    db: aiosqlite.Connection, conversation_id: int, session: int, turn_id: int, messages: list[Message]
+    db: Writes, conversation_id: int, session: int, turn_id: int, messages: list[Message]
 ) -> None:
     """Append ``messages`` to a turn of a session inside the caller's transaction ``db``,
-    setting each one's ``id``."""
+    setting each one's ``id``; each is made storable first (``Message.make_storable``: what is
+    in memory is what is on disk, and no blank user text is ever stored)."""
     now = time.time()
     for m in messages:
+        m.make_storable()
         cur = await db.execute(
             "INSERT INTO messages (conversation_id, session, turn_id, role, content, tool_calls,"
             " tool_call_id, name, ok, note, created_at, images) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id, session, turn_id, m.role, m.content,
-                json.dumps(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.name,
+                json_text(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.name,
                 None if m.ok is None else int(m.ok), int(m.note), now,
-                json.dumps(m.images) if m.images else None,
+                json_text(m.images) if m.images else None,
             ),
         )
         m.id = cur.lastrowid

@@ -18,7 +18,7 @@ from typing import Any
 import aiosqlite
 
 from bumblebot.core.events import ChatRef, Platform
-from bumblebot.store.connection import Database
+from bumblebot.store.connection import Database, Writes
 from bumblebot.store.records import OutboxEntry
 from bumblebot.store.schema import to_json
 
@@ -84,7 +84,7 @@ def outbox_entry_from_row(r: aiosqlite.Row) -> OutboxEntry:
 
 
 async def insert_outbox(
-    db: aiosqlite.Connection, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str,
+    db: Writes, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str,
     tool_call_id: str | None, attachment: dict[str, Any] | None = None,
 ) -> int:
     """Queue a message inside the caller's transaction ``db``; returns the row id."""

@@ -51,7 +51,8 @@ Audio (a second instance serves a separate ``transcription_base_url`` just as we
 - ``POST /v1/audio/transcriptions`` (multipart ``file``, ``model``, optional
   ``response_format``/``language``/``prompt``/``temperature``): answers the next queued
   transcript, ``push_transcript(text)``, or error, ``push_transcript_error(status,
-  message)``; with nothing queued, "fake transcript". ``response_format`` ``json`` (default)
+  message)``, or a body as it is, ``push_transcript_body(body, content_type)`` (a server
+  answering garbage with a 200); with nothing queued, "fake transcript". ``response_format`` ``json`` (default)
   answers ``{"text"}``, ``verbose_json`` adds ``task``/``language``/``duration``/
   ``segments``, ``text``/``srt``/``vtt`` answer plain text. Records ``transcriptions``:
   dicts ``{model, filename, data, content_type, response_format, language, prompt, headers,
@@ -307,6 +308,14 @@ def blank_text(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _RawBody:
+    """A transcription answer served as it is (:meth:`FakeOpenAI.push_transcript_body`)."""
+
+    body: str
+    content_type: str
+
+
 class FakeOpenAI:
     """Scripted chat-completions endpoint; see the module docstring.
 
@@ -346,7 +355,7 @@ class FakeOpenAI:
         self.transcriptions: list[dict[str, Any]] = []
         self.speech_requests: list[Request] = []
         self._image_rejection: tuple[int, str] | None = None
-        self._transcripts: list[tuple[int, str]] = []  # (status, text or error message)
+        self._transcripts: list[tuple[int, Any]] = []  # (status, text, error message or _RawBody)
         self._speech_audio: list[tuple[bytes, str | None]] = []
         self._speech_failures: list[tuple[int, str]] = []
         self._script: list[tuple[Any, Predicate | None]] = []
@@ -380,6 +389,11 @@ class FakeOpenAI:
     def push_transcript_error(self, status: int, message: str = "fake transcription error") -> None:
         """Queue an error (OpenAI error body) as the next ``audio/transcriptions`` answer."""
         self._transcripts.append((status, message))
+
+    def push_transcript_body(self, body: str, content_type: str = "application/json") -> None:
+        """Queue a 200 answer of ``body`` as it is (``'{"text": 12345}'``, ``"<html>oops"``) as
+        the next ``audio/transcriptions`` answer."""
+        self._transcripts.append((200, _RawBody(body, content_type)))
 
     def push_speech(self, data: bytes, content_type: str | None = None) -> None:
         """Queue the bytes (and optionally Content-Type) of the next ``audio/speech`` answer."""
@@ -468,6 +482,8 @@ class FakeOpenAI:
         else:
             status, text_ = self._transcripts.pop(0) if self._transcripts else (200, "fake transcript")
         record["status"] = status
+        if isinstance(text_, _RawBody):
+            return web.Response(text=text_.body, content_type=text_.content_type)
         if status != 200:
             return web.json_response(_error_body(status, text_), status=status)
         if response_format in ("text", "srt", "vtt"):

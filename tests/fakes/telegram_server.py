@@ -51,6 +51,8 @@ builds as ``base_file_url + token + "/" + file_path``):
   ``shown(chat_id)`` shows a message's text, else its caption, else "".
 - Edits: ``push_edit(chat_id, message_id, text=None, *, caption=None)`` pushes an
   ``edited_message`` update of a pushed message (Bot API "Update").
+- Raw updates: ``push_raw_update(update_id, text)`` queues an update given as its JSON text
+  (served as it is: one nested deeper than ``json.dumps`` goes, or one no client can read).
 """
 
 from __future__ import annotations
@@ -96,6 +98,24 @@ _FILE_KINDS = {"photo": ("AgAC", "photos", ".jpg"), "document": ("BQAC", "docume
                "video": ("BAAC", "videos", ".mp4"), "sticker": ("CAAC", "stickers", ".webp")}
 _PHOTO_BOXES = (90, 320, 800)  # Telegram's s/m/x thumbnails below the largest (y, 1280)
 _file_counter = itertools.count()
+
+
+@dataclass
+class RawUpdate:
+    """An update queued as JSON text (:meth:`FakeTelegram.push_raw_update`); it answers
+    ``update["update_id"]`` and ``kind in update`` like an update dict."""
+
+    update_id: int
+    text: str
+    kind: str = "message"
+
+    def __getitem__(self, key: str) -> int:
+        if key != "update_id":
+            raise KeyError(key)
+        return self.update_id
+
+    def __contains__(self, key: object) -> bool:
+        return key in ("update_id", self.kind)
 
 
 class Call(NamedTuple):
@@ -227,6 +247,13 @@ class FakeTelegram:
         self.updates.append(update)
         self.next_update_id = max(self.next_update_id, int(update["update_id"]) + 1)
         self._pushed.set()
+
+    def push_raw_update(self, update_id: int, text: str, kind: str = "message") -> RawUpdate:
+        """Queue an update given as its JSON text (``kind``: its field, e.g. ``message``),
+        served byte for byte inside getUpdates' answer."""
+        update = RawUpdate(update_id, text, kind)
+        self.push_update(update)  # type: ignore[arg-type]
+        return update
 
     def push_text(self, text: str, chat_id: int = 1001, user_id: int | None = None,
                   chat_type: str = "private", first_name: str = "Alice",
@@ -585,7 +612,9 @@ class FakeTelegram:
         if failures:
             return _error(*failures.popleft())
         if method == "getUpdates":
-            return web.json_response({"ok": True, "result": await self._get_updates(params)})
+            result = await self._get_updates(params)
+            parts = [u.text if isinstance(u, RawUpdate) else json.dumps(u) for u in result]
+            return web.Response(text='{"ok": true, "result": [' + ", ".join(parts) + "]}", content_type="application/json")
         handler = self._handlers.get(method)
         if handler is None:
             return _error(404, {"ok": False, "error_code": 404,
