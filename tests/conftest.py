@@ -70,6 +70,10 @@ def write_config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram | None = None
         # whole messages unless a test is about streaming (tests/test_streaming.py turns it on):
         # with an instant fake model whether a preview gets out before the reply is a race
         "delivery": {"streaming": "off"},
+        # the file tools reach the whole workspace in every chat, as they did before chats were
+        # confined to their own folder by default: tests of the workspace's files set up and
+        # look at files at its root. tests/test_tools_access.py covers the default.
+        "tools": {"files": {"shared_chats": ["*"]}},
     }
     if tg is not None:
         config["telegram"].update(base_url=tg.base_url, base_file_url=tg.base_file_url)

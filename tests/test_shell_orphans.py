@@ -85,7 +85,8 @@ async def test_a_command_cut_off_by_a_crash_is_killed_at_the_next_start(tmp_path
     judges_say_done(llm)
     llm.push(tool_calls(("run_command", {"command": f"{sys.executable} -c \"{script}\"; echo effect >> eff.txt"})),
              when=is_loop)
-    config = write_config(tmp_path, llm, tg, tools={"shell": {"enabled": True, "timeout_s": 600, "sandbox": "off"}})
+    config = write_config(tmp_path, llm, tg, tools={"shell": {"enabled": True, "timeout_s": 600, "sandbox": "off"}},
+                          telegram={"allowed_user_ids": [71]})  # its private chat: the shell is offered there
     pid = None
     proc = await start_daemon(config, tmp_path)
     try:

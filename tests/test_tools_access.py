@@ -113,19 +113,26 @@ async def test_a_group_reaches_only_its_own_folder_of_the_workspace(tmp_path, wo
         return await reg.execute(name, json.dumps(args), group)
 
     for name, args in [
-        ("read_file", {"path": "owner-notes.txt"}), ("list_directory", {"path": "."}),
-        ("search_files", {"pattern": "plans", "path": "."}), ("write_file", {"path": "new.txt", "content": "x"}),
-        ("append_file", {"path": "owner-notes.txt", "content": "x"}),
+        ("read_file", {"path": "../../owner-notes.txt"}), ("list_directory", {"path": ".."}),
+        ("search_files", {"pattern": "plans", "path": "../.."}), ("write_file", {"path": "../../new.txt", "content": "x"}),
+        ("append_file", {"path": str(workspace / "owner-notes.txt"), "content": "x"}),
         ("read_file", {"path": "inbox/telegram_-1001234/../../owner-notes.txt"}),
     ]:
         result = await run(name, **args)
         assert not result.ok and "inbox/telegram_-1001234/" in result.content, (name, result.content)
         assert "private plans" not in result.content
+    # a relative path starts in the chat's own folder: the owner's notes are not what it finds
+    missing = await run("read_file", path="owner-notes.txt")
+    assert not missing.ok and "private plans" not in missing.content
+    assert (await run("list_directory", path=".")).content == "inbox/telegram_-1001234/ (1 entries)\nminutes.txt"
+    assert (await run("search_files", pattern="plans", path=".")).content.startswith("0 matches")
+    assert (await run("write_file", path="new.txt", content="x")).ok
+    assert (workspace / "inbox" / "telegram_-1001234" / "new.txt").read_text() == "x"
     assert (await run("read_file", path="inbox/telegram_-1001234/minutes.txt")).content.startswith("group minutes")
     assert (await run("write_file", path="inbox/telegram_-1001234/summary.txt", content="ok")).ok
     found = await run("search_files", pattern="minutes|ok", regex=True, path="inbox/telegram_-1001234")
     assert "minutes.txt" in found.content and "summary.txt" in found.content
-    assert not (workspace / "new.txt").exists()
+    assert not (workspace / "new.txt").exists() and not (tmp_path / "new.txt").exists()
     assert (workspace / "owner-notes.txt").read_text() == "the owner's private plans\n"
     owner = await reg.execute("read_file", json.dumps({"path": "owner-notes.txt"}), ctx(tmp_path, OWNER_CHAT))
     assert owner.content.startswith("the owner's private plans")

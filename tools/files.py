@@ -118,6 +118,9 @@ def resolve_in_workspace(workspace: Path, path: str, *, chat: str = "", own_only
             (``inbox/<their chat>/``) are refused, as their memory is (``""``: no check).
         own_only: only the chat's own folder (``inbox/<chat>/``) may be touched: the turn's
             chat may not reach the workspace trusted chats share (``ToolContext.own_files_only``).
+            A relative path then starts in that folder (``notes.md`` is
+            ``inbox/<chat>/notes.md``), unless it starts with ``inbox/`` (as the paths of the
+            files people sent are given).
 
     Returns:
         The resolved absolute path: the workspace itself or a path inside it. It need not
@@ -137,16 +140,17 @@ def resolve_in_workspace(workspace: Path, path: str, *, chat: str = "", own_only
             "use a path relative to the workspace)"
         )
     root = workspace.resolve()
+    base = root / chat_inbox(chat) if own_only and chat and parts[:1] != (INBOX,) else root
     try:
-        target = (root / path).resolve()
+        target = (base / path).resolve()
     except (OSError, RuntimeError) as exc:
         raise PathError(f"cannot resolve path {path}: {exc}") from exc
     if not target.is_relative_to(root):
         raise PathEscapeError(f"path escapes the workspace: {path}")
-    if chat and not inbox_allowed(root, target, chat, own_only):
-        if own_only:
-            raise PathError(f"{path} is outside this chat's folder: here the file tools reach only {chat_inbox(chat)}/")
+    if chat and not inbox_allowed(root, target, chat):
         raise PathError(f"{path} holds files sent in another chat; this chat's are in {chat_inbox(chat)}/")
+    if chat and own_only and not inbox_allowed(root, target, chat, own_only):
+        raise PathError(f"{path} is outside this chat's folder: here the file tools reach only {chat_inbox(chat)}/")
     return target
 
 
