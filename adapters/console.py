@@ -34,6 +34,7 @@ import contextlib
 import ctypes
 import getpass
 import itertools
+import io
 import sys
 import threading
 import time
@@ -118,6 +119,10 @@ class ConsoleAdapter(Adapter):
         self.user = user or getpass.getuser()
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
+        if isinstance(self.stdin, io.TextIOWrapper):
+            # a line that is not valid in the locale's encoding arrives with U+FFFD in it; a
+            # strict decoder (a desktop UTF-8 locale) would kill the input thread on it
+            self.stdin.reconfigure(errors="replace")
         self.chat = ChatRef(Platform.CONSOLE, f"local:{self.user}")
         self._ids = itertools.count(time.time_ns())
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -409,3 +409,23 @@ async def test_trace_shows_how_a_turn_stopped_with_its_flags(tmp_path, llm, tg):
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert out.returncode == 0 and "stop=end_turn+" in out.stdout and "unfinished" in out.stdout.splitlines()[0]
+
+
+async def test_chat_goes_on_after_a_line_that_is_not_utf8(tmp_path, llm):
+    """A desktop UTF-8 locale reads stdin strictly: the line raised UnicodeDecodeError in the
+    console's input thread, which died; the chat hung for ever (EOF included)."""
+    judges_say_done(llm)
+    llm.push(say("first"), when=is_loop)
+    llm.push(say("second"), when=is_loop)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(write_config(tmp_path, llm, None)), "chat",
+        env=env_for(tmp_path) | {"PYTHONIOENCODING": "utf-8:strict"},
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(b"caf\xe9 ok\nsecond line\n"), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert b"second" in out

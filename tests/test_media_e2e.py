@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import json
 import re
 import sqlite3
@@ -734,6 +735,7 @@ EXCEPTION_NAME = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception)\b")
     ('{"text": 12345}', "application/json"),  # the strip() of an int raised AttributeError
     ('{"transcript": "hi"}', "application/json"),
     ("<html><body>502 Bad Gateway</body></html>", "text/html"),
+    ('{"text": ' + "[" * 200_000 + "]" * 200_000 + "}", "application/json"),  # RecursionError escaped the reader
 ])
 async def test_a_transcription_answer_that_is_not_what_the_api_promises_is_told_plainly_and_the_chat_goes_on(
     tmp_path, llm, tg, body, content_type,
@@ -868,3 +870,53 @@ async def test_an_audio_file_with_a_name_longer_than_servers_take_is_transcribed
     [sent] = llm.transcriptions
     assert sent["filename"].endswith(".mp3") and len(sent["filename"].encode()) <= 120
     assert tg.sent(25) == ["heard it"]
+
+
+def pdf_mapping_A_to(utf16_hex: str) -> bytes:
+    """A one-page PDF showing "HAAB" in Helvetica whose ToUnicode CMap maps "A" to ``utf16_hex``."""
+    cmap = (f"/CIDInit /ProcSet findresource begin 12 dict begin begincmap /CMapName /X def\n1 begincodespacerange\n"
+            f"<00> <FF>\nendcodespacerange\n1 beginbfchar\n<41> <{utf16_hex}>\nendbfchar\nendcmap\n"
+            "CMapName currentdict /CMap defineresource pop end end\n")
+    content = "BT /F1 24 Tf 72 720 Td (HAAB) Tj ET"
+    objs = ["<< /Type /Catalog /Pages 2 0 R >>", "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+            f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
+            "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /ToUnicode 6 0 R >>",
+            f"<< /Length {len(cmap)} >>\nstream\n{cmap}\nendstream"]
+    out, offsets = "%PDF-1.4\n", []
+    for i, obj in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += f"{i} 0 obj\n{obj}\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objs) + 1}\n0000000000 65535 f \n" + "".join(f"{o:010d} 00000 n \n" for o in offsets)
+    return (out + f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n").encode()
+
+
+async def test_a_pdf_whose_text_holds_a_lone_surrogate_is_read(tmp_path, llm, tg):
+    """pypdf yields lone surrogates from a malformed ToUnicode CMap (pypdf#1872); the worker's
+    json.dumps(ensure_ascii=False) failed on its strict UTF-8 stdout: "its reader failed"."""
+    judges_say_done(llm)
+    llm.push(say("read it"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_document(pdf_mapping_A_to("D800"), "sur.pdf", "application/pdf", caption="what is it", chat_id=52)
+        await tg.wait_for("sendMessage", timeout=30)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(52) == ["read it"]
+    assert "H\ufffd\ufffdB" in contents(loop_requests(llm)[0])
+
+
+async def test_send_file_of_a_name_that_is_not_utf8_does_not_crash_the_turn(tmp_path, llm, tg):
+    """The resolved name '\\udcff-report.txt' went raw into the next step's nudge ("Already
+    told the user: [file …]"): the openai client failed to encode the request."""
+    judges_say_done(llm)
+    ws = tmp_path / "data" / "workspace"
+    ws.mkdir(parents=True)
+    (ws / os.fsdecode(b"\xff-report.txt")).write_text("hello")
+    (ws / "report.txt").symlink_to(ws / os.fsdecode(b"\xff-report.txt"))
+    llm.push(tool_calls(("send_file", {"path": "report.txt"})), when=is_loop)
+    llm.push(say("sent"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, telegram={"allowed_user_ids": [41]})) as d:
+        tg.push_text("send me the report", chat_id=41)
+        await tg.wait_for("sendMessage", timeout=15)
+        await d.engine.wait_for_turns(1)
+    assert not any("went wrong" in t for t in tg.sent(41))

@@ -17,6 +17,8 @@ from conftest import running, write_config
 from fakes.openai_server import is_loop, tool_calls
 from support import env_for, judges_say_done, say
 
+from bumblebot.app.private import make_private
+
 
 def not_private(root: Path) -> dict[str, str]:
     """Entries under ``root`` (itself included) that are not 0700 (a directory) or 0600 (a
@@ -157,3 +159,39 @@ async def test_an_older_data_dir_left_open_is_made_private_at_start_links_untouc
         os.umask(previous)
     assert stat.S_IMODE(outside.stat().st_mode) == 0o644
     assert stat.S_IMODE(workspace.parent.stat().st_mode) == 0o755  # not the daemon's: above the workspace
+
+
+async def test_backup_check_and_trace_leave_no_open_file_in_an_older_data_dir(tmp_path, llm, tg):
+    async with running(write_config(tmp_path, llm, tg)):
+        pass
+    data = tmp_path / "data"
+    for p in [data, *data.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    for args in (["check"], ["trace"], ["backup", str(tmp_path / "b.db")]):
+        for p in data.glob("bumblebot.db-*"):
+            p.unlink()
+        proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", f"umask 022; exec {sys.executable} -m bumblebot --config {tmp_path / 'bumblebot.yaml'} {' '.join(args)}",
+            env=env_for(tmp_path), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )
+        await asyncio.wait_for(proc.wait(), 60)
+        opened = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in data.glob("bumblebot.db-*")}
+        assert all(m == "0o600" for m in opened.values()), (args, opened)
+
+
+def test_a_workspace_that_is_a_link_to_another_disk_is_made_private_too(tmp_path):
+    """``data/workspace -> /disk/ws`` stayed 0755/0644: the walk follows no link, the
+    workspace's own included."""
+    elsewhere = tmp_path / "disk" / "ws"
+    (elsewhere / "notes").mkdir(parents=True)
+    (elsewhere / "notes" / "plan.md").write_text("x")
+    for p in (elsewhere, elsewhere / "notes"):
+        p.chmod(0o755)
+    (elsewhere / "notes" / "plan.md").chmod(0o644)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "workspace").symlink_to(elsewhere, target_is_directory=True)
+    make_private(data, data / "workspace")
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in (elsewhere, elsewhere / "notes")} == {"0o700"}
+    assert stat.S_IMODE((elsewhere / "notes" / "plan.md").stat().st_mode) == 0o600
+    assert (data / "workspace").is_symlink()

@@ -538,3 +538,17 @@ async def test_an_error_names_workspace_files_relative_to_it_and_a_result_holds_
     assert not failed.ok and str(ctx.workspace) not in failed.content
     assert json.loads(failed.content)["error"].endswith("No such file or directory: 'notes/today.md'")
     assert fetched.ok and fetched.content == "a page with a broken \ufffd character"
+
+
+async def test_an_error_never_names_where_the_daemon_keeps_its_data(tmp_path) -> None:
+    """``remember`` on a broken knowledge folder told the model
+    "NotADirectoryError: ... '/home/.../data/knowledge/telegram_51.md'"."""
+    ctx = ToolContext(workspace=tmp_path / "data" / "workspace", data_dir=tmp_path / "data", conversation="test:1")
+
+    async def remembers(ctx: ToolContext) -> str:
+        """Remember."""
+        raise NotADirectoryError(20, "Not a directory", str(ctx.data_dir / "knowledge" / "telegram_51.md"))
+
+    failed = await Registry([make_tool(remembers, kind=ToolKind.WORK)]).execute("remembers", "{}", ctx)
+    assert not failed.ok and str(ctx.data_dir) not in failed.content and str(ctx.data_dir.resolve()) not in failed.content
+    assert "<data_dir>/knowledge/telegram_51.md" in failed.content

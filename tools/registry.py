@@ -364,6 +364,8 @@ class Registry:
         content = storable_text(out.content)
         if not out.ok:
             content = workspace_relative(content, ctx.workspace)
+            for root in dict.fromkeys((str(ctx.data_dir), str(ctx.data_dir.resolve()))):
+                content = content.replace(root, "<data_dir>")  # where the daemon keeps its data is not the model's
         if len(content) > self.max_result_chars:
             content = cap_text(content, self.max_result_chars)
         return out if content == out.content else ToolResult(content, ok=out.ok)

@@ -15,6 +15,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from bumblebot.core.events import storable_text
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .definition import Tool, tool
@@ -46,6 +47,10 @@ async def send_file(
         found = False
     if not found:
         return ToolResult.error(f"no such file in the workspace: {path}")
+    if storable_text(str(target)) != str(target):
+        # bytes that are no UTF-8 (a file unpacked from elsewhere): the name can be neither
+        # shown in a chat nor kept in the outbox, which sends the file after a restart too
+        return ToolResult.error(f"{storable_text(path)} is (or points to) a file whose name is not UTF-8 text; copy or rename it first")
     report = await ctx.turn.send_file(target, caption.strip(), call_id=ctx.call_id)
     return report.as_result()
 

@@ -33,7 +33,7 @@ from typing import Any, TextIO
 
 from bumblebot import __version__
 from bumblebot.app.daemon import Daemon, instance_lock
-from bumblebot.app.private import private_umask
+from bumblebot.app.private import make_private, private_umask
 from bumblebot.core.config import (
     SECRET_VARIABLES,
     Secrets,
@@ -429,6 +429,10 @@ def _main(argv: list[str] | None) -> int:
         print(f"bumblebot: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
+        if args.command in ("check", "trace", "backup") and settings.data_dir.is_dir():
+            # they open the database too (SQLite gives its -wal and -shm the database file's
+            # mode, whatever the umask): what an older version left open is closed first
+            make_private(settings.data_dir, settings.workspace)
         if args.command == "run":
             with instance_lock(settings.data_dir):
                 return asyncio.run(run_daemon(settings, secrets, entity))

@@ -55,7 +55,8 @@ def make_private(data_dir: Path, *more: Path) -> int:
     """
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     changed, failed = 0, []
-    roots = [data_dir, *(r for r in more if not r.is_relative_to(data_dir))]  # each entry once
+    data_dir = data_dir.resolve()  # a root that is a link (a workspace on another disk) is its target
+    roots = [data_dir, *(r for r in (m.resolve() for m in more) if not r.is_relative_to(data_dir))]  # each entry once
     for root in roots:
         for path in _tree(root):
             try:

@@ -94,7 +94,8 @@ class Speech:
             raise MediaError("the transcription service could not be reached", retryable=True) from exc
         except openai.APIError as exc:
             raise MediaError("the transcription service failed") from exc
-        except ValueError as exc:  # a 200 whose body is not the JSON it says it is
+        except (ValueError, RecursionError) as exc:  # a 200 whose body is not the JSON it says it is
+            # (or is nested deeper than the JSON reader goes)
             log.warning("transcription at %s: the answer is not JSON (%s)", self.transcription_base_url, exc)
             raise MediaError(UNREADABLE) from exc
         text = getattr(result, "text", None)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from bumblebot.core.errors import BumblebotError
+from bumblebot.core.events import storable_text
 from bumblebot.media.kinds import SNIFF_BYTES, magic_kind, text_encoding
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def pdf_text_bounded(
         raise DocumentError("the PDF could not be read (its reader failed)") from None
     if "error" in answer:
         raise DocumentError(str(answer["error"]))
-    return str(answer["text"]), int(answer["pages"]), bool(answer["cut"])
+    return storable_text(str(answer["text"])), int(answer["pages"]), bool(answer["cut"])
 
 
 def _worker(argv: list[str]) -> None:
@@ -165,7 +166,9 @@ def _worker(argv: list[str]) -> None:
             answer: dict[str, object] = {"text": text, "pages": pages, "cut": cut}
         except DocumentError as exc:
             answer = {"error": str(exc)}
-    sys.stdout.write(json.dumps(answer, ensure_ascii=False))
+    # ASCII: pypdf returns lone surrogates from a malformed ToUnicode map, which a UTF-8 stdout
+    # cannot write; the daemon takes them back as U+FFFD
+    sys.stdout.write(json.dumps(answer))
 
 
 def _pdf_text(fh: BinaryIO, max_chars: int | None, max_pages: int) -> tuple[str, int, bool]:
