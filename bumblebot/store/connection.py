@@ -60,23 +60,6 @@ class Writes:
 
 
 class Database:
-    """An aiosqlite connection to one file, opened with ``async with`` (see :class:`Store`)."""
-
-    def __init__(self, db: aiosqlite.Connection, redactor: Redactor) -> None:
-        self._db = db
-        self._redactor = redactor
-
-    def execute(self, sql: str, parameters: Any = None) -> Any:
-        return self._db.execute(sql, self._redactor.params(parameters))
-
-    def executemany(self, sql: str, rows: Any) -> Any:
-        return self._db.executemany(sql, [self._redactor.params(r) for r in rows])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._db, name)
-
-
-class Database:
     """An aiosqlite connection to one file, opened with ``async with`` (see :class:`Store`).
 
     ``redactor``: the secrets no text written or matched may hold (default: none)."""
