@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 from conftest import TOKEN, write_config
 from fakes.openai_server import FakeOpenAI, is_loop, tool_calls
+from fakes.telegram_server import retry_after_body
 from processes import descendants, kill_all, marker, wait_for_marked, wait_until_gone
 from support import judges_say_done, kill_daemon, loop_requests, running, say, start_daemon, stop_daemon
 
+from adapters.telegram.pacing import PaceLimits
 from bumblebot.app.check import check_all
 from bumblebot.core.config import Secrets, load_settings
 from bumblebot.core.entity import load_entity
@@ -315,3 +317,25 @@ async def test_the_shell_is_offered_only_where_its_sandbox_runs(tmp_path, model,
     problems = await check_all(settings, Secrets(OPENAI_API_KEY="sk-test"), entity)
     assert problems == ([] if offered else ["shell"])
     assert line in capsys.readouterr().out
+
+
+async def test_a_file_swapped_for_a_link_after_send_file_checked_it_is_not_what_goes_out(tmp_path, llm, tg):
+    """send_file checked ``report.txt``; a command of the same step swapped it for a link to
+    ``../bumblebot.db`` before the upload (held by a 429), and the retry uploaded the database."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("run_command", {"command": "echo decoy > report.txt"})), when=is_loop)
+    llm.push(tool_calls(
+        ("say", {"text": "one"}),
+        ("send_file", {"path": "report.txt"}),
+        ("run_command", {"command": "sleep 0.3; ln -sf ../bumblebot.db report.txt"}),
+    ), when=is_loop)
+    llm.push(say("done"), when=is_loop)
+    async with running(shell_config(tmp_path, llm, tg), pace=PaceLimits(per_chat_burst=1)) as d:
+        tg.fail_next("sendDocument", 429, retry_after_body(1))  # Telegram's flood control
+        tg.push_text("send me the report", chat_id=81)
+        await tg.wait_for("sendDocument", n=2, timeout=30)
+        await d.engine.wait_for_turns(1)
+        outgoing = list((d.settings.media_dir / "outgoing").iterdir())
+    docs = [f["data"] for f in tg.files_sent if f["method"] == "sendDocument"]
+    assert docs == [b"decoy\n", b"decoy\n"]  # the 429'd try and the retry: the copy made when it was checked
+    assert outgoing == []  # and the copy is gone once sent

@@ -18,7 +18,10 @@ A row with an ``attachment`` sends a file as well: a ``photo`` or ``document``
 when the text is longer than the platform's caption limit; a ``voice`` (``voice.reply:
 mirror``) goes after the text's chunks, its speech made on the first attempt and kept as
 ``<data_dir>/media/voice/voice-<outbox id>-<token>.ogg`` (recorded in the row), so a retry
-sends the same file and never makes it twice; it is deleted once sent. The file is the row's last part and counts in ``platform_message_ids`` like a chunk.
+sends the same file and never makes it twice; it is deleted once sent. A file of the
+``send_file`` tool is sent from the copy :meth:`Delivery.stage` made when it was queued
+(``bumblebot/delivery/staging.py``), deleted once sent too. The file is the row's last part
+and counts in ``platform_message_ids`` like a chunk.
 
 No configured secret reaches a chat: a row's text, caption, file name and the words of its
 voice are redacted before they are sent (:attr:`Delivery.redactor`, the store's too, so a row
@@ -44,6 +47,7 @@ from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.toolkit import DeliveryReport
+from bumblebot.delivery.staging import OUTGOING, StagingError, stage_file
 from bumblebot.llm.speech import Speech
 from bumblebot.store import OutboxEntry, Store
 
@@ -376,10 +380,25 @@ class Delivery:
             raise DeliveryFailed(f"the file to send is gone: {path}", retryable=False)
         name = self.redactor(attachment.get("name") or Path(path).name)
         sent = await adapter.send_file(entry.chat, Path(path), kind=part.kind, caption=part.caption, key=key, name=name)
-        if part.kind == "voice":  # made for this row alone: not kept once it is out
+        if part.kind == "voice" or self._staged(Path(path)):  # made for this row alone: not kept once it is out
             with contextlib.suppress(OSError):
                 Path(path).unlink()
         return sent
+
+    async def stage(self, path: Path) -> Path:
+        """A copy of the workspace file ``path`` (resolved and checked by the tool) to queue
+        instead of it, so what is sent is what was checked, at every attempt.
+
+        Raises:
+            StagingError: the file is no longer that regular file.
+            OSError: the copy could not be written.
+        """
+        if self._media_dir is None:
+            raise StagingError("files cannot be sent here (no media directory)")
+        return await asyncio.to_thread(stage_file, path, self._media_dir / OUTGOING)
+
+    def _staged(self, path: Path) -> bool:
+        return self._media_dir is not None and path.parent == self._media_dir / OUTGOING
 
     async def _voice(self, entry: OutboxEntry) -> Path:
         """The speech of a row's text, made once: its file (named for this row and a random

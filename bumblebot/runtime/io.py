@@ -21,6 +21,7 @@ from bumblebot.core.messages import Message
 from bumblebot.core.toolkit import DeliveryReport
 from bumblebot.delivery import Delivery
 from bumblebot.delivery.preview import LivePreview
+from bumblebot.delivery.staging import StagingError
 from bumblebot.llm import SayListener
 from bumblebot.media import MediaUnavailable, prepared
 from bumblebot.media.documents import describe_size
@@ -162,18 +163,26 @@ class TurnIO(TurnPort):
         return report
 
     async def _send_file(self, path: str, caption: str, call_id: str | None) -> DeliveryReport:
+        name = os.path.basename(path)
+        try:  # what is sent, now or after a retry, is the file the tool checked: a copy of it
+            path = str(await self._delivery.stage(Path(path)))
+        except (StagingError, OSError) as exc:
+            return DeliveryReport(delivered=False, error=str(exc) if isinstance(exc, StagingError) else "the file could not be read")
         size = os.path.getsize(path)
-        image = await asyncio.to_thread(sniff, Path(path), None, os.path.basename(path)) == "image"
+        image = await asyncio.to_thread(sniff, Path(path), None, name) == "image"
         photo = self._delivery.upload_limit(self._turn.chat, "photo")
-        kind = "photo" if image and Path(path).suffix.lower() in PHOTO_SUFFIXES and photo and size <= photo else "document"
+        kind = "photo" if image and Path(name).suffix.lower() in PHOTO_SUFFIXES and photo and size <= photo else "document"
         limit = self._delivery.upload_limit(self._turn.chat, kind)
+        if limit is None or size > limit:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # the copy is not queued
         if limit is None:
             return DeliveryReport(delivered=False, error="files cannot be sent to this chat")
         if size > limit:
             return DeliveryReport(
                 delivered=False, error=f"the file is {describe_size(size)}, over the {describe_size(limit)} this chat takes",
             )
-        attachment = {"kind": kind, "path": path, "name": os.path.basename(path)}
+        attachment = {"kind": kind, "path": path, "name": name}
         entry = await self._turn.speak(caption, tool_call_id=call_id, attachment=attachment)
         return await self._delivery.deliver(entry)
 

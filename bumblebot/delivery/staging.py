@@ -1,0 +1,51 @@
+"""A file the entity sends, copied out of the workspace before it is queued.
+
+The ``send_file`` tool checks its path inside the workspace, but the outbox sends the file
+later: at once, after a platform's ``retry_after``, or after a restart. A command in the
+workspace could swap the file for a link to the database or to ``/proc/self/environ`` in
+between, and the upload would follow it. So the file is copied, once, into
+``<data_dir>/media/outgoing/``: opened without following a link in its last part, without
+blocking (a pipe is refused, not waited on), checked to be a regular file, and checked to be
+the very file the tool resolved (its path as the kernel sees the open descriptor, so a folder
+swapped for a link on the way is caught too). The outbox sends the copy and deletes it once
+sent.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import stat
+from pathlib import Path
+
+#: Under the media directory: copies of the files queued to be sent.
+OUTGOING = "outgoing"
+
+
+class StagingError(ValueError):
+    """The file cannot be sent as it is (the message is for the model)."""
+
+
+def stage_file(path: Path, into: Path) -> Path:
+    """A private copy of the regular file ``path`` (absolute, resolved) in the folder ``into``.
+
+    Raises:
+        StagingError: it is no longer a regular file at that path (a link, a pipe, gone).
+        OSError: the copy could not be written.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise StagingError(f"{path.name} cannot be opened ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as source:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StagingError(f"{path.name} is not a regular file")
+        opened = Path(os.readlink(f"/proc/self/fd/{fd}")) if Path("/proc/self/fd").is_dir() else path
+        if opened != path:
+            raise StagingError(f"{path.name} changed while it was being sent; send it again")
+        into.mkdir(mode=0o700, parents=True, exist_ok=True)
+        copy = into / f"file-{secrets.token_hex(8)}{''.join(path.suffixes[-1:])}"
+        with open(copy, "xb") as target:
+            shutil.copyfileobj(source, target)
+    return copy
