@@ -123,11 +123,15 @@ async def test_a_streamed_say_never_shows_the_key_nor_its_beginning(tmp_path, ll
 
 
 async def test_a_file_name_and_caption_carrying_the_key_are_sent_and_stored_redacted(tmp_path, llm, tg):
+    """The key in a caption is sent as the marker; a file whose name holds it cannot even be
+    named to send_file (the call's arguments are redacted before it runs)."""
     judges_say_done(llm)
     workspace = tmp_path / "data" / "workspace"
     workspace.mkdir(parents=True)
+    (workspace / "report.txt").write_text("numbers\n")
     (workspace / f"report-{KEY}.txt").write_text("numbers\n")
-    llm.push(tool_calls(("send_file", {"path": f"report-{KEY}.txt", "caption": f"made with {KEY}"})), when=is_loop)
+    llm.push(tool_calls(("send_file", {"path": "report.txt", "caption": f"made with {KEY}"}),
+                        ("send_file", {"path": f"report-{KEY}.txt"})), when=is_loop)
     llm.push(say("sent"), when=is_loop)
     async with running(write_config(tmp_path, llm, tg, telegram={"allowed_user_ids": [53]})) as d:
         tg.push_text("send me the report as a file please", chat_id=53)
@@ -135,7 +139,9 @@ async def test_a_file_name_and_caption_carrying_the_key_are_sent_and_stored_reda
         await d.engine.wait_for_turns(1)
         data = d.settings.data_dir
     [sent] = tg.files_sent
-    assert (sent["filename"], sent["caption"], sent["data"]) == (f"report-{MARKER}.txt", f"made with {MARKER}", b"numbers\n")
+    assert (sent["filename"], sent["caption"], sent["data"]) == ("report.txt", f"made with {MARKER}", b"numbers\n")
+    refused = json.loads(tool_results(loop_requests(llm)[1])[1])
+    assert MARKER in refused["error"] and KEY not in refused["error"]
     assert_nowhere(data, KEY)
 
 
@@ -209,3 +215,55 @@ def test_the_daemon_hides_both_tokens_the_key_and_the_mcp_secrets(tmp_path, llm,
     text = f"{TOKEN} {discord} {KEY} notes-token-0123456789 memory-key-9876543210"
     assert d.redactor(text) == " ".join([MARKER] * 5)
     assert d.store.redactor is d.redactor
+
+
+def test_a_secret_written_with_markdown_that_shows_as_nothing_is_still_found():
+    """``123456\\:TEST-…`` reached Telegram as the token itself: the backslash is an escape the
+    chat does not show, and the redaction ran on the Markdown before it was rendered."""
+    redactor = Redactor([TOKEN])
+    head, tail = TOKEN.split(":", 1)
+    for written in (
+        f"{head}\\:{tail}", f"`{head}`:{tail}", f"{head}<!-- -->:{tail[:2]}**{tail[2:4]}**{tail[4:]}",
+        f"{head}:{tail[:1]}[](x){tail[1:]}", f"{head}\u200b:{tail}", f"||{head}:{tail}||",
+    ):
+        shown = redactor.shown(f"my token is {written}!")
+        assert TOKEN not in shown and head not in shown and MARKER in shown, written
+    assert redactor.shown("no secret **here**, `code` and \\*stars\\*") == "no secret **here**, `code` and \\*stars\\*"
+
+
+def test_a_secret_spelled_with_json_escapes_is_found_and_the_json_stays_json():
+    """A say's arguments ``{"text": "…TEST\\u002dtoken…"}`` were stored as sent: the history
+    held the token, and every later turn sent it back to the model."""
+    redactor = Redactor([TOKEN])
+    arguments = json.dumps({"text": "my token is " + TOKEN, "quote": 'a "q"'}).replace("-", "\\u002d", 1)
+    assert json.loads(arguments)["text"] == "my token is " + TOKEN  # valid JSON for the very token
+    redacted = redactor(arguments)
+    assert json.loads(redacted) == {"text": f"my token is {MARKER}", "quote": 'a "q"'}
+    kept = json.dumps({"text": "caf\u00e9 \u0022x\u0022"}, ensure_ascii=True)
+    assert redactor(kept) == kept  # nothing secret: the escapes stay as they were
+
+
+async def test_markdown_around_the_token_never_reaches_telegram(tmp_path, llm, tg):
+    judges_say_done(llm)
+    head, tail = TOKEN.split(":", 1)
+    llm.push(say(f"my token is {head}\\:{tail}"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("token?", chat_id=55)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(55) == [f"my token is {MARKER}"]
+
+
+async def test_a_token_the_model_gives_a_tool_never_reaches_it_nor_the_disk(tmp_path, llm, tg):
+    """``remember(body="bot token …")`` wrote the token to the chat's knowledge file, which
+    every later prompt of the chat holds."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("remember", {"title": "creds", "body": f"bot token {TOKEN}"})), when=is_loop)
+    llm.push(say("saved"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("remember the token", chat_id=56)
+        await d.engine.wait_for_turns(1)
+        data = d.settings.data_dir
+    knowledge = (data / "knowledge" / "telegram_56.md").read_text()
+    assert "creds" in knowledge and MARKER in knowledge and TOKEN not in knowledge
+    assert_nowhere(data, TOKEN)

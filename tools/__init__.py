@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bumblebot.core.redaction import NO_SECRETS, Redactor
+
 from .access import ChatAccess, ToolAccess, allowlisted_private_chats
 from .agency import AGENCY_TOOLS
 from .definition import Tool, make_tool, tool
@@ -86,6 +88,7 @@ def build_registry(
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     scheduler: Scheduler | None = None,
     access: ToolAccess | None = None,
+    redactor: Redactor = NO_SECRETS,
 ) -> Registry:
     """The registry the daemon offers: agency tools, file tools, and the enabled others.
 
@@ -108,6 +111,7 @@ def build_registry(
         max_result_chars: cap on every tool result, in characters (head and tail kept).
         scheduler: offer ``schedule_task``, ``list_tasks`` and ``cancel_task`` on it.
         access: where each tool may be used (:func:`tool_access`); default: everywhere.
+        redactor: the secrets no tool call is given and no result holds.
 
     Returns:
         A new :class:`Registry`: ``say``, ``think``, ``wait``, ``end_turn``, the file tools,
@@ -131,4 +135,4 @@ def build_registry(
             allow_private=web_allow_private,
             allowed_hosts=web_allowed_hosts,
         )
-    return Registry(tools, max_result_chars=max_result_chars, access=access)
+    return Registry(tools, max_result_chars=max_result_chars, access=access, redactor=redactor)

@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from bumblebot.core.events import storable_text
 from bumblebot.core.logs import bound
+from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.settings import MIN_TOOL_RESULT_CHARS
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
@@ -139,6 +140,9 @@ class Registry:
         max_result_chars: cap on one result's characters (head and tail kept).
         sources: run-time tools (see :class:`ToolSource` and :meth:`add_source`).
         access: where each registered tool may be used; default: every tool everywhere.
+        redactor: the secrets no tool is given and no result holds: a call's arguments and its
+            result are redacted (a ``remember`` of the bot token keeps ``[REDACTED]``, a file
+            read that holds the key shows ``[REDACTED]``); default: none.
 
     Raises:
         ValueError: on a duplicate tool name or a ``max_result_chars`` below
@@ -152,11 +156,13 @@ class Registry:
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         sources: Iterable[ToolSource] = (),
         access: ToolAccess | None = None,
+        redactor: Redactor = NO_SECRETS,
     ) -> None:
         if max_result_chars < MIN_TOOL_RESULT_CHARS:
             raise ValueError(f"max_result_chars must be >= {MIN_TOOL_RESULT_CHARS}, got {max_result_chars}")
         self.max_result_chars = max_result_chars
         self.access = access or ToolAccess()
+        self.redactor = redactor
         self._tools: dict[str, Tool] = {}
         self._schemas: dict[int, list[dict[str, Any]]] = {}
         self._sources: list[ToolSource] = list(sources)
@@ -225,7 +231,9 @@ class Registry:
         if unknown:
             raise ValueError(f"unknown tool(s): {', '.join(sorted(unknown))}")
         chosen = [t for n, t in self._tools.items() if n in kept and n not in excluded]
-        return Registry(chosen, max_result_chars=self.max_result_chars, sources=self._sources, access=self.access)
+        return Registry(
+            chosen, max_result_chars=self.max_result_chars, sources=self._sources, access=self.access, redactor=self.redactor
+        )
 
     # -- queries --------------------------------------------------------------------------
 
@@ -360,8 +368,8 @@ class Registry:
         Raises:
             asyncio.CancelledError: if the call is cancelled (never swallowed).
         """
-        out = await self._run(name, arguments, ctx)
-        content = storable_text(out.content)
+        out = await self._run(name, self.redactor(arguments), ctx)
+        content = self.redactor(storable_text(out.content))
         if not out.ok:
             content = workspace_relative(content, ctx.workspace)
             for root in dict.fromkeys((str(ctx.data_dir), str(ctx.data_dir.resolve()))):

@@ -35,7 +35,7 @@ from bumblebot.core.errors import ConfigError, DataDirInUse
 from bumblebot.core.logs import redact_values
 from bumblebot.core.mcp_settings import secret_values as mcp_secret_values
 from bumblebot.core.metrics import NO_METRICS, Metrics
-from bumblebot.core.redaction import Redactor
+from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.settings import Settings
 from bumblebot.core.toolkit import ToolContext
 from bumblebot.delivery import Delivery
@@ -138,7 +138,7 @@ async def shell_sandbox_problem(settings: Settings) -> str | None:
 
 def build_toolbox(
     settings: Settings, scheduler: Scheduler | None = None, *, shell_problem: str | None = None,
-    is_private: Callable[[str], bool] | None = None,
+    is_private: Callable[[str], bool] | None = None, redactor: Redactor = NO_SECRETS,
 ) -> Any:
     """The tools the daemon offers, each where ``tools.<group>.allowed_chats`` says
     (``is_private`` tells a Discord DM's key); ``shell_problem`` (from
@@ -159,6 +159,7 @@ def build_toolbox(
         max_result_chars=settings.cognition.tool_result_chars,
         scheduler=scheduler,
         access=tool_access(t, trusted_chats(settings, is_private)),
+        redactor=redactor,
     )
 
 
@@ -269,7 +270,9 @@ class Daemon:
             log.error("run_command is not offered: %s", problem)
         elif settings.tools.shell.enabled and settings.tools.shell.sandbox == "off":
             log.warning("run_command runs commands unconfined, as this user (tools.shell.sandbox: off)")
-        self.toolbox = toolbox = build_toolbox(settings, scheduler, shell_problem=problem, is_private=self._discord_dm)
+        self.toolbox = toolbox = build_toolbox(
+            settings, scheduler, shell_problem=problem, is_private=self._discord_dm, redactor=self.redactor
+        )
         if self.mcp is not None:
             from tools.mcp import MCPTools
 

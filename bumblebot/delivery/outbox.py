@@ -212,7 +212,7 @@ class Delivery:
         attachment = entry.attachment
         if attachment and attachment.get("name"):
             attachment = {**attachment, "name": self.redactor(attachment["name"])}
-        return dataclasses.replace(entry, text=self.redactor(entry.text), attachment=attachment)
+        return dataclasses.replace(entry, text=self.redactor.shown(entry.text), attachment=attachment)
 
     async def _attempts(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
         entry = self._shown(entry)

@@ -511,7 +511,7 @@ class Engine:
         manager = manager or inbound.chat_kind is ChatKind.PRIVATE
         if not manager and needs_manager(name.lower(), inbound.text):
             return NOT_MANAGER_TEXT
-        return self._delivery.redactor(await handler(inbound, journal_id, manager))
+        return self._delivery.redactor.shown(await handler(inbound, journal_id, manager))
 
     def _command_handlers(self) -> dict[str, Callable[[Inbound, int, bool], Awaitable[str]]]:
         """Each command of :data:`~bumblebot.core.commands.COMMANDS` with its handler."""
@@ -533,7 +533,7 @@ class Engine:
     async def _stop_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         running = self._actors.get(inbound.chat.key)
         if running is not None and not manager and inbound.sender_id not in running.answering():
-            return NOT_ANSWERED_TEXT if running.answering() else NOTHING_TO_STOP_TEXT
+            return NOT_ANSWERED_TEXT if running.busy or running.waiting else NOTHING_TO_STOP_TEXT
         if running is None or not running.stop_turn():
             return NOTHING_TO_STOP_TEXT
         return "Stopped."
