@@ -345,6 +345,24 @@ async def test_updates_the_library_cannot_read_are_skipped_once_and_every_other_
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_an_update_a_handler_cannot_take_is_skipped_at_once_not_retried(tmp_path, llm, tg, caplog):
+    """A message whose text is a number (python-telegram-bot reads it; our handler fails on
+    it) was retried four times with backoff, holding every chat's updates back for 30 s."""
+    caplog.set_level(logging.INFO)
+    judges_say_done(llm)
+    llm.push(say("hello 77"), when=is_loop)
+    odd = tg.push_text("placeholder", chat_id=76)
+    odd["message"]["text"] = 12345
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("note 77", chat_id=77)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(77) == ["hello 77"] and tg.sent(76) == []
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if f"update {odd['update_id']} cannot be handled" in m]
+    assert not [m for m in messages if "not recorded" in m or "giving up" in m]
+
+
 async def test_a_batch_ending_in_an_unreadable_update_moves_past_it(tmp_path, llm, tg, caplog):
     """The last update of a batch could not be read: the offset must still pass it, or each poll
     would fetch it again at once (a busy loop, the same warning for ever)."""

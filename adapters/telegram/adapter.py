@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 
 from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError, TimedOut
 from telegram.ext import (
@@ -49,7 +50,7 @@ from adapters.telegram.polling import PollingRequest
 from adapters.telegram.reading import seconds
 from adapters.telegram.sending import STOP_DATA, TelegramSending
 from bumblebot.core.adapter import Adapter, Intake
-from bumblebot.core.errors import AdapterError
+from bumblebot.core.errors import AdapterError, StoreError
 from bumblebot.core.events import Platform
 from bumblebot.core.settings import MediaSettings, TelegramSettings
 
@@ -227,8 +228,10 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
                 await self.app.process_update(update)
                 if not self.intake.accepting:
                     return  # stopping: never move the offset past an update we did not journal
-                if self._handler_error is not None:
-                    # e.g. the database is unavailable: keep the update unacknowledged, retry later;
+                if self._handler_error is not None and not _may_pass(self._handler_error):
+                    log.error("Telegram: update %s cannot be handled (%r); skipped", update.update_id, self._handler_error)
+                elif self._handler_error is not None:
+                    # the database is unavailable: keep the update unacknowledged, retry later;
                     # an update that fails every time must not block everyone else for ever
                     tries = self._update_failures.get(update.update_id, 0) + 1
                     self._update_failures = {update.update_id: tries}
@@ -248,6 +251,8 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
                 offset = next_offset
 
     async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """A handler raised: :meth:`_poll` retries the update if the store failed
+        (:func:`_may_pass`), and skips it otherwise."""
         self._handler_error = context.error
         log.error("Telegram: handler failed: %r", context.error)
 
@@ -255,3 +260,11 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         """The next update offset for the handler that journals the update (once)."""
         kv, self._pending_kv = self._pending_kv, {}
         return kv
+
+
+def _may_pass(error: BaseException) -> bool:
+    """Whether a handler's ``error`` may pass with time: the database (locked, the disk full,
+    unreachable), so the update is tried again. Anything else fails the same way every time
+    (an update whose fields are not what the Bot API promises): it is skipped at once, not
+    after minutes of retries that hold every other chat's updates back."""
+    return isinstance(error, (StoreError, sqlite3.Error, OSError))
