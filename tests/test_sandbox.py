@@ -240,10 +240,11 @@ async def test_the_daemons_secrets_and_database_stay_out_of_reach(tmp_path, llm,
     finally:
         assert await stop_daemon(proc) == 0
     [result] = [m["content"] for r in loop_requests(llm) for m in r["messages"] if m["role"] == "tool"][:1]
-    if sandbox == "off":  # the trust decision the sandbox takes away
-        assert TOKEN in result and "sk-test-key-not-real" in result and "SQLite format 3" in result
+    if sandbox == "off":  # the trust decision the sandbox takes away (the registry still hides the values)
+        assert "TELEGRAM_BOT_TOKEN=[REDACTED]" in result and "SQLite format 3" in result
+        assert TOKEN not in result and "sk-test-key-not-real" not in result
     else:
-        assert TOKEN not in result and "sk-test-key-not-real" not in result and "SQLite" not in result
+        assert "TELEGRAM_BOT_TOKEN" not in result and "SQLite" not in result and TOKEN not in result
         assert "'../bumblebot.db' for reading: No such file" in result
 
 
