@@ -148,6 +148,58 @@ async def test_a_huge_allocation_fails_inside(ctx: ToolContext) -> None:
     assert (await run(shell, ctx, "echo still here"))["stdout"] == "still here\n"
 
 
+async def test_tmp_and_dev_shm_are_bounded_and_dev_is_read_only(ctx: ToolContext) -> None:
+    """tmpfs pages count against no process's address space: their size is the bound."""
+    shell = sandboxed(Sandbox(tmp_mb=8), timeout_s=20)
+    for where in ("/tmp", "/dev/shm"):
+        data = await run(shell, ctx, f"head -c 64M /dev/zero > {where}/fill; echo $?; du -k {where}/fill")
+        assert "No space left on device" in data["stderr"] and not data["timed_out"]
+        status, size = data["stdout"].splitlines()
+        assert status == "1" and int(size.split()[0]) <= 8 * 1024
+    data = await run(shell, ctx, "head -c 1M /dev/zero > /dev/fill")
+    assert data["exit_code"] != 0 and "Read-only file system" in data["stderr"]
+    data = await run(shell, ctx, "echo still here; df -k /tmp /dev/shm | tail -n +2")
+    lines = data["stdout"].splitlines()
+    assert lines[0] == "still here"
+    assert [line.split()[1] for line in lines[1:]] == ["8192", "8192"]  # a fresh, empty /tmp and /dev/shm
+    assert [line.split()[2] for line in lines[1:]] == ["0", "0"]
+
+
+@pytest.fixture
+def root_only_key() -> Iterator[Path]:
+    """A root-only (0600) file where host TLS private keys live, ``/etc/ssl/private``, made when
+    the tests run as root: a command of a root daemon keeps ``CAP_DAC_OVERRIDE``, so only its
+    absence from the sandbox keeps it from being read. As another user it cannot be made, and
+    the folder (``0710`` on Debian) is what the sandbox must not show either."""
+    folder = Path("/etc/ssl/private")
+    key = folder / f"bumblebot-test-probe-{uuid.uuid4().hex}.key"
+    if os.geteuid() != 0:
+        yield key
+        return
+    made = not folder.exists()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write("-----BEGIN PRIVATE KEY-----\nbumblebot test probe\n")
+        yield key
+    finally:
+        key.unlink(missing_ok=True)
+        if made:
+            folder.rmdir()
+
+
+async def test_no_private_key_folder_of_etc_is_mounted(ctx: ToolContext, root_only_key: Path) -> None:
+    """Only world-readable files of /etc are there, and https still finds its CA certificates."""
+    ca = "python3 -c 'import ssl; print(ssl.create_default_context().cert_store_stats()[\"x509_ca\"] > 0)'"
+    command = f"cat {root_only_key}; ls -d /etc/ssl/certs; {ca}; find /etc ! -perm -o=r"
+    data = await run(sandboxed(), ctx, command)
+    assert "bumblebot test probe" not in data["stdout"]
+    assert f"cat: {root_only_key}: No such file or directory" in data["stderr"]
+    assert data["stdout"] == "/etc/ssl/certs\nTrue\n"  # and find lists nothing unreadable
+    assert "Permission denied" not in data["stderr"]
+
+
 async def test_a_timeout_ends_every_process_of_the_sandbox(ctx: ToolContext, stray_pids: list[int]) -> None:
     """Even one that left the command's session (unconfined, ``setsid`` escapes the kill)."""
     escaped, child = marker(), marker()
@@ -213,6 +265,24 @@ async def test_unprivileged_the_process_limit_holds_in_the_user_namespace(
     assert b"Resource temporarily unavailable" in err
     assert 8 < peak <= limit  # its pid 1 counts: it is the same user in the namespace
     assert (workspace / "out.txt").read_text() == "written\n"
+
+
+async def test_unprivileged_tmp_and_dev_shm_are_bounded(unprivileged_workspace: tuple[Path, list[str]]) -> None:
+    workspace, as_user = unprivileged_workspace
+    command = "for d in /tmp /dev/shm; do head -c 64M /dev/zero > $d/fill; echo $?; done; echo x > /dev/fill; echo $?"
+    argv = Sandbox(tmp_mb=8).argv(command, workspace, root=False)
+    proc = await asyncio.create_subprocess_exec(
+        *as_user, *argv, cwd="/", env={"PATH": "/usr/bin:/bin"}, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    assert out == b"1\n1\n2\n", err.decode()
+    assert err.count(b"No space left on device") == 2 and b"Read-only file system" in err
 
 
 # -- in the daemon ------------------------------------------------------------------------------

@@ -6,10 +6,12 @@ tries it once (is bubblewrap there, may it create its namespaces here?) and says
 **Inside the sandbox** (``bwrap(1)``):
 
 * the file system is a fresh, read-only root holding ``/usr``, ``/bin``, ``/sbin`` and ``/lib*``
-  read-only, a handful of ``/etc`` files (``passwd``, ``group``, name resolution, TLS
-  certificates, ``alternatives``, the loader cache, the time zone; nothing else of ``/etc``,
-  so not the daemon's config or ``.env``), a fresh, read-only ``/proc`` of its own PID
-  namespace, a minimal ``/dev``, a private ``/tmp`` (tmpfs), and the workspace, read-write, at
+  read-only, a handful of world-readable ``/etc`` files (:data:`ETC_FILES`: ``passwd``,
+  ``group``, name resolution, the CA certificates, ``alternatives``, the loader cache, the
+  time zone; nothing else of ``/etc``, so not the daemon's config or ``.env``, nor a TLS
+  private key), a fresh, read-only ``/proc`` of its own PID namespace, a minimal, read-only
+  ``/dev``, a private ``/tmp`` and ``/dev/shm`` (each a tmpfs of ``tmp_mb``: writing more
+  fails with "No space left on device"), and the workspace, read-write, at
   ``/workspace`` (the working directory and ``$HOME``). Nothing else of the host is there: not
   the data directory (``../bumblebot.db`` of the workspace does not exist inside), not
   ``/home``, ``/root``, ``/var``, ``/run`` or ``/opt``;
@@ -35,19 +37,29 @@ a user namespace: ``--uid`` inside ``--unshare-user`` does not help) nor to a pr
 * a daemon running as root runs bubblewrap privileged (no user namespace), and the command
   drops to a throwaway uid (random, from :data:`ROOT_UID_BASE`) and the ``nogroup`` gid with
   ``setpriv(1)``, keeping only ``CAP_DAC_OVERRIDE`` and ``CAP_FOWNER`` so that it can still
-  read and write the root-owned workspace (everything else is mounted read-only, so the
-  capabilities reach no further than the workspace and ``/tmp``). Files it creates belong to
-  that uid. Its own uid gives each command its own process budget.
+  read and write the root-owned workspace. Everything else is mounted read-only, so they
+  write no further than the workspace, ``/tmp`` and ``/dev/shm``; but they read past any
+  file mode, so only files every user may read are mounted from ``/etc`` (the command can read
+  all of ``/usr``). Files it creates belong to that uid. Its own uid gives each command its
+  own process budget.
 
 Either way, a fork bomb stops at ``max_processes``, and the wall-clock timeout of
 :func:`tools.shell.run_shell` then kills the whole PID namespace (killing its pid 1 kills every
 process in it, and no new one can be made).
 
-**What it does not do**: it does not limit disk use in the workspace or ``/tmp`` (memory),
-the total memory of all processes together (``memory_mb`` is per process), nor network
-traffic when ``tools.shell.network`` is on; it filters no system calls beyond bubblewrap's
-own; the command can read every file of ``/usr``. The daemon's files outside the workspace,
-its secrets and its processes are out of reach.
+**Memory.** ``memory_mb`` is ``RLIMIT_AS``, per process: the worst case of one command is
+about ``max_processes`` x ``memory_mb`` plus ``/tmp`` and ``/dev/shm`` (2 x ``tmp_mb``), and
+memory held outside any address space (an unmapped ``memfd``, a detached System V shared
+memory segment, kernel buffers) is not counted at all. A cap on the total needs a memory
+cgroup, which bubblewrap does not set up and an unprivileged daemon cannot create without a
+delegated cgroup; under systemd, ``MemoryMax=`` on the unit caps the daemon and its commands
+together (tmpfs pages count against the cgroup of whoever wrote them).
+
+**What it does not do**: it does not limit disk use in the workspace, the total memory of
+all processes together (above), nor network traffic when ``tools.shell.network`` is on; it
+filters no system calls beyond bubblewrap's own; the command can read every file of
+``/usr``. The daemon's files outside the workspace, its secrets and its processes are out of
+reach.
 """
 
 from __future__ import annotations
@@ -71,13 +83,23 @@ __all__ = [
 #: Where the workspace is inside the sandbox (also the working directory and ``$HOME``).
 WORKSPACE = "/workspace"
 
-#: The only parts of the host's ``/etc`` the sandbox sees (those that exist), read-only.
+#: The only parts of the host's ``/etc`` the sandbox sees (those that exist), read-only, each
+#: world-readable by convention. Of the TLS folders only the CA certificates and OpenSSL's
+#: config (Debian's ``/etc/ssl/certs``, Fedora's ``/etc/pki/tls/certs`` and
+#: ``/etc/pki/ca-trust/extracted``), never ``/etc/ssl/private``, ``/etc/pki/tls/private`` or
+#: the rest of ``/etc/pki`` (subscription keys, NSS databases): a command run by a root daemon
+#: keeps ``CAP_DAC_OVERRIDE``, so a file's mode would not keep it from a key bound here.
 ETC_FILES = (
     "passwd", "group", "nsswitch.conf", "hosts", "host.conf", "resolv.conf", "gai.conf",
-    "services", "protocols", "ssl", "ca-certificates", "ca-certificates.conf", "pki",
-    "crypto-policies", "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+    "services", "protocols",
+    "ssl/certs", "ssl/cert.pem", "ssl/ca-bundle.pem", "ssl/openssl.cnf",
+    "pki/tls/certs", "pki/tls/cert.pem", "pki/tls/openssl.cnf", "pki/ca-trust/extracted",
+    "pki/java/cacerts", "crypto-policies/config", "crypto-policies/back-ends",
+    "alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
     "localtime", "timezone", "mime.types", "os-release",
 )  # fmt: skip
+
+_ETC_FOLDERS = sorted({str(Path("/etc", name).parent) for name in ETC_FILES})
 
 #: Top-level system directories bound read-only when present (on a merged-/usr system the
 #: links point into ``/usr``, which is bound as well).
@@ -100,6 +122,7 @@ class Sandbox:
         bwrap: the bubblewrap binary: a name looked up in ``PATH``, or a path.
         network: share the host's network (default: a private loopback only).
         memory_mb: address space of each process, MiB (``RLIMIT_AS``).
+        tmp_mb: size of each of ``/tmp`` and ``/dev/shm`` (tmpfs, held in memory), MiB.
         max_processes: processes and threads of the command at once (``RLIMIT_NPROC``).
         cpu_s: CPU seconds of each process (``RLIMIT_CPU``).
     """
@@ -107,6 +130,7 @@ class Sandbox:
     bwrap: str = "bwrap"
     network: bool = False
     memory_mb: int = 1024
+    tmp_mb: int = 512
     max_processes: int = 128
     cpu_s: int = 60
 
@@ -134,11 +158,17 @@ class Sandbox:
         argv += ["--ro-bind", "/usr", "/usr"]
         for path in _SYSTEM_DIRS[1:]:
             argv += ["--ro-bind-try", path, path]
+        for folder in _ETC_FOLDERS:  # bwrap would make the folders of a bound file 0700
+            argv += ["--perms", "0755", "--dir", folder]
         for name in ETC_FILES:
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+        tmp = str(self.tmp_mb * 1024 * 1024)
+        # /dev read-only: bwrap's /dev is a tmpfs of its own, unbounded, where only /dev/shm
+        # (sized) and the device nodes (bound) are for writing
+        argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmp, "--tmpfs", "/dev/shm",
+                 "--size", tmp, "--tmpfs", "/tmp",
                  "--bind", str(workspace), WORKSPACE, "--chdir", WORKSPACE,
-                 "--remount-ro", "/proc", "--remount-ro", "/"]  # fmt: skip
+                 "--remount-ro", "/proc", "--remount-ro", "/dev", "--remount-ro", "/"]  # fmt: skip
         if root:
             for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE", "CAP_FOWNER"):
                 argv += ["--cap-add", cap]

@@ -2,8 +2,9 @@
 
 **What the sandbox guarantees** (``tools.shell.sandbox: bwrap``, the default; the details and
 the reasons are in :mod:`tools.sandbox`): the command sees the workspace, read-write, at
-``/workspace`` (its working directory and ``$HOME``), a private ``/tmp``, the system's
-programs and libraries read-only and a few ``/etc`` files, and nothing else of the host: not
+``/workspace`` (its working directory and ``$HOME``), a private ``/tmp`` and ``/dev/shm`` of
+``tmp_mb`` each, the system's programs and libraries read-only and a few world-readable
+``/etc`` files (no TLS private key), and nothing else of the host: not
 the data directory (the database, the knowledge files, the other chats' state), not the
 daemon's config or secrets, not the daemon's or any other host process (its own PID
 namespace), no network but its own loopback unless ``tools.shell.network``. Each process is
@@ -13,7 +14,8 @@ on. The sandbox dies with the daemon.
 
 **What it does not guarantee**: the workspace itself is the command's to read, change or fill
 (every chat the bot serves shares it, see ``docs/security.md``); disk use, the memory of all
-processes together and, with ``tools.shell.network``, network use are not limited; a kernel
+processes together (the address-space limit is per process) and, with
+``tools.shell.network``, network use are not limited; a kernel
 bug can break any namespace sandbox. Turning the shell on still hands that much to everyone
 who can talk to the entity. If bubblewrap is missing or cannot run (no user namespaces), the
 tool is not offered and ``bumblebot check`` says why. ``tools.shell.sandbox: off`` runs
@@ -514,8 +516,8 @@ def shell_tools(
     )
     if sandbox is not None:
         description += (
-            f" It runs in a sandbox: the workspace is {WORKSPACE} (also $HOME), /tmp is private and "
-            "emptied after each call, the rest of the system is read-only"
+            f" It runs in a sandbox: the workspace is {WORKSPACE} (also $HOME), /tmp is private "
+            f"({sandbox.tmp_mb} MiB) and emptied after each call, the rest of the system is read-only"
             + ("." if sandbox.network else ", and there is no network.")
         )
     built = make_tool(

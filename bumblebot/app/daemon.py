@@ -122,7 +122,10 @@ def shell_sandbox(settings: Settings) -> Any:
     s = settings.tools.shell
     if s.sandbox == "off":
         return None
-    return Sandbox(bwrap=s.bwrap, network=s.network, memory_mb=s.memory_mb, max_processes=s.max_processes, cpu_s=s.cpu_s)
+    return Sandbox(
+        bwrap=s.bwrap, network=s.network, memory_mb=s.memory_mb, tmp_mb=s.tmp_mb,
+        max_processes=s.max_processes, cpu_s=s.cpu_s,
+    )  # fmt: skip
 
 
 async def shell_sandbox_problem(settings: Settings) -> str | None:
