@@ -3,9 +3,14 @@ appends, and a file with bytes that are not UTF-8."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import stat
 import threading
 from pathlib import Path
+
+import pytest
 
 from conftest import running, write_config
 from fakes.openai_server import is_loop
@@ -59,6 +64,22 @@ def test_missing_file_is_created_with_the_seed(tmp_path: Path) -> None:
     assert k.sections() == []
     assert k.append_sections([("First", "fact")]) == ["First"]
     assert path.read_text() == "# Knowledge\n\n## First\nfact\n"
+
+
+async def test_a_named_pipe_in_place_of_a_knowledge_file_is_an_error_not_a_wait(tmp_path: Path) -> None:
+    """A named pipe where the file should be: reading it waited for ever for a writer (in a
+    worker thread, or on the event loop where the prompt is built)."""
+    path = tmp_path / "knowledge.md"
+    os.mkfifo(path)
+    try:
+        with pytest.raises(OSError, match="not a regular file"):
+            await asyncio.wait_for(asyncio.to_thread(KnowledgeFile(path).read), 10)
+        with pytest.raises(OSError, match="not a regular file"):
+            await asyncio.wait_for(asyncio.to_thread(KnowledgeFile(path).append_sections, [("Fact", "kept")]), 10)
+    finally:  # a thread a failing test left stuck opening it goes on
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
 
 
 def test_append_dedupes_and_respects_locked_sections(tmp_path: Path) -> None:

@@ -280,6 +280,25 @@ async def test_send_file_of_a_name_longer_than_the_file_system_allows_is_a_plain
     assert not [r for r in caplog.records if r.exc_info] and tg.files_sent == []
 
 
+async def test_send_file_of_a_named_pipe_is_a_plain_error(tmp_path, llm, tg, caplog):
+    """A named pipe the shell made (``mkfifo report.txt``) is refused by its kind before anything
+    opens it: its upload would wait in a worker thread for ever for a writer."""
+    judges_say_done(llm)
+    ws = tmp_path / "data" / "workspace"
+    ws.mkdir(parents=True)
+    os.mkfifo(ws / "report.txt")
+    llm.push(tool_calls(("send_file", {"path": "report.txt"})), when=is_loop)
+    llm.push(say("that is a pipe"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("send me the report file from the workspace, please", chat_id=24)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    [result] = tool_results(loop_requests(llm)[1])
+    assert json.loads(result)["error"] == "report.txt is not a regular file (a named pipe)"
+    assert tg.files_sent == [] and tg.sent(24) == ["that is a pipe"]
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 async def test_voice_reply_mirror_sends_the_reply_as_ogg_voice_next_to_the_text(tmp_path, llm, tg):
     llm.push_transcript("how are you")
     llm.push(say("fine, thanks"), when=is_loop)

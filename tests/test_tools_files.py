@@ -3,8 +3,12 @@ it) and their limits."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -395,3 +399,53 @@ async def test_a_failing_file_operation_names_the_path_relative_to_the_workspace
     assert not result.ok
     assert str(ctx.workspace) not in result.content and str(ctx.workspace.parent) not in result.content
     assert not [r for r in caplog.records if r.exc_info]
+
+
+# -- named pipes and other files that are not regular -------------------------------------------
+
+
+def release(fifo: Path) -> None:
+    """Open both ends of ``fifo`` once: a thread a failing test left stuck opening it goes on
+    (a worker thread never released would keep the test process from exiting)."""
+    for flags in (os.O_RDONLY | os.O_NONBLOCK, os.O_WRONLY | os.O_NONBLOCK):
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, flags))
+
+
+async def test_a_named_pipe_in_the_workspace_is_refused_without_holding_a_thread(
+    files: Registry, ctx: ToolContext, layout: dict[str, Path]
+) -> None:
+    """``mkfifo notes.txt`` (through run_command): read_file opened it in a worker thread and
+    waited for ever for a writer (append_file for a reader); six such calls filled the default
+    executor and every ``asyncio.to_thread`` of the daemon hung. Each call now answers at once,
+    the search skips the pipe, and the executor (one thread here, so one stuck call would stall
+    all that follow) stays free."""
+    folder = layout["workspace"] / "pipes"
+    folder.mkdir()
+    fifo = folder / "notes.txt"
+    os.mkfifo(fifo)
+    (folder / "todo.txt").write_text("buy a needle\n")
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(executor)
+    refused = "pipes/notes.txt is not a regular file (a named pipe)"
+    try:
+        for _ in range(3):  # more calls than a small executor has threads
+            for name, extra in [
+                ("read_file", {}),
+                ("append_file", {"content": "x"}),
+                ("write_file", {"content": "x"}),
+                ("search_files", {"pattern": "needle"}),
+            ]:
+                result = await asyncio.wait_for(call(files, ctx, name, path="pipes/notes.txt", **extra), 10)
+                assert result == ToolResult.error(refused), name
+        searched = await asyncio.wait_for(call(files, ctx, "search_files", pattern="needle", path="pipes"), 10)
+        assert searched == ToolResult("1 matches for 'needle' in pipes\npipes/todo.txt:1: buy a needle")
+        listed = await asyncio.wait_for(call(files, ctx, "list_directory", path="pipes"), 10)
+        assert listed == ToolResult("pipes/ (2 entries)\nnotes.txt (a named pipe)\ntodo.txt")
+        burst = await asyncio.wait_for(asyncio.gather(*(asyncio.to_thread(lambda: 1) for _ in range(10))), 10)
+        assert burst == [1] * 10
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # write_file did not replace it either
+    finally:
+        release(fifo)
+        executor.shutdown(wait=False)

@@ -14,6 +14,13 @@ go to a temporary file that replaces the target, so a symlink swapped in after t
 is not written through. ``list_directory`` and ``search_files`` never descend into
 symlinked directories and skip symlinked files that resolve outside the workspace.
 
+Only regular files are read or written (:func:`bumblebot.core.regular.open_regular`: opened
+with ``O_NONBLOCK``, then checked with ``fstat``): a named pipe or a device the shell made in
+the workspace would otherwise block the worker thread for ever. ``read_file``,
+``write_file`` and ``append_file`` refuse one (``notes.txt is not a regular file (a named
+pipe)``), ``search_files`` skips it without opening it, ``list_directory`` lists it with its
+kind.
+
 PDFs: ``read_file`` on a file whose first bytes are a PDF's (:func:`bumblebot.media.kinds.is_pdf`,
 whatever its name) returns the text pypdf extracts (:func:`bumblebot.media.documents.pdf_text`, at
 most :data:`PDF_MAX_PAGES` pages and :data:`PDF_MAX_CHARS` characters), after a first line
@@ -33,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -44,6 +52,7 @@ from typing import BinaryIO
 import regex
 from pydantic import BaseModel, Field
 
+from bumblebot.core.regular import NotRegularFile, describe_kind, open_regular
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 from bumblebot.media.documents import DocumentError, pdf_text_bounded
 from bumblebot.media.kinds import is_pdf
@@ -96,8 +105,6 @@ SEARCH_SKIP_DIRS = frozenset({".git", "__pycache__", "node_modules", ".venv"})
 _SNIFF_BYTES = 8192
 #: Longest matching line shown by ``search_files``, in characters.
 _MAX_MATCH_LINE = 300
-
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class PathError(ValueError):
@@ -187,6 +194,8 @@ async def _run(fn: Callable[..., ToolResult | str], workspace: Path, *args: obje
         return await asyncio.to_thread(fn, workspace, *args)
     except PathError as exc:
         return ToolResult.error(str(exc))
+    except NotRegularFile as exc:
+        return ToolResult.error(f"{_shown_name(workspace, exc.filename)} is not a regular file ({exc.kind})")
     except OSError as exc:
         where = f"{_shown_name(workspace, exc.filename)}: " if exc.filename else ""
         return ToolResult.error(f"{where}{exc.strerror or exc}")
@@ -225,7 +234,7 @@ def _read_sync(workspace: Path, args: ReadFileArgs, chat: str = "", own_only: bo
         return ToolResult.error(f"no such file: {shown}")
     if target.is_dir():
         return ToolResult.error(f"{shown} is a directory; use list_directory")
-    fd = os.open(target, os.O_RDONLY | _O_NOFOLLOW)
+    fd = open_regular(target)
     with os.fdopen(fd, "rb") as fh:
         head = fh.read(_SNIFF_BYTES)
         if is_pdf(head):
@@ -377,9 +386,12 @@ def _write_sync(workspace: Path, path: str, content: str, chat: str = "", own_on
     _root, target, shown = _writable_target(workspace, path, chat, own_only)
     data = content.encode("utf-8")
     try:  # the owner's permissions of the file replaced; nothing for the group or others
-        mode = os.stat(target, follow_symlinks=False).st_mode & 0o700
+        found = os.stat(target, follow_symlinks=False).st_mode
     except FileNotFoundError:
-        mode = 0o600
+        found = stat.S_IFREG | 0o600
+    if not stat.S_ISREG(found):  # a named pipe, a socket: not the file write_file makes
+        raise NotRegularFile(target, describe_kind(found))
+    mode = found & 0o700
     fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{fit_name(target.name, 100)}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -406,7 +418,7 @@ async def append_file(ctx: ToolContext, args: AppendFileArgs) -> ToolResult | st
 def _append_sync(workspace: Path, path: str, content: str, chat: str = "", own_only: bool = False) -> str:
     _root, target, shown = _writable_target(workspace, path, chat, own_only)
     data = content.encode("utf-8")
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW, 0o600)
+    fd = open_regular(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     with os.fdopen(fd, "ab") as fh:
         fh.write(data)
     return f"appended {len(data)} bytes to {shown}"
@@ -421,7 +433,8 @@ class ListDirectoryArgs(BaseModel):
 
 @tool(kind=ToolKind.WORK, brief="List a directory of the workspace.")
 async def list_directory(ctx: ToolContext, args: ListDirectoryArgs) -> ToolResult | str:
-    """List a directory of the workspace; directories end with "/", symlinks with "@"."""
+    """List a directory of the workspace; directories end with "/", symlinks with "@", and
+    what is neither a file nor these says its kind ("(a named pipe)")."""
     return await _run(_list_sync, ctx.workspace, args.path, ctx.conversation, ctx.own_files_only)
 
 
@@ -454,7 +467,12 @@ def _describe_entry(root: Path, entry: os.DirEntry[str]) -> str:
         return f"{entry.name}@" if inside else f"{entry.name}@ (points outside the workspace)"
     if entry.is_dir(follow_symlinks=False):
         return f"{entry.name}/"
-    return entry.name
+    if entry.is_file(follow_symlinks=False):
+        return entry.name
+    try:
+        return f"{entry.name} ({describe_kind(entry.stat(follow_symlinks=False).st_mode)})"
+    except OSError:
+        return entry.name
 
 
 # -- search_files -------------------------------------------------------------------------
@@ -486,15 +504,17 @@ def _search_sync(workspace: Path, args: SearchFilesArgs, chat: str = "", own_onl
         return ToolResult.error(f"invalid regular expression: {exc}")
     if not target.exists():
         return ToolResult.error(f"no such file or directory: {shown}")
+    if not target.is_dir() and not target.is_file():
+        raise NotRegularFile(target, describe_kind(target.stat().st_mode))
     matches: list[str] = []
     scanned = 0
     deadline = time.monotonic() + SEARCH_BUDGET_S
     try:
-        for file in _walk_files(root, target, chat, own_only):
+        for file, real in _walk_files(root, target, chat, own_only):
             scanned += 1
             if scanned > MAX_SEARCH_FILES or len(matches) >= MAX_SEARCH_MATCHES:
                 break
-            _search_file(root, file, matcher, matches, deadline)
+            _search_file(root, file, real, matcher, matches, deadline)
     except TimeoutError:
         return ToolResult.error(
             f"the search took longer than {SEARCH_BUDGET_S:g} s and was stopped "
@@ -508,11 +528,11 @@ def _search_sync(workspace: Path, args: SearchFilesArgs, chat: str = "", own_onl
     return "\n".join([header, *matches[:MAX_SEARCH_MATCHES]])
 
 
-def _walk_files(root: Path, target: Path, chat: str = "", own_only: bool = False) -> Iterator[Path]:
+def _walk_files(root: Path, target: Path, chat: str = "", own_only: bool = False) -> Iterator[tuple[Path, Path]]:
     """Files under ``target`` in a stable order, never following symlinks out (nor into
-    another chat's inbox)."""
+    another chat's inbox): each as its path under ``target`` and the path it resolves to."""
     if not target.is_dir():
-        yield target
+        yield target, target
         return
     for dirpath, dirnames, filenames in os.walk(target, followlinks=False):
         dirnames[:] = sorted(
@@ -520,7 +540,7 @@ def _walk_files(root: Path, target: Path, chat: str = "", own_only: bool = False
             if d not in SEARCH_SKIP_DIRS and (not chat or inbox_allowed(root, Path(dirpath, d), chat, own_only))
         )
         for name in sorted(filenames):
-            file = Path(dirpath, name)
+            file = real = Path(dirpath, name)
             if file.is_symlink():
                 try:
                     real = file.resolve()
@@ -528,13 +548,14 @@ def _walk_files(root: Path, target: Path, chat: str = "", own_only: bool = False
                     continue
                 if not real.is_relative_to(root) or (chat and not inbox_allowed(root, real, chat, own_only)):
                     continue
-            yield file
+            yield file, real
 
 
 def _search_file(
-    root: Path, file: Path, matcher: regex.Pattern[str], out: list[str], deadline: float
+    root: Path, file: Path, real: Path, matcher: regex.Pattern[str], out: list[str], deadline: float
 ) -> None:
-    """Append ``file``'s matching lines to ``out``.
+    """Append ``file``'s matching lines to ``out`` (read at ``real``, where it resolves to). A
+    file that is not regular (a named pipe) is skipped without being opened.
 
     Raises:
         TimeoutError: ``deadline`` (monotonic seconds) passed; the ``regex`` module enforces it
@@ -542,10 +563,14 @@ def _search_file(
             pattern can neither hang the search nor stall the event loop.
     """
     try:
-        if not file.is_file() or file.stat().st_size > MAX_SEARCH_FILE_BYTES:
+        found = os.stat(real, follow_symlinks=False)
+        if not stat.S_ISREG(found.st_mode) or found.st_size > MAX_SEARCH_FILE_BYTES:
             return
-        data = file.read_bytes()
+        with os.fdopen(open_regular(real), "rb") as fh:
+            data = fh.read(MAX_SEARCH_FILE_BYTES + 1)
     except OSError:
+        return
+    if len(data) > MAX_SEARCH_FILE_BYTES:
         return
     if _is_binary(data):
         return

@@ -6,16 +6,21 @@ attachment). The platform's upload limit is checked before anything is queued (T
 10 MB for photos; Discord 10 MB). It is a work tool (it counts as work for the completion
 gate) that is never cut off by the tool timeout, like ``say``: a slow upload cut off halfway
 would be sent again by the outbox. A turn cut off by a crash while it ran reads what became of
-it from its outbox row.
+it from its outbox row. Only a regular file is sent: a named pipe or a device is refused
+before anything opens it, and what reads the file later opens it without blocking
+(:func:`bumblebot.core.regular.open_regular`).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Annotated
 
 from pydantic import Field
 
 from bumblebot.core.events import storable_text
+from bumblebot.core.regular import describe_kind
 from bumblebot.core.toolkit import ToolContext, ToolKind, ToolResult
 
 from .definition import Tool, tool
@@ -42,11 +47,11 @@ async def send_file(
     except PathError as exc:
         return ToolResult.error(str(exc))
     try:
-        found = target.is_file()
-    except OSError:  # a name longer than the file system allows
-        found = False
-    if not found:
+        found = os.stat(target, follow_symlinks=False).st_mode
+    except OSError:  # missing, or a name longer than the file system allows
         return ToolResult.error(f"no such file in the workspace: {path}")
+    if not stat.S_ISREG(found):  # a named pipe would hold the thread that reads it for ever
+        return ToolResult.error(f"{storable_text(path)} is not a regular file ({describe_kind(found)})")
     if storable_text(str(target)) != str(target):
         # bytes that are no UTF-8 (a file unpacked from elsewhere): the name can be neither
         # shown in a chat nor kept in the outbox, which sends the file after a restart too

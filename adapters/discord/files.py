@@ -24,6 +24,7 @@ from adapters.discord.sending import MESSAGE_LIMIT, NO_PINGS, nonce, refusals
 from bumblebot.core.adapter import FileKind
 from bumblebot.core.errors import MediaError
 from bumblebot.core.events import Attachment, AttachmentKind, ChatRef
+from bumblebot.core.regular import read_regular
 from bumblebot.core.settings import DiscordSettings
 from bumblebot.delivery.splitting import utf16_len
 from bumblebot.media.documents import describe_size
@@ -95,7 +96,7 @@ class DiscordFiles:
     ) -> str:
         """One message with the file attached (and ``caption`` as its text), with ``key`` as
         its nonce."""
-        data = await asyncio.to_thread(path.read_bytes)
+        data = await asyncio.to_thread(read_regular, path)  # a named pipe is refused, not waited on
         async with refusals():
             message = await self._channel(chat).send(
                 content=caption or None, file=discord.File(io.BytesIO(data), filename=name or path.name),

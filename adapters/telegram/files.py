@@ -27,6 +27,7 @@ from telegram.ext import Application
 from bumblebot.core.adapter import FileKind
 from bumblebot.core.errors import DeliveryFailed, MediaError
 from bumblebot.core.events import Attachment, ChatRef
+from bumblebot.core.regular import read_regular
 from bumblebot.core.settings import TelegramSettings
 from bumblebot.delivery.splitting import utf16_len
 from bumblebot.media.documents import describe_size
@@ -102,7 +103,7 @@ class TelegramFiles:
         odd dimensions) goes as a document."""
         chat_id = int(chat.chat_id)
         thread = int(chat.thread_id) if chat.thread_id else None
-        data = await asyncio.to_thread(path.read_bytes)
+        data = await asyncio.to_thread(read_regular, path)  # a named pipe is refused, not waited on
         name = name or path.name
         upload = InputFile(data, filename=name)
         bot = self.app.bot

@@ -39,6 +39,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from bumblebot.core.regular import open_regular_file
+
 #: Content of a newly created knowledge file.
 SEED = "# Knowledge\n"
 
@@ -150,14 +152,20 @@ class KnowledgeFile:
             OSError: the file or its directory cannot be read or created.
         """
         try:
-            # errors="replace": an operator's edit in another encoding must not stop every turn
-            return self.path.read_text(encoding="utf-8", errors="replace")
+            return self._read_text()
         except FileNotFoundError:
             with _lock_for(self.path):
                 if not self.path.exists():
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     self._write_atomic(SEED)
-            return self.path.read_text(encoding="utf-8", errors="replace")
+            return self._read_text()
+
+    def _read_text(self) -> str:
+        # errors="replace": an operator's edit in another encoding must not stop every turn; a
+        # named pipe in the file's place is refused (an OSError), not waited on for ever
+        with open_regular_file(self.path, follow=True, mode="r", encoding="utf-8", errors="replace") as fh:
+            text: str = fh.read()
+        return text
 
     def sections(self) -> list[Section]:
         """All H2 sections, in file order."""

@@ -35,7 +35,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import secrets
+import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -376,8 +378,14 @@ class Delivery:
             path = str(await self._voice(entry))
             attachment["path"] = path
             await self.store.outbox_set_attachment(entry.id, attachment)
-        if not path or not Path(path).is_file():
+        try:
+            found = os.lstat(path).st_mode if path else 0
+        except OSError:
+            found = 0
+        if not found:
             raise DeliveryFailed(f"the file to send is gone: {path}", retryable=False)
+        if not stat.S_ISREG(found):  # a named pipe or a symlink put in its place: not opened
+            raise DeliveryFailed(f"the file to send is no longer a regular file: {Path(path).name}", retryable=False)
         name = self.redactor(attachment.get("name") or Path(path).name)
         sent = await adapter.send_file(entry.chat, Path(path), kind=part.kind, caption=part.caption, key=key, name=name)
         if part.kind == "voice" or self._staged(Path(path)):  # made for this row alone: not kept once it is out

@@ -10,7 +10,9 @@ Where a document is saved and under which name is ``bumblebot.media.names``; its
 
 Errors: a document that is corrupt or cannot be read raises :class:`DocumentError`, whose
 message is written for the user ("the PDF is password-protected"). OS errors (a missing file,
-a full disk) propagate as :class:`OSError`.
+a full disk) propagate as :class:`OSError`, and so does a path that is not a regular file (a
+named pipe, whose read would block for ever): :class:`bumblebot.core.regular.NotRegularFile`,
+raised without waiting on it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from bumblebot.core.errors import BumblebotError
 from bumblebot.core.events import storable_text
+from bumblebot.core.regular import open_regular_file
 from bumblebot.media.kinds import SNIFF_BYTES, magic_kind, text_encoding
 
 if TYPE_CHECKING:
@@ -60,7 +63,7 @@ def excerpt(path: Path, max_chars: int) -> tuple[str, bool]:
     """
     if max_chars < 0:
         raise ValueError(f"max_chars must be >= 0, not {max_chars}")
-    with open(path, "rb") as fh:
+    with open_regular_file(path, follow=True) as fh:
         data = fh.read(SNIFF_BYTES)
         need = 4 * max_chars + 4 + len(codecs.BOM_UTF8)
         if len(data) == SNIFF_BYTES and need > len(data):
@@ -111,7 +114,7 @@ def pdf_text(
     if max_pages < 1 or (max_chars is not None and max_chars < 0):
         raise ValueError(f"bad limits: max_pages={max_pages}, max_chars={max_chars}")
     if isinstance(source, Path):
-        with open(source, "rb") as fh:
+        with open_regular_file(source, follow=True) as fh:
             return _pdf_text(fh, max_chars, max_pages)
     return _pdf_text(source, max_chars, max_pages)
 
@@ -135,7 +138,7 @@ def pdf_text_bounded(
     """
     import subprocess
 
-    fh = open(source, "rb") if isinstance(source, Path) else source  # noqa: SIM115 - closed below
+    fh = open_regular_file(source, follow=True) if isinstance(source, Path) else source
     try:
         fd = fh.fileno()
         command = [sys.executable, "-m", "bumblebot.media.documents", str(fd), str(-1 if max_chars is None else max_chars), str(max_pages)]

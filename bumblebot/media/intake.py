@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 from bumblebot.core.errors import MediaError
 from bumblebot.core.events import Attachment, AttachmentKind, Platform
+from bumblebot.core.regular import read_regular
 from bumblebot.core.settings import MediaSettings
 from bumblebot.llm.speech import Speech
 from bumblebot.media import documents
@@ -435,7 +436,7 @@ class MediaFiles:
 
 
 def _encode(path: Path, mime: str) -> str:
-    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+    return f"data:{mime};base64,{base64.b64encode(read_regular(path, follow=True)).decode('ascii')}"
 
 
 def normalise_image(src: Path, stem: Path, max_side: int, max_bytes: int) -> tuple[Path, str, int, int]:

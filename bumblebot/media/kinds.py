@@ -13,6 +13,8 @@ from __future__ import annotations
 import codecs
 from pathlib import Path
 
+from bumblebot.core.regular import open_regular_file
+
 __all__ = ["EXT_KINDS", "KINDS", "SNIFF_BYTES", "is_pdf", "magic_kind", "sniff", "text_encoding"]
 
 #: What :func:`sniff` answers.
@@ -121,9 +123,10 @@ def sniff(path: Path, mime: str | None, name: str) -> str:
         name: the file's name as sent, for its extension.
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the file cannot be read, or is not a regular file
+            (:class:`bumblebot.core.regular.NotRegularFile`).
     """
-    with open(path, "rb") as fh:
+    with open_regular_file(path, follow=True) as fh:  # a named pipe is refused, not waited on
         head = fh.read(SNIFF_BYTES)
         complete = not fh.read(1)
     kind = magic_kind(head)

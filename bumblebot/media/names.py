@@ -25,6 +25,7 @@ from pathlib import Path
 
 import regex
 
+from bumblebot.core.regular import open_regular
 from bumblebot.media.kinds import EXT_KINDS
 
 __all__ = ["INBOX", "MAX_NAME_BYTES", "MAX_VARIANTS", "chat_folder", "fit_name", "name_max", "place", "safe_name"]
@@ -333,8 +334,7 @@ def _lazy_digest(path: Path) -> Callable[[], str]:
 
 
 def _sha256(path: Path) -> str:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as fh:
+    with os.fdopen(open_regular(path), "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
