@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import stat
 from pathlib import Path
+
+from bumblebot.core.regular import open_regular
 
 #: Under the media directory: copies of the files queued to be sent.
 OUTGOING = "outgoing"
@@ -35,12 +36,10 @@ def stage_file(path: Path, into: Path) -> Path:
         OSError: the copy could not be written.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = open_regular(path)
     except OSError as exc:
         raise StagingError(f"{path.name} cannot be opened ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as source:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StagingError(f"{path.name} is not a regular file")
         opened = Path(os.readlink(f"/proc/self/fd/{fd}")) if Path("/proc/self/fd").is_dir() else path
         if opened != path:
             raise StagingError(f"{path.name} changed while it was being sent; send it again")
