@@ -11,6 +11,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import TOKEN, running, write_config
 from fakes.openai_server import is_loop, tool_calls
 from support import env_for, judges_say_done, loop_requests, say, tool_results
@@ -267,3 +268,47 @@ async def test_a_token_the_model_gives_a_tool_never_reaches_it_nor_the_disk(tmp_
     knowledge = (data / "knowledge" / "telegram_56.md").read_text()
     assert "creds" in knowledge and MARKER in knowledge and TOKEN not in knowledge
     assert_nowhere(data, TOKEN)
+
+
+@pytest.mark.parametrize("sep", [
+    '[](x "t")', "[]( x )", "[](<x y>)", "[](x (t))", "\u00ad", "\u2066", "\ufe0f", " ", "_", "<!-- a1 -->",
+])
+async def test_a_secret_split_by_a_link_a_comment_or_an_invisible_character_is_redacted(tmp_path, llm, tg, sep):
+    """A list of markup forms let others through: ``[](x "t")`` between two characters of the
+    token, or U+00AD, reached Telegram as the token itself."""
+    judges_say_done(llm)
+    head, tail = TOKEN.split(":", 1)
+    llm.push(say(f"token: {head}{sep}:{tail}"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what is it", chat_id=17)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    [sent] = tg.sent(17)
+    assert sent == f"token: {MARKER}"
+
+
+def test_shown_takes_linear_time_on_runs_of_marks():
+    """A regular expression with a group between every character of a secret holding
+    underscores took seconds on a run of them, on the event loop."""
+    redactor = Redactor(["123456789:AA_b_c_d_e_f_g_h_i_j"])
+    text = "123456789:AA" + "_" * 200_000
+    assert redactor.shown(text) == text  # the rest of the secret never comes: nothing to hide
+
+
+async def test_a_secret_spelled_with_unicode_escapes_in_arguments_is_not_stored(tmp_path, llm, tg):
+    """The history keeps a call's arguments as JSON inside the JSON column: ``\\\\u0031…`` there
+    escaped the first fix, and decoding twice gave the token."""
+    judges_say_done(llm)
+    spelled = "".join(f"\\u{ord(c):04x}" for c in TOKEN)
+    reply = tool_calls(("say", {"text": "x"}), ("end_turn", {}))
+    reply.message["tool_calls"][0]["function"]["arguments"] = '{"text": "tok ' + spelled + '"}'
+    llm.push(reply, when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what is your token", chat_id=18)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        data = d.settings.data_dir
+    assert tg.sent(18) == [f"tok {MARKER}"]
+    rows = sqlite3.connect(data / "bumblebot.db").execute("SELECT tool_calls FROM messages WHERE tool_calls IS NOT NULL")
+    decoded = [json.loads(call["function"]["arguments"]) for (row,) in rows for call in json.loads(row)]
+    assert decoded and TOKEN not in json.dumps(decoded, ensure_ascii=False)

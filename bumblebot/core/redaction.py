@@ -27,13 +27,14 @@ MARKER = "[REDACTED]"
 MIN_SECRET_CHARS = 8
 
 
-#: What a chat's Markdown shows as nothing, so a secret written with it in between its
-#: characters still reads as the secret there: a backslash escaping punctuation, emphasis,
-#: code and spoiler marks, zero-width characters, HTML comments, the brackets and target of
-#: a link (``12\\:AB``, ``12`:`AB``, ``1*2*:AB``, ``12<!-- -->:AB``, ``12[:](x)AB``).
-_SHOWN_AS_NOTHING = r"(?:\\(?=[^\w\s])|[*_~`|\u200b-\u200f\u2060\ufeff]|<!--.*?-->|\[|\]\([^)\s]*\))*"
-#: A JSON ``\uXXXX`` escape: a model may spell any character of its arguments so.
-_JSON_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+#: What of a chat's Markdown never shows, whatever it holds: a link's destination and title
+#: (``](x "t")``, one level of parentheses inside), a reference (``][r]``), an HTML comment.
+_NEVER_SHOWN = re.compile(r"\]\((?:[^()]|\([^()]*\))*\)|\]\[[^\]]*\]|<!--.*?-->", re.S)
+#: Marks that show as nothing in a chat and may also be characters of a secret (``_`` emphasis).
+_MARKS = frozenset("*_~`|")
+#: A JSON ``\\uXXXX`` escape, at any depth of JSON inside JSON (``\\\\u0031`` one level down): a
+#: model may spell any character of its arguments so.
+_JSON_ESCAPE = re.compile(r"\\+u([0-9a-fA-F]{4})")
 
 
 def _spellings(secret: str) -> list[str]:
@@ -60,9 +61,9 @@ class Redactor:
         #: the values as written, longest first (one that contains another goes whole)
         self._secrets = sorted(kept, key=len, reverse=True)
         self._spellings = sorted({v for s in kept for v in _spellings(s)}, key=len, reverse=True)
-        self._shown = re.compile(
-            "|".join(_SHOWN_AS_NOTHING.join(re.escape(c) for c in s) for s in self._secrets), re.S
-        ) if kept else None
+        #: the characters secrets are made of, with and without the marks
+        self._alphabet = frozenset("".join(self._secrets))
+        self._bare = [(s, "".join(c for c in s if c not in _MARKS)) for s in self._secrets]
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
@@ -80,10 +81,30 @@ class Redactor:
         return text
 
     def shown(self, text: str) -> str:
-        """``text`` as a chat may show it without a secret: also one written with Markdown that
-        shows as nothing between its characters (:data:`_SHOWN_AS_NOTHING`)."""
+        """``text`` as a chat may show it without a secret: also one whose characters are
+        interleaved with what a chat shows as nothing (escapes, emphasis and code marks, spaces,
+        invisible characters, an empty link or a comment), found in what is left of the text once
+        link tails and comments are taken out and only the characters secrets are made of are
+        kept (once with the marks ``*_~`|``, once without)."""
         text = self(text)
-        return self._shown.sub(MARKER, text) if self._shown is not None else text
+        if not self._secrets:
+            return text
+        hidden = bytearray(len(text))
+        for match in _NEVER_SHOWN.finditer(text):
+            hidden[match.start():match.end()] = b"\x01" * (match.end() - match.start())
+        spans: list[tuple[int, int]] = []
+        for bare in (False, True):
+            kept = [i for i, c in enumerate(text) if not hidden[i] and c in self._alphabet and not (bare and c in _MARKS)]
+            seen = "".join(text[i] for i in kept)
+            for secret, without in self._bare:
+                wanted = without if bare else secret
+                at = seen.find(wanted) if wanted else -1
+                while at != -1:
+                    spans.append((kept[at], kept[at + len(wanted) - 1] + 1))
+                    at = seen.find(wanted, at + len(wanted))
+        for start, end in sorted(_merged(spans), reverse=True):
+            text = text[:start] + MARKER + text[end:]
+        return text
 
     def params(self, params: Any) -> Any:
         """SQL parameters (a sequence or a mapping) with every text redacted, the same object
@@ -107,6 +128,17 @@ class Redactor:
                     break
                 i = text.find(secret[0], i + 1)
         return text[:end]
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping ``(start, end)`` spans joined."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def _unescaped(match: re.Match[str]) -> str:
