@@ -34,6 +34,7 @@ import contextlib
 import ctypes
 import getpass
 import itertools
+import re
 import io
 import sys
 import threading
@@ -71,6 +72,11 @@ HELP_HERE = (
     "waits for the reply."
 )
 
+
+#: C0 and C1 control characters but tab and newline: in a reply they would be the terminal's
+#: commands (OSC 52 sets the clipboard, others the title or what the screen shows), and a web
+#: page the model read can steer what it writes.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 class LiteralMarkdown(Markdown):
     """rich's Markdown with character references and raw HTML left as written: CommonMark
@@ -274,6 +280,7 @@ class ConsoleAdapter(Adapter):
     # -- output -----------------------------------------------------------------------------
 
     def chunks(self, text: str) -> list[str]:
+        text = _CONTROLS.sub("", text)  # the model's escape sequences never reach the terminal
         return [text] if text.strip() else []
 
     async def send_chunk(self, chat: ChatRef, text: str, *, key: str) -> str:

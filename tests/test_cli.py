@@ -429,3 +429,22 @@ async def test_chat_goes_on_after_a_line_that_is_not_utf8(tmp_path, llm):
             proc.kill()
             await proc.wait()
     assert b"second" in out
+
+
+async def test_the_models_escape_sequences_never_reach_the_terminal(tmp_path, llm):
+    """A reply holding ``ESC ] 52`` (set the clipboard) or a title sequence reached the
+    terminal byte for byte; a web page the model read can steer what it writes."""
+    judges_say_done(llm)
+    llm.push(say("x\x1b]52;c;ZWNobyBoaQ==\x1b\\ and \x1b]0;PWNED\x07 done\x9b2J"), when=is_loop)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(write_config(tmp_path, llm, None)), "chat",
+        env=env_for(tmp_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(b"hello\n"), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert b"done" in out and b"\x1b" not in out and b"\x07" not in out and "\x9b".encode() not in out

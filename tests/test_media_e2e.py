@@ -939,3 +939,42 @@ async def test_send_file_of_a_name_that_is_not_utf8_does_not_crash_the_turn(tmp_
         await tg.wait_for("sendMessage", timeout=15)
         await d.engine.wait_for_turns(1)
     assert not any("went wrong" in t for t in tg.sent(41))
+
+
+async def test_a_file_over_the_chats_limit_is_refused_before_anything_is_copied(tmp_path, llm, tg):
+    """send_file copied the whole file before its size was checked: a 2 GB sparse file (free in
+    the workspace: ``truncate -s``) wrote 2 GB next to the database before the refusal."""
+    judges_say_done(llm)
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    with open(workspace / "big.bin", "wb") as big:
+        big.truncate(2 * 1024**3)
+    llm.push(tool_calls(("send_file", {"path": "big.bin"})), when=is_loop)
+    llm.push(say("too big"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("send big.bin", chat_id=91)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        outgoing = d.settings.media_dir / "outgoing"
+        copies = list(outgoing.iterdir()) if outgoing.exists() else []
+    result = json.loads(tool_results(loop_requests(llm)[1])[0])
+    assert result["delivered"] is False and "2 GB" in result["error"] and "over the" in result["error"]
+    assert copies == [] and tg.files_sent == []
+
+
+async def test_the_copy_of_a_file_the_platform_refuses_for_good_is_not_kept(tmp_path, llm, tg):
+    """A refused upload left its copy in media/outgoing for ever."""
+    judges_say_done(llm)
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "notes.txt").write_text("notes\n")
+    llm.push(tool_calls(("send_file", {"path": "notes.txt"})), when=is_loop)
+    llm.push(say("could not"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.fail_next("sendDocument", 400, {"ok": False, "error_code": 400, "description": "Bad Request: file is wrong"})
+        tg.push_text("send the notes", chat_id=92)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+        outgoing = d.settings.media_dir / "outgoing"
+        copies = list(outgoing.iterdir()) if outgoing.exists() else []
+    assert copies == [] and (workspace / "notes.txt").read_text() == "notes\n"

@@ -189,3 +189,13 @@ async def test_discord_dms_of_allowlisted_users_get_the_shell_and_guild_channels
         await d.engine.wait_for_turns(2)
     dm, channel = ({t["function"]["name"] for t in request["tools"]} for request in loop_requests(llm)[:2])
     assert "run_command" in dm and "run_command" not in channel
+
+
+async def test_a_group_with_no_files_yet_lists_an_empty_folder(tmp_path):
+    """"What files do we have?" in a new group got "no such directory: inbox/telegram_-1001234"."""
+    reg = registry(tmp_path)
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    listed = await reg.execute("list_directory", json.dumps({"path": "."}), ctx(tmp_path, GROUP_CHAT))
+    found = await reg.execute("search_files", json.dumps({"pattern": "x"}), ctx(tmp_path, GROUP_CHAT))
+    assert (listed.ok, listed.content) == (True, "inbox/telegram_-1001234/ (0 entries)")
+    assert found.ok and found.content.startswith("0 matches")

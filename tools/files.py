@@ -178,6 +178,12 @@ def inbox_allowed(root: Path, target: Path, chat: str, own_only: bool = False) -
     return target.relative_to(inbox).parts[0] == chat_folder(chat)
 
 
+def _own_folder(root: Path, chat: str, own_only: bool) -> None:
+    """A chat confined to its own folder finds it, empty, before anyone sent a file there."""
+    if own_only and chat:
+        (root / chat_inbox(chat)).mkdir(parents=True, exist_ok=True)
+
+
 def _display(root: Path, target: Path) -> str:
     relative = target.relative_to(root).as_posix()
     return relative if relative != "." else "."
@@ -440,6 +446,7 @@ async def list_directory(ctx: ToolContext, args: ListDirectoryArgs) -> ToolResul
 
 def _list_sync(workspace: Path, path: str, chat: str = "", own_only: bool = False) -> ToolResult | str:
     root = workspace.resolve()
+    _own_folder(root, chat, own_only)
     target = resolve_in_workspace(root, path, chat=chat, own_only=own_only)
     shown = _display(root, target)
     if not target.exists():
@@ -494,6 +501,7 @@ async def search_files(ctx: ToolContext, args: SearchFilesArgs) -> ToolResult | 
 
 def _search_sync(workspace: Path, args: SearchFilesArgs, chat: str = "", own_only: bool = False) -> ToolResult | str:
     root = workspace.resolve()
+    _own_folder(root, chat, own_only)
     target = resolve_in_workspace(root, args.path, chat=chat, own_only=own_only)
     shown = _display(root, target)
     flags = regex.IGNORECASE if args.ignore_case else 0

@@ -267,6 +267,7 @@ class Delivery:
                 if not exc.retryable:
                     log.warning("delivery to %s refused: %s", entry.chat.key, error)
                     await self.store.outbox_progress(entry.id, status="failed", message_ids=sent, error=error)
+                    self._drop_staged(entry)
                     return DeliveryReport(delivered=False, error=error, chat_unreachable=exc.chat_unreachable)
                 retry_after = exc.retry_after
                 if exc.retry_after is not None and exc.retry_after > MAX_INLINE_WAIT_S:
@@ -393,20 +394,28 @@ class Delivery:
                 Path(path).unlink()
         return sent
 
-    async def stage(self, path: Path) -> Path:
+    async def stage(self, path: Path, max_bytes: int) -> Path:
         """A copy of the workspace file ``path`` (resolved and checked by the tool) to queue
         instead of it, so what is sent is what was checked, at every attempt.
 
         Raises:
-            StagingError: the file is no longer that regular file.
+            StagingError: the file is no longer that regular file, or larger than ``max_bytes``
+                (it is not copied then).
             OSError: the copy could not be written.
         """
         if self._media_dir is None:
             raise StagingError("files cannot be sent here (no media directory)")
-        return await asyncio.to_thread(stage_file, path, self._media_dir / OUTGOING)
+        return await asyncio.to_thread(stage_file, path, self._media_dir / OUTGOING, max_bytes)
 
     def _staged(self, path: Path) -> bool:
         return self._media_dir is not None and path.parent == self._media_dir / OUTGOING
+
+    def _drop_staged(self, entry: OutboxEntry) -> None:
+        """The copy a row that will never be sent was to send: not kept."""
+        path = (entry.attachment or {}).get("path")
+        if path and self._staged(Path(path)):
+            with contextlib.suppress(OSError):
+                Path(path).unlink()
 
     async def _voice(self, entry: OutboxEntry) -> Path:
         """The speech of a row's text, made once: its file (named for this row and a random

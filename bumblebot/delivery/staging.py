@@ -28,11 +28,21 @@ class StagingError(ValueError):
     """The file cannot be sent as it is (the message is for the model)."""
 
 
-def stage_file(path: Path, into: Path) -> Path:
+class FileTooLarge(StagingError):
+    """The file is ``size`` bytes, over the ``limit`` the chat takes."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the file is {size} bytes, over the {limit} this chat takes")
+        self.size, self.limit = size, limit
+
+
+def stage_file(path: Path, into: Path, max_bytes: int) -> Path:
     """A private copy of the regular file ``path`` (absolute, resolved) in the folder ``into``.
 
     Raises:
-        StagingError: it is no longer a regular file at that path (a link, a pipe, gone).
+        StagingError: it is no longer a regular file at that path (a link, a pipe, gone), or it
+            is larger than ``max_bytes`` (nothing is copied: a sparse file of terabytes costs
+            nothing in the workspace and would fill the disk here).
         OSError: the copy could not be written.
     """
     try:
@@ -43,8 +53,14 @@ def stage_file(path: Path, into: Path) -> Path:
         opened = Path(os.readlink(f"/proc/self/fd/{fd}")) if Path("/proc/self/fd").is_dir() else path
         if opened != path:
             raise StagingError(f"{path.name} changed while it was being sent; send it again")
+        size = os.fstat(fd).st_size
+        if size > max_bytes:
+            raise FileTooLarge(size, max_bytes)
         into.mkdir(mode=0o700, parents=True, exist_ok=True)
         copy = into / f"file-{secrets.token_hex(8)}{''.join(path.suffixes[-1:])}"
         with open(copy, "xb") as target:
             shutil.copyfileobj(source, target)
+            if target.tell() > max_bytes:  # it grew while it was copied
+                copy.unlink()
+                raise StagingError(f"{path.name} changed while it was being sent; send it again")
     return copy

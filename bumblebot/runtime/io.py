@@ -21,7 +21,7 @@ from bumblebot.core.messages import Message
 from bumblebot.core.toolkit import DeliveryReport
 from bumblebot.delivery import Delivery
 from bumblebot.delivery.preview import LivePreview
-from bumblebot.delivery.staging import StagingError
+from bumblebot.delivery.staging import FileTooLarge, StagingError
 from bumblebot.llm import SayListener
 from bumblebot.media import MediaUnavailable, prepared
 from bumblebot.media.documents import describe_size
@@ -164,8 +164,14 @@ class TurnIO(TurnPort):
 
     async def _send_file(self, path: str, caption: str, call_id: str | None) -> DeliveryReport:
         name = os.path.basename(path)
+        limits = [self._delivery.upload_limit(self._turn.chat, kind) for kind in ("photo", "document")]
+        if not any(limits):
+            return DeliveryReport(delivered=False, error="files cannot be sent to this chat")
         try:  # what is sent, now or after a retry, is the file the tool checked: a copy of it
-            path = str(await self._delivery.stage(Path(path)))
+            path = str(await self._delivery.stage(Path(path), max(limit or 0 for limit in limits)))
+        except FileTooLarge as exc:
+            error = f"the file is {describe_size(exc.size)}, over the {describe_size(exc.limit)} this chat takes"
+            return DeliveryReport(delivered=False, error=error)
         except (StagingError, OSError) as exc:
             return DeliveryReport(delivered=False, error=str(exc) if isinstance(exc, StagingError) else "the file could not be read")
         size = os.path.getsize(path)
