@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TOKEN, write_config
@@ -417,17 +418,7 @@ async def test_chat_goes_on_after_a_line_that_is_not_utf8(tmp_path, llm):
     judges_say_done(llm)
     llm.push(say("first"), when=is_loop)
     llm.push(say("second"), when=is_loop)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bumblebot", "--config", str(write_config(tmp_path, llm, None)), "chat",
-        env=env_for(tmp_path) | {"PYTHONIOENCODING": "utf-8:strict"},
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(b"caf\xe9 ok\nsecond line\n"), 30)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+    out = await chat_through_pipes(tmp_path, llm, b"caf\xe9 ok\nsecond line\n", PYTHONIOENCODING="utf-8:strict")
     assert b"second" in out
 
 
@@ -436,15 +427,21 @@ async def test_the_models_escape_sequences_never_reach_the_terminal(tmp_path, ll
     terminal byte for byte; a web page the model read can steer what it writes."""
     judges_say_done(llm)
     llm.push(say("x\x1b]52;c;ZWNobyBoaQ==\x1b\\ and \x1b]0;PWNED\x07 done\x9b2J"), when=is_loop)
+    out = await chat_through_pipes(tmp_path, llm, b"hello\n")
+    assert b"done" in out and b"\x1b" not in out and b"\x07" not in out and "\x9b".encode() not in out
+
+
+async def chat_through_pipes(tmp_path: Path, llm: Any, typed: bytes, **env: str) -> bytes:
+    """What ``bumblebot chat`` prints when ``typed`` comes through a pipe (then end of input)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bumblebot", "--config", str(write_config(tmp_path, llm, None)), "chat",
-        env=env_for(tmp_path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        env=env_for(tmp_path) | env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(b"hello\n"), 30)
+        out, _ = await asyncio.wait_for(proc.communicate(typed), 30)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert b"done" in out and b"\x1b" not in out and b"\x07" not in out and "\x9b".encode() not in out
+    return out
