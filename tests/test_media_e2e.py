@@ -978,3 +978,27 @@ async def test_the_copy_of_a_file_the_platform_refuses_for_good_is_not_kept(tmp_
         outgoing = d.settings.media_dir / "outgoing"
         copies = list(outgoing.iterdir()) if outgoing.exists() else []
     assert copies == [] and (workspace / "notes.txt").read_text() == "notes\n"
+
+
+async def test_copies_no_pending_row_will_send_are_deleted_at_start(tmp_path, llm, tg):
+    """A crash between send_file's copy and its row, or a row that expired, left the copy in
+    media/outgoing for ever; one a pending row will still send stays."""
+    judges_say_done(llm)
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "notes.txt").write_text("notes\n")
+    llm.push(tool_calls(("send_file", {"path": "notes.txt"})), when=is_loop)
+    llm.push(say("sending"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    async with running(config) as d:
+        tg.fail_next("sendDocument", 500, {"ok": False, "error_code": 500, "description": "Internal Server Error"}, times=20)
+        tg.push_text("send the notes", chat_id=93)
+        await d.engine.wait_for_turns(1)
+        outgoing = d.settings.media_dir / "outgoing"
+        [kept] = list(outgoing.iterdir())
+    orphan = outgoing / "file-0123456789abcdef.txt"
+    orphan.write_text("left by a crash")
+    tg.fail_next("sendDocument", 500, {"ok": False, "error_code": 500, "description": "Internal Server Error"}, times=20)
+    async with running(config):
+        pass
+    assert not orphan.exists() and kept.exists()

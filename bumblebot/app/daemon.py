@@ -294,6 +294,7 @@ class Daemon:
             settings.media, store=store, media_dir=settings.media_dir, workspace=settings.workspace.resolve(), speech=speech,
         )
         await asyncio.to_thread(self.media.clean_partials)  # a killed fetch left half a file
+        await delivery.sweep_staged()  # copies of files no row will send
         self.runner = self._runner(memory, environ)
         self.engine = Engine(
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,

@@ -407,6 +407,14 @@ class Delivery:
             raise StagingError("files cannot be sent here (no media directory)")
         return await asyncio.to_thread(stage_file, path, self._media_dir / OUTGOING, max_bytes)
 
+    async def sweep_staged(self) -> int:
+        """At start: delete the copies no pending row will send (a row refused or expired, a
+        crash between the copy and its row). Returns how many were deleted."""
+        if self._media_dir is None:
+            return 0
+        wanted = {str((e.attachment or {}).get("path")) for e in await self.store.outbox_pending()}
+        return await asyncio.to_thread(_delete_unwanted, self._media_dir / OUTGOING, wanted)
+
     def _staged(self, path: Path) -> bool:
         return self._media_dir is not None and path.parent == self._media_dir / OUTGOING
 
@@ -458,3 +466,14 @@ class Delivery:
         # metrics hook: one outcome per delivery (its inline retries included)
         self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")
         return report
+
+
+def _delete_unwanted(folder: Path, wanted: set[str]) -> int:
+    """Delete the files of ``folder`` whose paths are not in ``wanted``."""
+    deleted = 0
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if str(path) not in wanted:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                deleted += 1
+    return deleted
