@@ -475,3 +475,26 @@ async def test_only_the_person_answered_or_an_admin_stops_an_answer_in_a_group(t
         hold.set()
     rows = db(tmp_path).execute("SELECT json_extract(trace, '$.stop_reason') FROM turns ORDER BY id").fetchall()
     assert [r[0] for r in rows] == ["stopped", "stopped"]
+
+
+async def test_a_member_cannot_stop_a_scheduled_tasks_turn_but_an_admin_can(tmp_path, llm, tg):
+    """A member's /stop while the group's scheduled task was being answered said there was
+    nothing to stop; nobody of the group is the one answered there, so only a manager may."""
+    tg.member_status[(GROUP, 8)] = "administrator"
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    reply = say("The plants need water now, everyone: the big fern first, then the rest of them.")
+    reply.stream_hold, reply.stream_hold_after, reply.stream_chars = hold, 12, 4
+    llm.push(reply, when=is_loop)
+    config = write_config(tmp_path, llm, tg, delivery={"streaming": "on", "stream_edit_interval_s": 0.2})
+    async with running(config) as d:
+        await d.scheduler.create(f"telegram:{GROUP}", "in 1 second", "Remind the group to water the plants.")
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == GROUP, timeout=15)
+        tg.push_text("/stop", chat_id=GROUP, user_id=9, chat_type="group")
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == NOT_ANSWERED_TEXT)
+        tg.push_text("/stop", chat_id=GROUP, user_id=8, chat_type="group")
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Stopped.")
+        await d.engine.progress.wait_until(lambda: d.engine.progress.turns_finished >= 1, timeout=5)
+    hold.set()
+    rows = db(tmp_path).execute("SELECT json_extract(trace, '$.stop_reason') FROM turns").fetchall()
+    assert [r[0] for r in rows] == ["stopped"]
