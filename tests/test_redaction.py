@@ -312,3 +312,29 @@ async def test_a_secret_spelled_with_unicode_escapes_in_arguments_is_not_stored(
     rows = sqlite3.connect(data / "bumblebot.db").execute("SELECT tool_calls FROM messages WHERE tool_calls IS NOT NULL")
     decoded = [json.loads(call["function"]["arguments"]) for (row,) in rows for call in json.loads(row)]
     assert decoded and TOKEN not in json.dumps(decoded, ensure_ascii=False)
+
+
+def test_openings_with_no_closing_take_linear_time():
+    """``<!--`` repeated with no ``-->`` took seconds on every preview edit (quadratic scan)."""
+    redactor = Redactor([TOKEN])
+    for text in ("<!--" * 50_000, "](" * 50_000, "][" * 50_000):
+        assert redactor.streamed(text) == text and redactor.shown(text) == text
+
+
+def test_ordinary_replies_are_not_blanked_by_a_short_secret_spread_over_them():
+    """With a secret ``12345678`` configured, a numbered list ("1. Apples … 8. Nuts") and a
+    version line were blanked from their first digit to their last."""
+    redactor = Redactor(["12345678"])
+    listing = "Top list:\n" + "\n".join(f"{n}. {fruit}" for n, fruit in enumerate(
+        ["Apples", "Pears", "Figs", "Kiwis", "Limes", "Dates", "Plums", "Nuts", "Yams"], start=1))
+    for text in (listing, "Released 2021-03-04, version 1.2.3, build 45678"):
+        assert redactor.shown(text) == text
+    assert redactor.shown("the pin is 1 2 3 4 5 6 7 8.") == f"the pin is {MARKER}."
+
+
+def test_reading_escapes_to_find_a_secret_changes_nothing_else():
+    """Once a secret was found spelled with escapes, every escape of the text was read, a
+    literal ``\\\\u0041`` becoming ``A`` (and write_file then wrote that)."""
+    redactor = Redactor(["sk-local-1"])
+    written = '{"content": "C:\\\\users\\\\u0041 and key sk-lo\\u0063al-1"}'
+    assert redactor(written) == '{"content": "C:\\\\users\\\\u0041 and key ' + MARKER + '"}'

@@ -29,7 +29,10 @@ MIN_SECRET_CHARS = 8
 
 #: What of a chat's Markdown never shows, whatever it holds: a link's destination and title
 #: (``](x "t")``, one level of parentheses inside), a reference (``][r]``), an HTML comment.
-_NEVER_SHOWN = re.compile(r"\]\((?:[^()]|\([^()]*\))*\)|\]\[[^\]]*\]|<!--.*?-->", re.S)
+_NEVER_SHOWN = (("](", ")"), ("][", "]"), ("<!--", "-->"))
+#: How far apart a secret's characters may lie and still be it: with more between them, what
+#: lies between is the reply's own words, not a disguise.
+SPREAD = 4
 #: Marks that show as nothing in a chat and may also be characters of a secret (``_`` emphasis).
 _MARKS = frozenset("*_~`|")
 #: A JSON ``\\uXXXX`` escape, at any depth of JSON inside JSON (``\\\\u0031`` one level down): a
@@ -75,9 +78,37 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, MARKER)
         if self._secrets and "\\u" in text:
-            read = _JSON_ESCAPE.sub(_unescaped, text)
-            if read != text and any(secret in read for secret in self._spellings):
-                return self(read)
+            text = self._escaped(text)
+        return text
+
+    def _escaped(self, text: str) -> str:
+        """``text`` without a secret spelled with JSON ``\\uXXXX`` escapes: found where the
+        escapes are read, replaced in ``text`` as written (nothing else of it changes)."""
+        read, where, last = [], [], 0  # the text read, and where each of its characters was written
+        for match in _JSON_ESCAPE.finditer(text):
+            read.append(text[last:match.start()])
+            where.extend(range(last, match.start()))
+            char = _unescaped(match)
+            read.append(char)
+            if char == match.group():  # kept as written
+                where.extend(range(match.start(), match.end()))
+            else:
+                where.append(match.start())
+            last = match.end()
+        if not where:
+            return text
+        read.append(text[last:])
+        where.extend(range(last, len(text)))
+        seen = "".join(read)
+        spans = []
+        for secret in self._spellings:
+            at = seen.find(secret)
+            while at != -1:
+                end = at + len(secret) - 1
+                spans.append((where[at], _written_end(text, where[end])))
+                at = seen.find(secret, at + len(secret))
+        for start, end in sorted(_merged(spans), reverse=True):
+            text = text[:start] + MARKER + text[end:]
         return text
 
     def shown(self, text: str) -> str:
@@ -89,19 +120,23 @@ class Redactor:
         text = self(text)
         if not self._secrets:
             return text
-        hidden = bytearray(len(text))
-        for match in _NEVER_SHOWN.finditer(text):
-            hidden[match.start():match.end()] = b"\x01" * (match.end() - match.start())
+        hidden = _never_shown(text)
         spans: list[tuple[int, int]] = []
         for bare in (False, True):
-            kept = [i for i, c in enumerate(text) if not hidden[i] and c in self._alphabet and not (bare and c in _MARKS)]
-            seen = "".join(text[i] for i in kept)
+            # a letter or digit no secret has breaks a match; other characters may lie between
+            kept = [
+                i for i, c in enumerate(text)
+                if not hidden[i] and (c in self._alphabet or c.isalnum()) and not (bare and c in _MARKS)
+            ]
+            seen = "".join(text[i] if text[i] in self._alphabet else "\x00" for i in kept)
             for secret, without in self._bare:
                 wanted = without if bare else secret
-                at = seen.find(wanted) if wanted else -1
+                at = seen.find(wanted) if len(wanted) >= MIN_SECRET_CHARS else -1
                 while at != -1:
-                    spans.append((kept[at], kept[at + len(wanted) - 1] + 1))
-                    at = seen.find(wanted, at + len(wanted))
+                    start, end = kept[at], kept[at + len(wanted) - 1] + 1
+                    if end - start <= SPREAD * len(secret):
+                        spans.append((start, end))
+                    at = seen.find(wanted, at + 1)
         for start, end in sorted(_merged(spans), reverse=True):
             text = text[:start] + MARKER + text[end:]
         return text
@@ -128,6 +163,28 @@ class Redactor:
                     break
                 i = text.find(secret[0], i + 1)
         return text[:end]
+
+
+def _never_shown(text: str) -> bytearray:
+    """Which characters of ``text`` a chat never shows (:data:`_NEVER_SHOWN`), in linear time:
+    once an opening has no closing after it, no later one has either."""
+    hidden = bytearray(len(text))
+    for opening, closing in _NEVER_SHOWN:
+        at = text.find(opening)
+        while at != -1:
+            end = text.find(closing, at + len(opening))
+            if end == -1:
+                break
+            end += len(closing)
+            hidden[at:end] = b"\x01" * (end - at)
+            at = text.find(opening, end)
+    return hidden
+
+
+def _written_end(text: str, index: int) -> int:
+    """The end of the character written at ``index`` of ``text`` (past a JSON escape there)."""
+    match = _JSON_ESCAPE.match(text, index) if text[index] == "\\" else None
+    return match.end() if match else index + 1
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
