@@ -278,6 +278,7 @@ class Delivery:
                     await asyncio.sleep(delay)
                 continue
             await self.store.outbox_progress(entry.id, status="sent", message_ids=sent)
+            self._drop_staged(entry)  # only now: a crash before the row says "sent" must find it
             return DeliveryReport(delivered=True)
         rest = chunks[len(sent):]
         if len(rest) == 1 and isinstance(rest[0], _File) and rest[0].kind == "voice" and entry.attempts >= VOICE_SWEEPS:
@@ -389,7 +390,7 @@ class Delivery:
             raise DeliveryFailed(f"the file to send is no longer a regular file: {Path(path).name}", retryable=False)
         name = self.redactor(attachment.get("name") or Path(path).name)
         sent = await adapter.send_file(entry.chat, Path(path), kind=part.kind, caption=part.caption, key=key, name=name)
-        if part.kind == "voice" or self._staged(Path(path)):  # made for this row alone: not kept once it is out
+        if part.kind == "voice":  # made for this row alone: not kept once it is out
             with contextlib.suppress(OSError):
                 Path(path).unlink()
         return sent
