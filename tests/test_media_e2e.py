@@ -1002,3 +1002,26 @@ async def test_copies_no_pending_row_will_send_are_deleted_at_start(tmp_path, ll
     async with running(config):
         pass
     assert not orphan.exists() and kept.exists()
+
+
+async def test_a_file_waiting_to_be_sent_survives_a_secret_that_is_part_of_the_data_path(tmp_path, llm, tg):
+    """An MCP env value that is part of the data directory's path (``PROJECT_DIR``) is a
+    secret: the store redacted it inside the row's file path, and after a restart the file
+    "was gone" and the row failed."""
+    judges_say_done(llm)
+    workspace = tmp_path / "data" / "workspace"
+    workspace.mkdir(parents=True)
+    (workspace / "notes.txt").write_text("notes\n")
+    llm.push(tool_calls(("send_file", {"path": "notes.txt"})), when=is_loop)
+    llm.push(say("sending"), when=is_loop)
+    mcp = {"startup_wait_s": 0.2, "servers": {"x": {"command": ["/bin/false"], "env": {"PROJECT_DIR": str(tmp_path)}}}}
+    config = write_config(tmp_path, llm, tg, mcp=mcp)
+    error = {"ok": False, "error_code": 500, "description": "Internal Server Error"}
+    async with running(config) as d:
+        tg.fail_next("sendDocument", 500, error, times=3)  # each of the turn's three tries: it waits
+        tg.push_text("send the notes", chat_id=94)
+        await d.engine.wait_for_turns(1)
+        await tg.wait_for("sendDocument", n=3)
+    async with running(config):  # the row is read back from the database and sent
+        await tg.wait_for("sendDocument", n=4, timeout=15)
+    assert [f["data"] for f in tg.files_sent if f["method"] == "sendDocument"][-1] == b"notes\n"

@@ -375,10 +375,11 @@ class Delivery:
 
     async def _send_file(self, adapter: Adapter, entry: OutboxEntry, part: _File, key: str) -> str:
         attachment = dict(entry.attachment or {})
-        path = attachment.get("path")
+        path = str(self._file(attachment.get("path"))) if attachment.get("path") else None
         if part.kind == "voice" and not path:
-            path = str(await self._voice(entry))
-            attachment["path"] = path
+            voice = await self._voice(entry)
+            path = str(voice)
+            attachment["path"] = self.stored_path(voice)
             await self.store.outbox_set_attachment(entry.id, attachment)
         try:
             found = os.lstat(path).st_mode if path else 0
@@ -413,18 +414,32 @@ class Delivery:
         crash between the copy and its row). Returns how many were deleted."""
         if self._media_dir is None:
             return 0
-        wanted = {str((e.attachment or {}).get("path")) for e in await self.store.outbox_pending()}
+        pending = [(e.attachment or {}).get("path") for e in await self.store.outbox_pending()]
+        wanted = {str(self._file(path)) for path in pending if path}
         return await asyncio.to_thread(_delete_unwanted, self._media_dir / OUTGOING, wanted)
+
+    def stored_path(self, path: Path) -> str:
+        """How a row records a file of the media directory: relative to it. The store redacts
+        every text it keeps, and a configured value that happens to be part of the data
+        directory's path would otherwise break the path of every file waiting to be sent."""
+        if self._media_dir is not None and path.is_relative_to(self._media_dir):
+            return path.relative_to(self._media_dir).as_posix()
+        return str(path)
+
+    def _file(self, stored: str) -> Path:
+        """The file a row records (:meth:`stored_path`)."""
+        path = Path(stored)
+        return path if path.is_absolute() or self._media_dir is None else self._media_dir / path
 
     def _staged(self, path: Path) -> bool:
         return self._media_dir is not None and path.parent == self._media_dir / OUTGOING
 
     def _drop_staged(self, entry: OutboxEntry) -> None:
         """The copy a row that will never be sent was to send: not kept."""
-        path = (entry.attachment or {}).get("path")
-        if path and self._staged(Path(path)):
+        stored = (entry.attachment or {}).get("path")
+        if stored and self._staged(path := self._file(stored)):
             with contextlib.suppress(OSError):
-                Path(path).unlink()
+                path.unlink()
 
     async def _voice(self, entry: OutboxEntry) -> Path:
         """The speech of a row's text, made once: its file (named for this row and a random

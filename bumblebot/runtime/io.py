@@ -188,7 +188,7 @@ class TurnIO(TurnPort):
             return DeliveryReport(
                 delivered=False, error=f"the file is {describe_size(size)}, over the {describe_size(limit)} this chat takes",
             )
-        attachment = {"kind": kind, "path": path, "name": name}
+        attachment = {"kind": kind, "path": self._delivery.stored_path(Path(path)), "name": name}
         entry = await self._turn.speak(caption, tool_call_id=call_id, attachment=attachment)
         return await self._delivery.deliver(entry)
 
