@@ -10,6 +10,7 @@ import json
 import re
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import running, write_config
@@ -29,6 +30,14 @@ def png(width: int, height: int, color: tuple[int, int, int] = (200, 30, 30), fm
 
 def last_user(request: dict) -> dict:
     return [m for m in request["messages"] if m["role"] == "user"][-1]
+
+
+async def answered(tmp_path: Path, llm: Any, tg: Any, text: str, chat_id: int) -> None:
+    """Run the daemon until ``text`` sent in ``chat_id`` got a reply and its turn ended."""
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text(text, chat_id=chat_id)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
 
 
 async def test_a_photo_with_a_caption_reaches_the_model_as_an_image_part_and_the_caption(tmp_path, llm, tg):
@@ -256,10 +265,7 @@ async def test_send_file_refuses_a_path_outside_the_workspace(tmp_path, llm, tg)
     (tmp_path / "secret.txt").write_text("no")
     llm.push(tool_calls(("send_file", {"path": "../../secret.txt"})), when=is_loop)
     llm.push(say("could not"), when=is_loop)
-    async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("send me the secret file from the parent directory please", chat_id=18)
-        await tg.wait_for("sendMessage")
-        await d.engine.wait_for_turns(1)
+    await answered(tmp_path, llm, tg, "send me the secret file from the parent directory please", 18)
     assert tg.files_sent == []
     result = [m["content"] for m in loop_requests(llm)[1]["messages"] if m["role"] == "tool"][0]
     assert "error" in json.loads(result)
@@ -271,10 +277,7 @@ async def test_send_file_of_a_name_longer_than_the_file_system_allows_is_a_plain
     judges_say_done(llm)
     llm.push(tool_calls(("send_file", {"path": "n" * 300 + ".pdf"})), when=is_loop)
     llm.push(say("no such file"), when=is_loop)
-    async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("send me the file with the very long name from the workspace, please", chat_id=23)
-        await tg.wait_for("sendMessage")
-        await d.engine.wait_for_turns(1)
+    await answered(tmp_path, llm, tg, "send me the file with the very long name from the workspace, please", 23)
     [result] = tool_results(loop_requests(llm)[1])
     assert json.loads(result)["error"] == f"no such file in the workspace: {'n' * 300}.pdf"
     assert not [r for r in caplog.records if r.exc_info] and tg.files_sent == []
@@ -289,10 +292,7 @@ async def test_send_file_of_a_named_pipe_is_a_plain_error(tmp_path, llm, tg, cap
     os.mkfifo(ws / "report.txt")
     llm.push(tool_calls(("send_file", {"path": "report.txt"})), when=is_loop)
     llm.push(say("that is a pipe"), when=is_loop)
-    async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("send me the report file from the workspace, please", chat_id=24)
-        await tg.wait_for("sendMessage")
-        await d.engine.wait_for_turns(1)
+    await answered(tmp_path, llm, tg, "send me the report file from the workspace, please", 24)
     [result] = tool_results(loop_requests(llm)[1])
     assert json.loads(result)["error"] == "report.txt is not a regular file (a named pipe)"
     assert tg.files_sent == [] and tg.sent(24) == ["that is a pipe"]

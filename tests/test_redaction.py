@@ -244,17 +244,6 @@ def test_a_secret_spelled_with_json_escapes_is_found_and_the_json_stays_json():
     assert redactor(kept) == kept  # nothing secret: the escapes stay as they were
 
 
-async def test_markdown_around_the_token_never_reaches_telegram(tmp_path, llm, tg):
-    judges_say_done(llm)
-    head, tail = TOKEN.split(":", 1)
-    llm.push(say(f"my token is {head}\\:{tail}"), when=is_loop)
-    async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("token?", chat_id=55)
-        await tg.wait_for("sendMessage")
-        await d.engine.wait_for_turns(1)
-    assert tg.sent(55) == [f"my token is {MARKER}"]
-
-
 async def test_a_token_the_model_gives_a_tool_never_reaches_it_nor_the_disk(tmp_path, llm, tg):
     """``remember(body="bot token …")`` wrote the token to the chat's knowledge file, which
     every later prompt of the chat holds."""
@@ -271,7 +260,7 @@ async def test_a_token_the_model_gives_a_tool_never_reaches_it_nor_the_disk(tmp_
 
 
 @pytest.mark.parametrize("sep", [
-    '[](x "t")', "[]( x )", "[](<x y>)", "[](x (t))", "\u00ad", "\u2066", "\ufe0f", " ", "_", "<!-- a1 -->",
+    "\\", '[](x "t")', "[]( x )", "[](<x y>)", "[](x (t))", "\u00ad", "\u2066", "\ufe0f", " ", "_", "<!-- a1 -->",
 ])
 async def test_a_secret_split_by_a_link_a_comment_or_an_invisible_character_is_redacted(tmp_path, llm, tg, sep):
     """A list of markup forms let others through: ``[](x "t")`` between two characters of the
