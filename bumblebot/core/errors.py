@@ -7,7 +7,8 @@
     ├── ModelError             the LLM endpoint failed after retries
     │   ├── ModelUnavailable   unreachable, timed out, overloaded (429, 5xx): worth waiting for
     │   │   └── ModelTimeout
-    │   └── ContextTooLong     the endpoint said the prompt is over its context window
+    │   ├── ContextTooLong     the endpoint said the prompt is over its context window
+    │   └── SpendingLimitReached  a spending limit covers the request: nothing was sent
     ├── AdapterError           a platform call failed
     │   └── DeliveryFailed     a message could not be delivered; ``retryable`` says if it may work later
     ├── StoreError             the database could not be opened or migrated
@@ -80,6 +81,20 @@ class ContextTooLong(ModelError):
     def __init__(self, message: str, *, status: int | None = None, prompt_tokens: int | None = None) -> None:
         super().__init__(message, status=status)
         self.prompt_tokens = prompt_tokens
+
+
+class SpendingLimitReached(ModelError):
+    """A spending limit (``limits``) covers the request; it was not sent.
+
+    Args:
+        limit: which limit, in the words a user reads ("your daily limit of 50,000 tokens").
+        resets_at: when it resets, epoch seconds.
+    """
+
+    def __init__(self, limit: str, *, resets_at: float) -> None:
+        super().__init__(f"spending limit reached: {limit}")
+        self.limit = limit
+        self.resets_at = resets_at
 
 
 class AdapterError(BumblebotError):

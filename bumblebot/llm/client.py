@@ -37,8 +37,10 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from bumblebot.core.errors import ContextTooLong, ModelError, ModelUnavailable
+from bumblebot.core.messages import estimate_text_tokens, estimate_tools, json_text
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.settings import LLMSettings
+from bumblebot.core.usage import NO_METER, Meter, Usage, current_scope
 from bumblebot.llm.capabilities import CapabilityMemory, Refusals
 from bumblebot.llm.completion import Completion, normalise, translate
 from bumblebot.llm.forcing import (
@@ -70,6 +72,9 @@ class LLM:
         clock: the wall clock, epoch seconds (tests inject one).
         metrics: counts each :meth:`complete` and times it (``bumblebot_model_requests_total``,
             ``bumblebot_model_request_seconds``); default: not counted.
+        meter: admits each :meth:`complete` before it is sent (spending limits) and records
+            what it used, for the :class:`~bumblebot.core.usage.Scope` of the task sending it;
+            default: nothing counted or refused.
     """
 
     def __init__(
@@ -83,8 +88,10 @@ class LLM:
         forcing_retry_s: float = FORCING_RETRY_S,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.settings = settings
+        self.meter = NO_METER if meter is None else meter
         self._metrics = NO_METRICS if metrics is None else metrics
         self.base_url = base_url
         self._client = openai.AsyncOpenAI(
@@ -203,13 +210,28 @@ class LLM:
             ModelTimeout: no answer within ``llm.timeout_s`` (after the client's retries).
             ModelUnavailable: unreachable, rate-limited or a server error (after the retries).
             ContextTooLong: the endpoint says the prompt is over its context window.
+            SpendingLimitReached: a spending limit covers the request's scope; nothing was sent.
             ModelError: any other failure, with the HTTP status when there was one.
         """
+        scope, model = current_scope(), model or self.settings.model
+        await self.meter.admit(scope, model)
         with self._metrics.model_request():  # counted as one request, with its outcome and latency
-            return await self._complete_any(
+            completion = await self._complete_any(
                 messages, model=model, max_tokens=max_tokens, temperature=temperature, tools=tools,
                 thinking=thinking, on_say=on_say,
             )
+        await self.meter.record(scope, self._usage(completion, model, messages, tools))
+        return completion
+
+    def _usage(
+        self, completion: Completion, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> Usage:
+        """What ``completion`` used as the endpoint reported it, else the token estimate."""
+        if completion.prompt_tokens is not None and completion.completion_tokens is not None:
+            return Usage(self.base_url, model, prompt=completion.prompt_tokens, completion=completion.completion_tokens)
+        prompt = estimate_text_tokens(json_text(messages)) + estimate_tools(tools or [])
+        written = estimate_text_tokens(completion.content + "".join(c.arguments for c in completion.tool_calls))
+        return Usage(self.base_url, model, prompt=prompt, completion=written, estimated=True)
 
     async def text(
         self, messages: list[dict[str, Any]], *, model: str | None = None, max_tokens: int, temperature: float

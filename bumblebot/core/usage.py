@@ -1,0 +1,121 @@
+"""What a model request used, whom it was for, and the meter that counts it.
+
+Every request to a model endpoint (turns, automations, judges, the classifier, summaries,
+transcriptions) is *admitted* by the meter before it is sent and *recorded* after it was
+answered. The meter (``bumblebot.runtime.ledger`` in the daemon) keeps the totals, prices them
+and enforces the spending limits; the model client only calls it.
+
+Whom a request is for is the :class:`Scope` of the task sending it: a context variable, set by
+whoever starts the work (a turn sets its conversation and sender; a judge or a summary narrows
+the kind with :func:`scoped`). asyncio copies the context into each task it creates, so a
+request made anywhere below a turn is counted for that turn's chat without every layer passing
+the chat down.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+#: The kinds of request a scope may name (``bumblebot usage`` groups by them).
+KINDS = ("turn", "automation", "autonomous", "judge", "classifier", "summary", "transcription", "check", "other")
+#: Kinds of background work: nobody wrote; counted against ``limits.background`` too.
+BACKGROUND_KINDS = frozenset({"automation", "autonomous"})
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Whom a model request is for.
+
+    Args:
+        conversation: the conversation key (``telegram:123``), ``None`` outside any chat.
+        sender: the platform user id of the person the turn answers, ``None`` when nobody wrote.
+        kind: one of :data:`KINDS`.
+        background: the request serves background work (an automation or an autonomous turn,
+            and the judges and summaries such a turn makes).
+    """
+
+    conversation: str | None = None
+    sender: str | None = None
+    kind: str = "other"
+    background: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one answered request used, as the endpoint reported it (or as estimated).
+
+    Args:
+        endpoint: the base URL that answered.
+        model: the model asked.
+        prompt: prompt tokens, cached ones included.
+        cached: prompt tokens the endpoint served from its cache
+            (``usage.prompt_tokens_details.cached_tokens``).
+        completion: completion tokens, reasoning included.
+        reasoning: reasoning tokens (``usage.completion_tokens_details.reasoning_tokens``).
+        estimated: the endpoint reported no usage; the counts are Bumblebot's estimate.
+        seconds: audio seconds of a transcription (priced per minute), else 0.
+    """
+
+    endpoint: str
+    model: str
+    prompt: int = 0
+    cached: int = 0
+    completion: int = 0
+    reasoning: int = 0
+    estimated: bool = False
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+class Meter(Protocol):
+    """Counts model requests and may refuse one (``bumblebot.runtime.ledger.Ledger``)."""
+
+    async def admit(self, scope: Scope, model: str) -> None:
+        """Called before a request is sent.
+
+        Raises:
+            SpendingLimitReached: a limit covering ``scope`` is reached; send nothing.
+        """
+
+    async def record(self, scope: Scope, usage: Usage) -> None:
+        """Called once a request was answered, with what it used."""
+
+
+class _NoMeter:
+    """Counts nothing and refuses nothing (tests, ``bumblebot check``)."""
+
+    async def admit(self, scope: Scope, model: str) -> None:
+        return None
+
+    async def record(self, scope: Scope, usage: Usage) -> None:
+        return None
+
+
+NO_METER: Meter = _NoMeter()
+
+_SCOPE: contextvars.ContextVar[Scope] = contextvars.ContextVar("bumblebot_usage_scope", default=Scope())
+
+
+def current_scope() -> Scope:
+    """The scope of the running task (``Scope()`` when nothing set one)."""
+    return _SCOPE.get()
+
+
+@contextmanager
+def scoped(**changes: object) -> Iterator[Scope]:
+    """Run the block under the current scope with ``changes`` (``kind="judge"``, or a whole
+    turn's ``conversation``/``sender``/``kind``/``background``), restored after it."""
+    scope = dataclasses.replace(_SCOPE.get(), **changes)  # type: ignore[arg-type]
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
