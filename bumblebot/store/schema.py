@@ -1,7 +1,7 @@
 """The database schema: :data:`MIGRATIONS`, applying them, and how JSON columns are written.
 
 Schema versions are applied in order from :data:`MIGRATIONS` and recorded in
-``PRAGMA user_version`` (8 now); each runs in one transaction with its version number, so a
+``PRAGMA user_version`` (9 now); each runs in one transaction with its version number, so a
 crash leaves the database at the version before or after, never between. A database newer
 than this code is refused. The tables are described in the module that writes each and in
 ``docs/architecture.md``.
@@ -194,6 +194,31 @@ MIGRATIONS: tuple[str, ...] = (
     # its adapter decides): after a restart its turn still waits for the next part.
     """
     ALTER TABLE journal ADD COLUMN paste_part INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 9: what model requests used, per UTC day, conversation, sender, kind, endpoint and model
+    # (``usage.py``).
+    """
+    CREATE TABLE usage (
+        day TEXT NOT NULL,
+        conversation TEXT NOT NULL DEFAULT '',
+        sender TEXT NOT NULL DEFAULT '',
+        kind TEXT NOT NULL,
+        background INTEGER NOT NULL DEFAULT 0,
+        endpoint TEXT NOT NULL,
+        model TEXT NOT NULL,
+        requests INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        cached_tokens INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+        estimated INTEGER NOT NULL DEFAULT 0,
+        audio_seconds REAL NOT NULL DEFAULT 0,
+        cost REAL NOT NULL DEFAULT 0,
+        priced INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (day, conversation, sender, kind, endpoint, model)
+    );
+    CREATE INDEX usage_by_conversation ON usage (conversation, day);
+    CREATE INDEX usage_by_sender ON usage (sender, day);
     """,
 )
 

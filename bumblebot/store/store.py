@@ -15,6 +15,7 @@ holds the key-value memory itself:
   ``record``, ``speak``, ``finish_turn``, its streaming outbox rows, resume).
 * ``outbox.py``: ``outbox``, every message the engine asked to deliver, as delivery sees it.
 * ``tasks.py``: ``tasks``, scheduled tasks, and the scheduler's reads.
+* ``usage.py``: ``usage``, what model requests used per day, chat, sender, kind and model.
 * ``housekeeping.py``: retention (:meth:`Store.prune`) and outbox expiry
   (:meth:`Store.expire_outbox`), run by the engine's housekeeping.
 * here: ``kv``, small durable values (``docs/architecture.md`` lists them and their owners;
@@ -37,13 +38,14 @@ from bumblebot.store.journal import JournalTables
 from bumblebot.store.outbox import OutboxTables
 from bumblebot.store.tasks import TaskTables
 from bumblebot.store.turns import TurnTables
+from bumblebot.store.usage import UsageTables
 
 INSTANCE_KEY = "store.instance"
 
 
 class Store(
     ConversationTables, HistoryTables, JournalTables, TurnTables, OutboxTables, TaskTables,
-    HousekeepingTables,
+    HousekeepingTables, UsageTables,
 ):
     """The daemon's database. Use ``async with Store(path) as store``.
 
