@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bumblebot.core.usage import Scope, Usage
 from bumblebot.store import Store
 
@@ -28,3 +30,22 @@ async def test_requests_add_to_their_days_row_and_sum_per_chat_and_sender(tmp_pa
         assert (background.requests, background.cost) == (1, 1.0)
         nothing = await store.usage_totals("2026-12-03")
         assert nothing.requests == 0 and nothing.tokens == 0
+
+
+async def test_usage_by_groups_the_days_rows_costliest_first(tmp_path: Path) -> None:
+    used = Usage("http://127.0.0.1:1/v1", "big", prompt=100, completion=10)
+    small = Usage("http://127.0.0.1:1/v1", "small", prompt=1000, completion=10)
+    async with Store(tmp_path / "b.db") as store:
+        await store.add_usage("2026-11-01", Scope(conversation="telegram:1", sender="1", kind="turn"), used, 9.0)
+        await store.add_usage("2026-12-01", Scope(conversation="telegram:1", sender="1", kind="turn"), used, 0.5)
+        await store.add_usage("2026-12-02", Scope(conversation="telegram:2", sender="2", kind="judge"), small, None)
+        await store.add_usage("2026-12-02", Scope(conversation="telegram:3", sender="3", kind="turn"), used, None)
+        chats = await store.usage_by("conversation", "2026-12-01")
+        assert [(key, t.requests, t.cost) for key, t in chats] == [
+            ("telegram:1", 1, 0.5), ("telegram:2", 1, 0.0), ("telegram:3", 1, 0.0)
+        ]
+        assert [key for key, _ in await store.usage_by("conversation", "2026-12-01", limit=2)] == ["telegram:1", "telegram:2"]
+        assert [(k, t.tokens) for k, t in await store.usage_by("model", "2026-12-01")] == [("big", 220), ("small", 1010)]
+        assert [k for k, _ in await store.usage_by("kind", "2026-12-02", conversation="telegram:2")] == ["judge"]
+        with pytest.raises(ValueError):
+            await store.usage_by("cost; DROP TABLE usage", "2026-12-01")  # type: ignore[arg-type]

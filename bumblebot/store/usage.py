@@ -11,6 +11,7 @@ report can tell "free" from "not priced".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from bumblebot.core.usage import Scope, Usage
 from bumblebot.store.connection import Database
@@ -39,6 +40,11 @@ _SUMS = (
     " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0), COALESCE(SUM(estimated), 0),"
     " COALESCE(SUM(cost), 0.0), COALESCE(SUM(priced), 0)"
 )
+
+
+#: What :meth:`UsageTables.usage_by` may group by.
+Grouping = Literal["conversation", "sender", "kind", "model", "endpoint", "day"]
+_GROUPINGS = frozenset(Grouping.__args__)  # type: ignore[attr-defined]
 
 
 class UsageTables(Database):
@@ -83,3 +89,22 @@ class UsageTables(Database):
             params.append(str(int(background)))
         row = await self._one(f"SELECT {_SUMS} FROM usage WHERE {' AND '.join(where)}", tuple(params))
         return UsageTotals(*row) if row is not None else UsageTotals()
+
+    async def usage_by(
+        self, grouping: Grouping, since_day: str, *, conversation: str | None = None, limit: int = 10
+    ) -> list[tuple[str, UsageTotals]]:
+        """Sums of the rows from ``since_day`` on (a range of the primary key, which begins
+        with the day), one per value of ``grouping``, the costliest first, then the most tokens;
+        at most ``limit`` of them. ``conversation``: only that conversation's rows."""
+        if grouping not in _GROUPINGS:
+            raise ValueError(f"cannot group usage by {grouping!r}")
+        where, params = "day >= ?", [since_day]
+        if conversation is not None:
+            where += " AND conversation = ?"
+            params.append(conversation)
+        rows = await self._all(
+            f"SELECT {grouping}, {_SUMS} FROM usage WHERE {where} GROUP BY {grouping}"
+            " ORDER BY SUM(cost) DESC, SUM(prompt_tokens + completion_tokens) DESC, 1 LIMIT ?",
+            (*params, limit),
+        )
+        return [(str(row[0]), UsageTotals(*row[1:])) for row in rows]
