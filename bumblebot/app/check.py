@@ -28,6 +28,7 @@ from bumblebot.llm import (
     tool_choice_key,
     vision_key,
 )
+from bumblebot.runtime.limits import check_lines as limits_lines
 from bumblebot.store import Store
 
 PING_TOOL = {
@@ -117,6 +118,8 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     stt = settings.llm.transcription_base_url or base_url
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
+    for detail in limits_lines(settings):
+        _line(True, "spending limits", detail)
     if settings.tools.shell.enabled:
         from bumblebot.app.daemon import shell_sandbox_problem
 

@@ -43,6 +43,7 @@ from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.llm.speech import Speech
 from bumblebot.media import MediaFiles, MediaIntake
 from bumblebot.runtime.engine import Engine
+from bumblebot.runtime.limits import LimitsMeter, SpendingLimits
 from bumblebot.runtime.runner import TurnRunner
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.store import Store
@@ -247,12 +248,14 @@ class Daemon:
             await self.mcp.start()  # returns at once; the servers connect meanwhile
         self.metrics = metrics = Metrics() if settings.metrics.listen else NO_METRICS
         base_url = effective_base_url(settings, self.secrets)
+        self.spending = SpendingLimits(settings.limits, store)  # checked before each model request
         self.llm = llm = LLM(
             settings.llm,
             base_url=base_url,
             api_key=self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None,
             capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv),
             metrics=metrics,
+            meter=LimitsMeter(self.spending),
         )
         cognition = settings.cognition
         self.budget = budget = ContextBudget(
@@ -300,6 +303,7 @@ class Daemon:
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
             media=self.media, debounce_s=settings.cognition.debounce_s,
         )
+        self.spending.reply = self.engine.reply  # limits.notify_chat is told through the outbox
         return self.engine
 
     def _runner(self, memory: Memory, environ: dict[str, str]) -> TurnRunner:
@@ -338,6 +342,7 @@ class Daemon:
             metrics=self.metrics,
             tasks=self.scheduler,
             status_lines=self._status_lines,
+            spending=self.spending,
         )
 
     def _discord_dm(self, key: str) -> bool:

@@ -32,6 +32,8 @@ class StopReason(StrEnum):
     # ended by the turn's runner, not the loop
     MODEL_ERROR = "model_error"
     MODEL_UNREACHABLE = "model_unreachable"
+    #: a spending limit (``limits``) refused the turn's next model request
+    SPENDING_LIMIT = "spending_limit"
     RESUME_CAP = "resume_cap"
     CRASH = "crash"
     FILES_UNUSABLE = "files_unusable"

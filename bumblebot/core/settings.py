@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from bumblebot.core.events import ChatRef
 from bumblebot.core.mcp_settings import MCPSettings
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -444,6 +445,53 @@ class MetricsSettings(_Section):
         return value.strip()
 
 
+class LimitsSettings(_Section):
+    """Spending limits per UTC day (``docs/usage.md``); none by default.
+
+    Tokens count prompt (cached included) plus completion; costs are in the currency of
+    ``llm.prices`` and only count requests whose model has a price there.
+    """
+
+    sender_daily_tokens: int | None = Field(
+        None, ge=1, description="most tokens one person's turns use a day, all chats together; null: no limit"
+    )
+    sender_daily_cost: float | None = Field(
+        None, gt=0, description="most one person's turns cost a day, all chats together; null: no limit"
+    )
+    chat_daily_tokens: int | None = Field(
+        None, ge=1, description="most tokens one conversation uses a day, background work included; null: no limit"
+    )
+    chat_daily_cost: float | None = Field(
+        None, gt=0, description="most one conversation costs a day, background work included; null: no limit"
+    )
+    bot_daily_tokens: int | None = Field(
+        None, ge=1, description="most tokens the whole bot uses a day; null: no limit"
+    )
+    bot_daily_cost: float | None = Field(
+        None, gt=0, description="most the whole bot costs a day; null: no limit"
+    )
+    background_daily_tokens: int | None = Field(
+        None, ge=1, description="most tokens scheduled tasks and autonomous turns use a day, all chats together; null: no limit"
+    )
+    background_daily_cost: float | None = Field(
+        None, gt=0, description="most scheduled tasks and autonomous turns cost a day, all chats together; null: no limit"
+    )
+    notify_chat: str | None = Field(
+        None, description="conversation key told when a limit is reached (once per limit and day), e.g. telegram:123; "
+        "null: the log only",
+    )
+
+    @field_validator("notify_chat")
+    @classmethod
+    def _chat_key(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            return ChatRef.from_key(value.strip()).key
+        except ValueError:
+            raise ValueError(f"expected a conversation key such as telegram:123 (got {value!r})") from None
+
+
 class EngineSettings(_Section):
     idle_unload_s: float = Field(600.0, gt=0, description="unload a conversation idle this long, seconds")
     max_concurrent_turns: int | None = Field(
@@ -500,6 +548,7 @@ class Settings(BaseSettings):
     automation: AutomationSettings = Field(default_factory=AutomationSettings)
     autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
     mcp: MCPSettings = Field(default_factory=MCPSettings, description="MCP tool servers")
     engine: EngineSettings = Field(default_factory=EngineSettings)
 

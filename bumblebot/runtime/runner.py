@@ -41,7 +41,7 @@ from bumblebot.cognition.prompt import PromptBuilder, TurnInfo
 from bumblebot.cognition.router import Route
 from bumblebot.cognition.trace import LoopTrace, Stop, StopReason
 from bumblebot.core.adapter import Typing
-from bumblebot.core.errors import ContextTooLong, ModelError, ModelUnavailable
+from bumblebot.core.errors import ContextTooLong, ModelError, ModelUnavailable, SpendingLimitReached
 from bumblebot.core.logs import bind
 from bumblebot.core.messages import (
     MESSAGE_OVERHEAD_TOKENS,
@@ -57,11 +57,13 @@ from bumblebot.core.settings import (
     VoiceSettings,
 )
 from bumblebot.core.toolkit import SCHEMA_LEVELS, Toolbox
+from bumblebot.core.usage import current_scope, scoped
 from bumblebot.delivery import Delivery
 from bumblebot.llm import LLM
 from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
 from bumblebot.runtime.conversation import Conversation, Session, Turn
 from bumblebot.runtime.io import TurnIO, drop_open_streams
+from bumblebot.runtime.limits import SpendingLimits, limit_text
 from bumblebot.runtime.outage import (
     MAX_RETRY_AFTER_S,
     OUTAGE_GAVE_UP,
@@ -122,6 +124,8 @@ class TurnRunner:
         tasks: the scheduler: the task of a chat that cannot be reached any more is cancelled.
         status_lines: more of ``/status`` for a conversation key (the MCP servers), ``""``: none.
         preparer: makes a turn's input ready (its files, its route); default: built from the above.
+        spending: the spending limits: which refusals a chat is told of (once a day per limit);
+            ``None``: every refusal is told.
     """
 
     def __init__(
@@ -145,7 +149,9 @@ class TurnRunner:
         tasks: Scheduler | None = None,
         status_lines: Callable[[str], str] | None = None,
         preparer: TurnPreparer | None = None,
+        spending: SpendingLimits | None = None,
     ) -> None:
+        self.spending = spending
         self.tasks = tasks
         self.status_lines = status_lines
         self._metrics = NO_METRICS if metrics is None else metrics
@@ -197,12 +203,14 @@ class TurnRunner:
         the turn's state, so a resumed turn never repeats it); when nothing is left for the
         model to answer, that note ends the turn.
         """
-        with bind(conversation=conversation.key):  # the JSON log's ids
+        with bind(conversation=conversation.key), scoped(**turn_scope(conversation.key, entries)):
             return await self._run(conversation, entries)
 
     async def _run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
         preparer, inbox = self.preparer, conversation.inbox
         why = await preparer.skipped(entries)
+        if why is None and self.spending is not None and entries[0].inbound.source != "chat":
+            why = await self.spending.refusal(current_scope())  # background work: no turn, no history
         if why is not None:
             log.info("%s in %s: no turn (%s)", entries[0].inbound.message_id, conversation.key, why)
             await conversation.drop(entries)
@@ -249,7 +257,7 @@ class TurnRunner:
         cut off while it was working counts one resume (a turn that was waiting out an outage,
         or that a stop cut off cleanly, does not); after :data:`MAX_RESUMES` it is given up.
         """
-        with bind(conversation=conversation.key, turn=running.id):  # the JSON log's ids
+        with bind(conversation=conversation.key, turn=running.id), scoped(**turn_scope(conversation.key, running.entries)):
             return await self._resume(conversation, running)
 
     async def _resume(self, conversation: Conversation, running: RunningTurn) -> Outcome:
@@ -363,7 +371,7 @@ class TurnRunner:
 
     async def _drive(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
         """Run the loop on ``turn`` until it finishes or the endpoint fails."""
-        with bind(conversation=conversation.key, turn=turn.id):  # the JSON log's ids
+        with bind(conversation=conversation.key, turn=turn.id), scoped(**turn_scope(conversation.key, turn.entries)):
             return await self._drive_bound(conversation, turn, earlier)
 
     async def _drive_bound(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
@@ -393,6 +401,8 @@ class TurnRunner:
                 await io.pause_previews()
                 await turn.save_state()
             raise
+        except SpendingLimitReached as exc:  # not an outage: nothing to wait for but the day's end
+            return await self._limited(conversation, turn, io, exc, snapshot(error=str(exc)), started)
         except ModelUnavailable as exc:
             await io.pause_previews()  # the retry's stream takes the shown text over
             return await self._outage(conversation, turn, exc, snapshot(error=str(exc)))
@@ -440,6 +450,25 @@ class TurnRunner:
             return
         await self.llm.capabilities.set(key, "1")
         await self._note(turn, BLIND)
+
+    async def _limited(
+        self, conversation: Conversation, turn: Turn, io: TurnIO, exc: SpendingLimitReached, trace: dict[str, Any],
+        started: float,
+    ) -> Outcome:
+        """A spending limit refused the turn's next request: the turn ends here, done, with what
+        it said delivered as it was. The chat is told which limit and when it resets, once a day
+        per limit (:meth:`SpendingLimits.notice`); a later turn it refuses ends without a word,
+        and so does a scheduled or autonomous one (nobody is waiting for it)."""
+        await io.settle_previews()
+        await self.loop.abandon(io, "a spending limit was reached")
+        log.info("turn %s in %s: %s", turn.id, conversation.key, exc)
+        stop, note = Stop(StopReason.SPENDING_LIMIT), None
+        if turn.entries and turn.entries[0].inbound.source == "chat":
+            spending = self.spending
+            note = await spending.notice(conversation.key, exc) if spending else limit_text(exc, time.time())
+        if note is None:
+            return await self._finish(conversation, turn, trace, "done", stop, started)
+        return await self._end(conversation, turn, trace, "done", stop, note, started)
 
     async def _outage(self, conversation: Conversation, turn: Turn, exc: ModelUnavailable, trace: dict[str, Any]) -> Outcome:
         """The endpoint is down: tell the user once, keep the turn, retry later or give up."""
@@ -511,6 +540,17 @@ class TurnRunner:
         self._metrics.turn_finished(status)
         conversation.turn_done()
         return Finished(status)
+
+
+def turn_scope(conversation: str, entries: list[JournalEntry]) -> dict[str, Any]:
+    """Whom a turn's model requests are for (a :class:`~bumblebot.core.usage.Scope`): its chat
+    and the person it answers, or the scheduled or autonomous work it is (nobody wrote)."""
+    source = entries[-1].inbound.source if entries else "chat"
+    person = source == "chat"
+    return {
+        "conversation": conversation, "sender": entries[-1].inbound.sender_id if person and entries else None,
+        "kind": "turn" if person else source, "background": not person,
+    }
 
 
 @dataclasses.dataclass(slots=True)
