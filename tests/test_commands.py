@@ -24,6 +24,8 @@ def test_only_commands_that_change_a_shared_conversation_are_for_managers():
     assert not needs_manager("nosuch", "/nosuch cancel")
     # /stop depends on who asks (the person answered or a manager), so the adapter finds out
     assert asks_manager("stop", "/stop") and not needs_manager("stop", "/stop")
+    # anyone may run /usage; a manager sees the whole chat's, so the adapter finds out too
+    assert asks_manager("usage", "/usage") and not needs_manager("usage", "/usage")
     assert not asks_manager("status", "/status") and not asks_manager("help", "/help")
     assert all(len(c.line()) <= 100 for c in COMMANDS)  # Discord's limit of a slash description
 

@@ -336,7 +336,7 @@ async def test_text_commands_in_dm_and_guild_and_a_slash_command(tmp_path, llm, 
     judges_say_done(llm)
     add_guild(dc)
     async with bot(dc, config(tmp_path, llm, dc)) as d:
-        assert sorted(c["name"] for c in dc.app_commands[None]) == ["compact", "help", "reset", "status", "stop", "tasks"]
+        assert sorted(c["name"] for c in dc.app_commands[None]) == ["compact", "help", "reset", "status", "stop", "tasks", "usage"]
         await dc.send_dm("/status")
         await dc.wait_for_call("POST", MESSAGES, status=200)
         await dc.send_guild_message("/reset", GUILD_ID, CHANNEL_ID, mention_bot=True)

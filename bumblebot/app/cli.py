@@ -399,6 +399,11 @@ def parser() -> argparse.ArgumentParser:
                        description="Print recent turns: route, steps, tool calls, gate decisions, tokens, why each ended.")
     t.add_argument("--chat", help="conversation key, e.g. telegram:12345")
     t.add_argument("-n", type=_positive, default=10, help="how many turns (default 10)")
+    u = sub.add_parser("usage", parents=[common], help="tokens and cost: totals, top chats, by model and kind",
+                       description="What model requests used and cost (UTC days): totals today, over 7 and 30 days, "
+                       "then the top chats, each model and each kind of request. Safe while the daemon runs.")
+    u.add_argument("--days", type=_positive, default=30, help="the span of the breakdowns, days (default 30)")
+    u.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     b = sub.add_parser("backup", parents=[common], help="copy the database consistently (safe while running)",
                        description="Copy <data_dir>/bumblebot.db with SQLite's online backup, safe while the daemon "
                        "runs, and check the copy. Restore: stop the daemon, put the copy in place of bumblebot.db "
@@ -429,7 +434,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"bumblebot: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        if args.command in ("check", "trace", "backup") and settings.data_dir.is_dir():
+        if args.command in ("check", "trace", "backup", "usage") and settings.data_dir.is_dir():
             # they open the database too (SQLite gives its -wal and -shm the database file's
             # mode, whatever the umask): what an older version left open is closed first
             make_private(settings.data_dir, settings.workspace)
@@ -443,6 +448,10 @@ def _main(argv: list[str] | None) -> int:
             return asyncio.run(run_check(settings, secrets, entity, chat_only=args.chat_only))
         if args.command == "trace":
             return asyncio.run(run_trace(settings, args.chat, args.n))
+        if args.command == "usage":
+            from bumblebot.app.usage import run_usage
+
+            return asyncio.run(run_usage(settings, args.days, args.json))
         if args.command == "backup":
             return run_backup(settings, args.path)
         if args.command == "service":

@@ -25,6 +25,8 @@ class Command:
             cancels the group's task; ``/tasks`` alone only lists them).
         answered_or_managers: in a shared chat only the person being answered and the chat's
             managers may run it (``/stop``: a member must not cut another's answer off).
+        managers_see_more: anyone may run it, but in a shared chat its managers get more
+            (``/usage``: the whole chat's, a member only their own).
         usage: how its arguments are used (``"/tasks cancel ID cancels one"``); ``""`` for none.
         greeting: the platform's own first message (Telegram sends ``/start`` when a person
             opens the chat); a platform without that convention leaves it out of its menu.
@@ -35,6 +37,7 @@ class Command:
     managers_only: bool = False
     managing_args: tuple[str, ...] = ()
     answered_or_managers: bool = False
+    managers_see_more: bool = False
     usage: str = ""
     greeting: bool = False
 
@@ -50,6 +53,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("status", "Context usage and compaction"),
     Command("compact", "Compact the conversation now", managers_only=True),
     Command("tasks", "Scheduled tasks here", managing_args=("cancel",), usage="/tasks cancel ID cancels one"),
+    Command("usage", "Tokens and cost used here", managers_see_more=True),
     Command("help", "What I can do"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}
@@ -70,9 +74,12 @@ def needs_manager(name: str, text: str = "") -> bool:
 
 def asks_manager(name: str, text: str = "") -> bool:
     """Whether running ``/name`` in a shared chat depends on whether its sender manages the chat
-    (:func:`needs_manager`, or :attr:`~Command.answered_or_managers`): the adapter then finds out."""
+    (:func:`needs_manager`, :attr:`~Command.answered_or_managers` or
+    :attr:`~Command.managers_see_more`): the adapter then finds out."""
     command = BY_NAME.get(name)
-    return needs_manager(name, text) or (command is not None and command.answered_or_managers)
+    return needs_manager(name, text) or (
+        command is not None and (command.answered_or_managers or command.managers_see_more)
+    )
 
 
 def help_text() -> str:

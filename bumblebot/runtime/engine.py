@@ -40,6 +40,7 @@ from bumblebot.runtime.actor import ConversationActor, Progress
 from bumblebot.runtime.conversation import Conversation
 from bumblebot.runtime.runner import TurnRunner
 from bumblebot.runtime.scheduler import Scheduler, TaskError
+from bumblebot.runtime.usage_report import UsageReport
 from bumblebot.store import JournalEntry, Pruned, Store
 
 log = logging.getLogger(__name__)
@@ -486,7 +487,7 @@ class Engine:
         self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None, manager: bool = False
     ) -> str | None:
         """Answer a command (``/start``, ``/stop``, ``/reset``, ``/status``, ``/compact``, ``/help``,
-        ``/tasks``; the arguments, like ``/tasks cancel 3``, are read from ``inbound.text``).
+        ``/tasks``, ``/usage``; the arguments, like ``/tasks cancel 3``, are read from ``inbound.text``).
 
         ``/stop`` is handled here, outside the conversation's actor: it cancels the turn running
         there (its model call is aborted; see ``TurnRunner``), whatever the turn is waiting on.
@@ -518,7 +519,7 @@ class Engine:
         handlers = {
             "start": self._start_command, "help": self._help_command, "tasks": self._tasks_command,
             "stop": self._stop_command, "reset": self._reset_command, "status": self._status_command,
-            "compact": self._compact_command,
+            "compact": self._compact_command, "usage": UsageReport(self._store).command,
         }
         if set(handlers) != set(BY_NAME):  # a command added to the table needs its handler here
             raise RuntimeError(f"commands without a handler or entry: {sorted(set(handlers) ^ set(BY_NAME))}")
@@ -554,7 +555,6 @@ class Engine:
 
         actor.schedule(job)  # in the actor, between turns; intake is not held up meanwhile
         return "Compacting this conversation; I'll report when it's done."
-
 
     async def _tasks_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
         """``/tasks`` lists the conversation's tasks; ``/tasks cancel ID`` cancels one."""
