@@ -58,7 +58,7 @@ from bumblebot.core.settings import (
 )
 from bumblebot.core.toolkit import SCHEMA_LEVELS, Toolbox
 from bumblebot.delivery import Delivery
-from bumblebot.llm import LLM
+from bumblebot.llm import Endpoints
 from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
 from bumblebot.runtime.conversation import Conversation, Session, Turn
 from bumblebot.runtime.io import TurnIO, drop_open_streams
@@ -106,7 +106,7 @@ class TurnRunner:
         cognition: the ``cognition`` settings.
         engine: the ``engine`` settings (typing refresh, outage limit).
         prompts: the system prompt and ``[Turn context]``.
-        llm: the endpoint (the router's classifier; model names).
+        llm: the endpoints (the router's classifier; model names).
         loop: the agent loop.
         compactor: compaction before requests; ``None`` disables it.
         delivery: the outbox and the typing indicator.
@@ -130,7 +130,7 @@ class TurnRunner:
         cognition: CognitionSettings,
         engine: EngineSettings,
         prompts: PromptBuilder,
-        llm: LLM,
+        llm: Endpoints,
         loop: AgentLoop,
         compactor: Compactor | None,
         delivery: Delivery,
