@@ -16,6 +16,9 @@ from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI, Reply, is_loop, text, tool_calls
 from support import db, judges_say_done, loop_requests, say
 
+from bumblebot.app.check import check_all
+from bumblebot.core.config import Secrets, load_settings
+from bumblebot.core.entity import load_entity
 from bumblebot.core.errors import ModelUnavailable
 from bumblebot.core.settings import FallbackSettings, LLMSettings, ThinkingSettings
 from bumblebot.llm import Endpoints, build_endpoints
@@ -284,3 +287,30 @@ def test_a_fallback_inherits_what_it_leaves_unset_from_the_primary():
     with pytest.raises(ValueError, match="api_key_env"):
         FallbackSettings(base_url="http://127.0.0.1:9/v1", api_key_env="sk-a key itself")
 
+
+# -- bumblebot check -----------------------------------------------------------------------------
+
+
+async def test_check_lists_each_endpoint_with_what_it_found(tmp_path, llm, fallback, capsys, monkeypatch):
+    monkeypatch.setenv("FALLBACK_API_KEY", FALLBACK_KEY)
+    ping = tool_calls(("ping", {}))
+    llm.default = lambda r: ping if "tools" in r else text("ok")
+    fallback.default = lambda r: ping if "tools" in r else text("ok")
+    config = write_config(tmp_path, llm, None, llm={"fallbacks": [
+        {"base_url": fallback.base_url, "model": "big-fallback", "api_key_env": "FALLBACK_API_KEY", "tool_choice": "auto"},
+        {"base_url": "http://127.0.0.1:9/v1", "api_key_env": "UNSET_FALLBACK_KEY"},
+    ]})
+    settings = load_settings(config)
+    problems = await check_all(settings, Secrets(OPENAI_API_KEY="sk-test"), load_entity(settings.entity), chat_only=True)
+    out = capsys.readouterr().out
+    assert problems == ["fallback 2"]
+    assert f"[ok] model test-model: answered at {llm.base_url}" in out
+    assert f"[ok] fallback 1: {fallback.base_url} (key from FALLBACK_API_KEY)" in out
+    assert f"[ok] fallback 1 model big-fallback: answered at {fallback.base_url}" in out
+    assert "[ok] fallback 1 tool calls: big-fallback called a tool, with tool_choice=auto" in out
+    # regression: an endpoint configured with tool_choice auto was said to have refused "required"
+    assert "[ok] fallback 1 tool forcing: auto (llm.tool_choice in the config; never forced)\n" in out
+    assert "[ok] tool forcing: required" in out
+    assert "[FAIL] fallback 2: UNSET_FALLBACK_KEY (llm.fallbacks[1].api_key_env) is not set" in out
+    assert FALLBACK_KEY not in out
+    assert {r.headers["Authorization"] for r in fallback.request_log} == {f"Bearer {FALLBACK_KEY}"}
