@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bumblebot.core.config import Secrets, effective_base_url, find_config, load_settings
+from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets, find_config, load_secrets, load_settings
 from bumblebot.core.entity import load_entity
 from bumblebot.core.errors import ConfigError
 
@@ -76,6 +76,22 @@ def test_secrets_come_from_env_and_dotenv_and_are_not_shown(tmp_path, monkeypatc
     assert secrets.telegram_bot_token.get_secret_value() == "123:abc-from-dotenv"
     assert "abc-from-dotenv" not in repr(secrets)
     assert effective_base_url(load_settings(None), secrets) == "http://127.0.0.1:9/v1"
+
+
+def test_a_fallback_key_comes_from_the_variable_its_config_names_in_env_or_dotenv(tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text("ROUTER_KEY=sk-router-from-dotenv-0001\nOTHER_KEY=sk-other-from-dotenv-0002\n")
+    (tmp_path / "bumblebot.yaml").write_text(
+        "llm:\n  fallbacks:\n    - {base_url: 'http://127.0.0.1:9/v1', api_key_env: ROUTER_KEY}\n"
+        "    - {base_url: 'http://127.0.0.1:10/v1', api_key_env: OTHER_KEY}\n"
+        "    - {base_url: 'http://127.0.0.1:11/v1', api_key_env: MISSING_KEY}\n"
+    )
+    monkeypatch.setenv("OTHER_KEY", "sk-other-from-the-environment-0003")  # the environment wins
+    settings = load_settings(tmp_path / "bumblebot.yaml")
+    secrets = load_secrets(path=tmp_path / ".env")
+    assert secrets.named("ROUTER_KEY") == "sk-router-from-dotenv-0001" and secrets.named("MISSING_KEY") is None
+    assert endpoint_secrets(settings, secrets) == ["sk-router-from-dotenv-0001", "sk-other-from-the-environment-0003"]
+    assert "sk-router" not in repr(secrets)
+    assert endpoint_secrets(settings, load_secrets(read_dotenv=False)) == ["sk-other-from-the-environment-0003"]
 
 
 def test_entity_errors_name_the_entity_file(tmp_path):

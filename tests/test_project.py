@@ -33,10 +33,15 @@ TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .
 
 
 def _config_keys() -> list[tuple[str, Any]]:
-    """Every leaf key of :class:`Settings`, and those of one MCP server (``mcp.servers.<name>.…``)."""
+    """Every leaf key of :class:`Settings`, and those of one MCP server (``mcp.servers.<name>.…``)
+    and of one fallback endpoint (``llm.fallbacks[].…``)."""
     from bumblebot.core.mcp_settings import MCPServerSettings
+    from bumblebot.core.settings import FallbackSettings
 
-    return _leaf_fields(Settings) + _leaf_fields(MCPServerSettings, "mcp.servers.<name>.")
+    return (
+        _leaf_fields(Settings) + _leaf_fields(MCPServerSettings, "mcp.servers.<name>.")
+        + _leaf_fields(FallbackSettings, "llm.fallbacks[].")
+    )
 
 
 def _documented_defaults(doc: str) -> dict[str, list[str]]:

@@ -1,4 +1,5 @@
-"""Running a turn (bumblebot/runtime/runner.py): the fixed part of every request, and a turn the model fails."""
+"""Running a turn (bumblebot/runtime/runner.py): the fixed part of every request, a turn the model
+fails, and the model of a scheduled turn."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sqlite3
 
 from conftest import running, write_config
 from fakes.openai_server import error, is_loop, tool_calls
-from support import Gate, judges_say_done
+from support import Gate, contents, judges_say_done, loop_requests, say
 
 from bumblebot.core.messages import estimate_text_tokens, estimate_tools
 
@@ -45,3 +46,26 @@ async def test_mid_turn_message_is_kept_when_the_model_then_fails(tmp_path, llm,
     assert roles == ["user", "assistant", "tool", "user", "assistant"]  # partial turn + the note
     assert "refused the request (400)" in tg.sent(3)[0]
     assert db.execute("SELECT DISTINCT status FROM journal").fetchall() == [("failed",)]
+
+
+async def test_a_scheduled_task_runs_on_the_background_model_and_a_chat_on_the_usual_ones(tmp_path, llm, tg):
+    judges_say_done(llm)
+
+    def scheduled(request: dict) -> bool:
+        return is_loop(request) and "[Scheduled task #" in contents(request)
+
+    llm.push(tool_calls(("schedule_task", {"when": "in 1 seconds", "task": "Remind the user to drink water."})),
+             when=lambda r: is_loop(r) and not scheduled(r))
+    llm.push(say("Reminder set."), when=lambda r: is_loop(r) and not scheduled(r))
+    llm.push(say("Time for some water!"), when=scheduled)
+    config = write_config(tmp_path, llm, tg, llm={"background_model": "cheap-model"})
+    async with running(config) as d:
+        tg.push_text("remind me in a second to drink water, please", chat_id=7)
+        await tg.wait_for("sendMessage", n=2, timeout=10)  # the second message is the task's
+        await d.engine.wait_for_turns(2)
+        chat, task = [t["trace"] for t in reversed(await d.store.recent_turns(limit=2))]
+    assert tg.sent(7) == ["Reminder set.", "Time for some water!"]
+    assert {r["model"] for r in loop_requests(llm) if scheduled(r)} == {"cheap-model"}
+    assert {r["model"] for r in loop_requests(llm) if not scheduled(r)} <= {"test-model", "reflex-model"}
+    assert task["model"] == "cheap-model" and {s["model"] for s in task["steps"]} == {"cheap-model"}
+    assert chat["model"] in ("test-model", "reflex-model")

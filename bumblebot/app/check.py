@@ -1,4 +1,5 @@
-"""``bumblebot check``: validate the config, then try the endpoint and each enabled platform.
+"""``bumblebot check``: validate the config, then try each model endpoint (the primary and each
+of ``llm.fallbacks``) and each enabled platform.
 
 Prints one line per check (``ok`` or what is wrong and how to fix it). Secrets are never
 printed. It also says which tool forcing the daemon uses with this endpoint and why
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -28,6 +30,7 @@ from bumblebot.llm import (
     tool_choice_key,
     vision_key,
 )
+from bumblebot.llm.failover import fallback_settings
 from bumblebot.runtime.limits import check_lines as limits_lines
 from bumblebot.store import Store
 
@@ -60,61 +63,8 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     except OSError as exc:
         fail("data_dir", f"{settings.data_dir} is not writable ({exc.strerror}); change data_dir")
     base_url = effective_base_url(settings, secrets)
-    llm = LLM(
-        settings.llm,
-        base_url=base_url,
-        api_key=secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None,
-    )
-    forcing, fallback = await forcing_mode(settings, base_url)
-    remembered_whole = await _stored_kv(settings, stream_key(base_url))
-    forced_now = probe_ran = False
-    try:
-        for model in dict.fromkeys([llm.model, llm.reflex_model]):
-            await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
-            _line(True, f"model {model}", f"answered at {base_url}")
-        streams = settings.delivery.streaming == "on"
-        probe = await llm.complete(
-            [{"role": "user", "content": "Call the ping tool now."}],
-            max_tokens=64,
-            tools=[PING_TOOL],
-            on_say=(lambda index, text: None) if streams else None,  # streamed, as turns are
-        )
-        forced_now = probe.tool_choice == "required"
-        probe_ran = True
-        if not streams:
-            streaming = "off (delivery.streaming)"
-        elif remembered_whole:
-            why = _reason(remembered_whole)
-            streaming = f"whole messages: the daemon remembers that this endpoint could not stream ({why}); it tries again 24 h after that"
-            if probe.streamed:
-                streaming += "; it streamed just now, so the next try will switch streaming back on"
-        elif probe.streamed:
-            streaming = "on: the endpoint streams tool calls"
-        else:
-            why = await llm.stream_fallback() or "the endpoint did not stream"
-            streaming = f"whole messages: {why}"
-        if probe.tool_calls:
-            how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
-            _line(True, "tool calls", f"{llm.model} called a tool, {how}")
-        else:
-            fail("tool calls", f"{llm.model} answered without calling a tool; use a model/server with tool "
-                 "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
-    except ModelError as exc:
-        hint = "check llm.base_url / OPENAI_BASE_URL, OPENAI_API_KEY and llm.model"
-        fail("model endpoint", f"{base_url}/chat/completions: {exc} ({hint})")
-    finally:
-        await llm.aclose()
-    if fallback is not None and forced_now:
-        forcing += "; the endpoint accepts tool_choice=required now, so the daemon switches back at its next re-try"
-    elif fallback is None and not forced_now and probe_ran:
-        # what the daemon remembers says "required", but this endpoint just refused it
-        forcing = ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
-                   "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
-    _line(True, "tool forcing", forcing)
-    if probe_ran:
-        _line(True, "streaming", streaming)
-    _line(True, "images", await _images_line(settings, base_url, llm.model))
-    _line(True, "thinking", await _thinking_line(settings, base_url, llm.model))
+    for name, own, url, api_key in _endpoints(settings, secrets, fail):
+        await _check_endpoint(own, url, api_key, fail, name)
     stt = settings.llm.transcription_base_url or base_url
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
@@ -187,6 +137,87 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     if not problems:
         print("all checks passed")
     return problems
+
+
+def _endpoints(
+    settings: Settings, secrets: Secrets, fail: Callable[[str, str], None]
+) -> Iterator[tuple[str, Settings, str, str | None]]:
+    """The endpoints to probe: ``(name, settings with its own llm section, base URL, key)``,
+    the primary (named ``""``) and each fallback (``fallback 1`` …), named as it comes (one
+    whose key is not set fails instead)."""
+    primary = secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None
+    yield "", settings, effective_base_url(settings, secrets), primary
+    for number, fallback in enumerate(settings.llm.fallbacks, 1):
+        name, where = f"fallback {number}", f"llm.fallbacks[{number - 1}]"
+        key = secrets.named(fallback.api_key_env) if fallback.api_key_env else None
+        if fallback.api_key_env and key is None:
+            fail(name, f"{fallback.api_key_env} ({where}.api_key_env) is not set in the environment or .env")
+            continue
+        how = f"key from {fallback.api_key_env}" if fallback.api_key_env else "no key"
+        _line(True, name, f"{fallback.base_url} ({how}); tried when the endpoints before it are down")
+        own = settings.model_copy(update={"llm": fallback_settings(settings.llm, fallback)})
+        yield name, own, str(fallback.base_url), key
+
+
+async def _check_endpoint(
+    settings: Settings, base_url: str, api_key: str | None, fail: Callable[[str, str], None], name: str = ""
+) -> None:
+    """Probe one endpoint (``settings.llm`` is its own section): each model answers, a tool is
+    called (streamed, as turns are), and what the daemon remembers of it; each line's ``what``
+    starts with ``name`` (a fallback's)."""
+    prefix = f"{name} " if name else ""
+    llm = LLM(settings.llm, base_url=base_url, api_key=api_key)
+    forcing, fallback = await forcing_mode(settings, base_url)
+    remembered_whole = await _stored_kv(settings, stream_key(base_url))
+    forced_now = probe_ran = False
+    try:
+        for model in dict.fromkeys([llm.model, llm.reflex_model]):
+            await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
+            _line(True, f"{prefix}model {model}", f"answered at {base_url}")
+        streams = settings.delivery.streaming == "on"
+        probe = await llm.complete(
+            [{"role": "user", "content": "Call the ping tool now."}],
+            max_tokens=64,
+            tools=[PING_TOOL],
+            on_say=(lambda index, text: None) if streams else None,  # streamed, as turns are
+        )
+        forced_now = probe.tool_choice == "required"
+        probe_ran = True
+        if not streams:
+            streaming = "off (delivery.streaming)"
+        elif remembered_whole:
+            why = _reason(remembered_whole)
+            streaming = f"whole messages: the daemon remembers that this endpoint could not stream ({why}); it tries again 24 h after that"
+            if probe.streamed:
+                streaming += "; it streamed just now, so the next try will switch streaming back on"
+        elif probe.streamed:
+            streaming = "on: the endpoint streams tool calls"
+        else:
+            why = await llm.stream_fallback() or "the endpoint did not stream"
+            streaming = f"whole messages: {why}"
+        if probe.tool_calls:
+            how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
+            _line(True, f"{prefix}tool calls", f"{llm.model} called a tool, {how}")
+        else:
+            fail(f"{prefix}tool calls", f"{llm.model} answered without calling a tool; use a model/server with tool "
+                 "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
+    except ModelError as exc:
+        hint = "check its base_url, api_key_env and model in llm.fallbacks" if name else \
+            "check llm.base_url / OPENAI_BASE_URL, OPENAI_API_KEY and llm.model"
+        fail(f"{prefix}model endpoint", f"{base_url}/chat/completions: {exc} ({hint})")
+    finally:
+        await llm.aclose()
+    if fallback is not None and forced_now:
+        forcing += "; the endpoint accepts tool_choice=required now, so the daemon switches back at its next re-try"
+    elif fallback is None and not forced_now and probe_ran and settings.llm.tool_choice == "required":
+        # what the daemon remembers says "required", but this endpoint just refused it
+        forcing = ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
+                   "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
+    _line(True, f"{prefix}tool forcing", forcing)
+    if probe_ran:
+        _line(True, f"{prefix}streaming", streaming)
+    _line(True, f"{prefix}images", await _images_line(settings, base_url, llm.model))
+    _line(True, f"{prefix}thinking", await _thinking_line(settings, base_url, llm.model))
 
 
 def tool_access_lines(settings: Settings) -> list[tuple[str, str]]:

@@ -39,6 +39,7 @@ from bumblebot.core.config import (
     Secrets,
     apply_dotenv,
     dotenv_unreadable,
+    endpoint_secrets,
     find_config,
     load_secrets,
     load_settings,
@@ -111,7 +112,9 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
         from bumblebot.app.daemon import mcp_environ
         from bumblebot.core.mcp_settings import secret_values as mcp_secret_values
 
-        hidden = secrets.values() + mcp_secret_values(settings.mcp, mcp_environ(dotenv))
+        hidden = [
+            *secrets.values(), *endpoint_secrets(settings, secrets), *mcp_secret_values(settings.mcp, mcp_environ(dotenv))
+        ]
         setup_logging(settings.log_level, hidden, fmt=settings.log_format, file=log_file)
     except OSError as exc:
         raise ConfigError(
@@ -345,10 +348,11 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
                     else f"{c['name']}{'' if c.get('ok', True) else '!'}({c.get('seconds', 0)}s)"
                     for c in step["tool_calls"]
                 )
+                where = f" model={step['model']} at {step['endpoint']}" if step.get("endpoint") else ""
                 print(
                     f"  step {step['step']}: finish={step['finish_reason']} prompt_tokens={step['prompt_tokens']}"
                     f" (estimate {step['estimate']}) completion_tokens={step.get('completion_tokens')}"
-                    f" tool_choice={step.get('tool_choice')}"
+                    f" tool_choice={step.get('tool_choice')}{where}"
                     f" tools=[{calls}]"
                 )
             for g in t.get("gate", []):

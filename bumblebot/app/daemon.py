@@ -29,7 +29,7 @@ from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.loop import AgentLoop
 from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.core.adapter import Adapter
-from bumblebot.core.config import Secrets, dotenv_unreadable, effective_base_url
+from bumblebot.core.config import Secrets, dotenv_unreadable, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ConfigError, DataDirInUse
 from bumblebot.core.logs import redact_values
@@ -39,7 +39,7 @@ from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.settings import Settings
 from bumblebot.core.toolkit import ToolContext
 from bumblebot.delivery import Delivery
-from bumblebot.llm import LLM, CapabilityMemory
+from bumblebot.llm import CapabilityMemory, Endpoints, build_endpoints
 from bumblebot.llm.speech import Speech
 from bumblebot.media import MediaFiles, MediaIntake
 from bumblebot.runtime.engine import Engine
@@ -204,11 +204,13 @@ class Daemon:
         self.settings, self.secrets, self.entity = settings, secrets, entity
         self.pace = pace
         #: the secrets no chat and nothing stored may hold (the store and delivery apply it)
-        self.redactor = Redactor(secrets.values() + mcp_secret_values(settings.mcp, mcp_environ()))
+        self.redactor = Redactor(
+            secrets.values() + endpoint_secrets(settings, secrets) + mcp_secret_values(settings.mcp, mcp_environ())
+        )
         self.store = Store(settings.db_path, redactor=self.redactor)
         self._umask: int | None = None  # the process umask before :meth:`open`, restored at stop
         self.engine: Engine | None = None
-        self.llm: LLM | None = None
+        self.llm: Endpoints | None = None
         self.speech: Speech | None = None
         self.mcp: MCPManager | None = None
         self.mcp_tools: Any = None
@@ -249,10 +251,11 @@ class Daemon:
         self.metrics = metrics = Metrics() if settings.metrics.listen else NO_METRICS
         base_url = effective_base_url(settings, self.secrets)
         self.spending = SpendingLimits(settings.limits, store)  # checked before each model request
-        self.llm = llm = LLM(
+        self.llm = llm = build_endpoints(
             settings.llm,
             base_url=base_url,
             api_key=self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None,
+            key_of=self.secrets.named,
             capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv),
             metrics=metrics,
             meter=LimitsMeter(self.spending),
@@ -323,7 +326,9 @@ class Daemon:
             gate=CompletionGate(judge),
             tool_context=ToolContext(workspace=settings.workspace.resolve(), data_dir=settings.data_dir),
         )
-        secrets = self.secrets.values() + mcp_secret_values(settings.mcp, environ)
+        secrets = [
+            *self.secrets.values(), *endpoint_secrets(settings, self.secrets), *mcp_secret_values(settings.mcp, environ)
+        ]
         return TurnRunner(
             cognition=cognition,
             engine=settings.engine,

@@ -32,7 +32,7 @@ from bumblebot.cognition.history import History, Transcript
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.core.messages import Message
 from bumblebot.core.settings import HistoryCompression
-from bumblebot.llm import LLM
+from bumblebot.llm import Endpoints
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Compactor:
         budget: the window and threshold in estimated tokens (learned scale applied).
     """
 
-    def __init__(self, settings: HistoryCompression, llm: LLM, memory: Memory, budget: ContextBudget) -> None:
+    def __init__(self, settings: HistoryCompression, llm: Endpoints, memory: Memory, budget: ContextBudget) -> None:
         self.cfg = settings
         self.llm = llm
         self.memory = memory

@@ -92,7 +92,7 @@ from bumblebot.core.errors import ContextTooLong
 from bumblebot.core.events import blank, storable_text
 from bumblebot.core.messages import Message
 from bumblebot.core.toolkit import Toolbox, ToolContext, ToolKind, ToolResult
-from bumblebot.llm import LLM, Completion, SayListener
+from bumblebot.llm import Completion, Endpoints, SayListener
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ log = logging.getLogger(__name__)
 class AgentLoop:
     """Runs one turn. Collaborators come in through the constructor."""
 
-    def __init__(self, *, llm: LLM, toolbox: Toolbox, gate: CompletionGate, tool_context: ToolContext) -> None:
+    def __init__(self, *, llm: Endpoints, toolbox: Toolbox, gate: CompletionGate, tool_context: ToolContext) -> None:
         self.llm = llm
         self.toolbox = toolbox
         self.calls = Calls(toolbox)
@@ -255,6 +255,8 @@ class AgentLoop:
             completion_tokens=completion.completion_tokens,
             estimate=estimate,
             tool_choice=completion.tool_choice,
+            endpoint=completion.endpoint,
+            model=completion.model,
         )
         await run.port.answered()
         await run.requests.observe_usage(completion.prompt_tokens, estimate)
@@ -266,6 +268,7 @@ class AgentLoop:
             run.stream.reset()
             completion = await unless_stopped(stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener))
             step.finish_reason, step.escalated = completion.finish_reason, True
+            step.endpoint, step.model = completion.endpoint, completion.model
             step.completion_tokens = completion.completion_tokens
         run.trace.steps.append(step.as_dict())
         run.hit_length = completion.hit_length

@@ -88,6 +88,9 @@ class StepTrace:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | None = None
     escalated: bool = False
+    #: the endpoint (base URL) that answered, and its model (a fallback's, when it answered)
+    endpoint: str | None = None
+    model: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}

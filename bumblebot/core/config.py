@@ -8,7 +8,8 @@ directory (or the working directory when there is no file).
 
 Secrets never live in the YAML file: they come from the environment or a ``.env`` file next to
 the working directory, under their usual names (``TELEGRAM_BOT_TOKEN``, ``DISCORD_BOT_TOKEN``,
-``OPENAI_API_KEY``, ``OPENAI_BASE_URL``).
+``OPENAI_API_KEY``, ``OPENAI_BASE_URL``); a fallback endpoint's key under the name its
+``api_key_env`` gives (:meth:`Secrets.named`).
 
 Raises:
     ConfigError: from :func:`load_settings`, naming the file, the key and what was expected.
@@ -16,6 +17,7 @@ Raises:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -25,6 +27,7 @@ import yaml
 from pydantic import (
     BaseModel,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
 )
@@ -48,6 +51,18 @@ class Secrets(BaseSettings):
     openai_api_key: SecretStr | None = Field(None, validation_alias="OPENAI_API_KEY")
     openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")
 
+    _dotenv: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        # the .env this was read from, kept for the names only the config knows (named())
+        env_file = values.get("_env_file", self.model_config.get("env_file"))
+        if isinstance(env_file, str | os.PathLike) and Path(env_file).is_file():
+            from dotenv import dotenv_values
+
+            with contextlib.suppress(OSError):
+                self._dotenv = {k: v for k, v in dotenv_values(env_file).items() if v is not None}
+
     def values(self) -> list[str]:
         """Every secret value that is set (for log redaction)."""
         out = []
@@ -55,6 +70,18 @@ class Secrets(BaseSettings):
             if v is not None and v.get_secret_value():
                 out.append(v.get_secret_value())
         return out
+
+    def named(self, name: str) -> str | None:
+        """The secret in the environment variable ``name``, else on the line ``name=`` of the
+        ``.env`` this was read from (a fallback endpoint's ``api_key_env``); ``None``: unset."""
+        return os.environ.get(name) or self._dotenv.get(name) or None
+
+
+def endpoint_secrets(settings: Settings, secrets: Secrets) -> list[str]:
+    """The keys of the fallback endpoints (``llm.fallbacks[].api_key_env``) that are set: secrets
+    no log, chat or stored text may hold."""
+    names = [f.api_key_env for f in settings.llm.fallbacks if f.api_key_env]
+    return [value for name in names if (value := secrets.named(name))]
 
 
 def apply_dotenv(path: Path = Path(".env")) -> list[str]:

@@ -54,6 +54,48 @@ class ThinkingSettings(_Section):
         return _off_is_text(value)
 
 
+class FallbackSettings(_Section):
+    """One endpoint of ``llm.fallbacks``, tried when the ones before it are down. A key left
+    unset (null) is the primary's (``llm.<key>``), but for the models and the API key."""
+
+    base_url: str | None = Field(None, description="endpoint base URL (required)")
+    model: str | None = Field(
+        None, description="model answering what llm.model (and llm.background_model) would; default: llm.model"
+    )
+    reflex_model: str | None = Field(
+        None, description="model answering what llm.reflex_model would; default: this fallback's model"
+    )
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="NAME of the environment variable (or .env line) holding this endpoint's key, e.g. "
+        "OPENROUTER_API_KEY; never the key itself; null: no key (the primary's is never sent elsewhere)",
+    )
+    timeout_s: float | None = Field(None, gt=0, description="per-request timeout, seconds; default: llm.timeout_s")
+    max_retries: int | None = Field(
+        None, ge=0, le=10,
+        description="client retries; used by the last endpoint only (the others fail over at once); "
+        "default: llm.max_retries",
+    )
+    tool_choice: Literal["required", "auto"] | None = Field(None, description="tool forcing; default: llm.tool_choice")
+    thinking: ThinkingSettings | None = Field(None, description="thinking control; default: llm.thinking")
+    max_concurrent_requests: int | None = Field(
+        None, ge=1, description="requests in flight to this endpoint at once; default: llm.max_concurrent_requests"
+    )
+    vision: Literal["auto", "on", "off"] | None = Field(None, description="send images; default: llm.vision")
+
+    @field_validator("vision", mode="before")
+    @classmethod
+    def _vision_on_off(cls, value: Any) -> Any:
+        return _on_off(value)
+
+    @model_validator(mode="after")
+    def _has_base_url(self) -> FallbackSettings:
+        if not (self.base_url or "").strip():
+            raise ValueError("a fallback endpoint needs its base_url")
+        return self
+
+
 class LLMSettings(_Section):
     """The OpenAI-compatible chat-completions endpoint."""
 
@@ -65,7 +107,10 @@ class LLMSettings(_Section):
         None, description="model for reflex turns, the classifier and judges; default: model"
     )
     timeout_s: float = Field(60.0, gt=0, description="per-request timeout, seconds")
-    max_retries: int = Field(2, ge=0, le=10, description="client retries on 429/5xx/network errors")
+    max_retries: int = Field(
+        2, ge=0, le=10,
+        description="client retries on 429/5xx/network errors; with llm.fallbacks only the last endpoint retries",
+    )
     temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of turns")
     tool_choice: Literal["required", "auto"] = Field(
         "required",
@@ -88,6 +133,16 @@ class LLMSettings(_Section):
     )
     transcription_base_url: str | None = Field(
         None, description="base URL of the transcription endpoint (a local whisper server); default: base_url"
+    )
+    background_model: str | None = Field(
+        None,
+        description="model (on this endpoint) of the steps of automations and autonomous turns; their "
+        "judges and summaries keep the usual models; default: the usual models",
+    )
+    fallbacks: list[FallbackSettings] = Field(
+        default_factory=list,
+        description="endpoints tried in order when the one before is down (429, 5xx, a timeout, "
+        "unreachable); see docs/models.md, Fallback endpoints",
     )
 
     @field_validator("vision", mode="before")

@@ -10,6 +10,7 @@ from bumblebot.llm.capabilities import (
 )
 from bumblebot.llm.client import LLM
 from bumblebot.llm.completion import Completion, ToolCall
+from bumblebot.llm.failover import Endpoints, build_endpoints
 from bumblebot.llm.forcing import FORCING_RETRY_S, ForcingFallback
 from bumblebot.llm.images import IMAGE_NOT_SHOWN, has_images, without_images
 from bumblebot.llm.stream import SayListener
@@ -17,6 +18,6 @@ from bumblebot.llm.thinking import THINKING_RETRY_S
 
 __all__ = [
     "FORCING_RETRY_S", "IMAGE_NOT_SHOWN", "LLM", "THINKING_RETRY_S", "CapabilityMemory", "Completion",
-    "ForcingFallback", "SayListener", "ToolCall", "has_images", "stream_key", "thinking_key", "tool_choice_key",
-    "vision_key", "without_images",
+    "Endpoints", "ForcingFallback", "SayListener", "ToolCall", "build_endpoints", "has_images", "stream_key",
+    "thinking_key", "tool_choice_key", "vision_key", "without_images",
 ]

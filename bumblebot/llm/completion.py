@@ -76,6 +76,9 @@ class Completion:
         prompt_tokens: ``usage.prompt_tokens`` as reported, ``None`` if the server sent none.
         completion_tokens: ``usage.completion_tokens`` as reported.
         tool_choice: the tool_choice actually used (``"required"``, ``"auto"`` or ``None``).
+        endpoint: the base URL of the endpoint that answered (set by
+            :class:`~bumblebot.llm.failover.Endpoints`), ``None`` when not told.
+        model: the model that answered there.
     """
 
     content: str
@@ -85,6 +88,8 @@ class Completion:
     completion_tokens: int | None = None
     tool_choice: str | None = None
     streamed: bool = False
+    endpoint: str | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", storable_text(self.content))

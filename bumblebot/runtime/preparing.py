@@ -21,7 +21,7 @@ from bumblebot.cognition.router import (
 )
 from bumblebot.core.settings import CognitionSettings, EngineSettings
 from bumblebot.delivery import Delivery
-from bumblebot.llm import LLM
+from bumblebot.llm import Endpoints
 from bumblebot.media import MediaIntake, MediaUnavailable, prepared
 from bumblebot.runtime.conversation import Conversation, Turn, merge_text
 from bumblebot.runtime.outage import OUTAGE_RETRY_MAX_S, OutageWatch, outage_delay_s
@@ -59,7 +59,7 @@ class TurnPreparer:
     """
 
     def __init__(
-        self, *, cognition: CognitionSettings, engine: EngineSettings, prompts: PromptBuilder, llm: LLM,
+        self, *, cognition: CognitionSettings, engine: EngineSettings, prompts: PromptBuilder, llm: Endpoints,
         delivery: Delivery, window: ContextBudget, outages: OutageWatch, redact: Callable[[Any], Any],
         media: MediaIntake | None = None, tasks: Scheduler | None = None,
     ) -> None:

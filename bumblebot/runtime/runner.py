@@ -59,7 +59,7 @@ from bumblebot.core.settings import (
 from bumblebot.core.toolkit import SCHEMA_LEVELS, Toolbox
 from bumblebot.core.usage import current_scope, scoped
 from bumblebot.delivery import Delivery
-from bumblebot.llm import LLM
+from bumblebot.llm import Endpoints
 from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
 from bumblebot.runtime.conversation import Conversation, Session, Turn
 from bumblebot.runtime.io import TurnIO, drop_open_streams
@@ -108,7 +108,7 @@ class TurnRunner:
         cognition: the ``cognition`` settings.
         engine: the ``engine`` settings (typing refresh, outage limit).
         prompts: the system prompt and ``[Turn context]``.
-        llm: the endpoint (the router's classifier; model names).
+        llm: the endpoints (the router's classifier; model names, ``llm.background_model``).
         loop: the agent loop.
         compactor: compaction before requests; ``None`` disables it.
         delivery: the outbox and the typing indicator.
@@ -134,7 +134,7 @@ class TurnRunner:
         cognition: CognitionSettings,
         engine: EngineSettings,
         prompts: PromptBuilder,
-        llm: LLM,
+        llm: Endpoints,
         loop: AgentLoop,
         compactor: Compactor | None,
         delivery: Delivery,
@@ -362,12 +362,19 @@ class TurnRunner:
             max_tokens=min(cap, cfg.reflex_max_tokens) if reflex else deliberate,
             max_messages=cfg.max_messages_per_turn,
             escalate_tokens=deliberate if reflex else None,
-            model=self.llm.reflex_model if reflex else self.llm.model,
+            model=self._model(reflex, source),
             thinking=not reflex,
             tool_timeout_s=cfg.tool_timeout_s,
             max_tool_result_chars=self.budget.share_chars(cfg.max_tool_result_share),
             silent_ok=source != "chat",
         )
+
+    def _model(self, reflex: bool, source: str) -> str:
+        """The model of a turn's steps: ``llm.background_model`` for a scheduled or autonomous
+        turn when one is set, else the route's."""
+        if source != "chat" and self.llm.background_model:
+            return self.llm.background_model
+        return self.llm.reflex_model if reflex else self.llm.model
 
     async def _drive(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
         """Run the loop on ``turn`` until it finishes or the endpoint fails."""

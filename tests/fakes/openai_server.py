@@ -27,6 +27,10 @@ nothing arrives but a finish reason, as llama-cpp-python streams function calls)
 ``stream_error_after`` (an ``{"error": …}`` event after that many chunks, as OpenRouter sends
 when a provider fails mid-stream) and ``stream_truncated`` (the body ends after half the
 chunks, with no finish reason and no ``[DONE]``).
+``fail_completions(status, times=None, retry_after=None)`` answers the next ``times``
+chat-completions requests (every one until ``stop_failing()`` when ``None``) with ``status``
+and an OpenAI error, with a ``Retry-After`` header when given, as a server that is down or
+rate-limited does; scripts stay unused.
 ``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
 streaming do; ``streamed`` counts the streamed answers. ``reject_reasoning_effort=True``
 refuses any request carrying ``reasoning_effort`` with the 400 OpenAI gives for a model that
@@ -355,6 +359,7 @@ class FakeOpenAI:
         self.transcriptions: list[dict[str, Any]] = []
         self.speech_requests: list[Request] = []
         self._image_rejection: tuple[int, str] | None = None
+        self._failing: tuple[int, str, dict[str, str], int | None] | None = None  # status, message, headers, times
         self._transcripts: list[tuple[int, Any]] = []  # (status, text, error message or _RawBody)
         self._speech_audio: list[tuple[bytes, str | None]] = []
         self._speech_failures: list[tuple[int, str]] = []
@@ -381,6 +386,18 @@ class FakeOpenAI:
     def accept_images(self) -> None:
         """Undo :meth:`reject_images`."""
         self._image_rejection = None
+
+    def fail_completions(self, status: int = 500, message: str = "fake outage", *, times: int | None = None,
+                         retry_after: float | str | None = None) -> None:
+        """Answer the next ``times`` chat-completions requests (``None``: every one until
+        :meth:`stop_failing`) with ``status`` and an OpenAI error, plus ``Retry-After:
+        <retry_after>`` when given; scripts stay unused."""
+        headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+        self._failing = (status, message, headers, times)
+
+    def stop_failing(self) -> None:
+        """Undo :meth:`fail_completions`."""
+        self._failing = None
 
     def push_transcript(self, text: str) -> None:
         """Queue the text of the next ``audio/transcriptions`` answer."""
@@ -589,6 +606,10 @@ class FakeOpenAI:
         return response
 
     async def _answer(self, body: Request) -> Reply:
+        if self._failing is not None:
+            status, message, headers, times = self._failing
+            self._failing = None if times == 1 else (status, message, headers, None if times is None else times - 1)
+            return error(status, message, headers=headers)
         if self.reject_null_content and any(
                 "content" in m and m["content"] is None for m in body.get("messages", [])):
             return self._violation("a message has null content", body)
