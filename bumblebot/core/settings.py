@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bumblebot.core.mcp_settings import MCPSettings
+from bumblebot.core.prices import ModelPrice
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 
@@ -88,6 +89,12 @@ class LLMSettings(_Section):
     transcription_base_url: str | None = Field(
         None, description="base URL of the transcription endpoint (a local whisper server); default: base_url"
     )
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description="per model name: input, cached_input (default: input) and output per million tokens, "
+        "or audio_minute; a model without a price is counted in tokens only",
+    )
+    currency: str = Field("USD", min_length=1, description="the currency of llm.prices, named in metrics and reports")
 
     @field_validator("vision", mode="before")
     @classmethod
