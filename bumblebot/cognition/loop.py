@@ -87,7 +87,7 @@ from bumblebot.cognition.steps import (
     unique_id,
     unless_stopped,
 )
-from bumblebot.cognition.trace import LoopResult, LoopTrace, StepTrace, Stop, StopFlag, StopReason
+from bumblebot.cognition.trace import LoopResult, LoopTrace, StepTrace, Stop, StopFlag, StopReason, step_usage
 from bumblebot.core.errors import ContextTooLong
 from bumblebot.core.events import blank, storable_text
 from bumblebot.core.messages import Message
@@ -255,6 +255,7 @@ class AgentLoop:
             completion_tokens=completion.completion_tokens,
             estimate=estimate,
             tool_choice=completion.tool_choice,
+            usage=step_usage(completion.usage, completion.cost),
         )
         await run.port.answered()
         await run.requests.observe_usage(completion.prompt_tokens, estimate)
@@ -267,6 +268,7 @@ class AgentLoop:
             completion = await unless_stopped(stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener))
             step.finish_reason, step.escalated = completion.finish_reason, True
             step.completion_tokens = completion.completion_tokens
+            step.usage = step_usage(completion.usage, completion.cost, step.usage)
         run.trace.steps.append(step.as_dict())
         run.hit_length = completion.hit_length
         run.length_stalls = run.length_stalls + 1 if run.hit_length else 0
