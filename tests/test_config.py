@@ -48,6 +48,9 @@ def test_config_path_from_env_and_missing_file(tmp_path, monkeypatch):
         ("- just\n- a list\n", "(top level)", "mapping"),
         ("llm:\n  model: [unclosed\n", "line", "invalid YAML"),
         ("tools:\n  shel:\n    enabled: true\n", "tools.shel", "unknown key"),
+        ("llm:\n  prices:\n    gpt-4o: {input: 2.5}\n", "llm.prices.gpt-4o", "both input and output"),
+        ("llm:\n  prices:\n    gpt-4o: {}\n", "llm.prices.gpt-4o", "or audio_minute"),
+        ("llm:\n  prices:\n    gpt-4o: {input: 1, output: 2, cache: 1}\n", "llm.prices.gpt-4o.cache", "unknown key"),
     ],
 )
 def test_bad_config_names_file_key_and_expectation(tmp_path, yaml_text, key, expected):

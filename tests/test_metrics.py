@@ -104,6 +104,32 @@ async def test_metrics_serves_the_counters_of_real_turns(tmp_path, llm, tg):
     assert value(after, "bumblebot_queue_depth") == 0.0
 
 
+async def test_metrics_serve_tokens_by_type_model_and_kind_and_their_cost(tmp_path, llm, tg):
+    judges_say_done(llm)
+    usage = {"prompt_tokens": 1000, "completion_tokens": 50,
+             "prompt_tokens_details": {"cached_tokens": 600}, "completion_tokens_details": {"reasoning_tokens": 20}}
+    llm.push(say("hey!", usage=usage), when=is_loop)
+    prices = {"reflex-model": {"input": 1.0, "cached_input": 0.25, "output": 4.0}}
+    config = write_config(tmp_path, llm, tg, metrics={"listen": f"127.0.0.1:{free_port()}"}, llm={
+        "base_url": llm.base_url, "model": "test-model", "reflex_model": "reflex-model", "prices": prices, "currency": "EUR",
+    })
+    async with running(config) as d:
+        tg.push_text("hi", chat_id=1)
+        await d.engine.wait_for_turns(1)
+        samples = await scrape(d.metrics)
+    tokens = "bumblebot_model_tokens_total"
+    for kind_of_token, count in (("prompt", 1000), ("cached", 600), ("completion", 50), ("reasoning", 20)):
+        assert value(samples, tokens, type=kind_of_token, model="reflex-model", kind="turn") == count
+    judged = value(samples, tokens, type="prompt", model="reflex-model", kind="judge")
+    assert judged > 0  # the completion check: counted apart, at what the endpoint reported
+    judge_cost = (judged * 1.0 + value(samples, tokens, type="completion", model="reflex-model", kind="judge") * 4.0) / 1e6
+    cost = "bumblebot_model_cost_total"
+    turn_cost = (400 * 1.0 + 600 * 0.25 + 50 * 4.0) / 1e6
+    assert abs(value(samples, cost, model="reflex-model", kind="turn", currency="EUR") - turn_cost) < 1e-12
+    assert abs(value(samples, cost, model="reflex-model", kind="judge", currency="EUR") - judge_cost) < 1e-12
+    assert not [k for k in samples if k[0].startswith("bumblebot_model_") and "conversation" in dict(k[1])]
+
+
 async def test_failures_are_counted(tmp_path, llm, tg):
     """A refused request fails its turn (one honest note goes out); Telegram refusing that
     note for good is a failed delivery."""

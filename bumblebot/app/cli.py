@@ -48,6 +48,7 @@ from bumblebot.core.entity import Entity, load_entity
 from bumblebot.core.errors import AdapterError, BumblebotError, ConfigError, StoreError
 from bumblebot.core.logs import setup_logging
 from bumblebot.core.settings import Settings
+from bumblebot.core.usage import scoped
 from bumblebot.store import Store
 
 log = logging.getLogger("bumblebot")
@@ -249,7 +250,8 @@ async def run_chat(settings: Settings, secrets: Secrets, entity: Entity, stdin: 
 async def run_check(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False) -> int:
     from bumblebot.app.check import check_all
 
-    problems = await check_all(settings, secrets, entity, chat_only=chat_only)
+    with scoped(kind="check"):  # the probes' requests, for a meter that counts them
+        problems = await check_all(settings, secrets, entity, chat_only=chat_only)
     return EXIT_FAILURE if problems else EXIT_OK
 
 
@@ -350,8 +352,7 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
                 )
                 where = f" model={step['model']} at {step['endpoint']}" if step.get("endpoint") else ""
                 print(
-                    f"  step {step['step']}: finish={step['finish_reason']} prompt_tokens={step['prompt_tokens']}"
-                    f" (estimate {step['estimate']}) completion_tokens={step.get('completion_tokens')}"
+                    f"  step {step['step']}: finish={step['finish_reason']} {_step_tokens(step, settings.llm.currency)}"
                     f" tool_choice={step.get('tool_choice')}{where}"
                     f" tools=[{calls}]"
                 )
@@ -368,6 +369,27 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
             if t.get("error"):
                 print(f"  error: {t['error']}")
     return 0
+
+
+def _step_tokens(step: dict[str, Any], currency: str) -> str:
+    """What a step's model requests used, as ``bumblebot trace`` shows it: the usage recorded
+    (cached and reasoning tokens, estimated or not, the cost when priced), or for a trace
+    written before usage was recorded the tokens the endpoint reported."""
+    usage = step.get("usage")
+    if not usage:
+        return (
+            f"prompt_tokens={step['prompt_tokens']} (estimate {step['estimate']})"
+            f" completion_tokens={step.get('completion_tokens')}"
+        )
+    shown = (
+        f"prompt_tokens={usage['prompt']} (cached {usage['cached']}, estimate {step['estimate']})"
+        f" completion_tokens={usage['completion']} (reasoning {usage['reasoning']})"
+    )
+    if usage.get("estimated"):
+        shown += " [estimated]"
+    if usage.get("cost") is not None:
+        shown += f" cost={usage['cost']:.6f} {currency}"
+    return shown
 
 
 def _positive(value: str) -> int:

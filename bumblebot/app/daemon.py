@@ -38,12 +38,14 @@ from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.settings import Settings
 from bumblebot.core.toolkit import ToolContext
+from bumblebot.core.usage import scoped
 from bumblebot.delivery import Delivery
 from bumblebot.llm import CapabilityMemory, Endpoints, build_endpoints
 from bumblebot.llm.speech import Speech
 from bumblebot.media import MediaFiles, MediaIntake
 from bumblebot.runtime.engine import Engine
-from bumblebot.runtime.limits import LimitsMeter, SpendingLimits
+from bumblebot.runtime.limits import SpendingLimits
+from bumblebot.runtime.ledger import Ledger
 from bumblebot.runtime.runner import TurnRunner
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.store import Store
@@ -251,6 +253,9 @@ class Daemon:
         self.metrics = metrics = Metrics() if settings.metrics.listen else NO_METRICS
         base_url = effective_base_url(settings, self.secrets)
         self.spending = SpendingLimits(settings.limits, store)  # checked before each model request
+        self.ledger = ledger = Ledger(
+            store, settings.llm.prices, metrics, limits=self.spending, currency=settings.llm.currency
+        )
         self.llm = llm = build_endpoints(
             settings.llm,
             base_url=base_url,
@@ -258,7 +263,7 @@ class Daemon:
             key_of=self.secrets.named,
             capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv),
             metrics=metrics,
-            meter=LimitsMeter(self.spending),
+            meter=ledger,
         )
         cognition = settings.cognition
         self.budget = budget = ContextBudget(
@@ -291,7 +296,7 @@ class Daemon:
         memory = Memory(settings.data_dir)
         self.prompts = prompts = PromptBuilder(self.entity, memory, _tool_lines(toolbox.schemas()))
         api_key = self.secrets.openai_api_key.get_secret_value() if self.secrets.openai_api_key else None
-        self.speech = speech = Speech(settings.llm, settings.voice, base_url=base_url, api_key=api_key)
+        self.speech = speech = Speech(settings.llm, settings.voice, base_url=base_url, api_key=api_key, meter=ledger)
         self.delivery = delivery = Delivery(
             store, speech=speech, media_dir=settings.media_dir, metrics=metrics, redactor=self.redactor,
         )
@@ -316,9 +321,10 @@ class Daemon:
         judge_timeout_s = min(JUDGE_TIMEOUT_S, settings.llm.timeout_s)
 
         async def judge(messages: list[dict[str, Any]]) -> str:
-            return await asyncio.wait_for(
-                llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0), judge_timeout_s
-            )
+            with scoped(kind="judge"):
+                return await asyncio.wait_for(
+                    llm.text(messages, max_tokens=JUDGE_MAX_TOKENS, temperature=0.0), judge_timeout_s
+                )
 
         loop = AgentLoop(
             llm=llm,

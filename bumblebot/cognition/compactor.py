@@ -33,6 +33,7 @@ from bumblebot.cognition.knowledge import Memory
 from bumblebot.core.messages import Message
 from bumblebot.core.settings import HistoryCompression
 from bumblebot.llm import Endpoints
+from bumblebot.core.usage import scoped
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,8 @@ class Compactor:
         self.budget = budget
 
     async def _complete(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float) -> str:
-        return await self.llm.text(messages, model=self.llm.model, max_tokens=max_tokens, temperature=temperature)
+        with scoped(kind="summary"):  # counted for the conversation as a summary, background or not
+            return await self.llm.text(messages, model=self.llm.model, max_tokens=max_tokens, temperature=temperature)
 
     async def shrink(
         self, session: History, fixed_tokens: int, turn_messages: list[Message], *, reply_tokens: int | None = None

@@ -87,7 +87,7 @@ from bumblebot.cognition.steps import (
     unique_id,
     unless_stopped,
 )
-from bumblebot.cognition.trace import LoopResult, LoopTrace, StepTrace, Stop, StopFlag, StopReason
+from bumblebot.cognition.trace import LoopResult, LoopTrace, StepTrace, Stop, StopFlag, StopReason, step_usage
 from bumblebot.core.errors import ContextTooLong
 from bumblebot.core.events import blank, storable_text
 from bumblebot.core.messages import Message
@@ -257,6 +257,7 @@ class AgentLoop:
             tool_choice=completion.tool_choice,
             endpoint=completion.endpoint,
             model=completion.model,
+            usage=step_usage(completion.usage, completion.cost),
         )
         await run.port.answered()
         await run.requests.observe_usage(completion.prompt_tokens, estimate)
@@ -270,6 +271,7 @@ class AgentLoop:
             step.finish_reason, step.escalated = completion.finish_reason, True
             step.endpoint, step.model = completion.endpoint, completion.model
             step.completion_tokens = completion.completion_tokens
+            step.usage = step_usage(completion.usage, completion.cost, step.usage)
         run.trace.steps.append(step.as_dict())
         run.hit_length = completion.hit_length
         run.length_stalls = run.length_stalls + 1 if run.hit_length else 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from bumblebot.cognition.gate import GateDecision
 from bumblebot.core.messages import Message
+from bumblebot.core.usage import Usage
 
 
 class StopReason(StrEnum):
@@ -80,6 +81,10 @@ class Stop:
 
 @dataclass(slots=True)
 class StepTrace:
+    """One step of the loop. ``prompt_tokens`` and ``completion_tokens`` are as the endpoint
+    reported them (``None``: not reported, or not a sample of the token scale); ``usage`` is
+    what its model requests used as the usage table counts them (:func:`step_usage`)."""
+
     step: int
     finish_reason: str
     prompt_tokens: int | None
@@ -91,9 +96,31 @@ class StepTrace:
     #: the endpoint (base URL) that answered, and its model (a fallback's, when it answered)
     endpoint: str | None = None
     model: str | None = None
+    usage: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+def step_usage(usage: Usage | None, cost: float | None, earlier: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A step's usage in the trace: ``prompt``, ``cached``, ``completion`` and ``reasoning``
+    tokens, ``estimated`` (the endpoint reported nothing) and ``cost`` (only when priced), added
+    to ``earlier`` (the step was asked again with a larger budget)."""
+    if usage is None:
+        return earlier
+    out = {
+        "prompt": usage.prompt, "cached": usage.cached, "completion": usage.completion,
+        "reasoning": usage.reasoning, "estimated": usage.estimated,
+    }
+    if cost is not None:
+        out["cost"] = cost
+    if earlier:
+        for key in ("prompt", "cached", "completion", "reasoning"):
+            out[key] += int(earlier.get(key) or 0)
+        out["estimated"] = out["estimated"] or bool(earlier.get("estimated"))
+        if "cost" in earlier or "cost" in out:
+            out["cost"] = float(earlier.get("cost") or 0.0) + (cost or 0.0)
+    return out
 
 
 @dataclass(slots=True)

@@ -3,8 +3,8 @@
 One :class:`Metrics` per daemon owns its own ``CollectorRegistry``. It never uses
 ``prometheus_client``'s global one, so two daemons in one process (tests) never clash and
 nothing another library registers shows up. The parts that count get it through their
-constructors: ``LLM``, ``Delivery``, ``TurnRunner`` and ``Engine``. Each one defaults to
-:data:`NO_METRICS`, whose hooks do nothing.
+constructors: ``LLM``, ``Delivery``, ``TurnRunner``, ``Engine`` and the ``Ledger``. Each one
+defaults to :data:`NO_METRICS`, whose hooks do nothing.
 
 Series (all prefixed ``bumblebot_``):
 
@@ -21,6 +21,17 @@ Series (all prefixed ``bumblebot_``):
 ``bumblebot_model_request_seconds`` histogram  their latency, seconds, from the call to the answer
                                                or the error. It includes the wait for a slot
                                                under ``llm.max_concurrent_requests``.
+``bumblebot_model_tokens_total``    counter    tokens answered requests used (completions and
+                                               transcriptions), by ``type`` (``prompt``, ``cached``:
+                                               the prompt tokens served from the endpoint's cache,
+                                               ``completion``, ``reasoning``: the completion tokens
+                                               spent reasoning), ``model`` and ``kind`` of request
+                                               (``turn``, ``automation``, ``judge``…); an endpoint
+                                               that reports none is counted at the estimate
+``bumblebot_model_cost_total``      counter    what they cost at ``llm.prices``, by ``model``,
+                                               ``kind`` and ``currency`` (``llm.currency``); a model
+                                               without a price adds nothing
+``bumblebot_audio_seconds_total``   counter    seconds of audio transcribed, by ``model``
 ``bumblebot_deliveries_total``      counter    delivery attempts of outbox rows, by ``outcome``:
                                                ``sent``; ``failed`` (refused for good, or it could
                                                not be split); ``queued`` (left pending for the
@@ -62,6 +73,7 @@ from prometheus_client import (
 )
 
 from bumblebot.core.errors import ConfigError, ModelTimeout
+from bumblebot.core.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +125,17 @@ class Metrics:
             "bumblebot_model_request_seconds", "Latency of model requests, seconds",
             buckets=MODEL_BUCKETS_S, registry=self.registry,
         )
+        self.model_tokens = Counter(
+            "bumblebot_model_tokens", "Tokens model requests used, by type, model and kind of request",
+            ["type", "model", "kind"], registry=self.registry,
+        )
+        self.model_cost = Counter(
+            "bumblebot_model_cost", "What model requests cost at llm.prices, by model and kind of request",
+            ["model", "kind", "currency"], registry=self.registry,
+        )
+        self.audio_seconds = Counter(
+            "bumblebot_audio_seconds", "Seconds of audio transcribed, by model", ["model"], registry=self.registry,
+        )
         self.deliveries = Counter(
             "bumblebot_deliveries", "Delivery attempts of outbox messages, by outcome",
             ["outcome"], registry=self.registry,
@@ -159,6 +182,18 @@ class Metrics:
             if outcome is not None:
                 self.model_latency.observe(time.monotonic() - started)
                 self.model_requests.labels(outcome=outcome).inc()
+
+    def model_usage(self, kind: str, usage: Usage, cost: float | None, currency: str) -> None:
+        """An answered request of ``kind`` used ``usage`` and cost ``cost`` (``None``: unpriced)."""
+        for kind_of_token, count in (
+            ("prompt", usage.prompt), ("cached", usage.cached),
+            ("completion", usage.completion), ("reasoning", usage.reasoning),
+        ):
+            self.model_tokens.labels(type=kind_of_token, model=usage.model, kind=kind).inc(max(count, 0))
+        if cost is not None:
+            self.model_cost.labels(model=usage.model, kind=kind, currency=currency).inc(max(cost, 0.0))
+        if usage.seconds > 0:
+            self.audio_seconds.labels(model=usage.model).inc(usage.seconds)
 
     def delivery(self, outcome: str) -> None:
         """A delivery attempt of an outbox row ended ``sent``, ``failed`` or ``queued``."""
@@ -241,6 +276,9 @@ class NoMetrics(Metrics):
     @contextlib.contextmanager
     def model_request(self) -> Iterator[None]:
         yield
+
+    def model_usage(self, kind: str, usage: Usage, cost: float | None, currency: str) -> None:
+        pass
 
     def delivery(self, outcome: str) -> None:
         pass

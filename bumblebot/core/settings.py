@@ -9,163 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bumblebot.core.events import ChatRef
 from bumblebot.core.mcp_settings import MCPSettings
+from bumblebot.core.llm_settings import (  # noqa: F401  (the llm section, importable from here too)
+    FallbackSettings,
+    LLMSettings,
+    Section,
+    ThinkingSettings,
+    off_is_text,
+    on_off,
+)
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-def _off_is_text(value: Any) -> Any:
-    """YAML 1.1 reads a bare ``off`` as ``False``; for keys whose value may be "off", take it back."""
-    return "off" if value is False else value
-
-
-class ThinkingSettings(_Section):
-    """How this endpoint is asked to think (deliberate) or not (reflex). Reasoning text is never shown."""
-
-    mode: Literal["auto", "off", "reasoning_effort", "extra_body"] = Field(
-        "auto",
-        description="auto: send OpenAI's reasoning_effort on deliberate turns unless the endpoint refuses "
-        "it (then not, remembered per endpoint and model, tried again a day later); off: never request "
-        "thinking; reasoning_effort: always send it; extra_body: merge extra_body_on / extra_body_off "
-        "into the request",
-    )
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] = Field(
-        "medium", description="value of reasoning_effort on deliberate turns (modes auto and reasoning_effort)"
-    )
-    extra_body_on: dict[str, Any] = Field(
-        default_factory=dict,
-        description='extra request fields for deliberate turns, e.g. {"chat_template_kwargs": {"enable_thinking": true}}',
-    )
-    extra_body_off: dict[str, Any] = Field(
-        default_factory=dict, description="extra request fields for reflex turns, judges and summaries"
-    )
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _mode_off(cls, value: Any) -> Any:
-        return _off_is_text(value)
-
-
-class FallbackSettings(_Section):
-    """One endpoint of ``llm.fallbacks``, tried when the ones before it are down. A key left
-    unset (null) is the primary's (``llm.<key>``), but for the models and the API key."""
-
-    base_url: str | None = Field(None, description="endpoint base URL (required)")
-    model: str | None = Field(
-        None, description="model answering what llm.model (and llm.background_model) would; default: llm.model"
-    )
-    reflex_model: str | None = Field(
-        None, description="model answering what llm.reflex_model would; default: this fallback's model"
-    )
-    api_key_env: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="NAME of the environment variable (or .env line) holding this endpoint's key, e.g. "
-        "OPENROUTER_API_KEY; never the key itself; null: no key (the primary's is never sent elsewhere)",
-    )
-    timeout_s: float | None = Field(None, gt=0, description="per-request timeout, seconds; default: llm.timeout_s")
-    max_retries: int | None = Field(
-        None, ge=0, le=10,
-        description="client retries; used by the last endpoint only (the others fail over at once); "
-        "default: llm.max_retries",
-    )
-    tool_choice: Literal["required", "auto"] | None = Field(None, description="tool forcing; default: llm.tool_choice")
-    thinking: ThinkingSettings | None = Field(None, description="thinking control; default: llm.thinking")
-    max_concurrent_requests: int | None = Field(
-        None, ge=1, description="requests in flight to this endpoint at once; default: llm.max_concurrent_requests"
-    )
-    vision: Literal["auto", "on", "off"] | None = Field(None, description="send images; default: llm.vision")
-
-    @field_validator("vision", mode="before")
-    @classmethod
-    def _vision_on_off(cls, value: Any) -> Any:
-        return _on_off(value)
-
-    @model_validator(mode="after")
-    def _has_base_url(self) -> FallbackSettings:
-        if not (self.base_url or "").strip():
-            raise ValueError("a fallback endpoint needs its base_url")
-        return self
-
-
-class LLMSettings(_Section):
-    """The OpenAI-compatible chat-completions endpoint."""
-
-    base_url: str | None = Field(
-        None, description="endpoint base URL; default: env OPENAI_BASE_URL, else OpenAI's"
-    )
-    model: str = Field("gpt-4o-mini", description="model for deliberate turns")
-    reflex_model: str | None = Field(
-        None, description="model for reflex turns, the classifier and judges; default: model"
-    )
-    timeout_s: float = Field(60.0, gt=0, description="per-request timeout, seconds")
-    max_retries: int = Field(
-        2, ge=0, le=10,
-        description="client retries on 429/5xx/network errors; with llm.fallbacks only the last endpoint retries",
-    )
-    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of turns")
-    tool_choice: Literal["required", "auto"] = Field(
-        "required",
-        description="tool forcing; on an endpoint that rejects 'required' the bot falls back to "
-        "'auto' by itself and remembers it",
-    )
-    thinking: ThinkingSettings = Field(default_factory=ThinkingSettings, description="thinking control")
-    max_concurrent_requests: int = Field(
-        64, ge=1,
-        description="requests in flight to this endpoint at once (turns, judges, the classifier, "
-        "summaries); the only cap on concurrency",
-    )
-    vision: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="send images to the model: auto (until the endpoint refuses them; that is "
-        "remembered per endpoint and model), on (always), off (never; the model is told a photo came)",
-    )
-    transcription_model: str = Field(
-        "whisper-1", description="speech-to-text model of voice notes and audio (POST /audio/transcriptions)"
-    )
-    transcription_base_url: str | None = Field(
-        None, description="base URL of the transcription endpoint (a local whisper server); default: base_url"
-    )
-    background_model: str | None = Field(
-        None,
-        description="model (on this endpoint) of the steps of automations and autonomous turns; their "
-        "judges and summaries keep the usual models; default: the usual models",
-    )
-    fallbacks: list[FallbackSettings] = Field(
-        default_factory=list,
-        description="endpoints tried in order when the one before is down (429, 5xx, a timeout, "
-        "unreachable); see docs/models.md, Fallback endpoints",
-    )
-
-    @field_validator("vision", mode="before")
-    @classmethod
-    def _vision_on_off(cls, value: Any) -> Any:
-        return _on_off(value)
-
-
-def _on_off(value: Any) -> Any:
-    """YAML 1.1 reads bare ``on``/``off`` (and yes/no, true/false) as booleans, an env
-    override arrives as text: both are taken as ``on``/``off``."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, str):
-        word = value.strip().lower()
-        if word in ("on", "true", "yes", "1"):
-            return "on"
-        if word in ("off", "false", "no", "0"):
-            return "off"
-    return value
-
-
-class DeliverySettings(_Section):
+class DeliverySettings(Section):
     """How replies reach the chat."""
 
     streaming: Literal["on", "off"] = Field(
@@ -181,11 +42,11 @@ class DeliverySettings(_Section):
 
     @field_validator("streaming", mode="before")
     @classmethod
-    def _streaming_on_off(cls, value: Any) -> Any:
-        return _on_off(value)
+    def _streamingon_off(cls, value: Any) -> Any:
+        return on_off(value)
 
 
-class MediaSettings(_Section):
+class MediaSettings(Section):
     """Photos, voice notes and files people send."""
 
     image_max_side_px: int = Field(
@@ -208,7 +69,7 @@ class MediaSettings(_Section):
     )
 
 
-class VoiceSettings(_Section):
+class VoiceSettings(Section):
     """Voice replies (text to speech)."""
 
     reply: Literal["off", "mirror"] = Field(
@@ -228,7 +89,7 @@ class VoiceSettings(_Section):
         return "off" if value is False else value
 
 
-class TelegramSettings(_Section):
+class TelegramSettings(Section):
     """The Telegram adapter (python-telegram-bot, long polling)."""
 
     enabled: bool = Field(True, description="run the Telegram adapter when a token is set")
@@ -255,7 +116,7 @@ class TelegramSettings(_Section):
     )
 
 
-class DiscordSettings(_Section):
+class DiscordSettings(Section):
     """The Discord adapter (discord.py)."""
 
     enabled: bool = Field(False, description="run the Discord adapter when a token is set")
@@ -277,10 +138,10 @@ class DiscordSettings(_Section):
     @field_validator("respond_in_guilds", mode="before")
     @classmethod
     def _respond_off(cls, value: Any) -> Any:
-        return _off_is_text(value)
+        return off_is_text(value)
 
 
-class HistoryCompression(_Section):
+class HistoryCompression(Section):
     """Context compaction; keys and defaults as docs/compaction.md describes them."""
 
     enabled: bool = Field(True, description="compact before the context fills up")
@@ -311,7 +172,7 @@ class HistoryCompression(_Section):
 MIN_TOOL_RESULT_CHARS = 200
 
 
-class CognitionSettings(_Section):
+class CognitionSettings(Section):
     """The turn pipeline (docs/cognition.md and docs/compaction.md)."""
 
     max_context_tokens: int = Field(
@@ -368,7 +229,7 @@ def _chats(default: str) -> Any:
     )
 
 
-class ShellSettings(_Section):
+class ShellSettings(Section):
     enabled: bool = Field(False, description="register run_command (in a bubblewrap sandbox unless sandbox: off)")
     timeout_s: float = Field(30.0, gt=0, description="maximum run time of one command, seconds")
     max_output_chars: int = Field(6000, ge=1000, description="cap of stdout/stderr each, characters")
@@ -388,10 +249,10 @@ class ShellSettings(_Section):
     @field_validator("sandbox", mode="before")
     @classmethod
     def _sandbox_off(cls, value: Any) -> Any:
-        return _off_is_text(value)
+        return off_is_text(value)
 
 
-class WebSettings(_Section):
+class WebSettings(Section):
     enabled: bool = Field(True, description="register fetch_url")
     timeout_s: float = Field(20.0, gt=0, description="request timeout, seconds")
     max_bytes: int = Field(2_000_000, ge=1024, description="maximum body read, bytes")
@@ -399,7 +260,7 @@ class WebSettings(_Section):
     allowed_chats: list[str] = _chats("*")
 
 
-class FilesSettings(_Section):
+class FilesSettings(Section):
     """The file tools (read_file, write_file, append_file, list_directory, search_files, send_file)."""
 
     allowed_chats: list[str] = _chats("*")
@@ -410,13 +271,13 @@ class FilesSettings(_Section):
     )
 
 
-class ToolGroupSettings(_Section):
+class ToolGroupSettings(Section):
     """A tool group whose only setting is where it is offered (its data is the chat's own)."""
 
     allowed_chats: list[str] = _chats("*")
 
 
-class ToolsSettings(_Section):
+class ToolsSettings(Section):
     workspace: Path | None = Field(None, description="work tools' root; default <data_dir>/workspace")
     max_result_chars: int | None = Field(
         None, ge=500, description="deprecated and ignored: use cognition.max_tool_result_share"
@@ -432,14 +293,14 @@ class ToolsSettings(_Section):
     )
 
 
-class AutomationSettings(_Section):
+class AutomationSettings(Section):
     """Scheduled tasks (``schedule_task``)."""
 
     max_tasks: int = Field(50, ge=1, description="most active scheduled tasks per conversation")
     min_interval_s: float = Field(60.0, gt=0, description="shortest repeat of a recurring task, seconds")
 
 
-class AutonomySettings(_Section):
+class AutonomySettings(Section):
     """Autonomous turns: the entity may reach out on its own in active conversations."""
 
     enabled: bool = Field(False, description="give the entity an autonomous turn per active conversation")
@@ -481,7 +342,7 @@ class AutonomySettings(_Section):
         return start <= now < end if start <= end else now >= start or now < end
 
 
-class MetricsSettings(_Section):
+class MetricsSettings(Section):
     """Prometheus metrics (off unless ``listen`` is set)."""
 
     listen: str | None = Field(
@@ -500,7 +361,7 @@ class MetricsSettings(_Section):
         return value.strip()
 
 
-class LimitsSettings(_Section):
+class LimitsSettings(Section):
     """Spending limits per UTC day (``docs/usage.md``); none by default.
 
     Tokens count prompt (cached included) plus completion; costs are in the currency of
@@ -547,7 +408,7 @@ class LimitsSettings(_Section):
             raise ValueError(f"expected a conversation key such as telegram:123 (got {value!r})") from None
 
 
-class EngineSettings(_Section):
+class EngineSettings(Section):
     idle_unload_s: float = Field(600.0, gt=0, description="unload a conversation idle this long, seconds")
     max_concurrent_turns: int | None = Field(
         None, ge=1, description="deprecated and ignored: use llm.max_concurrent_requests"

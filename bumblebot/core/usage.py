@@ -85,8 +85,9 @@ class Meter(Protocol):
             SpendingLimitReached: a limit covering ``scope`` is reached; send nothing.
         """
 
-    async def record(self, scope: Scope, usage: Usage) -> None:
-        """Called once a request was answered, with what it used."""
+    async def record(self, scope: Scope, usage: Usage) -> float | None:
+        """Called once a request was answered, with what it used; returns what it cost at the
+        configured prices (``llm.prices``), ``None`` when its model has no price."""
 
 
 class _NoMeter:
@@ -95,7 +96,7 @@ class _NoMeter:
     async def admit(self, scope: Scope, model: str) -> None:
         return None
 
-    async def record(self, scope: Scope, usage: Usage) -> None:
+    async def record(self, scope: Scope, usage: Usage) -> float | None:
         return None
 
 

@@ -8,10 +8,12 @@ the endpoint (its base URL) or of one of its models:
 * :func:`tool_choice_key`: the endpoint gets ``tool_choice="auto"`` instead of ``"required"``
   (:mod:`bumblebot.llm.forcing`);
 * :func:`stream_key`: it gets whole answers instead of streams (:mod:`bumblebot.llm.stream`);
+* :func:`stream_usage_key`: its streamed requests do not ask for usage
+  (``stream_options``, :mod:`bumblebot.llm.stream`);
 * :func:`vision_key`: the model cannot see images (:mod:`bumblebot.llm.images`);
 * :func:`thinking_key`: the model refuses ``reasoning_effort`` (:mod:`bumblebot.llm.thinking`).
 
-No lesson is for good: each is tried again after a while. The last three are remembered
+No lesson is for good: each is tried again after a while. All but the first are remembered
 refusals (:class:`Refusals`): a reason and the time it was learnt, forgotten once older than
 their retry period.
 """
@@ -86,6 +88,12 @@ def stream_key(base_url: str) -> str:
     Its value is JSON ``{"mode": "off", "reason": str, "since": float}`` (epoch seconds).
     """
     return f"llm.stream:{base_url}"
+
+
+def stream_usage_key(base_url: str) -> str:
+    """The ``kv`` key recording that the endpoint at ``base_url`` refuses ``stream_options``
+    (the ask for usage in a stream): JSON ``{"reason": str, "since": float}`` (epoch seconds)."""
+    return f"llm.stream_usage:{base_url}"
 
 
 def vision_key(base_url: str, model: str) -> str:

@@ -74,7 +74,8 @@ class LLM:
             ``bumblebot_model_request_seconds``); default: not counted.
         meter: admits each :meth:`complete` before it is sent (spending limits) and records
             what it used, for the :class:`~bumblebot.core.usage.Scope` of the task sending it;
-            default: nothing counted or refused.
+            the completion returned carries that ``usage`` and the ``cost`` the meter priced it
+            at; default: nothing counted or refused.
     """
 
     def __init__(
@@ -175,6 +176,11 @@ class LLM:
         """Why the endpoint gets whole answers instead of streams, ``None`` while it streams."""
         return await self._streamed.fallback()
 
+    async def streams_usage(self) -> bool:
+        """Whether streamed requests ask for usage (``stream_options``; not remembered as
+        refused within :data:`~bumblebot.llm.stream.STREAM_RETRY_S`)."""
+        return await self._streamed.asks_usage()
+
     # -- completions -----------------------------------------------------------------------------
 
     async def complete(
@@ -220,16 +226,23 @@ class LLM:
                 messages, model=model, max_tokens=max_tokens, temperature=temperature, tools=tools,
                 thinking=thinking, on_say=on_say,
             )
-        await self.meter.record(scope, self._usage(completion, model, messages, tools))
-        return completion
+        usage = self._usage(completion, model, messages, tools)
+        cost = await self.meter.record(scope, usage)
+        return dataclasses.replace(completion, usage=usage, cost=cost)
 
     def _usage(
         self, completion: Completion, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> Usage:
-        """What ``completion`` used as the endpoint reported it, else the token estimate."""
+        """What ``completion`` used as the endpoint reported it (cached and reasoning tokens
+        included), else the token estimate (images counted as the note that replaces them, not
+        as the text of their data URLs)."""
         if completion.prompt_tokens is not None and completion.completion_tokens is not None:
-            return Usage(self.base_url, model, prompt=completion.prompt_tokens, completion=completion.completion_tokens)
-        prompt = estimate_text_tokens(json_text(messages)) + estimate_tools(tools or [])
+            return Usage(
+                self.base_url, model, prompt=completion.prompt_tokens, completion=completion.completion_tokens,
+                cached=completion.cached_tokens or 0, reasoning=completion.reasoning_tokens or 0,
+            )
+        sent = without_images(messages) if has_images(messages) else messages
+        prompt = estimate_text_tokens(json_text(sent)) + estimate_tools(tools or [])
         written = estimate_text_tokens(completion.content + "".join(c.arguments for c in completion.tool_calls))
         return Usage(self.base_url, model, prompt=prompt, completion=written, estimated=True)
 

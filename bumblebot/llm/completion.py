@@ -6,6 +6,9 @@ one of Bumblebot's model errors.
   (``reasoning_content``) are never read: none of it reaches the user.
 * A tool call the server sent without an id gets one (:func:`new_call_id`); one without a
   name is dropped.
+* What the request used is read as the endpoint reports it, from a whole answer's ``usage`` or
+  a stream's last chunk (:func:`usage_counts`): prompt and completion tokens, the cached prompt
+  tokens and the reasoning tokens.
 * A lone surrogate (a ``"\\ud800"`` escape in the server's JSON) becomes U+FFFD in the text
   and in the calls' arguments: nothing the model wrote can then fail a write to the store or
   the next request's encoding.
@@ -31,6 +34,7 @@ from bumblebot.core.errors import ContextTooLong, ModelError, ModelTimeout, Mode
 from bumblebot.core.events import storable_text
 from bumblebot.core.messages import storable_arguments
 from bumblebot.core.textrules import strip_reasoning
+from bumblebot.core.usage import Usage
 
 #: The prompt's size in a context-length refusal (vLLM, OpenAI): "(4145 in the messages".
 _PROMPT_COUNT_RE = re.compile(r"\((\d{1,9}) in the messages")
@@ -79,6 +83,13 @@ class Completion:
         endpoint: the base URL of the endpoint that answered (set by
             :class:`~bumblebot.llm.failover.Endpoints`), ``None`` when not told.
         model: the model that answered there.
+        cached_tokens: prompt tokens served from the endpoint's prompt cache
+            (``usage.prompt_tokens_details.cached_tokens``), ``None`` when not reported.
+        reasoning_tokens: completion tokens spent reasoning
+            (``usage.completion_tokens_details.reasoning_tokens``), ``None`` when not reported.
+        usage: what the request used as the model client recorded it (reported or estimated),
+            set by ``LLM.complete``.
+        cost: what it cost at ``llm.prices``, ``None`` when the model has no price.
     """
 
     content: str
@@ -90,6 +101,10 @@ class Completion:
     streamed: bool = False
     endpoint: str | None = None
     model: str | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    usage: Usage | None = None
+    cost: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", storable_text(self.content))
@@ -106,6 +121,26 @@ def new_call_id() -> str:
 
 def int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) else None
+
+
+def _field(holder: Any, name: str) -> Any:
+    """``holder[name]`` of a streamed chunk's dict, or ``holder.name`` of a typed answer."""
+    return holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
+
+
+def usage_counts(usage: Any) -> dict[str, int | None]:
+    """The token counts of an answer's ``usage`` (a typed object, or a streamed chunk's dict) as
+    :class:`Completion` fields: prompt and completion tokens, the cached prompt tokens
+    (``prompt_tokens_details.cached_tokens``; DeepSeek's ``prompt_cache_hit_tokens``) and the
+    reasoning tokens (``completion_tokens_details.reasoning_tokens``); ``None`` for each one
+    not reported."""
+    cached = int_or_none(_field(_field(usage, "prompt_tokens_details"), "cached_tokens"))
+    return {
+        "prompt_tokens": int_or_none(_field(usage, "prompt_tokens")),
+        "completion_tokens": int_or_none(_field(usage, "completion_tokens")),
+        "cached_tokens": cached if cached is not None else int_or_none(_field(usage, "prompt_cache_hit_tokens")),
+        "reasoning_tokens": int_or_none(_field(_field(usage, "completion_tokens_details"), "reasoning_tokens")),
+    }
 
 
 def normalise(response: Any, choice: str | None) -> Completion:
@@ -130,14 +165,12 @@ def normalise(response: Any, choice: str | None) -> Completion:
                 arguments=fn.arguments or "{}",
             )
         )
-    usage = getattr(response, "usage", None)
     return Completion(
         content=strip_reasoning(message.content or ""),
         tool_calls=calls,
         finish_reason=first.finish_reason or "stop",
-        prompt_tokens=getattr(usage, "prompt_tokens", None),
-        completion_tokens=getattr(usage, "completion_tokens", None),
         tool_choice=choice,
+        **usage_counts(getattr(response, "usage", None)),
     )
 
 

@@ -9,6 +9,12 @@
   needs to show a voice message (Bot API, sendVoice: "the audio must be in an .OGG file
   encoded with OPUS").
 
+Each transcription is admitted and recorded by the meter, as chat completions are (kind
+``transcription`` under the scope of the turn whose files are read): its tokens when the
+endpoint reports ``usage`` (``type: tokens``), the seconds of audio it reports
+(``type: duration``), else the length the platform gave, counted as an estimate. A spending
+limit that refuses it is a :class:`~bumblebot.core.errors.MediaError` naming the limit.
+
 Like ``bumblebot/llm/client.py`` for chat completions, this is the one place ``openai``'s audio API is
 used, and its errors leave as :class:`~bumblebot.core.errors.MediaError` with a sentence a user can
 read (never the key: the SDK's messages are redacted by the caller's log filter, and the
@@ -24,13 +30,17 @@ import logging
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import openai
 
-from bumblebot.core.errors import MediaError
+from bumblebot.core.errors import MediaError, SpendingLimitReached
 from bumblebot.core.events import storable_text
 from bumblebot.core.settings import LLMSettings, VoiceSettings
+from bumblebot.core.usage import NO_METER, Meter, Usage, scoped
+from bumblebot.llm.completion import int_or_none
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +63,13 @@ class Speech:
         voice: the ``voice`` section (speech model and voice).
         base_url: the chat endpoint's effective base URL (the default for both).
         api_key: the key (local servers accept any).
+        meter: admits each transcription and records what it used; default: nothing counted.
     """
 
-    def __init__(self, llm: LLMSettings, voice: VoiceSettings, *, base_url: str, api_key: str | None) -> None:
+    def __init__(
+        self, llm: LLMSettings, voice: VoiceSettings, *, base_url: str, api_key: str | None, meter: Meter | None = None
+    ) -> None:
+        self.meter = NO_METER if meter is None else meter
         self.llm = llm
         self.voice = voice
         self.transcription_base_url = llm.transcription_base_url or base_url
@@ -71,13 +85,41 @@ class Speech:
         await self._speech.close()
         await self._stt.close()
 
-    async def transcribe(self, data: bytes, *, name: str, mime: str) -> str:
-        """The text spoken in ``data`` (an audio file named ``name`` of type ``mime``), stripped;
-        ``""`` when the model heard nothing.
+    async def transcribe(self, data: bytes, *, name: str, mime: str, seconds: float | None = None) -> str:
+        """The text spoken in ``data`` (an audio file named ``name`` of type ``mime``, ``seconds``
+        long when the platform said), stripped; ``""`` when the model heard nothing.
 
         Raises:
-            MediaError: the endpoint refused or failed (``retryable`` for an outage).
+            MediaError: the endpoint refused or failed (``retryable`` for an outage), or a
+                spending limit refused the request.
         """
+        model = self.llm.transcription_model
+        with scoped(kind="transcription") as scope:
+            try:
+                await self.meter.admit(scope, model)
+            except SpendingLimitReached as exc:
+                raise MediaError(f"{exc.limit} is reached") from exc
+            result = await self._transcribe(data, name=name, mime=mime)
+            await self.meter.record(scope, self._usage(result, seconds))
+        return result.text
+
+    def _usage(self, result: _Transcript, seconds: float | None) -> Usage:
+        """What a transcription used: the tokens or seconds the endpoint reported, else the
+        length the platform gave (an estimate)."""
+        url, model, usage = self.transcription_base_url, self.llm.transcription_model, result.usage
+        kind = getattr(usage, "type", None)
+        if kind == "tokens":
+            prompt = int_or_none(getattr(usage, "input_tokens", None))
+            completion = int_or_none(getattr(usage, "output_tokens", None))
+            if prompt is not None and completion is not None:
+                return Usage(url, model, prompt=prompt, completion=completion, seconds=seconds or 0.0)
+        reported = getattr(usage, "seconds", None) if kind == "duration" else None
+        if isinstance(reported, (int, float)) and reported >= 0:
+            return Usage(url, model, seconds=float(reported))
+        return Usage(url, model, seconds=seconds or 0.0, estimated=True)
+
+    async def _transcribe(self, data: bytes, *, name: str, mime: str) -> _Transcript:
+        """One request to ``/audio/transcriptions``: its text and the ``usage`` it reported."""
         try:
             result = await self._stt.audio.transcriptions.create(
                 model=self.llm.transcription_model, file=(name or "audio.ogg", data, mime or "application/octet-stream"),
@@ -102,7 +144,7 @@ class Speech:
         if not isinstance(text, str):  # not JSON at all, no text, or a text that is no string
             log.warning("transcription at %s: the answer holds no text: %.200r", self.transcription_base_url, result)
             raise MediaError(UNREADABLE)
-        return storable_text(text).strip()
+        return _Transcript(storable_text(text).strip(), getattr(result, "usage", None))
 
     async def synthesize(self, text: str, dest: Path) -> Path:
         """Speak ``text`` (cut to ``voice.max_chars``) into ``dest`` as Ogg/Opus, written
@@ -131,6 +173,14 @@ class Speech:
             raise MediaError("the speech service did not answer with Ogg/Opus audio")
         await asyncio.to_thread(_write, dest, audio)
         return dest
+
+
+@dataclass(frozen=True, slots=True)
+class _Transcript:
+    """A transcription's text and the ``usage`` the endpoint reported (``None``: none)."""
+
+    text: str
+    usage: Any
 
 
 def _write(dest: Path, data: bytes) -> None:

@@ -22,6 +22,12 @@ whole answers when a streamed request fails where the same request sent whole is
 
 That is remembered in ``kv`` ``llm.stream:<base_url>``, and streaming is tried again after
 :data:`STREAM_RETRY_S`.
+
+A streamed request asks for its usage (``stream_options: {"include_usage": true}``: a last
+chunk with the token counts). An endpoint that refuses that parameter (a 400 or 422 naming
+``stream_options``) gets the same streamed request again without it, and that is remembered in
+``kv`` ``llm.stream_usage:<base_url>`` (asked again after :data:`STREAM_RETRY_S`); its usage
+is then what the stream reports by itself, or Bumblebot's estimate.
 """
 
 from __future__ import annotations
@@ -39,15 +45,15 @@ from openai.types.chat import ChatCompletion
 from bumblebot.core.errors import ContextTooLong, ModelTimeout, ModelUnavailable
 from bumblebot.core.settings import LLMSettings
 from bumblebot.core.textrules import holds_call, strip_reasoning
-from bumblebot.llm.capabilities import Refusals, duration, refusal, stream_key
+from bumblebot.llm.capabilities import Refusals, duration, refusal, stream_key, stream_usage_key
 from bumblebot.llm.completion import (
     Completion,
     ToolCall,
-    int_or_none,
     is_context_error,
     names_optional_param,
     new_call_id,
     normalise,
+    usage_counts,
 )
 from bumblebot.llm.streaming import JsonStringField
 
@@ -132,7 +138,7 @@ class StreamedRequests:
             ModelTimeout, ModelUnavailable: the stream stalled or broke off.
         """
         try:
-            streamed = await self._read(params, on_say)
+            streamed = await self._read_with_usage(params, on_say)
         except openai.APITimeoutError:
             raise  # slow, not unable to stream: an outage as any timeout is
         except openai.APIStatusError as exc:
@@ -193,18 +199,44 @@ class StreamedRequests:
     async def _whole(self, params: dict[str, Any]) -> ChatCompletion:
         return await post_whole(self._client, self._slots, params)
 
-    async def _read(self, params: dict[str, Any], on_say: SayListener) -> Completion:
-        """One streamed request, read to the end; ``on_say`` hears each ``say`` call's text.
+    async def asks_usage(self) -> bool:
+        """Whether streamed requests carry ``stream_options.include_usage`` (not remembered as
+        refused, or the memory is older than :data:`STREAM_RETRY_S`)."""
+        key = stream_usage_key(self.base_url)
+        return not await self._refusals.active(key, STREAM_RETRY_S, "asking for usage in streams again")
+
+    async def _read_with_usage(self, params: dict[str, Any], on_say: SayListener) -> Completion:
+        """:meth:`_read`, asking for usage unless the endpoint refused that; a refusal naming
+        ``stream_options`` is answered by the same request without it, and remembered."""
+        if not await self.asks_usage():
+            return await self._read(params, on_say, usage=False)
+        try:
+            return await self._read(params, on_say, usage=True)
+        except openai.APIStatusError as exc:
+            if exc.status_code not in (400, 422) or "stream_options" not in str(exc.message):
+                raise
+            await self._refusals.remember(stream_usage_key(self.base_url), refusal(exc))
+            log.warning(
+                "endpoint %s refused stream_options (%s); streams do not ask for usage from now on "
+                "(asked again in %s)", self.base_url, refusal(exc), duration(STREAM_RETRY_S),
+            )
+        return await self._read(params, on_say, usage=False)
+
+    async def _read(self, params: dict[str, Any], on_say: SayListener, *, usage: bool) -> Completion:
+        """One streamed request, read to the end; ``on_say`` hears each ``say`` call's text;
+        ``usage``: ask for the token counts (``stream_options``).
 
         Raises:
             openai.APIError: the endpoint refused the request or sent an error event.
             ModelTimeout, ModelUnavailable: the stream stalled or broke off.
         """
-        body = {**params, "stream": True, "stream_options": {"include_usage": True}}
+        body = {**params, "stream": True}
+        if usage:
+            body["stream_options"] = {"include_usage": True}
         content: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
         finish: str | None = None
-        usage: Any = None
+        reported: Any = None
         received = 0
         async with self._slots:
             # chunks come as plain dicts (``AsyncStream[object]``): building a typed object per
@@ -218,7 +250,7 @@ class StreamedRequests:
                     received += 1
                     if not isinstance(chunk, dict):
                         continue
-                    usage = chunk.get("usage") or usage
+                    reported = chunk.get("usage") or reported
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
                         if delta.get("content"):
@@ -255,8 +287,7 @@ class StreamedRequests:
             content=strip_reasoning("".join(content)),
             tool_calls=tool_calls,
             finish_reason=finish or "",
-            prompt_tokens=int_or_none(usage.get("prompt_tokens")) if isinstance(usage, dict) else None,
-            completion_tokens=int_or_none(usage.get("completion_tokens")) if isinstance(usage, dict) else None,
+            **usage_counts(reported if isinstance(reported, dict) else None),
         )
 
     async def _failed(self, reason: str, *, at_once: bool = False) -> None:

@@ -301,7 +301,9 @@ class MediaIntake:
             name = att.name or _voice_name(entry, att)
             data = await asyncio.to_thread(tmp.read_bytes)
             try:
-                transcript = await self._speech.transcribe(data, name=safe_name(name), mime=att.mime or "audio/ogg")
+                transcript = await self._speech.transcribe(
+                    data, name=safe_name(name), mime=att.mime or "audio/ogg", seconds=att.duration_s
+                )
             except MediaError as exc:
                 if exc.retryable and not final:
                     raise  # the service is down: the message waits for it

@@ -37,7 +37,7 @@ from typing import Any
 from bumblebot.core.errors import SpendingLimitReached
 from bumblebot.core.events import ChatRef
 from bumblebot.core.settings import LimitsSettings, Settings
-from bumblebot.core.usage import Scope, Usage
+from bumblebot.core.usage import Scope
 from bumblebot.store import Store
 from bumblebot.store.usage import UsageTotals
 
@@ -276,20 +276,6 @@ def limit_text(refusal: SpendingLimitReached, now: float) -> str:
     return LIMIT_TEXT.format(limit=refusal.limit, wait=wait_words(refusal.resets_at - now))
 
 
-class LimitsMeter:
-    """A :class:`~bumblebot.core.usage.Meter` that enforces the spending limits and records
-    nothing: what requests used reaches the ``usage`` table another way."""
-
-    def __init__(self, limits: SpendingLimits) -> None:
-        self.limits = limits
-
-    async def admit(self, scope: Scope, model: str) -> None:
-        await self.limits.admit(scope, model)
-
-    async def record(self, scope: Scope, usage: Usage) -> None:
-        return None
-
-
 def check_lines(settings: Settings) -> list[str]:
     """What ``bumblebot check`` says of the limits: each one set, and a warning for cost limits
     while a configured model has no price (its requests would count as costing nothing)."""
@@ -302,8 +288,11 @@ def check_lines(settings: Settings) -> list[str]:
         parts.append(f"{limit.name} {' or '.join(ceilings)} a day")
     lines = ["; ".join(parts) + " (reset at 00:00 UTC)"]
     if any(limit.cost is not None for limit in limits):
-        prices = getattr(settings.llm, "prices", None) or {}
-        models = dict.fromkeys(m for m in (settings.llm.model, settings.llm.reflex_model) if m)
+        llm = settings.llm
+        named = [llm.model, llm.reflex_model, llm.background_model]
+        named += [m for f in llm.fallbacks for m in (f.model, f.reflex_model)]
+        models = dict.fromkeys(m for m in named if m)
+        prices = llm.prices
         unpriced = [m for m in models if m not in prices]
         if unpriced:
             lines.append(

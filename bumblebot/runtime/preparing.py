@@ -20,6 +20,7 @@ from bumblebot.cognition.router import (
     route,
 )
 from bumblebot.core.settings import CognitionSettings, EngineSettings
+from bumblebot.core.usage import scoped
 from bumblebot.delivery import Delivery
 from bumblebot.llm import Endpoints
 from bumblebot.media import MediaIntake, MediaUnavailable, prepared
@@ -166,7 +167,8 @@ class TurnPreparer:
 
     async def _classify(self, messages: list[dict[str, Any]]) -> str:
         # bounded: the classifier only saves work, it must never hold a turn up for long
-        return await asyncio.wait_for(
-            self.llm.text(messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE),
-            CLASSIFIER_TIMEOUT_S,
-        )
+        with scoped(kind="classifier"):
+            return await asyncio.wait_for(
+                self.llm.text(messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE),
+                CLASSIFIER_TIMEOUT_S,
+            )

@@ -57,13 +57,14 @@ from bumblebot.core.settings import (
     VoiceSettings,
 )
 from bumblebot.core.toolkit import SCHEMA_LEVELS, Toolbox
-from bumblebot.core.usage import current_scope, scoped
+from bumblebot.core.usage import scoped
 from bumblebot.delivery import Delivery
 from bumblebot.llm import Endpoints
 from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
 from bumblebot.runtime.conversation import Conversation, Session, Turn
 from bumblebot.runtime.io import TurnIO, drop_open_streams
 from bumblebot.runtime.limits import SpendingLimits, limit_text
+from bumblebot.runtime.ledger import turn_scope
 from bumblebot.runtime.outage import (
     MAX_RETRY_AFTER_S,
     OUTAGE_GAVE_UP,
@@ -203,7 +204,8 @@ class TurnRunner:
         the turn's state, so a resumed turn never repeats it); when nothing is left for the
         model to answer, that note ends the turn.
         """
-        with bind(conversation=conversation.key), scoped(**turn_scope(conversation.key, entries)):
+        # the JSON log's ids, and whom the turn's model requests are for
+        with bind(conversation=conversation.key), turn_scope(conversation.key, entries):
             return await self._run(conversation, entries)
 
     async def _run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
@@ -257,7 +259,7 @@ class TurnRunner:
         cut off while it was working counts one resume (a turn that was waiting out an outage,
         or that a stop cut off cleanly, does not); after :data:`MAX_RESUMES` it is given up.
         """
-        with bind(conversation=conversation.key, turn=running.id), scoped(**turn_scope(conversation.key, running.entries)):
+        with bind(conversation=conversation.key, turn=running.id), turn_scope(conversation.key, running.entries):
             return await self._resume(conversation, running)
 
     async def _resume(self, conversation: Conversation, running: RunningTurn) -> Outcome:
@@ -300,7 +302,8 @@ class TurnRunner:
     async def retry(self, conversation: Conversation, suspended: Suspended) -> Outcome:
         """Try a suspended turn again (the endpoint may be back)."""
         suspended.turn.state.active = True
-        return await self._drive(conversation, suspended.turn, suspended.trace)
+        with turn_scope(conversation.key, suspended.turn.entries):
+            return await self._drive(conversation, suspended.turn, suspended.trace)
 
     def _requests(
         self, session: Session, turn: Turn | None, compactor: Compactor | None, limits: LoopLimits | None = None
@@ -348,7 +351,8 @@ class TurnRunner:
         """``/compact``: compact the conversation now; returns the report for the user."""
         if self.compactor is None:
             return "Compaction is not available."
-        return await self.compactor.force(conversation.session, self.between_turns(conversation).fixed_tokens)
+        with scoped(conversation=conversation.key, sender=None, kind="summary", background=False):
+            return await self.compactor.force(conversation.session, self.between_turns(conversation).fixed_tokens)
 
     def _limits(self, reflex: bool, source: str = "chat") -> LoopLimits:
         """The turn's profile (docs/cognition.md, "Routing"). The completion budget is at most
@@ -378,7 +382,7 @@ class TurnRunner:
 
     async def _drive(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
         """Run the loop on ``turn`` until it finishes or the endpoint fails."""
-        with bind(conversation=conversation.key, turn=turn.id), scoped(**turn_scope(conversation.key, turn.entries)):
+        with bind(conversation=conversation.key, turn=turn.id), turn_scope(conversation.key, turn.entries):
             return await self._drive_bound(conversation, turn, earlier)
 
     async def _drive_bound(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
@@ -547,17 +551,6 @@ class TurnRunner:
         self._metrics.turn_finished(status)
         conversation.turn_done()
         return Finished(status)
-
-
-def turn_scope(conversation: str, entries: list[JournalEntry]) -> dict[str, Any]:
-    """Whom a turn's model requests are for (a :class:`~bumblebot.core.usage.Scope`): its chat
-    and the person it answers, or the scheduled or autonomous work it is (nobody wrote)."""
-    source = entries[-1].inbound.source if entries else "chat"
-    person = source == "chat"
-    return {
-        "conversation": conversation, "sender": entries[-1].inbound.sender_id if person and entries else None,
-        "kind": "turn" if person else source, "background": not person,
-    }
 
 
 @dataclasses.dataclass(slots=True)

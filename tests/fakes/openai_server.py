@@ -32,7 +32,16 @@ chat-completions requests (every one until ``stop_failing()`` when ``None``) wit
 and an OpenAI error, with a ``Retry-After`` header when given, as a server that is down or
 rate-limited does; scripts stay unused.
 ``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
-streaming do; ``streamed`` counts the streamed answers. ``reject_reasoning_effort=True``
+streaming do; ``streamed`` counts the streamed answers. ``reject_stream_options=400`` refuses
+a streamed request that carries ``stream_options`` (naming it), as servers that do not know the
+parameter do.
+
+Usage: every answer reports ``usage`` counted from the request and the reply (a quarter of
+the JSON's characters). A :class:`Reply`'s ``usage`` is merged over it (e.g.
+``{"prompt_tokens_details": {"cached_tokens": 80}, "completion_tokens_details":
+{"reasoning_tokens": 12}}``), whole and streamed alike; ``report_usage=False`` sends none, as
+servers that count nothing do. ``transcript_usage`` is the ``usage`` of transcriptions
+(default ``{"type": "duration", "seconds": 1}``; ``None``: none). ``reject_reasoning_effort=True``
 refuses any request carrying ``reasoning_effort`` with the 400 OpenAI gives for a model that
 does not reason.
 
@@ -125,6 +134,8 @@ class Reply:
     stream_error_after: int | None = None  # an error event (OpenRouter style) after this many chunks
     stream_truncated: bool = False  # the body ends cleanly without a finish reason or [DONE]
     stream_empty_body: bool = False  # headers, then a clean end with no data at all
+    usage: dict[str, Any] | None = None  # merged over the counted usage (cached, reasoning tokens)
+    report_usage: bool = True  # False: the answer carries no usage at all
 
 
 @dataclass
@@ -138,7 +149,7 @@ class RequestRecord:
 
 
 def tool_calls(*calls: tuple[Any, ...], content: str = "", finish_reason: str = "tool_calls",
-               delay: float = 0.0) -> Reply:
+               delay: float = 0.0, usage: dict[str, Any] | None = None) -> Reply:
     """Reply with tool calls; each call is ``(name, args)`` or ``(name, args, call_id)``.
 
     Ids default to unique ``call_<n>``; arguments are encoded with ``json.dumps``. Empty
@@ -151,13 +162,14 @@ def tool_calls(*calls: tuple[Any, ...], content: str = "", finish_reason: str = 
         encoded.append({"id": call_id, "type": "function",
                         "function": {"name": name, "arguments": json.dumps(args)}})
     message = {"role": "assistant", "content": content or None, "tool_calls": encoded}
-    return Reply(message=message, finish_reason=finish_reason, delay=delay)
+    return Reply(message=message, finish_reason=finish_reason, delay=delay, usage=usage)
 
 
-def text(content: str, finish_reason: str = "stop", delay: float = 0.0) -> Reply:
-    """Reply with a plain assistant message."""
+def text(content: str, finish_reason: str = "stop", delay: float = 0.0,
+         usage: dict[str, Any] | None = None) -> Reply:
+    """Reply with a plain assistant message (``usage`` merged over the counted usage)."""
     return Reply(message={"role": "assistant", "content": content},
-                 finish_reason=finish_reason, delay=delay)
+                 finish_reason=finish_reason, delay=delay, usage=usage)
 
 
 def error(status: int, message: str = "fake error", delay: float = 0.0,
@@ -334,8 +346,13 @@ class FakeOpenAI:
                  reject_null_content: bool = True, validate_sequence: bool = True,
                  default: Callable[[Request], Any] | None = None,
                  reject_stream: int | None = None, reject_invalid_arguments: bool = True,
-                 reject_blank_text: bool = True, reject_reasoning_effort: bool = False) -> None:
+                 reject_blank_text: bool = True, reject_reasoning_effort: bool = False,
+                 reject_stream_options: int | None = None) -> None:
         self.models = list(models)
+        #: refuse a streamed request carrying ``stream_options`` with this status
+        self.reject_stream_options = reject_stream_options
+        #: the ``usage`` of transcription answers (``None``: none)
+        self.transcript_usage: dict[str, Any] | None = {"type": "duration", "seconds": 1}
         #: refuse ``reasoning_effort`` with OpenAI's 400, as its models without reasoning do
         self.reject_reasoning_effort = reject_reasoning_effort
         #: refuse a history with tool-call arguments that are not a JSON object (as vLLM does)
@@ -516,7 +533,10 @@ class FakeOpenAI:
                 "segments": [{"id": 0, "seek": 0, "start": 0.0, "end": 1.0, "text": text_,
                               "tokens": [], "temperature": 0.0, "avg_logprob": -0.1,
                               "compression_ratio": 1.0, "no_speech_prob": 0.0}]})
-        return web.json_response({"text": text_, "usage": {"type": "duration", "seconds": 1}})
+        answer: dict[str, Any] = {"text": text_}
+        if self.transcript_usage is not None:
+            answer["usage"] = self.transcript_usage
+        return web.json_response(answer)
 
     async def _speech(self, http: web.Request) -> web.Response:
         body: Request = await http.json()
@@ -598,7 +618,7 @@ class FakeOpenAI:
         if reply.stream_truncated:
             await response.write_eof()
             return response
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if (body.get("stream_options") or {}).get("include_usage") and "usage" in full:
             usage = {**_chunk_base(full), "choices": [], "usage": full["usage"]}
             await response.write(f"data: {json.dumps(usage)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
@@ -637,6 +657,9 @@ class FakeOpenAI:
         if self.reject_stream and body.get("stream"):
             self.rejected.append(body)
             return error(self.reject_stream, "stream: streaming is not supported by this server")
+        if self.reject_stream_options and body.get("stream") and "stream_options" in body:
+            self.rejected.append(body)
+            return error(self.reject_stream_options, "Unrecognized request argument supplied: stream_options")
         if self.reject_tool_choice_required and body.get("tool_choice") == "required":
             self.rejected.append(body)
             status = self.reject_tool_choice_required
@@ -663,14 +686,18 @@ class FakeOpenAI:
         # a real server counts the tool schemas too (they are part of the prompt)
         prompt_tokens = (len(json.dumps(body.get("messages", []))) + len(json.dumps(body.get("tools", [])))) // 4
         completion_tokens = max(1, len(json.dumps(message)) // 4)
-        return {
+        answer = {
             "id": f"chatcmpl-fake{next(_completion_ids)}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model", "unknown"),
             "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason,
                          "logprobs": None}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
         }
+        if reply.report_usage:
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+            usage.update(reply.usage or {})
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            answer["usage"] = usage
+        return answer
 
 
 def _chunk_base(full: dict[str, Any]) -> dict[str, Any]:
