@@ -119,8 +119,18 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
             f"a directory this user can write ({exc.strerror or exc}: {exc.filename or settings.data_dir})",
         ) from None
     if unreadable is not None:
-        log.warning("%s is not readable (%s); using the secrets from the environment", dotenv.resolve(), unreadable)
+        # the service's own .env is root's: systemd read it (EnvironmentFile=), nothing is amiss
+        say = log.debug if _secrets_from_systemd(settings) else log.warning
+        say("%s is not readable (%s); using the secrets from the environment", dotenv.resolve(), unreadable)
     return settings, secrets, entity
+
+
+def _secrets_from_systemd(settings: Settings) -> bool:
+    """Started by systemd (``$INVOCATION_ID``, which it sets for every process of a unit) with
+    the token of every enabled platform in the environment, as ``EnvironmentFile=`` gives them."""
+    needed = [name for name, on in (("TELEGRAM_BOT_TOKEN", settings.telegram.enabled),
+                                    ("DISCORD_BOT_TOKEN", settings.discord.enabled)) if on]
+    return bool(os.environ.get("INVOCATION_ID")) and all(os.environ.get(name) for name in needed)
 
 
 async def _wait_for_stop(
