@@ -307,7 +307,8 @@ def run_service(args: argparse.Namespace, config: Path | None, settings: Setting
     from bumblebot.app import service
 
     if config is None:
-        print("bumblebot: service install needs a config file: pass --config /etc/bumblebot/bumblebot.yaml", file=sys.stderr)
+        print("bumblebot: service install needs a config file (as `run` finds it: --config, else $BUMBLEBOT_CONFIG, "
+              "else ./bumblebot.yaml): pass --config /etc/bumblebot/bumblebot.yaml", file=sys.stderr)
         return EXIT_CONFIG
     workspace = settings.workspace.resolve()
     outside = [] if workspace.is_relative_to(settings.data_dir.resolve()) else [workspace]
@@ -316,6 +317,11 @@ def run_service(args: argparse.Namespace, config: Path | None, settings: Setting
         config_path=config, data_dir=settings.data_dir, user_mode=args.user, writable=outside,
         shell_sandbox=shell.enabled and shell.sandbox == "bwrap",
     )
+    if plan.refusals:
+        print("bumblebot: service install writes no unit the service could not run:", file=sys.stderr)
+        for reason in plan.refusals:
+            print(f"  - {reason}", file=sys.stderr)
+        return EXIT_FAILURE
     try:
         print(service.install(plan, dry_run=args.dry_run))
     except service.InstallError as exc:
@@ -419,7 +425,11 @@ def parser() -> argparse.ArgumentParser:
     ss = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     i = ss.add_parser("install", parents=[common], help="write a hardened systemd unit for this installation",
                       description="Write a hardened Type=notify unit for this installation (its venv, the config, "
-                      "the data directory), create the state directory, and print the next commands.")
+                      "the data directory), create the state directory, and print the next commands. It needs a "
+                      "config file, found as `run` finds it: --config, else $BUMBLEBOT_CONFIG, else ./bumblebot.yaml. "
+                      "It writes no system unit whose program, Python, config or data the service could not reach (under "
+                      "/tmp, which the unit makes private, or in a home directory hidden from or closed to the service "
+                      "user): install into /opt (docs/running.md), or use --user.")
     i.add_argument("--user", action="store_true", help="a user unit (systemctl --user) instead of a system one")
     i.add_argument("--dry-run", action="store_true", help="print the unit and what would be done; write nothing")
     return p
