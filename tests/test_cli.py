@@ -290,6 +290,20 @@ def test_an_unreadable_dotenv_is_no_problem_when_the_secrets_are_in_the_environm
     assert "[FAIL] model endpoint" in result.stdout and "http://127.0.0.1:9/v1/chat/completions" in result.stdout
 
 
+def test_an_unreadable_dotenv_is_not_worth_a_warning_when_systemd_gave_the_secrets(tmp_path):
+    """Regression: the service warned at every start that /etc/bumblebot/.env (root's, read by
+    systemd's EnvironmentFile=) was not readable, though the secrets were all there."""
+    (tmp_path / ".env").mkdir()  # unreadable as a file, for root too
+    env = env_for(tmp_path) | {"INVOCATION_ID": "0123456789abcdef0123456789abcdef"}
+    result = run_cli("trace", cwd=tmp_path, env=env)  # loads config and secrets, then finds no database
+    assert result.stderr.startswith("bumblebot: no database at"), result.stderr
+    assert "is not readable" not in result.stderr
+    # under systemd still, but the enabled Telegram's token is missing: the file may have held it
+    missing = {k: v for k, v in env.items() if k != "TELEGRAM_BOT_TOKEN"}
+    result = run_cli("trace", cwd=tmp_path, env=missing)
+    assert "is not readable" in result.stderr and "no database at" in result.stderr
+
+
 def test_a_data_dir_that_is_a_file_gives_the_same_message_everywhere(tmp_path):
     """Regression: run, chat and trace said three different things."""
     (tmp_path / "state").write_text("not a directory")

@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
-
+from bumblebot.app.reach import get_json, model_failure, platform_failure
 from bumblebot.core.config import Secrets, effective_base_url
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ModelError, StoreError
@@ -115,25 +114,30 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
                  "for the terminal chat alone run `bumblebot check --chat-only`")
         else:
             url = f"{tg.base_url}{secrets.telegram_bot_token.get_secret_value()}/getMe"
-            result = await _get_json(url)
-            if isinstance(result, dict) and result.get("ok"):
+            reply = await get_json(url)
+            result = reply.body
+            if reply.status == 200 and isinstance(result, dict) and result.get("ok"):
                 _line(True, "telegram", f"bot @{result['result'].get('username')}")
                 if not tg.allowed_user_ids and not tg.allowed_chat_ids:
                     _line(True, "telegram allowlist", "empty: anyone who finds the bot can talk to it")
                 _line(True, "telegram groups", _groups_line(tg, result["result"]))
             else:
-                fail("telegram", f"{tg.base_url}<token>/getMe failed ({_describe(result)}); check TELEGRAM_BOT_TOKEN")
+                fail("telegram", platform_failure(reply, shown=f"{tg.base_url}<token>/getMe", url=tg.base_url,
+                                                  setting="telegram.base_url", token="TELEGRAM_BOT_TOKEN",
+                                                  not_found_is_token=True))
     dc = settings.discord
     if dc.enabled:
         if not secrets.discord_bot_token:
             fail("discord", "DISCORD_BOT_TOKEN is not set (Developer Portal > your app > Bot > Reset Token)")
         else:
             headers = {"Authorization": f"Bot {secrets.discord_bot_token.get_secret_value()}"}
-            result = await _get_json(f"{dc.api_base_url}/users/@me", headers)
-            if isinstance(result, dict) and "id" in result:
-                _line(True, "discord", f"bot {result.get('username')}")
+            reply = await get_json(f"{dc.api_base_url}/users/@me", headers)
+            if reply.status == 200 and isinstance(reply.body, dict) and "id" in reply.body:
+                _line(True, "discord", f"bot {reply.body.get('username')}")
             else:
-                fail("discord", f"{dc.api_base_url}/users/@me failed ({_describe(result)}); check DISCORD_BOT_TOKEN")
+                fail("discord", platform_failure(reply, shown=f"{dc.api_base_url}/users/@me", url=dc.api_base_url,
+                                                 setting="discord.api_base_url", token="DISCORD_BOT_TOKEN",
+                                                 not_found_is_token=False))
     if not problems:
         print("all checks passed")
     return problems
@@ -202,9 +206,13 @@ async def _check_endpoint(
             fail(f"{prefix}tool calls", f"{llm.model} answered without calling a tool; use a model/server with tool "
                  "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
     except ModelError as exc:
-        hint = "check its base_url, api_key_env and model in llm.fallbacks" if name else \
-            "check llm.base_url / OPENAI_BASE_URL, OPENAI_API_KEY and llm.model"
-        fail(f"{prefix}model endpoint", f"{base_url}/chat/completions: {exc} ({hint})")
+        url = f"{base_url}/chat/completions"
+        if name:  # "fallback N": its settings are llm.fallbacks[N-1]
+            where = f"llm.fallbacks[{int(name.split()[-1]) - 1}]"
+            why = model_failure(exc, url, settings=f"{where}.base_url", key=f"{where}.api_key_env", model=f"{where}.model")
+        else:
+            why = model_failure(exc, url)
+        fail(f"{prefix}model endpoint", why)
     finally:
         await llm.aclose()
     if fallback is not None and forced_now:
@@ -299,15 +307,6 @@ def _reason(raw: str) -> str:
         return "reason not recorded"
 
 
-async def _get_json(url: str, headers: dict[str, str] | None = None) -> Any:
-    try:
-        async with httpx.AsyncClient(timeout=15) as client:
-            response = await client.get(url, headers=headers)
-        return response.json() if response.content else {"status": response.status_code}
-    except (httpx.HTTPError, ValueError) as exc:
-        return exc
-
-
 async def _images_line(settings: Settings, base_url: str, model: str) -> str:
     """What happens to photos: ``llm.vision``, and what the daemon remembers of the model."""
     mode = settings.llm.vision
@@ -351,13 +350,3 @@ def _groups_line(tg: Any, me: dict[str, Any]) -> str:
     if tg.respond_in_groups == "always":
         return f"{mode}, but privacy mode is on: it only sees mentions, replies to it and commands {hint}"
     return f"{mode}; privacy mode on: in groups it only sees mentions, replies to it and commands, so group_context has nothing to show {hint}"
-
-
-def _describe(result: Any) -> str:
-    if isinstance(result, Exception):
-        # the exception's own text may hold the URL, and with it the token: its kind only
-        return {"ConnectError": "connection refused or host unreachable", "ConnectTimeout": "timed out connecting",
-                "ReadTimeout": "timed out waiting for an answer"}.get(type(result).__name__, type(result).__name__)
-    if isinstance(result, dict):
-        return str(result.get("description") or result.get("message") or result.get("status"))
-    return "unexpected answer"

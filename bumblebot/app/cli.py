@@ -123,8 +123,18 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
             f"a directory this user can write ({exc.strerror or exc}: {exc.filename or settings.data_dir})",
         ) from None
     if unreadable is not None:
-        log.warning("%s is not readable (%s); using the secrets from the environment", dotenv.resolve(), unreadable)
+        # the service's own .env is root's: systemd read it (EnvironmentFile=), nothing is amiss
+        say = log.debug if _secrets_from_systemd(settings) else log.warning
+        say("%s is not readable (%s); using the secrets from the environment", dotenv.resolve(), unreadable)
     return settings, secrets, entity
+
+
+def _secrets_from_systemd(settings: Settings) -> bool:
+    """Started by systemd (``$INVOCATION_ID``, which it sets for every process of a unit) with
+    the token of every enabled platform in the environment, as ``EnvironmentFile=`` gives them."""
+    needed = [name for name, on in (("TELEGRAM_BOT_TOKEN", settings.telegram.enabled),
+                                    ("DISCORD_BOT_TOKEN", settings.discord.enabled)) if on]
+    return bool(os.environ.get("INVOCATION_ID")) and all(os.environ.get(name) for name in needed)
 
 
 async def _wait_for_stop(
@@ -302,7 +312,8 @@ def run_service(args: argparse.Namespace, config: Path | None, settings: Setting
     from bumblebot.app import service
 
     if config is None:
-        print("bumblebot: service install needs a config file: pass --config /etc/bumblebot/bumblebot.yaml", file=sys.stderr)
+        print("bumblebot: service install needs a config file (as `run` finds it: --config, else $BUMBLEBOT_CONFIG, "
+              "else ./bumblebot.yaml): pass --config /etc/bumblebot/bumblebot.yaml", file=sys.stderr)
         return EXIT_CONFIG
     workspace = settings.workspace.resolve()
     outside = [] if workspace.is_relative_to(settings.data_dir.resolve()) else [workspace]
@@ -311,6 +322,11 @@ def run_service(args: argparse.Namespace, config: Path | None, settings: Setting
         config_path=config, data_dir=settings.data_dir, user_mode=args.user, writable=outside,
         shell_sandbox=shell.enabled and shell.sandbox == "bwrap",
     )
+    if plan.refusals:
+        print("bumblebot: service install writes no unit the service could not run:", file=sys.stderr)
+        for reason in plan.refusals:
+            print(f"  - {reason}", file=sys.stderr)
+        return EXIT_FAILURE
     try:
         print(service.install(plan, dry_run=args.dry_run))
     except service.InstallError as exc:
@@ -440,7 +456,11 @@ def parser() -> argparse.ArgumentParser:
     ss = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     i = ss.add_parser("install", parents=[common], help="write a hardened systemd unit for this installation",
                       description="Write a hardened Type=notify unit for this installation (its venv, the config, "
-                      "the data directory), create the state directory, and print the next commands.")
+                      "the data directory), create the state directory, and print the next commands. It needs a "
+                      "config file, found as `run` finds it: --config, else $BUMBLEBOT_CONFIG, else ./bumblebot.yaml. "
+                      "It writes no system unit whose program, Python, config or data the service could not reach (under "
+                      "/tmp, which the unit makes private, or in a home directory hidden from or closed to the service "
+                      "user): install into /opt (docs/running.md), or use --user.")
     i.add_argument("--user", action="store_true", help="a user unit (systemctl --user) instead of a system one")
     i.add_argument("--dry-run", action="store_true", help="print the unit and what would be done; write nothing")
     return p

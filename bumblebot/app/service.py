@@ -76,12 +76,19 @@ and unix sockets; files created private (``UMask=0077``). Not used: ``MemoryDeny
 unprivileged manager can apply without user namespaces: the seccomp-based settings and
 ``NoNewPrivileges=``; no ``User=``, ``WantedBy=default.target``, and ``loginctl enable-linger``
 keeps them running without a login session.
+
+What a system unit's service could not reach is found before anything is written
+(``bumblebot/app/unit_reach.py``, :attr:`InstallPlan.refusals`): an entry point, a Python (the
+one of its ``#!`` line and the one that resolves to), a config or a data directory under
+``/tmp`` (``PrivateTmp=yes``), in a home the unit hides (a venv in ``/opt`` made from a pyenv
+Python in ``/root``: ``ProtectHome=yes``), or behind a directory the service user may not search
+(a clone in ``/root``, mode 0700). ``service install`` then writes nothing and says which path,
+which setting or directory, and what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
-import grp
 import os
 import pwd
 import sys
@@ -89,6 +96,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bumblebot.app.unit_reach import HOME_ROOTS, RUN_FIX, Need, Who, blocked_at, pythons, refusals
 from bumblebot.core.errors import BumblebotError
 
 __all__ = [
@@ -120,7 +128,6 @@ STATE_DIR = Path("/var/lib/bumblebot")
 WATCHDOG_S = 30
 
 _STATE_ROOT = Path("/var/lib")
-_HOME_ROOTS = (Path("/home"), Path("/root"), Path("/run/user"))
 _UNSAFE = set(" \t\n\r\"'\\;") | {chr(c) for c in range(32)}
 
 
@@ -145,7 +152,10 @@ class InstallPlan:
     directory to create (mode 0700), ``owner`` the user to give it to (when run as root).
     ``exec_path``/``config_path``: the entry point and config file the unit runs.
     ``commands``: the next commands, in order. ``notes``: problems found on the way (a
-    missing service user, files it cannot read), each with its fix.
+    missing service user, files it cannot read), each with its fix. ``refusals``: why the
+    service could not run as the unit says (an entry point, Python, config or data directory
+    its sandbox hides or its user cannot reach; ``bumblebot/app/unit_reach.py``), each with
+    what to do: ``service install`` writes nothing then.
     """
 
     unit_path: Path
@@ -157,6 +167,7 @@ class InstallPlan:
     config_path: Path
     commands: tuple[str, ...]
     notes: tuple[str, ...] = field(default=())
+    refusals: tuple[str, ...] = field(default=())
 
 
 def _checked(path: Path, what: str) -> str:
@@ -278,7 +289,7 @@ def render_unit(
         homes = [exec_path, config_path, working_dir, data_dir, *writable]
         lines += [
             "ProtectSystem=strict",
-            f"ProtectHome={'read-only' if any(_under(p, _HOME_ROOTS) for p in homes) else 'yes'}",
+            f"ProtectHome={'read-only' if any(_under(p, HOME_ROOTS) for p in homes) else 'yes'}",
         ]
         if writable_dirs:
             lines.append(f"ReadWritePaths={' '.join(writable_dirs)}")
@@ -312,31 +323,6 @@ def render_unit(
         f"WantedBy={'default.target' if user_mode else 'multi-user.target'}",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _groups(user: pwd.struct_passwd) -> set[int]:
-    return {user.pw_gid} | {g.gr_gid for g in grp.getgrall() if user.pw_name in g.gr_mem}
-
-
-def _cannot(path: Path, user: pwd.struct_passwd, bit: int) -> Path | None:
-    """The first of ``path``'s directories ``user`` cannot enter, or ``path`` itself when it
-    lacks ``bit`` (4 read, 1 execute) for ``user``, by owner, group and mode (ACLs not read)."""
-    if user.pw_uid == 0:
-        return None
-    gids = _groups(user)
-
-    def allowed(p: Path, want: int) -> bool:
-        st = p.stat()
-        shift = 6 if st.st_uid == user.pw_uid else 3 if st.st_gid in gids else 0
-        return (st.st_mode >> shift) & want == want
-
-    try:
-        for parent in reversed(path.parents):
-            if not allowed(parent, 1):
-                return parent
-        return None if allowed(path, bit) else path
-    except OSError:
-        return path
 
 
 def plan_install(
@@ -391,6 +377,7 @@ def plan_install(
             f"that venv first ({python.parent / 'pip'} install bumblebot-*.whl)",
         )
     env = Path(os.path.abspath(env_file)) if env_file is not None else config.parent / ".env"
+    extra = [Path(os.path.abspath(p)) for p in writable]
     euid = os.geteuid() if euid is None else euid
     if user_mode:
         user = None
@@ -399,7 +386,7 @@ def plan_install(
         unit_dir = unit_dir or SYSTEM_UNIT_DIR
     unit_text = render_unit(
         exec_path=entry, config_path=config, data_dir=data, env_file=env, user=user,
-        user_mode=user_mode, working_dir=data, writable=[Path(os.path.abspath(p)) for p in writable],
+        user_mode=user_mode, working_dir=data, writable=extra,
         shell_sandbox=shell_sandbox,
     )
 
@@ -429,13 +416,13 @@ def plan_install(
                 if not data.is_relative_to(_STATE_ROOT):  # StateDirectory= would chown it itself
                     commands.append(f"{sudo}chown {user}:{user} {data}")
             else:
-                for path, bit, fix in (
-                    (config, 4, f"chgrp {account.pw_name} {config} && chmod 0640 {config}"),
-                    (entry, 5, f"install it under {VENV} (root-owned, world-readable)"),
-                ):
-                    blocked = _cannot(path, account, bit)
-                    if blocked is not None:
-                        notes.append(f"{user} may not be able to read {path} (stopped at {blocked}): {fix}")
+                blocked = blocked_at(config, Who.named(account.pw_name), 4)
+                if blocked is not None:
+                    notes.append(f"{user} may not be able to read {config} (stopped at {blocked}): "
+                                 f"chgrp {account.pw_name} {config} && chmod 0640 {config}")
+    if not env.exists():
+        notes.append(f"there is no {env}: the service reads its secrets from it (EnvironmentFile=); "
+                     f"install -m 0600 .env {env}")
     commands += [
         f"{systemctl} daemon-reload",
         f"{systemctl} enable --now bumblebot",
@@ -452,7 +439,20 @@ def plan_install(
         config_path=config,
         commands=tuple(commands),
         notes=tuple(notes),
+        refusals=() if user_mode else tuple(refusals(unit_text, _needs(entry, python, config, data, extra), user)),
     )
+
+
+def _needs(entry: Path, python: Path, config: Path, data: Path, writable: list[Path]) -> list[Need]:
+    """What the service of the unit needs to reach (``bumblebot/app/unit_reach.py``)."""
+    elsewhere = "move it out of there (the standard places: docs/running.md, Running as a service)"
+    return [
+        Need("the bumblebot entry point (ExecStart=)", entry, 5, RUN_FIX),
+        *(Need(what, path, 1, RUN_FIX) for what, path in pythons(entry, python)),
+        Need("the config file", config, 0, f"{elsewhere}, e.g. {CONFIG_PATH}"),
+        Need("the data directory (data_dir)", data, 0, f"{elsewhere}, e.g. data_dir: {STATE_DIR}"),
+        *(Need("the writable directory", path, 0, elsewhere) for path in writable),
+    ]
 
 
 def _report(plan: InstallPlan, done: list[str]) -> str:

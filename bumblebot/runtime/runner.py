@@ -57,7 +57,7 @@ from bumblebot.core.settings import (
     VoiceSettings,
 )
 from bumblebot.core.toolkit import SCHEMA_LEVELS, Toolbox
-from bumblebot.core.usage import scoped
+from bumblebot.core.usage import current_scope, scoped
 from bumblebot.delivery import Delivery
 from bumblebot.llm import Endpoints
 from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
