@@ -86,6 +86,9 @@ class StepTrace:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | None = None
     escalated: bool = False
+    #: the share of the previous request of the model in the conversation this one repeats as
+    #: a prefix (``Prefixes``); ``None`` for the first
+    repeated: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
