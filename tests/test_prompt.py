@@ -8,6 +8,7 @@ from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.prompt import GLOBAL_INLINE_CHARS, PromptBuilder, TurnInfo
 from bumblebot.core.entity import load_entity
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.core.messages import Message
 
 
 def builder(tmp_path, knowledge_text="# Knowledge\n"):
@@ -66,3 +67,33 @@ def test_a_conversations_facts_reach_only_its_own_turn_context(tmp_path):
     assert "Miso" in prompts.preamble(TurnInfo(inbound=ada, route="reflex", now=now))
     assert "Miso" not in prompts.preamble(TurnInfo(inbound=bob, route="reflex", now=now))
     assert "Miso" not in prompts.system_prompt()
+
+
+def test_a_turn_context_shows_what_the_blocks_of_the_history_do_not(tmp_path):
+    """Earlier blocks stay in the request (as they were sent): a new block leaves out the
+    platform and speaker lines the latest one says already and the facts one of them shows,
+    and shows a new speaker, a new fact, and a fact whose block is no longer in the history."""
+    prompts, _ = builder(tmp_path)
+    facts = Memory(tmp_path).of("telegram:5")
+    facts.append_sections([("Pets", "Ada's cat is called Miso.")])
+    chat, now = ChatRef(Platform.TELEGRAM, "5"), datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
+
+    def context(speaker: str, history: list[Message]):
+        inbound = Inbound(chat, "1", speaker.lower(), speaker, "hello all", ChatKind.GROUP)
+        return prompts.context(TurnInfo(inbound=inbound, route="deliberate", now=now), history)
+
+    first = context("Ada", [])
+    assert [line.split(":")[0] for line in first.lines] == ["[Turn context]", "Time", "Platform", "Speaking"]
+    assert first.facts == ("## Pets\nAda's cat is called Miso.",)
+    history = [Message(role="user", content="hello all", context=first), Message(role="assistant", content="hi")]
+    again = context("Ada", history)
+    assert [line.split(":")[0] for line in again.lines] == ["[Turn context]", "Time"] and again.facts == ()
+    assert again.text() == "[Turn context]\nTime: Wednesday 2026-07-01 13:00 (Europe/Lisbon)\n---"
+    facts.append_sections([("Dogs", "Bob walks Rex.")])
+    bob = context("Bob", [*history, Message(role="user", content="hello all", context=again)])
+    assert bob.lines[2:] == ("Speaking: Bob (id bob)",) and bob.facts == ("## Dogs\nBob walks Rex.",)
+    anew = context("Ada", history[1:])  # the first block was compacted away: all of it again
+    assert anew.lines == first.lines and anew.facts == (*first.facts, "## Dogs\nBob walks Rex.")
+    known = prompts.known_facts("telegram:5")
+    facts.path.write_text("# Knowledge\n\n## Dogs\nBob walks Rex.\n")  # Miso forgotten
+    assert "Miso" in first.text(known) and "Miso" not in first.text(prompts.known_facts("telegram:5"))

@@ -371,6 +371,7 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
                     f"  step {step['step']}: finish={step['finish_reason']} {_step_tokens(step, settings.llm.currency)}"
                     f" tool_choice={step.get('tool_choice')}{where}"
                     f" tools=[{calls}]"
+                    + (f" repeated={step['repeated']:.0%}" if step.get("repeated") is not None else "")
                 )
             for g in t.get("gate", []):
                 print(f"  gate@{g['step']}: {'DONE' if g['done'] else 'CONTINUE'} ({g.get('judge') or 'structure'}): {g['reason']}")

@@ -336,8 +336,8 @@ async def compact(
         previous_summary: the summary currently injected, or ``None``.
         complete: one chat completion, ``(messages, max_tokens, temperature) -> text``.
         knowledge: where flushed facts go; ``None`` disables the flush.
-        fixed_tokens: tokens of the rest of the request (system prompt, tool schemas, turn
-            preamble).
+        fixed_tokens: tokens of the rest of the request (system prompt, tool schemas, this
+            turn's messages).
         min_gain_tokens: unless ``force``, do nothing while the middle is smaller than this
             and the request still fits ``request_limit``: with a small window the fixed
             prompt and the protected tail can keep the estimate near the threshold, and

@@ -111,7 +111,7 @@ class Compactor:
 
         Args:
             fixed_tokens: the part of every request compaction cannot shrink (system prompt,
-                tool schemas, ``[Turn context]``), estimated tokens.
+                tool schemas), estimated tokens.
             turn_messages: the running turn's messages (never compacted).
             reply_tokens: the turn's completion budget (default: the largest a turn asks for).
 

@@ -9,6 +9,11 @@ A request is::
     this turn's messages (the first user message carries the [Turn context] preamble)
     [internal nudge, when the loop has one]
 
+The first user message of every turn is sent with the ``[Turn context]`` it was first sent with
+(``Message.context``, recorded with it): a request repeats the previous one of the conversation
+as a prefix, up to that request's nudge, so endpoints with a prompt cache reuse it. Only a fact
+no longer in the knowledge files is left out of an earlier block.
+
 Images: a user message's images are sent as ``image_url`` parts (data URLs,
 :class:`~bumblebot.media.intake.MediaFiles`) while the message is in the request's protected tail:
 this turn's messages and the last ``image_tail`` messages of the history
@@ -47,7 +52,8 @@ class Requests:
 
     Args:
         system_prompt: the cached system prompt.
-        preamble: the ``[Turn context]`` block for the turn's first user message.
+        known_facts: the facts the knowledge files hold now (``PromptBuilder.known_facts``):
+            an earlier ``[Turn context]`` is sent without the facts it showed that are gone.
         tool_schemas: the tool schemas sent with every loop request (compacted to the window).
         session: the session the turn runs in.
         turn: the turn (its transcript is the list it appends to); ``None`` between turns.
@@ -67,7 +73,7 @@ class Requests:
         self,
         *,
         system_prompt: str,
-        preamble: str,
+        known_facts: frozenset[str],
         tool_schemas: list[dict[str, Any]],
         session: History,
         turn: Transcript | None,
@@ -81,7 +87,7 @@ class Requests:
         history_images: bool = True,
     ) -> None:
         self.system_prompt = system_prompt
-        self.preamble = preamble
+        self.known_facts = known_facts
         self.tool_schemas = tool_schemas
         tool_tokens = estimate_tools(tool_schemas)
         self.session = session
@@ -91,7 +97,7 @@ class Requests:
         self._compactor = compactor
         self._budget = budget
         self._limits = limits
-        self.fixed_tokens = estimate_text_tokens(system_prompt) + 10 + tool_tokens + estimate_text_tokens(preamble)
+        self.fixed_tokens = estimate_text_tokens(system_prompt) + 10 + tool_tokens
         self.last_estimate = 0
         self._media = media
         self._sees_images = sees_images
@@ -174,12 +180,11 @@ class Requests:
             log.error("invalid message sequence at %d (%s); repairing before sending", exc.index, exc.reason)
             sequence = repair(sequence)
         api: list[dict[str, Any]] = [{"role": "system", "content": self.system_prompt}]
-        first_user = self.transcript[0] if self.transcript else None
         shown = {id(m) for m in self._tail()} if self._sees else set()
         for m in sequence:
             d = m.to_api()
-            if m is first_user:
-                d["content"] = f"{self.preamble}\n{m.content}"
+            if m.role == "user" and m.context is not None:
+                d["content"] = f"{m.context.text(self.known_facts)}\n{m.content}"
             if m.images:
                 d["content"] = await self._with_images(d["content"], m.images, show=id(m) in shown)
             api.append(d)

@@ -75,6 +75,7 @@ from bumblebot.cognition.notes import (
     post_tool_nudge,
 )
 from bumblebot.cognition.port import RequestBuilder, TurnPort
+from bumblebot.cognition.prefixes import Prefixes
 from bumblebot.cognition.resume import close_interrupted, close_open_calls
 from bumblebot.cognition.run import Run
 from bumblebot.cognition.sequence import plain_conversation
@@ -106,6 +107,8 @@ class AgentLoop:
         self.calls = Calls(toolbox)
         self.gate = gate
         self.tool_context = tool_context
+        #: the last request per conversation and model (the trace's ``repeated`` share)
+        self.prefixes = Prefixes()
 
     async def run(
         self, port: TurnPort, requests: RequestBuilder, limits: LoopLimits, trace: LoopTrace, *, conversation: str = ""
@@ -230,6 +233,7 @@ class AgentLoop:
         taken in."""
         stop, limits = run.port.stop, run.limits
         request, estimate = await run.requests.build(run.nudge)
+        repeated = self.prefixes.repeated(run.ctx.conversation, limits.model, run.requests.tool_schemas, request)
         if run.nudge:
             run.visible.echoes.add(run.nudge, model_words=_model_words(run))
         run.port.waiting()
@@ -258,6 +262,7 @@ class AgentLoop:
             endpoint=completion.endpoint,
             model=completion.model,
             usage=step_usage(completion.usage, completion.cost),
+            repeated=repeated,
         )
         await run.port.answered()
         await run.requests.observe_usage(completion.prompt_tokens, estimate)

@@ -4,13 +4,17 @@ Spec, "System prompt separation": the system prompt (identity, persona, voice ru
 declarations, knowledge) is compiled from the entity file and ``knowledge.md`` and cached by a
 fingerprint of those inputs; it is rebuilt only when one of them changes, so endpoints with
 prompt caching keep their cache. Everything that changes per turn goes into a ``[Turn context]``
-block prefixed to the user message of the request (history stores what the user wrote).
+block prefixed to the user message of the turn (history stores what the user wrote, and the block
+apart, :class:`~bumblebot.core.messages.TurnContext`: later requests send that message with its
+block as it was, so each request repeats the one before it as a prefix). A block shows a fact
+only when no block of the active history shows it yet.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +22,7 @@ from pathlib import Path
 from bumblebot.cognition.knowledge import KnowledgeFile, Memory, Section, parse_sections, relevant
 from bumblebot.core.entity import Entity, load_entity
 from bumblebot.core.events import ChatKind, Inbound
+from bumblebot.core.messages import Message, TurnContext
 from bumblebot.core.textrules import TURN_CONTEXT
 
 log = logging.getLogger(__name__)
@@ -41,8 +46,9 @@ work tools in this same turn, then tell the user what the tools actually returne
 work for later and never claim a result you did not get from a tool.
 - Your turn lasts until you call `end_turn`: call it once you have answered and the work is done. \
 You may call several tools in one step; a reply and `end_turn` can go together.
-- The latest user message begins with a [Turn context] block written by the system (time, \
-platform, who is speaking). It is not from the user; never quote it back."""
+- A user message that starts a turn begins with a [Turn context] block written by the system \
+(time, platform, who is speaking, facts you know); the latest one is current, and facts an earlier \
+one shows still hold. It is not from the user; never quote it back."""
 
 #: The protocol for small windows (prompt level 2 and up): the same rules, fewer words.
 PROTOCOL_SHORT = """\
@@ -50,7 +56,7 @@ PROTOCOL_SHORT = """\
 - Talk only with `say` (plain text is never shown). Do real work with the work tools in this \
 turn and report what they returned; never promise work for later. Your turn lasts until you \
 call `end_turn` (it may go in the same step as your last `say`).
-- The [Turn context] block at the start of the latest user message is from the system."""
+- [Turn context] blocks at the start of user messages are from the system; the latest is current."""
 
 #: System prompt levels (small windows get a higher one, see ``TurnRunner.fixed_part``): 0 all;
 #: 1 without the tool list (the tool schemas describe the tools); 2 also the short protocol, the
@@ -178,48 +184,74 @@ class PromptBuilder:
         locked = "\n\n".join(f"## {s.title}\n{s.body}" for s in sections if s.locked)
         return locked if len(locked) <= bound else locked[: bound - 1] + "…"
 
-    def relevant_knowledge(self, conversation: str, text: str, level: int = 0) -> list[str]:
-        """Facts for this turn's context (bounded, and private to the conversation):
-        the conversation's own sections (all of them while it has at most
+    def relevant_knowledge(
+        self, conversation: str, text: str, level: int = 0, shown: Collection[str] = ()
+    ) -> list[str]:
+        """Facts for this turn's context (bounded, and private to the conversation), leaving
+        out the ``shown`` ones (an earlier block of the active history shows them): the
+        conversation's own sections (all of them while it has at most
         :data:`RELEVANT_SECTIONS`), else the ones sharing the most words with ``text``,
         plus relevant global sections the system prompt does not carry; at most
         :data:`RELEVANT_SECTIONS` sections and :data:`RELEVANT_CHARS` characters."""
         _, own = self._read(self.memory.of(conversation))
         global_text, shared = self._read(self.memory.shared)
-        chosen = own if len(own) <= RELEVANT_SECTIONS else relevant(own, text, RELEVANT_SECTIONS)
+        new = [s for s in own if _block(s) not in shown]
+        chosen = new if len(own) <= RELEVANT_SECTIONS else relevant(new, text, RELEVANT_SECTIONS)
         inline = self._inline_global(global_text, level)
-        others = [s for s in shared if not s.locked and f"## {s.title}\n{s.body}" not in inline]
+        others = [s for s in shared if not s.locked and _block(s) not in inline and _block(s) not in shown]
         if len(chosen) < RELEVANT_SECTIONS:
             chosen = chosen + relevant(others, text, RELEVANT_SECTIONS - len(chosen))
         out, used = [], 0
         for section in chosen:
-            block = f"## {section.title}\n{section.body.strip()}"
+            block = _block(section)
             if used + len(block) > RELEVANT_CHARS:
                 break
             out.append(block)
             used += len(block)
         return out
 
-    def preamble(self, info: TurnInfo) -> str:
-        """The ``[Turn context]`` block for this turn (ends with a ``---`` line)."""
+    def known_facts(self, conversation: str) -> frozenset[str]:
+        """Every fact a turn context of ``conversation`` may show, as it shows it: the
+        sections of its own file and of the global one. A fact of an earlier block that is
+        not among them any more (the file was edited) is no longer sent."""
+        _, own = self._read(self.memory.of(conversation))
+        _, shared = self._read(self.memory.shared)
+        return frozenset(_block(s) for s in (*own, *shared))
+
+    def context(self, info: TurnInfo, history: Collection[Message] = ()) -> TurnContext:
+        """The ``[Turn context]`` block for this turn. ``history``: the active history; what
+        its blocks show already is not shown again: the platform and speaker lines while the
+        latest block that has one says the same, the facts one of them shows (that still hold)."""
         inb = info.inbound
         local = info.now.astimezone(self.entity.zone)
-        lines = [
-            TURN_CONTEXT,
-            f"Time: {local:%A %Y-%m-%d %H:%M} ({self.entity.timezone})",
+        said = {line.split(":", 1)[0]: line for m in history if m.context is not None for line in m.context.lines}
+        steady = [
             f"Platform: {inb.chat.platform.value}, "
             + ("private chat" if inb.chat_kind is ChatKind.PRIVATE else "group chat (several people)"),
             f"Speaking: {inb.speaker} (id {inb.sender_id[:32]})",
+        ]
+        lines = [
+            TURN_CONTEXT,
+            f"Time: {local:%A %Y-%m-%d %H:%M} ({self.entity.timezone})",
+            *(line for line in steady if said.get(line.split(":", 1)[0]) != line),
         ]
         if info.route == "reflex":
             lines.append("Mode: quick reply; keep it short.")
         if info.note:
             lines.append(info.note)
-        facts = self.relevant_knowledge(inb.chat.key, inb.text, info.level)
-        if facts:
-            lines.append("What you know here:\n" + "\n\n".join(facts))
-        lines.append("---")
-        return "\n".join(lines)
+        known = self.known_facts(inb.chat.key)
+        shown = {f for m in history if m.context is not None for f in m.context.facts if f in known}
+        facts = self.relevant_knowledge(inb.chat.key, inb.text, info.level, shown)
+        return TurnContext(tuple(lines), tuple(facts))
+
+    def preamble(self, info: TurnInfo) -> str:
+        """The ``[Turn context]`` block for a turn with no history (ends with a ``---`` line)."""
+        return self.context(info).text()
+
+
+def _block(section: Section) -> str:
+    """A knowledge section as a turn context shows it."""
+    return f"## {section.title}\n{section.body.strip()}"
 
 
 def _clip_sentences(text: str, limit: int) -> str:

@@ -97,6 +97,9 @@ class StepTrace:
     endpoint: str | None = None
     model: str | None = None
     usage: dict[str, Any] | None = None
+    #: the share of the previous request of the model in the conversation this one repeats as
+    #: a prefix (``Prefixes``); ``None`` for the first
+    repeated: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}

@@ -2,7 +2,8 @@
 
 A :class:`Message` is one entry of a conversation in OpenAI chat-completions form:
 
-* ``user``: ``content`` is what the person wrote (never the ``[Turn context]`` preamble);
+* ``user``: ``content`` is what the person wrote (never the ``[Turn context]`` preamble: the
+  first user message of a turn keeps the preamble it was sent with apart, in ``context``);
 * ``assistant``: ``content`` (may be ``""``) and optional ``tool_calls``, each
   ``{"id": str, "type": "function", "function": {"name": str, "arguments": str}}``;
 * ``tool``: ``content`` is the tool result, ``tool_call_id`` names the call it answers;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -44,6 +46,37 @@ def estimate_text_tokens(text: str) -> int:
     return len(text) // 4
 
 
+@dataclass(frozen=True, slots=True)
+class TurnContext:
+    """The ``[Turn context]`` block a turn's first user message was sent with: kept with the
+    message and sent again with it in every later request, so each request repeats the one
+    before it as a prefix (providers' prompt caches).
+
+    Args:
+        lines: the block's lines up to its knowledge: the marker, time, platform, speaker,
+            mode and note lines.
+        facts: the knowledge sections it showed (``"## title\\nbody"``), under "What you
+            know here:".
+    """
+
+    lines: tuple[str, ...]
+    facts: tuple[str, ...] = ()
+
+    def text(self, known: Collection[str] | None = None) -> str:
+        """The block as sent, ending with a ``---`` line. ``known``: the facts that still
+        hold; a fact no longer in the knowledge files is left out (``None``: all shown)."""
+        facts = [f for f in self.facts if known is None or f in known]
+        knowledge = ["What you know here:\n" + "\n\n".join(facts)] if facts else []
+        return "\n".join([*self.lines, *knowledge, "---"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lines": list(self.lines), "facts": list(self.facts)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TurnContext:
+        return cls(tuple(str(x) for x in data.get("lines", ())), tuple(str(x) for x in data.get("facts", ())))
+
+
 @dataclass(slots=True, eq=False)
 class Message:
     """One chat message in OpenAI form, plus its database id.
@@ -65,6 +98,8 @@ class Message:
             (``bumblebot.media.intake.ImageRef`` as JSON: ``{"path", "mime", "width", "height"}``, the
             path relative to ``<data_dir>/media``); the bytes never live in the history. Not
             counted in :attr:`tokens` (the request that shows them adds their cost).
+        context: for the first user message of a turn, the ``[Turn context]`` it was sent
+            with (requests put it before ``content``; counted in :attr:`tokens`).
     """
 
     role: Role
@@ -77,6 +112,7 @@ class Message:
     ok: bool | None = None
     note: bool = False
     images: list[dict[str, Any]] | None = None
+    context: TurnContext | None = None
     _tokens: int | None = field(default=None, repr=False)
 
     @property
@@ -98,8 +134,14 @@ class Message:
                 n += len(fn.get("name", "")) + len(arguments) + arguments.count('"') + len(call.get("id", ""))
                 n += CALL_FRAME_CHARS
             n += len(self.tool_call_id or "")
+            if self.context is not None:
+                n += len(self.context.text()) + 1
             self._tokens = n // 4 + MESSAGE_OVERHEAD_TOKENS
         return self._tokens
+
+    def set_context(self, context: TurnContext | None) -> None:
+        """Give this message the ``[Turn context]`` it is sent with (its estimate follows)."""
+        self.context, self._tokens = context, None
 
     def make_storable(self) -> None:
         """Make this message fit to store and send, in place (before it is first written): lone
@@ -127,6 +169,7 @@ class Message:
             ok=self.ok,
             note=self.note,
             images=self.images,
+            context=self.context,
         )
 
     def with_clipped_calls(self, max_chars: int = CLIPPED_VALUE_CHARS) -> Message:

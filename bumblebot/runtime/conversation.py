@@ -29,7 +29,7 @@ from typing import Any
 
 from bumblebot.cognition.compaction import CompactionOutcome, summary_message
 from bumblebot.core.events import ChatKind, ChatRef, Inbound
-from bumblebot.core.messages import Message
+from bumblebot.core.messages import Message, TurnContext
 from bumblebot.media import prepared
 from bumblebot.runtime.inbox import Inbox
 from bumblebot.runtime.turnstate import TurnState
@@ -243,6 +243,14 @@ class Turn:
     @property
     def user_message(self) -> Message:
         return self.transcript[0]
+
+    async def set_context(self, context: TurnContext) -> None:
+        """Record the ``[Turn context]`` the turn's user message is sent with (later requests
+        of the conversation send it again with the message, as it was)."""
+        user = self.user_message
+        if user.id is not None:
+            await self._store.set_context(user.id, context)
+        user.set_context(context)
 
     async def record(self, message: Message, *, trace: dict[str, Any] | None = None) -> None:
         """Checkpoint one message: an assistant message before its tools run, or one tool result

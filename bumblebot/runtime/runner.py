@@ -308,15 +308,10 @@ class TurnRunner:
     def _requests(
         self, session: Session, turn: Turn | None, compactor: Compactor | None, limits: LoopLimits | None = None
     ) -> Requests:
-        level, prompt, schemas = self.fixed_part()
-        preamble = ""
-        if turn is not None:
-            state = turn.state
-            info = TurnInfo(inbound=turn.entries[-1].inbound, route=state.route, now=datetime.now(UTC), level=level)
-            preamble = self.prompts.preamble(info)
+        _, prompt, schemas = self.fixed_part()
         return Requests(
             system_prompt=prompt,
-            preamble=preamble,
+            known_facts=self.prompts.known_facts(session.key),
             tool_schemas=schemas,
             session=session,
             turn=turn,
@@ -329,6 +324,14 @@ class TurnRunner:
             image_tail=self.cfg.history_compression.compaction_protect_last_n,
             history_images=limits is None or limits.model == self.llm.model,
         )
+
+    async def _turn_context(self, turn: Turn) -> None:
+        """Give the turn's user message its ``[Turn context]``, as of now (a turn resumed or
+        retried gets the time again); recorded with it, so later turns send it as it was."""
+        info = TurnInfo(
+            inbound=turn.entries[-1].inbound, route=turn.state.route, now=datetime.now(UTC), level=self.fixed_part()[0]
+        )
+        await turn.set_context(self.prompts.context(info, turn.session.history))
 
     def between_turns(self, conversation: Conversation) -> Requests:
         """The conversation as the next request would carry it, without a turn's own messages
@@ -395,6 +398,7 @@ class TurnRunner:
         io = self._io(conversation, turn, snapshot, steer_images=limits.model == self.llm.model)
         try:
             await self._tell_blind(conversation, turn, limits.model)
+            await self._turn_context(turn)
             requests = snapshot.requests = self._requests(turn.session, turn, self.compactor, limits)
             # a scheduled or autonomous turn may stay silent: no "typing…" for it
             typing_scope = (

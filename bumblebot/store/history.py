@@ -2,7 +2,8 @@
 
 ``messages`` holds the full history in OpenAI chat form, written step by step while a turn
 runs (:func:`insert_messages`, also used by the turn writers in ``turns.py``). ``ok`` is a
-tool result's success, ``note`` marks the daemon's own messages, ``pruned`` marks tool
+tool result's success, ``note`` marks the daemon's own messages, ``context`` is the
+``[Turn context]`` a turn's first user message was sent with, ``pruned`` marks tool
 results that compaction replaced by a placeholder in prompts, ``covered_by`` marks messages
 folded into a compaction summary. Nothing is deleted, ever. ``compaction`` holds, per
 (conversation, session), the current summary, counters and failure backoff.
@@ -17,12 +18,12 @@ from typing import Any
 import aiosqlite
 
 from bumblebot.core.events import blank
-from bumblebot.core.messages import NOTHING_READABLE, Message, json_text, sound_call
+from bumblebot.core.messages import NOTHING_READABLE, Message, TurnContext, json_text, sound_call
 from bumblebot.store.connection import Database, Writes
 from bumblebot.store.records import CompactionState, ConversationRecord
 
 PRUNED_PLACEHOLDER = "[Old tool output cleared to save context space]"
-_MESSAGE_COLUMNS = "id, role, content, tool_calls, tool_call_id, name, pruned, ok, note, images"
+_MESSAGE_COLUMNS = "id, role, content, tool_calls, tool_call_id, name, pruned, ok, note, images, context"
 
 
 class HistoryTables(Database):
@@ -61,6 +62,13 @@ class HistoryTables(Database):
             assert turn_id is not None
             await insert_messages(db, conversation.id, conversation.session, turn_id, messages)
         return turn_id
+
+    async def set_context(self, message_id: int, context: TurnContext | None) -> None:
+        """Record the ``[Turn context]`` a turn's first user message is sent with."""
+        await self.write(
+            "UPDATE messages SET context=? WHERE id=?",
+            (json_text(context.to_json()) if context is not None else None, message_id),
+        )
 
     # -- compaction ---------------------------------------------------------------------------
 
@@ -162,6 +170,7 @@ def _message(r: aiosqlite.Row) -> Message:
         ok=None if r["ok"] is None else bool(r["ok"]),
         note=bool(r["note"]),
         images=json.loads(r["images"]) if r["images"] else None,
+        context=TurnContext.from_json(json.loads(r["context"])) if r["context"] else None,
     )
 
 
@@ -203,12 +212,14 @@ async def insert_messages(
         m.make_storable()
         cur = await db.execute(
             "INSERT INTO messages (conversation_id, session, turn_id, role, content, tool_calls,"
-            " tool_call_id, name, ok, note, created_at, images) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " tool_call_id, name, ok, note, created_at, images, context)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id, session, turn_id, m.role, m.content,
                 json_text(m.tool_calls) if m.tool_calls else None, m.tool_call_id, m.name,
                 None if m.ok is None else int(m.ok), int(m.note), now,
                 json_text(m.images) if m.images else None,
+                json_text(m.context.to_json()) if m.context is not None else None,
             ),
         )
         m.id = cur.lastrowid

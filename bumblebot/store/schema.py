@@ -1,7 +1,7 @@
 """The database schema: :data:`MIGRATIONS`, applying them, and how JSON columns are written.
 
 Schema versions are applied in order from :data:`MIGRATIONS` and recorded in
-``PRAGMA user_version`` (9 now); each runs in one transaction with its version number, so a
+``PRAGMA user_version`` (10 now); each runs in one transaction with its version number, so a
 crash leaves the database at the version before or after, never between. A database newer
 than this code is refused. The tables are described in the module that writes each and in
 ``docs/architecture.md``.
@@ -219,6 +219,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX usage_by_conversation ON usage (conversation, day);
     CREATE INDEX usage_by_sender ON usage (sender, day);
+    """,
+    # 10: the [Turn context] a turn's first user message was sent with (JSON, ``TurnContext``),
+    # sent again with it in later requests so that each repeats the one before as a prefix.
+    """
+    ALTER TABLE messages ADD COLUMN context TEXT;
     """,
 )
 
