@@ -53,6 +53,7 @@ from bumblebot.llm.forcing import (
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
 from bumblebot.llm.stream import SayListener, StreamedRequests, post_whole
 from bumblebot.llm.thinking import Thinking
+from bumblebot.llm.window import Windows
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ class LLM:
         self._thinking = Thinking(settings, refusals)
         self._vision = Vision(settings, refusals)
         self._streamed = StreamedRequests(self._client, self._slots, settings, refusals)
+        #: the models' context windows, asked and learned from refusals (:mod:`bumblebot.llm.window`)
+        self.windows = Windows(self.capabilities, base_url, api_key, clock)
         #: requests forcing a tool call go without the client's retries (:meth:`_send_forced`)
         self._once = self._client.with_options(max_retries=0)
         self._fewer_retries = self._client.with_options(max_retries=max(0, settings.max_retries - 1))
@@ -219,10 +222,15 @@ class LLM:
         scope, model = current_scope(), model or self.settings.model
         await self.meter.admit(scope, model)
         with self._metrics.model_request():  # counted as one request, with its outcome and latency
-            completion = await self._complete_any(
-                messages, model=model, max_tokens=max_tokens, temperature=temperature, tools=tools,
-                thinking=thinking, on_say=on_say,
-            )
+            try:
+                completion = await self._complete_any(
+                    messages, model=model, max_tokens=max_tokens, temperature=temperature, tools=tools,
+                    thinking=thinking, on_say=on_say,
+                )
+            except ContextTooLong as exc:
+                if exc.window is not None:  # later requests are sized for it
+                    await self.windows.refused(model, exc.window)
+                raise
         await self.meter.record(scope, self._usage(completion, model, messages, tools))
         return completion
 

@@ -50,6 +50,7 @@ from bumblebot.llm.completion import (
     normalise,
 )
 from bumblebot.llm.streaming import JsonStringField
+from bumblebot.llm.window import window_in_refusal
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,10 @@ class StreamedRequests:
                 raise
             except openai.APIError as exc:  # an error event mid-stream (OpenRouter: a provider failed)
                 if is_context_error(exc):
-                    raise ContextTooLong(f"the prompt is too long for the model: {exc.message}") from exc
+                    raise ContextTooLong(
+                        f"the prompt is too long for the model: {exc.message}",
+                        window=window_in_refusal(str(exc.message), exc.body),
+                    ) from exc
                 raise ModelUnavailable(f"the model endpoint reported an error mid-stream: {exc.message}") from exc
             finally:
                 await stream.close()
