@@ -92,6 +92,15 @@ TOO_LONG = (
     "That conversation got too long for my model even after compacting it. "
     "Send /reset to start fresh, or /compact to try again."
 )
+#: Too long, and nothing was compacted: the conversation has history compaction could not shrink
+#: this time (its summary failed, or compaction is off).
+TOO_LONG_UNCOMPACTED = (
+    "That conversation got too long for my model, and I could not compact it this time. "
+    "Send /compact to try again, or /reset to start fresh."
+)
+#: Too long in a conversation with nothing before it: the message itself (or my instructions)
+#: does not fit the model's window.
+TOO_LONG_MESSAGE = "That message is too long for my model's context window. Send it in shorter parts, or as a file."
 MODEL_REFUSED = "My language model refused the request ({error}), so I couldn't answer this message."
 CRASHED = "Something went wrong on my side (error id {error_id}), so I couldn't answer this message."
 BLIND = "(The model I run on can't see images, so I only read the text that came with your picture.)"
@@ -214,6 +223,7 @@ class TurnRunner:
         if inbox.burst.is_set():
             return await self._requeue(conversation, entries)  # the burst goes on: one turn for all of it
         raw = entries
+        await self.budget.settled()  # the endpoint's window, when it is being asked at start
         entries = await preparer.fold_long(entries)
         state = await preparer.start_state(entries)
         if inbox.burst.is_set():
@@ -368,6 +378,7 @@ class TurnRunner:
 
     async def _drive_bound(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
         started = time.monotonic()
+        await self.budget.settled()
         limits = self._turn_limits(turn)
         trace = LoopTrace(
             steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])), cuts=list(earlier.get("cuts", [])),
@@ -398,8 +409,11 @@ class TurnRunner:
             return await self._outage(conversation, turn, exc, snapshot(error=str(exc)))
         except ModelError as exc:
             await io.settle_previews()
+            if isinstance(exc, ContextTooLong) and await self.preparer.refold(turn):
+                # the refusal taught a smaller window: the input is kept as a file, as it would have been
+                return await self._drive_bound(conversation, turn, snapshot())
             log.warning("turn %s in %s failed: %s", turn.id, conversation.key, exc)
-            note = TOO_LONG if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
+            note = too_long(turn) if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
             return await self._end(conversation, turn, snapshot(error=str(exc)), "failed", Stop(StopReason.MODEL_ERROR), note, started)
         except sqlite3.Error:
             raise  # a write of the turn failed: the actor reads it back and resumes it
@@ -511,6 +525,15 @@ class TurnRunner:
         self._metrics.turn_finished(status)
         conversation.turn_done()
         return Finished(status)
+
+
+def too_long(turn: Turn) -> str:
+    """What a turn refused as too long for the window says: "even after compacting it" only
+    about a conversation that was compacted (this turn's compactions included)."""
+    session = turn.session
+    if session.summary or session.compaction.compactions:
+        return TOO_LONG
+    return TOO_LONG_UNCOMPACTED if session.history else TOO_LONG_MESSAGE
 
 
 @dataclasses.dataclass(slots=True)
