@@ -1,9 +1,11 @@
 """``bumblebot check``: validate the config, then try the endpoint and each enabled platform.
 
-Prints one line per check (``ok`` or what is wrong and how to fix it). Secrets are never
-printed. It also says which tool forcing the daemon uses with this endpoint and why
-(``tool forcing: required``, or ``auto since <time>: <reason>; re-tried every …``), read from
-the database opened read-only, so it works next to a running daemon.
+Prints one line per check (``ok`` or what is wrong and how to fix it; ``note`` for what it
+learned that the daemon will use). Secrets are never printed. It also says which tool forcing
+the daemon uses with this endpoint and why (``tool forcing: required``, or ``auto since <time>:
+<reason>; re-tried every …``), and each model's context window, configured and the endpoint's.
+What its requests to the endpoint teach is written to the daemon's database
+(:mod:`bumblebot.app.probing`), safely next to a running daemon.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from bumblebot.core.errors import ModelError, StoreError
 from bumblebot.core.settings import Settings
 from bumblebot.llm import (
     LLM,
+    CapabilityMemory,
     THINKING_RETRY_S,
     ForcingFallback,
     stream_key,
@@ -28,16 +31,17 @@ from bumblebot.llm import (
     tool_choice_key,
     vision_key,
 )
+from bumblebot.app.probing import learned_forcing, probe_thinking, probe_tools, window_lines, writable_store
 from bumblebot.store import Store
-
-PING_TOOL = {
-    "type": "function",
-    "function": {"name": "ping", "description": "Answer a ping.", "parameters": {"type": "object", "properties": {}}},
-}
 
 
 def _line(ok: bool, what: str, detail: str = "") -> None:
     print(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}")
+
+
+def _note(what: str, detail: str) -> None:
+    """A line about something the endpoint showed that the daemon works around, not a failure."""
+    print(f"[note] {what}: {detail}")
 
 
 async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False) -> list[str]:
@@ -59,27 +63,28 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     except OSError as exc:
         fail("data_dir", f"{settings.data_dir} is not writable ({exc.strerror}); change data_dir")
     base_url = effective_base_url(settings, secrets)
+    forcing, fallback = await forcing_mode(settings, base_url)
+    remembered_whole = await _stored_kv(settings, stream_key(base_url))
+    store = await writable_store(settings)  # what the endpoint shows is remembered for the daemon
     llm = LLM(
         settings.llm,
         base_url=base_url,
         api_key=secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None,
+        capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv) if store else None,
     )
-    forcing, fallback = await forcing_mode(settings, base_url)
-    remembered_whole = await _stored_kv(settings, stream_key(base_url))
     forced_now = probe_ran = False
+    learned, windows = None, []
     try:
         for model in dict.fromkeys([llm.model, llm.reflex_model]):
             await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
             _line(True, f"model {model}", f"answered at {base_url}")
         streams = settings.delivery.streaming == "on"
-        probe = await llm.complete(
-            [{"role": "user", "content": "Call the ping tool now."}],
-            max_tokens=64,
-            tools=[PING_TOOL],
-            on_say=(lambda index, text: None) if streams else None,  # streamed, as turns are
-        )
+        probe = await probe_tools(llm, (lambda index, text: None) if streams else None)  # streamed, as turns are
         forced_now = probe.tool_choice == "required"
         probe_ran = True
+        learned = learned_forcing(fallback, forced_now, await llm.forcing_fallback())
+        await probe_thinking(llm, settings)
+        windows = await window_lines(settings, llm)
         if not streams:
             streaming = "off (delivery.streaming)"
         elif remembered_whole:
@@ -89,9 +94,10 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
                 streaming += "; it streamed just now, so the next try will switch streaming back on"
         elif probe.streamed:
             streaming = "on: the endpoint streams tool calls"
+        elif why := await llm.stream_fallback():
+            streaming = f"whole messages, learned just now and remembered for the daemon: {why}; it tries again 24 h after that"
         else:
-            why = await llm.stream_fallback() or "the endpoint did not stream"
-            streaming = f"whole messages: {why}"
+            streaming = "whole messages: the endpoint did not stream this time (the daemon decides after a few tries)"
         if probe.tool_calls:
             how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
             _line(True, "tool calls", f"{llm.model} called a tool, {how}")
@@ -103,15 +109,24 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
         fail("model endpoint", f"{base_url}/chat/completions: {exc} ({hint})")
     finally:
         await llm.aclose()
+        if store is not None:
+            await store.close()
     if fallback is not None and forced_now:
-        forcing += "; the endpoint accepts tool_choice=required now, so the daemon switches back at its next re-try"
-    elif fallback is None and not forced_now and probe_ran:
-        # what the daemon remembers says "required", but this endpoint just refused it
-        forcing = ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
-                   "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
-    _line(True, "tool forcing", forcing)
-    if probe_ran:
+        forcing += ("; the endpoint accepts tool_choice=required now (remembered), so the daemon switches back at "
+                    "its next re-try or start")
+    if learned is not None and settings.llm.tool_choice == "required":
+        _note("tool forcing", learned[1])
+    else:
+        _line(True, "tool forcing", forcing)
+    if probe_ran and "learned just now" in streaming:
+        _note("streaming", streaming)
+    elif probe_ran:
         _line(True, "streaming", streaming)
+    for fine, what, detail in windows:
+        if fine:
+            _line(True, what, detail)
+        else:
+            _note(what, detail)
     _line(True, "images", await _images_line(settings, base_url, llm.model))
     _line(True, "thinking", await _thinking_line(settings, base_url, llm.model))
     stt = settings.llm.transcription_base_url or base_url
@@ -301,7 +316,7 @@ async def _thinking_line(settings: Settings, base_url: str, model: str) -> str:
     if remembered and time.time() - _since(remembered) < THINKING_RETRY_S:
         return (f"not asked for: the daemon remembers that {model} refused reasoning_effort "
                 f"({_reason(remembered)}); it tries again 24 h after that")
-    return asked + " until the endpoint refuses it (llm.thinking.mode: auto; not tried here)"
+    return asked + " until the endpoint refuses it (llm.thinking.mode: auto)"
 
 
 def _groups_line(tg: Any, me: dict[str, Any]) -> str:
