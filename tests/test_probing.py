@@ -57,7 +57,7 @@ async def test_check_says_the_endpoint_tells_no_window_and_what_to_set(tmp_path,
     out = capsys.readouterr().out
     assert "[ok] context window test-model: cognition.max_context_tokens is not set (32768 assumed); the endpoint " \
            "does not say its window" in out
-    assert "learns the endpoint's from its first context-length refusal" in out
+    assert "the daemon uses 32768 until a context-length refusal states the endpoint's" in out
 
 
 async def test_what_check_learns_is_remembered_so_the_first_turn_pays_nothing(tmp_path, tg, capsys):

@@ -195,6 +195,23 @@ async def test_a_27kb_paste_in_a_new_conversation_on_a_4096_token_server_is_kept
     assert len(llm.context_refused) == (0 if tells else 2)  # the refusal that taught it, and the loop's one retry
 
 
+async def test_a_paste_on_a_server_refusing_required_and_telling_no_window_costs_one_refusal_of_forcing(tmp_path, tg):
+    """llama-cpp-python refuses a forced request with a bare 500 before it looks at the prompt's
+    length; the same request with "auto" is then refused as too long. That "auto" got further
+    counts: the fallback is remembered at once, so the loop's retry and the turn run again with
+    the paste kept as a file go straight to "auto" (three 500s there before)."""
+    async with FakeOpenAI(reject_tool_choice_required=500, tool_choice_refusal="", context_window=4096,
+                          tells_window=None, context_error="openai") as llm:
+        judges_say_done(llm)
+        llm.default = lambda r: text("DONE: the reply is adequate") if is_aux(r) else say("Saved; I read its start.")
+        async with running(write_config(tmp_path, llm, tg, delivery={"streaming": "on"})) as d:
+            tg.push_text(paste_27kb(), chat_id=46)
+            await d.engine.wait_for_turns(1, timeout=30)
+    assert tg.sent(46) == ["Saved; I read its start."]
+    assert len(llm.rejected) == 2  # one forced request: streamed, then whole
+    assert len(llm.context_refused) == 2  # the refusal that taught the window, and the loop's retry
+
+
 async def test_a_message_too_long_for_an_uncompacted_conversation_is_not_called_compacted(tmp_path, llm, tg):
     """A new conversation whose one message cannot be kept as a file (the fixed part alone
     nearly fills a tiny window): the note speaks of the message, not of compacting."""

@@ -109,9 +109,9 @@ def _window_line(
     if window is None:
         return True, what, (
             f"{mine}; the endpoint does not say its window (no /props, /models max_model_len or /api/show: "
-            "llama-cpp-python's server and hosted APIs do not), so the daemon uses that and learns the "
-            "endpoint's from its first context-length refusal; set cognition.max_context_tokens to the "
-            "server's context size (llama-cpp-python: n_ctx) to spare that"
+            f"llama-cpp-python's server and hosted APIs do not), so the daemon uses {tokens} until a "
+            "context-length refusal states the endpoint's; set cognition.max_context_tokens to the server's "
+            "context size (llama-cpp-python: --n_ctx) to spare that refusal"
         )
     if told:
         source = f"the endpoint says {window.describe()}"

@@ -373,7 +373,10 @@ class LLM:
             try:
                 response = await self._create(params, on_say)
             except openai.APIError as exc2:
-                raise self._translate(exc2) from exc2
+                translated = self._translate(exc2)
+                if isinstance(translated, ContextTooLong):  # "auto" got past where "required" failed
+                    await self._forcing.refused(exc, probing=probing)
+                raise translated from exc2
             await self._forcing.refused(exc, probing=probing)
         except openai.APIError as exc:
             raise self._translate(exc) from exc

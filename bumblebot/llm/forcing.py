@@ -228,7 +228,8 @@ class ToolForcing:
         """Fall back to ``"auto"`` for this endpoint once the refusal is clearly about forcing.
 
         An error that names ``tool_choice``, or a 400/422 that names tools, counts at once; so
-        does any other refusal that ``"auto"`` then survives from an endpoint never seen
+        does any other refusal that ``"auto"`` then survives (answered, or refused only as too
+        long: it got past where ``"required"`` failed) from an endpoint never seen
         accepting ``"required"`` (llama-cpp-python's bare 500), unless it names tools (a 500
         "Failed to parse tool call arguments" is about the model's output). From an endpoint
         that accepted it before, such a refusal counts only when it happens on
@@ -248,7 +249,7 @@ class ToolForcing:
         if about_tools:
             reason = why
         elif first:
-            reason = f"{why}, and the same request with 'auto' was answered"
+            reason = f"{why}; the same request with 'auto' was not"
         else:
             reason = f"{self._strikes} unexplained refusals in a row (last: {why})"
         now = self._clock()

@@ -689,13 +689,14 @@ class FakeOpenAI:
         if self.reject_stream and body.get("stream"):
             self.rejected.append(body)
             return error(self.reject_stream, "stream: streaming is not supported by this server")
-        too_long = self._too_long(body)
-        if too_long is not None:
-            return too_long
         if self.reject_tool_choice_required and body.get("tool_choice") == "required":
+            # before the window: llama-cpp-python fails a forced request whatever its length
             self.rejected.append(body)
             status = self.reject_tool_choice_required
             return error(status, body=_error_body(status, self.tool_choice_refusal))
+        too_long = self._too_long(body)
+        if too_long is not None:
+            return too_long
         for index, (reply, when) in enumerate(self._script):
             if when is None or when(body):
                 del self._script[index]
