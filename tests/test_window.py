@@ -99,6 +99,31 @@ def test_the_window_a_refusal_states(message, body, window):
     assert window_in_refusal(message, body) == window
 
 
+async def test_asking_a_server_that_never_answers_is_bounded(tmp_path, monkeypatch):
+    """Turns wait for the asking at start: a server that takes connections and never answers
+    holds them ASK_TOTAL_S at most, not each question's timeout over every route and model."""
+    import asyncio
+
+    import bumblebot.llm.window as window
+
+    monkeypatch.setattr(window, "ASK_TOTAL_S", 0.5)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with Store(tmp_path / "b.db") as store:
+        windows = Windows(CapabilityMemory(store.get_kv, store.set_kv), f"http://127.0.0.1:{port}/v1", None, lambda: T0)
+        async with asyncio.timeout(3):  # ASK_TIMEOUT_S alone (5 s a route) would take longer
+            said = await windows.ask(["a", "b"])
+    assert said == {}
+    for writer in held:
+        writer.close()
+    server.close()
+
+
 async def test_an_old_learned_window_is_forgotten(tmp_path):
     async with Store(tmp_path / "b.db") as store:
         key = window_key("http://x/v1", "m")

@@ -49,8 +49,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds a learned window is kept without the endpoint saying it again.
 WINDOW_RETRY_S = 24 * 3600.0
-#: Seconds each question to the endpoint may take (a server that hangs costs no more).
+#: Seconds each question to the endpoint may take, and all of them together (turns wait for
+#: the asking at start: a server that hangs costs no more).
 ASK_TIMEOUT_S = 5.0
+ASK_TOTAL_S = 10.0
 #: The context Ollama runs a model with when neither the model's parameters nor the running
 #: model say otherwise (its default on machines with under 24 GiB of VRAM).
 OLLAMA_DEFAULT_NUM_CTX = 4096
@@ -187,12 +189,14 @@ class Windows:
         said: dict[str, LearnedWindow | None] = {}
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         try:
-            async with httpx.AsyncClient(timeout=ASK_TIMEOUT_S, headers=headers) as http:
+            async with asyncio.timeout(ASK_TOTAL_S), httpx.AsyncClient(timeout=ASK_TIMEOUT_S, headers=headers) as http:
                 for model in dict.fromkeys(models):
                     said[model] = found = await self._ask_one(http, model)
                     known = self._known.get(model)
                     if found is not None and not (found.assumed and known is not None and not known.assumed):
                         await self._remember(model, found)
+        except TimeoutError:
+            log.info("endpoint %s: no answer about its context window within %g s", self.base_url, ASK_TOTAL_S)
         except Exception:  # noqa: BLE001 - asking is a courtesy; the refusals teach the rest
             log.exception("endpoint %s: asking its context window failed", self.base_url)
         return said
@@ -269,7 +273,7 @@ async def _json(request: Any) -> Any:
     """The JSON of a response to ``request`` (an awaitable), ``None`` when it failed or is not JSON."""
     try:
         response = await request
-    except (httpx.HTTPError, asyncio.TimeoutError):
+    except httpx.HTTPError:
         return None
     if response.status_code != 200:
         return None

@@ -194,7 +194,8 @@ class TurnRunner:
             self._fixed_warned = tokens
             log.warning(
                 "the system prompt and tool schemas take ~%d tokens even compacted, over %d%% of the "
-                "%d-token window; raise cognition.max_context_tokens or offer fewer tools",
+                "%d-token window; a larger window (the server's context size, and cognition.max_context_tokens) "
+                "or fewer tools would leave the conversation more room",
                 tokens, FIXED_SHARE * 100, self.budget.max_context_tokens,
             )
         return level, prompt, schemas
