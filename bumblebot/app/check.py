@@ -17,21 +17,21 @@ from typing import Any
 
 import httpx
 
+from bumblebot.app.probing import learned_forcing, probe_thinking, probe_tools, window_lines, writable_store
 from bumblebot.core.config import Secrets, effective_base_url
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ModelError, StoreError
 from bumblebot.core.settings import Settings
 from bumblebot.llm import (
     LLM,
-    CapabilityMemory,
     THINKING_RETRY_S,
+    CapabilityMemory,
     ForcingFallback,
     stream_key,
     thinking_key,
     tool_choice_key,
     vision_key,
 )
-from bumblebot.app.probing import learned_forcing, probe_thinking, probe_tools, window_lines, writable_store
 from bumblebot.store import Store
 
 
