@@ -14,6 +14,7 @@ from bumblebot.cognition.knowledge import Memory
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.messages import Message
 from bumblebot.runtime.conversation import Conversation
+from bumblebot.runtime.notices import TOO_LONG, TOO_LONG_MESSAGE
 from bumblebot.store import Store
 
 CHAT = 501
@@ -173,6 +174,8 @@ async def test_context_length_refusal_compacts_and_retries_once(tmp_path, llm, t
 
 
 async def test_second_refusal_tells_the_user_plainly(tmp_path, llm, tg):
+    """A new conversation refused twice: nothing was compacted, so the note speaks of the
+    message, never of "even after compacting it" (nor of /reset, which cannot help)."""
     judges_say_done(llm)
     llm.push(error(400, "maximum context length exceeded"), when=is_loop)
     llm.push(error(400, "maximum context length exceeded"), when=is_loop)
@@ -181,9 +184,25 @@ async def test_second_refusal_tells_the_user_plainly(tmp_path, llm, tg):
         await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
         rows = await d.store._all("SELECT role, content FROM messages")
-    assert "too long" in tg.sent(CHAT)[0] and "/reset" in tg.sent(CHAT)[0]
+    assert tg.sent(CHAT) == [TOO_LONG_MESSAGE]
     assert [tuple(r)[0] for r in rows] == ["user", "assistant"]  # the message is kept,
-    assert rows[0][1] == "hello" and "too long" in rows[1][1]  # and so is what the user was told
+    assert rows[0][1] == "hello" and rows[1][1] == TOO_LONG_MESSAGE  # and so is what the user was told
+
+
+async def test_a_compacted_conversation_refused_again_says_so(tmp_path, llm, tg):
+    """The refusal forced a compaction (a summary was made) and the retry was refused too:
+    "even after compacting it" is true, and /reset can help."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 14)
+    llm.push(error(400, "maximum context length exceeded"), when=is_loop)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(error(400, "maximum context length exceeded"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello", chat_id=CHAT)
+        await tg.wait_for("sendMessage")
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(CHAT) == [TOO_LONG]
 
 
 async def test_status_and_compact_commands(tmp_path, llm, tg):

@@ -279,10 +279,12 @@ async def test_a_500_about_tool_call_arguments_does_not_switch_forcing_off(tmp_p
 
 async def test_flaky_500s_between_successes_never_switch_forcing_off(tmp_path):
     """A flaky upstream: every other forced request fails with 500 (a run with 40 % of them
-    failing once switched forcing off for good). Strikes only count on consecutive requests."""
+    failing once switched forcing off for good). From an endpoint that accepted forcing before,
+    strikes only count on consecutive requests."""
     async with FakeOpenAI() as server, Store(tmp_path / "b.db") as store:
         answer_with_ping(server)
         llm = client(server, store, Clock())
+        assert await ask(llm) == "required"
         for _ in range(10):
             server.push(error(500, "upstream hiccup"), when=lambda r: r.get("tool_choice") == "required")
             server.push(error(500, "upstream hiccup"), when=lambda r: r.get("tool_choice") == "required")
@@ -293,8 +295,13 @@ async def test_flaky_500s_between_successes_never_switch_forcing_off(tmp_path):
 
 
 async def test_three_unexplained_refusals_in_a_row_switch_forcing_off(tmp_path):
+    """An endpoint that accepted forcing (remembered from an earlier process) and then refuses
+    it without a reason on three requests in a row."""
     async with FakeOpenAI() as server, Store(tmp_path / "b.db") as store:
         answer_with_ping(server)
+        first = client(server, store, Clock())
+        assert await ask(first) == "required"
+        await first.aclose()
         for _ in range(3):
             server.push(error(500, "internal error"), when=lambda r: r.get("tool_choice") == "required")
         llm = client(server, store, Clock())
@@ -308,15 +315,17 @@ async def test_three_unexplained_refusals_in_a_row_switch_forcing_off(tmp_path):
 
 
 async def test_one_upstream_hiccup_does_not_turn_tool_forcing_off(tmp_path, llm, tg):
+    """An endpoint seen accepting forcing has one unexplained 500: forcing stays on."""
     judges_say_done(llm)
-    llm.push(error(500, "upstream hiccup"), when=lambda r: is_loop(r) and r.get("tool_choice") == "required")
+    forced = lambda r: is_loop(r) and r.get("tool_choice") == "required"  # noqa: E731
+    llm.push(say("forced"), when=forced)
+    llm.push(error(500, "upstream hiccup"), when=forced)
     llm.push(say("recovered"), when=is_loop)
-    llm.push(say("still forced"), when=lambda r: is_loop(r) and r.get("tool_choice") == "required")
+    llm.push(say("still forced"), when=forced)
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("hi", chat_id=9)
-        await tg.wait_for("sendMessage")
-        tg.push_text("again", chat_id=9)
-        await tg.wait_for("sendMessage", n=2)
+        for n, words in enumerate(("hi", "hello", "again"), start=1):
+            tg.push_text(words, chat_id=9)
+            await tg.wait_for("sendMessage", n=n)
         remembered = await d.store.get_kv(f"llm.tool_choice:{llm.base_url}")
-    assert tg.sent(9) == ["recovered", "still forced"]
-    assert remembered is None
+    assert tg.sent(9) == ["forced", "recovered", "still forced"]
+    assert ForcingFallback.parse(remembered) is None

@@ -9,6 +9,7 @@ from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI, error, is_aux, is_loop, text
 from support import judges_say_done, loop_requests, say
 
+from bumblebot.llm import ForcingFallback
 from bumblebot.llm.capabilities import tool_choice_key
 
 #: A request the router sends deliberate (the "research" cue): such turns ask for thinking.
@@ -54,7 +55,7 @@ async def test_an_endpoint_that_refuses_thinking_is_asked_without_it_and_that_is
     assert tg.sent(316) == ["Here is the plan.", "And here is more."]
     # refused once: the error names reasoning_effort, so it is not taken for a refusal of
     # tool_choice "required" (that cost two more requests and a strike against forcing)
-    assert len(llm.rejected) == 1 and forcing is None
+    assert len(llm.rejected) == 1 and ForcingFallback.parse(forcing) is None
     sent = [r for r in loop_requests(llm) if r not in llm.rejected]
     assert len(sent) == 2 and all("reasoning_effort" not in r for r in sent)
     assert "reasoning_effort" in json.loads(remembered)["reason"]

@@ -17,7 +17,7 @@ from conftest import running, write_config
 from fakes.openai_server import image_parts, is_loop, tool_calls
 from support import contents, judges_say_done, loop_requests, say, tool_results
 
-from bumblebot.runtime.runner import BLIND
+from bumblebot.runtime.notices import BLIND
 
 
 def png(width: int, height: int, color: tuple[int, int, int] = (200, 30, 30), fmt: str = "PNG") -> bytes:

@@ -1,10 +1,12 @@
 """``bumblebot check``: validate the config, then try each model endpoint (the primary and each
 of ``llm.fallbacks``) and each enabled platform.
 
-Prints one line per check (``ok`` or what is wrong and how to fix it). Secrets are never
-printed. It also says which tool forcing the daemon uses with this endpoint and why
-(``tool forcing: required``, or ``auto since <time>: <reason>; re-tried every …``), read from
-the database opened read-only, so it works next to a running daemon.
+Prints one line per check (``ok`` or what is wrong and how to fix it; ``note`` for what it
+learned that the daemon will use). Secrets are never printed. It also says which tool forcing
+the daemon uses with this endpoint and why (``tool forcing: required``, or ``auto since <time>:
+<reason>; re-tried every …``), and each model's context window, configured and the endpoint's.
+What its requests to the endpoint teach is written to the daemon's database
+(:mod:`bumblebot.app.probing`), safely next to a running daemon.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bumblebot.app.probing import learned_forcing, probe_thinking, probe_tools, window_lines, writable_store
 from bumblebot.app.reach import get_json, model_failure, platform_failure
 from bumblebot.core.config import Secrets, effective_base_url
 from bumblebot.core.entity import Entity
@@ -23,6 +26,7 @@ from bumblebot.core.settings import Settings
 from bumblebot.llm import (
     LLM,
     THINKING_RETRY_S,
+    CapabilityMemory,
     ForcingFallback,
     stream_key,
     thinking_key,
@@ -33,14 +37,14 @@ from bumblebot.llm.failover import fallback_settings
 from bumblebot.runtime.limits import check_lines as limits_lines
 from bumblebot.store import Store
 
-PING_TOOL = {
-    "type": "function",
-    "function": {"name": "ping", "description": "Answer a ping.", "parameters": {"type": "object", "properties": {}}},
-}
-
 
 def _line(ok: bool, what: str, detail: str = "") -> None:
     print(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}")
+
+
+def _note(what: str, detail: str) -> None:
+    """A line about something the endpoint showed that the daemon works around, not a failure."""
+    print(f"[note] {what}: {detail}")
 
 
 async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False) -> list[str]:
@@ -62,8 +66,13 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     except OSError as exc:
         fail("data_dir", f"{settings.data_dir} is not writable ({exc.strerror}); change data_dir")
     base_url = effective_base_url(settings, secrets)
-    for name, own, url, api_key in _endpoints(settings, secrets, fail):
-        await _check_endpoint(own, url, api_key, fail, name)
+    store = await writable_store(settings)  # what the endpoints show is remembered for the daemon
+    try:
+        for name, own, url, api_key in _endpoints(settings, secrets, fail):
+            await _check_endpoint(own, url, api_key, fail, name, store)
+    finally:
+        if store is not None:
+            await store.close()
     stt = settings.llm.transcription_base_url or base_url
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
@@ -164,41 +173,34 @@ def _endpoints(
 
 
 async def _check_endpoint(
-    settings: Settings, base_url: str, api_key: str | None, fail: Callable[[str, str], None], name: str = ""
+    settings: Settings, base_url: str, api_key: str | None, fail: Callable[[str, str], None], name: str = "",
+    store: Store | None = None,
 ) -> None:
     """Probe one endpoint (``settings.llm`` is its own section): each model answers, a tool is
-    called (streamed, as turns are), and what the daemon remembers of it; each line's ``what``
-    starts with ``name`` (a fallback's)."""
+    called (streamed, as turns are), thinking and the window are asked, and what the daemon
+    remembers of it is said; what is learned goes into ``store``'s ``kv`` (the daemon's) when
+    given. Each line's ``what`` starts with ``name`` (a fallback's)."""
     prefix = f"{name} " if name else ""
-    llm = LLM(settings.llm, base_url=base_url, api_key=api_key)
     forcing, fallback = await forcing_mode(settings, base_url)
     remembered_whole = await _stored_kv(settings, stream_key(base_url))
+    llm = LLM(
+        settings.llm, base_url=base_url, api_key=api_key,
+        capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv) if store else None,
+    )
     forced_now = probe_ran = False
+    learned, windows = None, []
     try:
         for model in dict.fromkeys([llm.model, llm.reflex_model]):
             await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
             _line(True, f"{prefix}model {model}", f"answered at {base_url}")
         streams = settings.delivery.streaming == "on"
-        probe = await llm.complete(
-            [{"role": "user", "content": "Call the ping tool now."}],
-            max_tokens=64,
-            tools=[PING_TOOL],
-            on_say=(lambda index, text: None) if streams else None,  # streamed, as turns are
-        )
+        probe = await probe_tools(llm, (lambda index, text: None) if streams else None)  # streamed, as turns are
         forced_now = probe.tool_choice == "required"
         probe_ran = True
-        if not streams:
-            streaming = "off (delivery.streaming)"
-        elif remembered_whole:
-            why = _reason(remembered_whole)
-            streaming = f"whole messages: the daemon remembers that this endpoint could not stream ({why}); it tries again 24 h after that"
-            if probe.streamed:
-                streaming += "; it streamed just now, so the next try will switch streaming back on"
-        elif probe.streamed:
-            streaming = "on: the endpoint streams tool calls"
-        else:
-            why = await llm.stream_fallback() or "the endpoint did not stream"
-            streaming = f"whole messages: {why}"
+        learned = learned_forcing(fallback, forced_now, await llm.forcing_fallback())
+        await probe_thinking(llm, settings)
+        windows = await window_lines(settings, llm)
+        streaming = await _streaming_line(llm, probe, streams, remembered_whole)
         if probe.tool_calls:
             how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
             _line(True, f"{prefix}tool calls", f"{llm.model} called a tool, {how}")
@@ -216,16 +218,40 @@ async def _check_endpoint(
     finally:
         await llm.aclose()
     if fallback is not None and forced_now:
-        forcing += "; the endpoint accepts tool_choice=required now, so the daemon switches back at its next re-try"
-    elif fallback is None and not forced_now and probe_ran and settings.llm.tool_choice == "required":
-        # what the daemon remembers says "required", but this endpoint just refused it
-        forcing = ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
-                   "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
-    _line(True, f"{prefix}tool forcing", forcing)
-    if probe_ran:
+        forcing += ("; the endpoint accepts tool_choice=required now (remembered), so the daemon switches back at "
+                    "its next re-try or start")
+    if learned is not None and settings.llm.tool_choice == "required":
+        _note(f"{prefix}tool forcing", learned[1])
+    else:
+        _line(True, f"{prefix}tool forcing", forcing)
+    if probe_ran and "learned just now" in streaming:
+        _note(f"{prefix}streaming", streaming)
+    elif probe_ran:
         _line(True, f"{prefix}streaming", streaming)
+    for fine, what, detail in windows:
+        if fine:
+            _line(True, f"{prefix}{what}", detail)
+        else:
+            _note(f"{prefix}{what}", detail)
     _line(True, f"{prefix}images", await _images_line(settings, base_url, llm.model))
     _line(True, f"{prefix}thinking", await _thinking_line(settings, base_url, llm.model))
+
+
+async def _streaming_line(llm: LLM, probe: Any, streams: bool, remembered_whole: str | None) -> str:
+    """What the "streaming" line says after the tool probe."""
+    if not streams:
+        return "off (delivery.streaming)"
+    if remembered_whole:
+        why = _reason(remembered_whole)
+        line = f"whole messages: the daemon remembers that this endpoint could not stream ({why}); it tries again 24 h after that"
+        if probe.streamed:
+            line += "; it streamed just now, so the next try will switch streaming back on"
+        return line
+    if probe.streamed:
+        return "on: the endpoint streams tool calls"
+    if why := await llm.stream_fallback():
+        return f"whole messages, learned just now and remembered for the daemon: {why}; it tries again 24 h after that"
+    return "whole messages: the endpoint did not stream this time (the daemon decides after a few tries)"
 
 
 def tool_access_lines(settings: Settings) -> list[tuple[str, str]]:
@@ -334,7 +360,7 @@ async def _thinking_line(settings: Settings, base_url: str, model: str) -> str:
     if remembered and time.time() - _since(remembered) < THINKING_RETRY_S:
         return (f"not asked for: the daemon remembers that {model} refused reasoning_effort "
                 f"({_reason(remembered)}); it tries again 24 h after that")
-    return asked + " until the endpoint refuses it (llm.thinking.mode: auto; not tried here)"
+    return asked + " until the endpoint refuses it (llm.thinking.mode: auto)"
 
 
 def _groups_line(tg: Any, me: dict[str, Any]) -> str:

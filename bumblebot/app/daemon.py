@@ -220,6 +220,7 @@ class Daemon:
         self.adapters: list[Adapter] = []
         self.watchdog = LoopWatchdog()  # logs event-loop stalls over 0.5 s
         self._stopped = False
+        self._window_task: asyncio.Task[object] | None = None
 
     def platform_adapters(self, engine: Engine) -> list[Adapter]:
         settings, secrets = self.settings, self.secrets
@@ -273,8 +274,10 @@ class Daemon:
             key=ContextBudget.key_for(base_url, llm.model),
             load=store.get_kv,
             save=store.set_kv,
+            configured="max_context_tokens" in cognition.model_fields_set,
         )
         await budget.load()
+        await self._learn_window()
         self.prompts: PromptBuilder | None = None
         self.scheduler = scheduler = Scheduler(
             settings.automation, settings.autonomy, store,
@@ -356,6 +359,24 @@ class Daemon:
             spending=self.spending,
         )
 
+    async def _learn_window(self) -> None:
+        """The budget follows the endpoint's context window: the one remembered at once, then
+        what the endpoint says, asked in the background (turns wait for it, not readiness),
+        then what its refusals say (``bumblebot/llm/window.py``)."""
+        llm, budget = self.llm, self.budget
+        assert llm is not None
+        models = list(dict.fromkeys([llm.model, llm.reflex_model]))
+
+        def apply() -> None:  # the smallest window of the models turns use
+            known = {m: w for m in models if (w := llm.windows.get(m)) and not (w.assumed and budget.configured)}
+            model = min(known, key=lambda m: known[m].tokens, default="")
+            budget.learn(known.get(model), model)
+
+        llm.windows.listen(apply)
+        await llm.windows.load(models)
+        self._window_task = asyncio.create_task(llm.windows.ask(models), name="bumblebot:window")
+        budget.learning(self._window_task)
+
     def _discord_dm(self, key: str) -> bool:
         """Whether ``key`` is a Discord DM, as the running Discord adapter knows."""
         from adapters.discord import DiscordAdapter
@@ -408,6 +429,8 @@ class Daemon:
             await self._each_adapter("stop")
             if self.mcp is not None:
                 await self.mcp.stop()  # stdio servers stop with the daemon
+            if self._window_task is not None:
+                self._window_task.cancel()
             if self.llm is not None:
                 await self.llm.aclose()
             if self.speech is not None:

@@ -10,11 +10,25 @@ The learned scale belongs to the endpoint and model (their tokenizer), not to a 
 it is one value per ``(base_url, model)``, persisted in the store's ``kv`` table under
 ``tokens.scale:<base_url>|<model>`` so a restart does not forget it. It is written only when it
 moved by :data:`SAVE_STEP` or more since the last write.
+
+The window itself is ``cognition.max_context_tokens``, unless the endpoint's own is smaller
+(:mod:`bumblebot.llm.window`, told by :meth:`ContextBudget.learn` whenever it changes, at start
+or from a refusal mid-run): then the endpoint's, for every later request, the reply cap, the
+fixed part and compaction alike. A configured window always wins over a larger learned one,
+and over one the endpoint did not say but was assumed (Ollama's default ``num_ctx``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bumblebot.llm.window import LearnedWindow
+
+log = logging.getLogger(__name__)
 
 #: A completion's token budget is at most this share of the window (servers that count prompt
 #: plus ``max_tokens`` against it, vLLM, llama.cpp, OpenAI, refuse more).
@@ -41,6 +55,8 @@ class ContextBudget:
             must leave room for it.
         key: the ``kv`` key of the learned scale (see the module docstring).
         load, save: read and write a ``kv`` value (the store's ``get_kv`` / ``set_kv``).
+        configured: ``max_context_tokens`` was set in the configuration (not the default): a
+            larger learned window is corrected with a warning, and an assumed one is ignored.
     """
 
     def __init__(
@@ -52,15 +68,66 @@ class ContextBudget:
         key: str = "",
         load: Callable[[str], Awaitable[str | None]] | None = None,
         save: Callable[[str, str], Awaitable[None]] | None = None,
+        configured: bool = False,
     ) -> None:
-        self.max_context_tokens = max_context_tokens
+        #: ``cognition.max_context_tokens``
+        self.configured_tokens = max_context_tokens
+        self.configured = configured
+        #: the endpoint's window when it is smaller and applies (:meth:`learn`), else ``None``
+        self.learned: LearnedWindow | None = None
         self.threshold_ratio = threshold_ratio
-        self.reply_tokens = min(reply_tokens, int(max_context_tokens * REPLY_SHARE))
+        self._reply_wanted = reply_tokens
         self.key = key
         self._load, self._save = load, save
         #: reported prompt tokens per estimated token, smoothed; never below 1
         self.scale = MIN_SCALE
         self._saved = MIN_SCALE
+        self._told: set[int] = set()  # windows the log was told about, once each
+        self._learning: asyncio.Future[object] | None = None
+
+    @property
+    def max_context_tokens(self) -> int:
+        """The window requests are sized for: the configured one, or the endpoint's when smaller."""
+        return self.configured_tokens if self.learned is None else self.learned.tokens
+
+    @property
+    def reply_tokens(self) -> int:
+        """The largest completion budget a turn asks for, at most :data:`REPLY_SHARE` of the window."""
+        return min(self._reply_wanted, int(self.max_context_tokens * REPLY_SHARE))
+
+    def learn(self, window: LearnedWindow | None, model: str = "") -> None:
+        """The endpoint's window for ``model`` is ``window`` (``None``: unknown): it applies when
+        smaller than the configured one and not merely assumed while a window is configured.
+        The first time a window corrects the configured one, the log says so once: a warning
+        when the operator set the larger one, else a note."""
+        applies = window is not None and window.tokens < self.configured_tokens and not (
+            window.assumed and self.configured
+        )
+        self.learned = window if applies else None
+        if window is None or not applies or window.tokens in self._told:
+            return
+        self._told.add(window.tokens)
+        if self.configured:
+            log.warning(
+                "cognition.max_context_tokens is %d, but the endpoint's window for %s is %s; requests are sized "
+                "for %d tokens (lower cognition.max_context_tokens to match)",
+                self.configured_tokens, model or "the model", window.describe(), window.tokens,
+            )
+        else:
+            log.info(
+                "the endpoint's window for %s is %s; requests are sized for it (cognition.max_context_tokens "
+                "is not set: %d was assumed)", model or "the model", window.describe(), self.configured_tokens,
+            )
+
+    def learning(self, task: asyncio.Future[object]) -> None:
+        """The endpoint is being asked its window (``task``): :meth:`settled` waits for it."""
+        self._learning = task
+
+    async def settled(self) -> None:
+        """Wait until the endpoint was asked its window at start, if it is being asked (the
+        asking bounds itself; a caller cancelled meanwhile does not cancel it)."""
+        if self._learning is not None and not self._learning.done():
+            await asyncio.wait([self._learning])
 
     @staticmethod
     def key_for(base_url: str, model: str) -> str:

@@ -131,8 +131,14 @@ class Requests:
 
     async def observe_refusal(self, prompt_tokens: int | None) -> None:
         """The last request built was refused as too long after the endpoint counted
-        ``prompt_tokens`` (see ``ContextBudget.refused``)."""
+        ``prompt_tokens`` (see ``ContextBudget.refused``). A smaller window the refusal taught
+        (``ContextBudget.learn``) caps the turn's reply budget from its retry on."""
         await self._budget.refused(prompt_tokens, self.last_estimate)
+        if self._limits is not None:
+            cap = self._budget.reply_cap()
+            self._limits.max_tokens = min(self._limits.max_tokens, cap)
+            if self._limits.escalate_tokens is not None:
+                self._limits.escalate_tokens = min(self._limits.escalate_tokens, cap)
 
     def _note(self, entries: list[dict[str, Any] | None]) -> None:
         for entry in entries:

@@ -76,11 +76,16 @@ class ContextTooLong(ModelError):
 
     ``prompt_tokens``: what the endpoint counted for the prompt, when its message says
     (vLLM and OpenAI: "… you requested 5169 tokens (4145 in the messages, …)"), else ``None``.
+    ``window``: the context window it states ("maximum context length is 4096 tokens",
+    llama.cpp's ``n_ctx``), else ``None``.
     """
 
-    def __init__(self, message: str, *, status: int | None = None, prompt_tokens: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, prompt_tokens: int | None = None, window: int | None = None
+    ) -> None:
         super().__init__(message, status=status)
         self.prompt_tokens = prompt_tokens
+        self.window = window
 
 
 class SpendingLimitReached(ModelError):

@@ -53,6 +53,7 @@ from bumblebot.llm.forcing import (
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
 from bumblebot.llm.stream import SayListener, StreamedRequests, post_whole
 from bumblebot.llm.thinking import Thinking
+from bumblebot.llm.window import Windows
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,11 @@ class LLM:
         self._thinking = Thinking(settings, refusals)
         self._vision = Vision(settings, refusals)
         self._streamed = StreamedRequests(self._client, self._slots, settings, refusals)
+        #: the models' context windows, asked and learned from refusals (:mod:`bumblebot.llm.window`)
+        self.windows = Windows(self.capabilities, base_url, api_key, clock)
+        #: requests forcing a tool call go without the client's retries (:meth:`_send_forced`)
+        self._once = self._client.with_options(max_retries=0)
+        self._fewer_retries = self._client.with_options(max_retries=max(0, settings.max_retries - 1))
 
     @property
     def model(self) -> str:
@@ -222,10 +228,15 @@ class LLM:
         scope, model = current_scope(), model or self.settings.model
         await self.meter.admit(scope, model)
         with self._metrics.model_request():  # counted as one request, with its outcome and latency
-            completion = await self._complete_any(
-                messages, model=model, max_tokens=max_tokens, temperature=temperature, tools=tools,
-                thinking=thinking, on_say=on_say,
-            )
+            try:
+                completion = await self._complete_any(
+                    messages, model=model, max_tokens=max_tokens, temperature=temperature, tools=tools,
+                    thinking=thinking, on_say=on_say,
+                )
+            except ContextTooLong as exc:
+                if exc.window is not None:  # later requests are sized for it
+                    await self.windows.refused(model, exc.window)
+                raise
         usage = self._usage(completion, model, messages, tools)
         cost = await self.meter.record(scope, usage)
         return dataclasses.replace(completion, usage=usage, cost=cost)
@@ -363,7 +374,7 @@ class LLM:
             params["tools"] = tools
             params["tool_choice"] = choice
         try:
-            response = await self._create(params, on_say)
+            response = await (self._send_forced(params, on_say) if choice == "required" else self._create(params, on_say))
         except openai.APIStatusError as exc:
             if choice != "required" or not may_refuse_forcing(exc, params):
                 raise self._translate(exc) from exc
@@ -375,7 +386,10 @@ class LLM:
             try:
                 response = await self._create(params, on_say)
             except openai.APIError as exc2:
-                raise self._translate(exc2) from exc2
+                translated = self._translate(exc2)
+                if isinstance(translated, ContextTooLong):  # "auto" got past where "required" failed
+                    await self._forcing.refused(exc, probing=probing)
+                raise translated from exc2
             await self._forcing.refused(exc, probing=probing)
         except openai.APIError as exc:
             raise self._translate(exc) from exc
@@ -396,14 +410,38 @@ class LLM:
             return self.settings.tool_choice, False
         return await self._forcing.choose()
 
-    async def _create(self, params: dict[str, Any], on_say: SayListener | None = None) -> ChatCompletion | Completion:
-        """Send one request: streamed when ``on_say`` is given and the endpoint streams
-        (a :class:`Completion` comes back, or a ``ChatCompletion`` when the stream failed and
-        the request was answered whole), else whole (a ``ChatCompletion``)."""
-        if on_say is None or not await self.streams():
-            return await post_whole(self._client, self._slots, params)
-        return await self._streamed.send(params, on_say)
+    async def _send_forced(self, params: dict[str, Any], on_say: SayListener | None) -> ChatCompletion | Completion:
+        """Send a request with ``tool_choice="required"`` without the client's own retries: a
+        server that refuses forcing answers it with a 500 (llama-cpp-python), which the retries would
+        only repeat before the ``"auto"`` request. An error that cannot be such a refusal and
+        that the client retries (a timeout, no connection, 408, 409, 429, 502, 503…) is sent
+        again with the retries left, so an outage is waited out as for any request."""
+        try:
+            return await self._create(params, on_say, self._once)
+        except openai.APIStatusError as exc:
+            if may_refuse_forcing(exc, params) or not _retried(exc.status_code) or not self.settings.max_retries:
+                raise
+        except openai.APIConnectionError:  # a timeout too
+            if not self.settings.max_retries:
+                raise
+        return await self._create(params, on_say, self._fewer_retries)
 
+    async def _create(
+        self, params: dict[str, Any], on_say: SayListener | None = None, client: openai.AsyncOpenAI | None = None
+    ) -> ChatCompletion | Completion:
+        """Send one request (through ``client``, default the endpoint's): streamed when
+        ``on_say`` is given and the endpoint streams (a :class:`Completion` comes back, or a
+        ``ChatCompletion`` when the stream failed and the request was answered whole), else
+        whole (a ``ChatCompletion``)."""
+        client = client or self._client
+        if on_say is None or not await self.streams():
+            return await post_whole(client, self._slots, params)
+        return await self._streamed.send(params, on_say, client)
 
     def _translate(self, exc: openai.APIError) -> ModelError:
         return translate(exc, base_url=self.base_url, timeout_s=self.settings.timeout_s, clock=self._clock)
+
+
+def _retried(status: int) -> bool:
+    """Whether the ``openai`` client retries a response with ``status`` (its own rule)."""
+    return status in (408, 409, 429) or status >= 500

@@ -13,8 +13,8 @@ one of Bumblebot's model errors.
   and in the calls' arguments: nothing the model wrote can then fail a write to the store or
   the next request's encoding.
 * Errors are translated here, once (:func:`translate`): :class:`~bumblebot.core.errors.ModelTimeout`,
-  :class:`~bumblebot.core.errors.ContextTooLong` (with the prompt's size when the endpoint
-  tells it), :class:`~bumblebot.core.errors.ModelUnavailable` for what may pass (unreachable,
+  :class:`~bumblebot.core.errors.ContextTooLong` (with the prompt's size and the window when
+  the endpoint tells them), :class:`~bumblebot.core.errors.ModelUnavailable` for what may pass (unreachable,
   408/409/429, 5xx; with the ``Retry-After`` delay) and :class:`~bumblebot.core.errors.ModelError`
   for the rest.
 """
@@ -35,6 +35,7 @@ from bumblebot.core.events import storable_text
 from bumblebot.core.messages import storable_arguments
 from bumblebot.core.textrules import strip_reasoning
 from bumblebot.core.usage import Usage
+from bumblebot.llm.window import window_in_refusal
 
 #: The prompt's size in a context-length refusal (vLLM, OpenAI): "(4145 in the messages".
 _PROMPT_COUNT_RE = re.compile(r"\((\d{1,9}) in the messages")
@@ -215,6 +216,7 @@ def translate(
             return ContextTooLong(
                 f"the prompt is too long for the model: {exc.message}", status=exc.status_code,
                 prompt_tokens=int(counted.group(1)) if counted else n_prompt,
+                window=window_in_refusal(str(exc.message), exc.body),
             )
         if exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500:
             return ModelUnavailable(

@@ -46,6 +46,7 @@ from bumblebot.llm.client import LLM
 from bumblebot.llm.completion import Completion
 from bumblebot.llm.forcing import ForcingFallback
 from bumblebot.llm.stream import SayListener
+from bumblebot.llm.window import Windows
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,12 @@ class Endpoints:
     @property
     def meter(self) -> Meter:
         return self.primary.meter
+
+    @property
+    def windows(self) -> Windows:
+        """The primary's context windows: the budget is sized by them (a fallback needs at least
+        the primary's window, ``docs/models.md``)."""
+        return self.primary.windows
 
     async def aclose(self) -> None:
         for llm in self.all:

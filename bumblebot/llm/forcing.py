@@ -1,11 +1,15 @@
 """Tool forcing: ``tool_choice="required"``, the fallback to ``"auto"``, and its re-try.
 
-``tool_choice="required"`` is rejected by some local servers (HTTP 400/422/500). Such a request
-is retried at once with ``"auto"`` (:class:`~bumblebot.llm.client.LLM`; which refusals qualify:
-:func:`may_refuse_forcing`). When the refusal clearly concerns forcing (its message names tools
-or tool_choice), or an unexplained one repeats on consecutive requests, the endpoint (by base
-URL) is switched to ``"auto"``; the fallback, with its reason and time (:class:`ForcingFallback`),
-is remembered in the store's ``kv`` table so it survives restarts. It is not for good: after
+``tool_choice="required"`` is rejected by some local servers (HTTP 400/422/500;
+llama-cpp-python answers a 500 with no message). Such a request is sent without the client's own
+retries, and a refusal is answered at once by the same request with ``"auto"``
+(:class:`~bumblebot.llm.client.LLM`; which refusals qualify: :func:`may_refuse_forcing`). The
+endpoint (by base URL) is switched to ``"auto"`` when the refusal clearly concerns forcing (its
+message names tools or tool_choice), or when an endpoint never seen accepting forcing refuses it
+without a reason, or when one that accepted it before refuses it on :data:`FORCING_STRIKES`
+consecutive requests (a flaky upstream); the fallback, with its reason and time
+(:class:`ForcingFallback`), is remembered in the store's ``kv`` table so it survives restarts.
+So is an endpoint's first accepted ``"required"`` (``{"mode": "required", "since"}``). It is not for good: after
 :data:`FORCING_RETRY_REQUESTS` tool requests or :data:`FORCING_RETRY_S` under the fallback,
 whichever comes first, one tool request tries ``"required"`` again. Accepted: forcing is back and
 the memory is cleared. Refused: that request is answered with ``"auto"`` as before and the timer
@@ -35,7 +39,8 @@ _CHOICE_RE = re.compile(r"tool.?choice", re.IGNORECASE)
 #: A client error (400/422) that names tools: counts at once. A 500 naming tools does not
 #: ("Failed to parse tool call arguments" is the model's output, not the endpoint's rule).
 _TOOLS_RE = re.compile(r"tool|function.?call", re.IGNORECASE)
-#: Consecutive unexplained refusals of ``tool_choice="required"`` before ``"auto"`` is remembered.
+#: Consecutive unexplained refusals of ``tool_choice="required"``, by an endpoint that accepted
+#: it before, before ``"auto"`` is remembered (one is enough from an endpoint never seen accepting it).
 FORCING_STRIKES = 3
 #: Tool requests answered under the ``"auto"`` fallback before ``"required"`` is tried again.
 #: A refusing endpoint answers a retry with a fast 400, so this costs at most one extra
@@ -150,6 +155,7 @@ class ToolForcing:
         self._strikes = 0
         self._auto_requests = 0  # tool requests under the fallback since its timer started
         self._probing = False  # one request at a time tries "required" again
+        self._accepted = False  # "required" was answered (known in this process)
 
     def _key(self) -> str:
         return tool_choice_key(self.base_url)
@@ -192,10 +198,23 @@ class ToolForcing:
         self._probing = False
 
     async def accepted(self, *, probing: bool) -> None:
-        """A request with ``"required"`` was answered (``probing``: it was a re-try)."""
+        """A request with ``"required"`` was answered (``probing``: it was a re-try). The first
+        one is remembered: unexplained refusals from then on may be an upstream's hiccups."""
         self._strikes = 0
         if probing:
             await self._recovered()
+        elif not self._accepted and not await self._ever_accepted():
+            await self.memory.set(self._key(), json.dumps({"mode": "required", "since": self._clock()}))
+        self._accepted = True
+
+    async def _ever_accepted(self) -> bool:
+        """Whether this endpoint was seen answering ``"required"`` (now or remembered)."""
+        if self._accepted:
+            return True
+        try:
+            return json.loads(await self.memory.get(self._key()) or "{}").get("mode") == "required"
+        except (ValueError, AttributeError):
+            return False
 
     async def refused(self, exc: openai.APIStatusError, *, probing: bool) -> None:
         """A request with ``"required"`` was refused with ``exc``, and the same request with
@@ -208,8 +227,12 @@ class ToolForcing:
     async def _note_refused(self, exc: openai.APIStatusError) -> None:
         """Fall back to ``"auto"`` for this endpoint once the refusal is clearly about forcing.
 
-        An error that names ``tool_choice``, or a 400/422 that names tools, counts at once; any
-        other refusal that ``"auto"`` then survives counts only when it happens on
+        An error that names ``tool_choice``, or a 400/422 that names tools, counts at once; so
+        does any other refusal that ``"auto"`` then survives (answered, or refused only as too
+        long: it got past where ``"required"`` failed) from an endpoint never seen
+        accepting ``"required"`` (llama-cpp-python's bare 500), unless it names tools (a 500
+        "Failed to parse tool call arguments" is about the model's output). From an endpoint
+        that accepted it before, such a refusal counts only when it happens on
         :data:`FORCING_STRIKES` consecutive tool requests (a flaky upstream that fails one
         request in three does not switch forcing off). Either way the fallback is re-tried later
         (:meth:`choose`), so no error turns tool forcing off for good.
@@ -219,10 +242,16 @@ class ToolForcing:
             exc.status_code in (400, 422) and bool(_TOOLS_RE.search(message))
         )
         self._strikes += 1
-        if not (about_tools or self._strikes >= FORCING_STRIKES):
+        first = not _TOOLS_RE.search(message) and not await self._ever_accepted()
+        if not (about_tools or first or self._strikes >= FORCING_STRIKES):
             return
         why = refusal(exc)
-        reason = why if about_tools else f"{self._strikes} unexplained refusals in a row (last: {why})"
+        if about_tools:
+            reason = why
+        elif first:
+            reason = f"{why}; the same request with 'auto' was not"
+        else:
+            reason = f"{self._strikes} unexplained refusals in a row (last: {why})"
         now = self._clock()
         await self.memory.set(self._key(), ForcingFallback(reason, now, now).dump())
         self._auto_requests = 0
@@ -252,6 +281,7 @@ class ToolForcing:
         old = await self.fallback()
         await self.memory.clear(self._key())
         self._auto_requests = 0
+        self._accepted = True
         log.warning(
             "endpoint %s accepts tool_choice=required again; tool forcing is back (it used 'auto' since %s)",
             self.base_url, "an older version" if old is None or old.since is None else utc(old.since),

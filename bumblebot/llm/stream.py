@@ -56,6 +56,7 @@ from bumblebot.llm.completion import (
     usage_counts,
 )
 from bumblebot.llm.streaming import JsonStringField
+from bumblebot.llm.window import window_in_refusal
 
 log = logging.getLogger(__name__)
 
@@ -127,39 +128,43 @@ class StreamedRequests:
         """Why the endpoint gets whole answers instead of streams, ``None`` while it streams."""
         return await self._refusals.reason(stream_key(self.base_url))
 
-    async def send(self, params: dict[str, Any], on_say: SayListener) -> ChatCompletion | Completion:
+    async def send(
+        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI | None = None
+    ) -> ChatCompletion | Completion:
         """Send one request streamed (a :class:`Completion` comes back), or whole (a
         ``ChatCompletion``) when the stream failed, or its tool calls came out garbled, and the
-        same request sent whole was answered.
+        same request sent whole was answered; through ``client`` (default the endpoint's: a
+        request forcing a tool call goes without the client's retries).
 
         Raises:
             openai.APIError: the endpoint refused the request (streamed, or whole when it was
                 sent again so), or sent an error event.
             ModelTimeout, ModelUnavailable: the stream stalled or broke off.
         """
+        client = client or self._client
         try:
-            streamed = await self._read_with_usage(params, on_say)
+            streamed = await self._read_with_usage(params, on_say, client)
         except openai.APITimeoutError:
             raise  # slow, not unable to stream: an outage as any timeout is
         except openai.APIStatusError as exc:
             if exc.status_code in _NOT_ABOUT_STREAMING or is_context_error(exc) or names_optional_param(exc, params):
                 raise
-            response = await self._whole(params)  # the same request, whole: if it fails too, not our business
+            response = await self._whole(params, client)  # the same request, whole: if it fails too, not our business
             why = f"a streamed request was refused ({refusal(exc)}); an unstreamed one was answered"
             await self._failed(why, at_once=exc.status_code < 500)  # a 5xx may be a passing one
             return response
         except (openai.APIConnectionError, _StreamDropped) as exc:
-            return await self._send_dropped(params, exc)
+            return await self._send_dropped(params, exc, client)
         broken = broken_stream(streamed, params)
         if broken is None:
             self._checks = self._strikes = 0
             return streamed
         if self._checks >= STREAM_CHECKS:
             return streamed
-        return await self._recheck(params, broken)
+        return await self._recheck(params, broken, client)
 
     async def _send_dropped(
-        self, params: dict[str, Any], exc: openai.APIConnectionError | _StreamDropped
+        self, params: dict[str, Any], exc: openai.APIConnectionError | _StreamDropped, client: openai.AsyncOpenAI
     ) -> ChatCompletion:
         """No answer at all to a streamed request: the endpoint may be down, or it may be one
         that drops streamed requests it cannot serve (llama-cpp-python does, for tool_choice
@@ -167,11 +172,11 @@ class StreamedRequests:
         why = f"a streamed request was dropped unanswered ({exc}); an unstreamed one was answered"
         try:
             try:
-                response = await self._whole(params)
+                response = await self._whole(params, client)
             except openai.APIConnectionError:
                 # a server that aborted a stream can leave its kept-alive connection broken
                 # (llama-cpp-python): one more try, on a fresh connection
-                response = await self._whole(params)
+                response = await self._whole(params, client)
         except openai.APIConnectionError:
             raise exc from None  # down: an outage, as it was
         except openai.APIStatusError as status:
@@ -183,10 +188,10 @@ class StreamedRequests:
         await self._failed(why)
         return response
 
-    async def _recheck(self, params: dict[str, Any], broken: str) -> ChatCompletion:
+    async def _recheck(self, params: dict[str, Any], broken: str, client: openai.AsyncOpenAI) -> ChatCompletion:
         """A streamed answer looks garbled (``broken`` says how): the same request, whole,
         tells the stream's fault from the model's. The whole answer is the one used."""
-        response = await self._whole(params)
+        response = await self._whole(params, client)
         whole = normalise(response, params.get("tool_choice"))
         if broken_stream(whole, params) is None:
             why = f"streamed tool calls came out broken ({broken}); the unstreamed answer did not"
@@ -196,8 +201,8 @@ class StreamedRequests:
             self._checks += 1  # the model's own mess; after a few in a row, stop paying for checks
         return response
 
-    async def _whole(self, params: dict[str, Any]) -> ChatCompletion:
-        return await post_whole(self._client, self._slots, params)
+    async def _whole(self, params: dict[str, Any], client: openai.AsyncOpenAI) -> ChatCompletion:
+        return await post_whole(client, self._slots, params)
 
     async def asks_usage(self) -> bool:
         """Whether streamed requests carry ``stream_options.include_usage`` (not remembered as
@@ -205,13 +210,15 @@ class StreamedRequests:
         key = stream_usage_key(self.base_url)
         return not await self._refusals.active(key, STREAM_RETRY_S, "asking for usage in streams again")
 
-    async def _read_with_usage(self, params: dict[str, Any], on_say: SayListener) -> Completion:
+    async def _read_with_usage(
+        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI
+    ) -> Completion:
         """:meth:`_read`, asking for usage unless the endpoint refused that; a refusal naming
         ``stream_options`` is answered by the same request without it, and remembered."""
         if not await self.asks_usage():
-            return await self._read(params, on_say, usage=False)
+            return await self._read(params, on_say, client, usage=False)
         try:
-            return await self._read(params, on_say, usage=True)
+            return await self._read(params, on_say, client, usage=True)
         except openai.APIStatusError as exc:
             if exc.status_code not in (400, 422) or "stream_options" not in str(exc.message):
                 raise
@@ -220,9 +227,11 @@ class StreamedRequests:
                 "endpoint %s refused stream_options (%s); streams do not ask for usage from now on "
                 "(asked again in %s)", self.base_url, refusal(exc), duration(STREAM_RETRY_S),
             )
-        return await self._read(params, on_say, usage=False)
+        return await self._read(params, on_say, client, usage=False)
 
-    async def _read(self, params: dict[str, Any], on_say: SayListener, *, usage: bool) -> Completion:
+    async def _read(
+        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI, *, usage: bool
+    ) -> Completion:
         """One streamed request, read to the end; ``on_say`` hears each ``say`` call's text;
         ``usage``: ask for the token counts (``stream_options``).
 
@@ -241,7 +250,7 @@ class StreamedRequests:
         async with self._slots:
             # chunks come as plain dicts (``AsyncStream[object]``): building a typed object per
             # chunk doubled the CPU of a streamed turn (bench/bench_chat.py)
-            stream = await self._client.post(
+            stream = await client.post(
                 "/chat/completions", cast_to=ChatCompletion, body=body, stream=True,
                 stream_cls=openai.AsyncStream[object],
             )
@@ -270,7 +279,10 @@ class StreamedRequests:
                 raise
             except openai.APIError as exc:  # an error event mid-stream (OpenRouter: a provider failed)
                 if is_context_error(exc):
-                    raise ContextTooLong(f"the prompt is too long for the model: {exc.message}") from exc
+                    raise ContextTooLong(
+                        f"the prompt is too long for the model: {exc.message}",
+                        window=window_in_refusal(str(exc.message), exc.body),
+                    ) from exc
                 raise ModelUnavailable(f"the model endpoint reported an error mid-stream: {exc.message}") from exc
             finally:
                 await stream.close()

@@ -301,6 +301,19 @@ class Turn:
         await self._store.mark_pruned(pruned_ids)
         self.transcript[:] = transcript
 
+    async def refold(self, entries: list[JournalEntry]) -> None:
+        """The turn's input, kept as a file after the turn began (``TurnPreparer.refold``): its
+        user message is rebuilt from ``entries`` (the same, their text the excerpt), in the
+        store first."""
+        old = self.transcript[0]
+        message = user_message(entries, await background_of(self._store, entries))
+        message.make_storable()
+        assert old.id is not None
+        await self._store.rewrite_message(old.id, message.content)
+        message.id = old.id
+        self.transcript[0] = message
+        self.entries = list(entries)
+
     async def steer(self, entries: list[JournalEntry]) -> Message:
         """Take messages that arrived mid-turn into this turn (one user message), durably:
         after a crash they are answered by the resumed turn, not by a new one."""

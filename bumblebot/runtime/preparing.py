@@ -142,6 +142,20 @@ class TurnPreparer:
         log.info("%d characters in %s kept as a file for the model to read", sum(len(e.inbound.text) for e in entries), chat)
         return folded
 
+    async def refold(self, turn: Turn) -> bool:
+        """The endpoint refused the turn's first request as too long and taught a smaller
+        window meanwhile (``ContextBudget.learn``): its input, when it now passes
+        :data:`LONG_INPUT_SHARE` of the window, is kept as a file as it would have been had
+        the window been known, and its user message becomes the excerpt. ``False``: nothing
+        was folded (the turn is past its input, or the input fits)."""
+        if self.media is None or len(turn.transcript) != 1 or not turn.entries:
+            return False
+        folded = await self.fold_long(turn.entries)
+        if folded is turn.entries:
+            return False
+        await turn.refold(folded)
+        return True
+
     async def start_state(self, entries: list[JournalEntry]) -> TurnState:
         """A turn's first state: its route (docs/cognition.md, "Routing"), kept for every later resume."""
         if any(prepared(e).document for e in entries):  # reading a file is work

@@ -64,6 +64,14 @@ from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
 from bumblebot.runtime.conversation import Conversation, Session, Turn
 from bumblebot.runtime.io import TurnIO, drop_open_streams
 from bumblebot.runtime.limits import SpendingLimits, limit_text
+from bumblebot.runtime.notices import (
+    BLIND,
+    BLIND_TOLD_KEY,
+    CRASHED,
+    MODEL_REFUSED,
+    RESUME_GAVE_UP,
+    too_long,
+)
 from bumblebot.runtime.ledger import turn_scope
 from bumblebot.runtime.outage import (
     MAX_RETRY_AFTER_S,
@@ -87,19 +95,6 @@ MAX_RESUMES = 3
 #: The system prompt and tool schemas together take at most this share of the window.
 FIXED_SHARE = 0.25
 
-RESUME_GAVE_UP = (
-    "I was interrupted several times while working on this and stopped, to be safe. "
-    "Send it again if you still need it."
-)
-TOO_LONG = (
-    "That conversation got too long for my model even after compacting it. "
-    "Send /reset to start fresh, or /compact to try again."
-)
-MODEL_REFUSED = "My language model refused the request ({error}), so I couldn't answer this message."
-CRASHED = "Something went wrong on my side (error id {error_id}), so I couldn't answer this message."
-BLIND = "(The model I run on can't see images, so I only read the text that came with your picture.)"
-#: ``kv`` key: this conversation was told its images are not seen (:data:`BLIND`), once.
-BLIND_TOLD_KEY = "vision.told:{key}"
 
 
 class TurnRunner:
@@ -192,7 +187,8 @@ class TurnRunner:
             self._fixed_warned = tokens
             log.warning(
                 "the system prompt and tool schemas take ~%d tokens even compacted, over %d%% of the "
-                "%d-token window; raise cognition.max_context_tokens or offer fewer tools",
+                "%d-token window; a larger window (the server's context size, and cognition.max_context_tokens) "
+                "or fewer tools would leave the conversation more room",
                 tokens, FIXED_SHARE * 100, self.budget.max_context_tokens,
             )
         return level, prompt, schemas
@@ -224,6 +220,7 @@ class TurnRunner:
         if inbox.burst.is_set():
             return await self._requeue(conversation, entries)  # the burst goes on: one turn for all of it
         raw = entries
+        await self.budget.settled()  # the endpoint's window, when it is being asked at start
         entries = await preparer.fold_long(entries)
         state = await preparer.start_state(entries)
         if inbox.burst.is_set():
@@ -390,6 +387,7 @@ class TurnRunner:
 
     async def _drive_bound(self, conversation: Conversation, turn: Turn, earlier: dict[str, Any]) -> Outcome:
         started = time.monotonic()
+        await self.budget.settled()
         limits = self._turn_limits(turn)
         trace = LoopTrace(
             steps=list(earlier.get("steps", [])), gate=list(earlier.get("gate", [])), cuts=list(earlier.get("cuts", [])),
@@ -423,8 +421,11 @@ class TurnRunner:
             return await self._outage(conversation, turn, exc, snapshot(error=str(exc)))
         except ModelError as exc:
             await io.settle_previews()
+            if isinstance(exc, ContextTooLong) and await self.preparer.refold(turn):
+                # the refusal taught a smaller window: the input is kept as a file, as it would have been
+                return await self._drive_bound(conversation, turn, snapshot())
             log.warning("turn %s in %s failed: %s", turn.id, conversation.key, exc)
-            note = TOO_LONG if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
+            note = too_long(turn) if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
             return await self._end(conversation, turn, snapshot(error=str(exc)), "failed", Stop(StopReason.MODEL_ERROR), note, started)
         except sqlite3.Error:
             raise  # a write of the turn failed: the actor reads it back and resumes it

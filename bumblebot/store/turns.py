@@ -165,6 +165,11 @@ class TurnTables(Database):
             await db.execute("UPDATE turns SET session=?, state=? WHERE id=?", (session, to_json(state), turn_id))
             await insert_messages(db, conversation_id, session, turn_id, messages)
 
+    async def rewrite_message(self, message_id: int, content: str) -> None:
+        """Replace the text of a stored message: a turn's input kept as a file after the turn
+        began (the endpoint's window turned out smaller), its user message then the excerpt."""
+        await self.write("UPDATE messages SET content=? WHERE id=?", (content, message_id))
+
     async def finish_turn(
         self,
         turn_id: int,

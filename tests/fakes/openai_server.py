@@ -15,6 +15,19 @@ Usage::
 Endpoints: ``POST /v1/chat/completions`` and ``GET /v1/models``. Error bodies follow OpenAI's
 shape ``{"error": {"message", "type", "code"}}``.
 
+Context window: ``FakeOpenAI(context_window=4096)`` refuses a chat request whose prompt (the
+fake's own count, as in ``usage.prompt_tokens``) does not fit, the way ``context_error`` says:
+``"llama.cpp"`` (the default; HTTP 400 ``exceed_context_size_error`` with ``n_prompt_tokens`` and
+``n_ctx`` in the body, the prompt alone counted) or ``"openai"`` (HTTP 400 "This model's maximum
+context length is N tokens. However, you requested …", prompt plus ``max_tokens`` counted, as
+vLLM and llama-cpp-python say it); refusals are recorded in ``context_refused``. Where the window
+is told is ``tells_window``: ``"props"`` (llama.cpp: ``GET /props``
+``default_generation_settings.n_ctx``), ``"models"`` (vLLM: ``max_model_len`` in ``GET /v1/models``),
+``"ollama"`` (``POST /api/show``: ``num_ctx`` in ``parameters``, the model's own 131072 in
+``model_info``), ``"ollama_running"`` (``GET /api/ps``: the running model's ``context_length``),
+``"ollama_default"`` (``/api/show`` with no ``num_ctx``: Ollama's default applies) or ``None``
+(told nowhere, as llama-cpp-python's server: those routes answer 404).
+
 Streaming: a request with ``"stream": true`` is answered as server-sent events, the way
 OpenAI streams (``chat.completion.chunk`` objects, tool-call arguments in fragments keyed by
 ``index``, a usage chunk when ``stream_options.include_usage`` is set, then ``data: [DONE]``).
@@ -31,6 +44,8 @@ chunks, with no finish reason and no ``[DONE]``).
 chat-completions requests (every one until ``stop_failing()`` when ``None``) with ``status``
 and an OpenAI error, with a ``Retry-After`` header when given, as a server that is down or
 rate-limited does; scripts stay unused.
+``reject_tool_choice_required=500`` answers ``tool_choice: "required"`` with that status and
+``tool_choice_refusal`` as the message (``""``: a bare 500, as llama-cpp-python's).
 ``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
 streaming do; ``streamed`` counts the streamed answers. ``reject_stream_options=400`` refuses
 a streamed request that carries ``stream_options`` (naming it), as servers that do not know the
@@ -347,8 +362,17 @@ class FakeOpenAI:
                  default: Callable[[Request], Any] | None = None,
                  reject_stream: int | None = None, reject_invalid_arguments: bool = True,
                  reject_blank_text: bool = True, reject_reasoning_effort: bool = False,
-                 reject_stream_options: int | None = None) -> None:
+                 reject_stream_options: int | None = None,
+                 context_window: int | None = None, tells_window: str | None = "props",
+                 context_error: str = "llama.cpp",
+                 tool_choice_refusal: str = "tool_choice 'required' is not supported by this endpoint") -> None:
         self.models = list(models)
+        #: the window chat requests must fit (``None``: any size), where it is told, how refused
+        self.context_window = context_window
+        self.tells_window = tells_window
+        self.context_error = context_error
+        self.context_refused: list[Request] = []
+        self.tool_choice_refusal = tool_choice_refusal
         #: refuse a streamed request carrying ``stream_options`` with this status
         self.reject_stream_options = reject_stream_options
         #: the ``usage`` of transcription answers (``None``: none)
@@ -471,6 +495,9 @@ class FakeOpenAI:
         app = web.Application(client_max_size=64 * 2**20)
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/props", self._props)
+        app.router.add_get("/api/ps", self._ollama_ps)
+        app.router.add_post("/api/show", self._ollama_show)
         app.router.add_post("/v1/audio/transcriptions", self._transcription)
         app.router.add_post("/v1/audio/speech", self._speech)
         self._runner = web.AppRunner(app, shutdown_timeout=0.25, access_log=None)
@@ -487,7 +514,53 @@ class FakeOpenAI:
 
     async def _models(self, _request: web.Request) -> web.Response:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
+        if self.context_window and self.tells_window == "models":
+            data = [{**d, "max_model_len": self.context_window} for d in data]
         return web.json_response({"object": "list", "data": data})
+
+    def _tells(self, where: str) -> bool:
+        return self.context_window is not None and self.tells_window == where
+
+    async def _props(self, _request: web.Request) -> web.Response:
+        if not self._tells("props"):
+            return web.json_response({"error": {"code": 404, "message": "File Not Found"}}, status=404)
+        return web.json_response({"default_generation_settings": {"n_ctx": self.context_window, "params": {}},
+                                  "total_slots": 1, "model_path": "fake.gguf"})
+
+    async def _ollama_ps(self, _request: web.Request) -> web.Response:
+        if not self._tells("ollama_running"):
+            return web.Response(status=404, text="404 page not found")
+        return web.json_response({"models": [{"name": f"{m}:latest", "model": f"{m}:latest",
+                                              "context_length": self.context_window} for m in self.models]})
+
+    async def _ollama_show(self, http: web.Request) -> web.Response:
+        if not (self._tells("ollama") or self._tells("ollama_default")):
+            return web.Response(status=404, text="404 page not found")
+        body = await http.json()
+        parameters = f"num_ctx                        {self.context_window}\nstop \"<|im_end|>\"" \
+            if self.tells_window == "ollama" else 'stop "<|im_end|>"'
+        return web.json_response({"modelfile": "", "parameters": parameters, "template": "",
+                                  "model_info": {"general.architecture": "qwen2", "qwen2.context_length": 131072},
+                                  "details": {"family": "qwen2"}, "model": body.get("model")})
+
+    def _too_long(self, body: Request) -> Reply | None:
+        """The refusal of a request over ``context_window`` (module docstring), else ``None``."""
+        if self.context_window is None:
+            return None
+        prompt = self._prompt_tokens(body)
+        wanted = prompt + int(body.get("max_tokens") or 0) if self.context_error == "openai" else prompt
+        if wanted <= self.context_window and prompt < self.context_window:
+            return None
+        self.context_refused.append(body)
+        if self.context_error == "openai":
+            message = (f"This model's maximum context length is {self.context_window} tokens. However, you requested "
+                       f"{wanted} tokens ({prompt} in the messages, {body.get('max_tokens')} in the completion). "
+                       "Please reduce the length of the messages or completion.")
+            return error(400, message, body={"error": {"message": message, "type": "invalid_request_error",
+                                                       "param": "messages", "code": "context_length_exceeded"}})
+        return error(400, body={"error": {"code": 400, "message": "the request exceeds the available context size, try "
+                                          "increasing it", "type": "exceed_context_size_error",
+                                          "n_prompt_tokens": prompt, "n_ctx": self.context_window}})
 
     async def _transcription(self, http: web.Request) -> web.Response:
         form = await http.post()
@@ -661,9 +734,13 @@ class FakeOpenAI:
             self.rejected.append(body)
             return error(self.reject_stream_options, "Unrecognized request argument supplied: stream_options")
         if self.reject_tool_choice_required and body.get("tool_choice") == "required":
+            # before the window: llama-cpp-python fails a forced request whatever its length
             self.rejected.append(body)
             status = self.reject_tool_choice_required
-            return error(status, "tool_choice 'required' is not supported by this endpoint")
+            return error(status, body=_error_body(status, self.tool_choice_refusal))
+        too_long = self._too_long(body)
+        if too_long is not None:
+            return too_long
         for index, (reply, when) in enumerate(self._script):
             if when is None or when(body):
                 del self._script[index]
@@ -679,12 +756,16 @@ class FakeOpenAI:
                                                   "invalid_request_error"))
 
     @staticmethod
-    def _completion(body: Request, reply: Reply) -> dict[str, Any]:
+    def _prompt_tokens(body: Request) -> int:
+        """The prompt's tokens as this server counts them: a real server counts the tool
+        schemas too (they are part of the prompt)."""
+        return (len(json.dumps(body.get("messages", []))) + len(json.dumps(body.get("tools", [])))) // 4
+
+    def _completion(self, body: Request, reply: Reply) -> dict[str, Any]:
         message = dict(reply.message or {"role": "assistant", "content": ""})
         if not message.get("tool_calls"):
             message.pop("tool_calls", None)
-        # a real server counts the tool schemas too (they are part of the prompt)
-        prompt_tokens = (len(json.dumps(body.get("messages", []))) + len(json.dumps(body.get("tools", [])))) // 4
+        prompt_tokens = self._prompt_tokens(body)
         completion_tokens = max(1, len(json.dumps(message)) // 4)
         answer = {
             "id": f"chatcmpl-fake{next(_completion_ids)}", "object": "chat.completion",
