@@ -304,6 +304,22 @@ def test_an_unreadable_dotenv_is_not_worth_a_warning_when_systemd_gave_the_secre
     assert "is not readable" in result.stderr and "no database at" in result.stderr
 
 
+def test_a_discord_only_service_is_not_warned_about_its_dotenv(tmp_path):
+    """Regression: the README's Discord setup leaves telegram.enabled at its default (on) with
+    no Telegram token, so under systemd the service warned at every start that its .env was not
+    readable, though `run` serves Discord with the token systemd gave it."""
+    (tmp_path / ".env").mkdir()  # unreadable as a file, for root too
+    (tmp_path / "bumblebot.yaml").write_text("discord: {enabled: true}\n")
+    env = {k: v for k, v in env_for(tmp_path).items() if k != "TELEGRAM_BOT_TOKEN"}
+    env |= {"INVOCATION_ID": "0123456789abcdef0123456789abcdef", "DISCORD_BOT_TOKEN": "x"}
+    result = run_cli("trace", cwd=tmp_path, env=env)
+    assert result.stderr.startswith("bumblebot: no database at"), result.stderr
+    assert "is not readable" not in result.stderr
+    # no platform's token came from systemd: `run` would have nothing to serve, the file may hold them
+    result = run_cli("trace", cwd=tmp_path, env={k: v for k, v in env.items() if k != "DISCORD_BOT_TOKEN"})
+    assert "is not readable" in result.stderr and "no database at" in result.stderr
+
+
 def test_a_data_dir_that_is_a_file_gives_the_same_message_everywhere(tmp_path):
     """Regression: run, chat and trace said three different things."""
     (tmp_path / "state").write_text("not a directory")

@@ -21,7 +21,7 @@ from fakes.openai_server import FakeOpenAI, error, is_loop, text, tool_calls
 from fakes.telegram_server import FakeTelegram
 
 from bumblebot.app.check import check_all
-from bumblebot.app.reach import network_reason
+from bumblebot.app.reach import model_failure, network_reason
 from bumblebot.core.config import Secrets, load_settings
 from bumblebot.core.entity import load_entity
 
@@ -102,6 +102,135 @@ async def test_a_model_the_endpoint_does_not_serve_names_the_model(tmp_path, llm
     llm.push(error(404, "The model `test-model` does not exist"))
     line = (await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": "sk-test"}))["model endpoint"]
     assert "check llm.model" in line and "OPENAI_API_KEY" not in line and "network" not in line
+
+
+async def test_a_model_endpoint_that_drops_the_connection_names_the_network_not_the_key(tmp_path, llm, capsys):
+    """Regression: a server that closes the connection without answering (or a URL without
+    http://) was "Connection error. (check … OPENAI_API_KEY …)": the openai client raises the
+    errors of its own httpx (httpx2), which the reasons did not know."""
+    async def closer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)
+        writer.close()
+
+    server = await asyncio.start_server(closer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        dropped = (await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": "sk-test"},
+                               llm={"base_url": f"http://127.0.0.1:{port}/v1", "max_retries": 0}))["model endpoint"]
+        no_scheme = (await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": "sk-test"},
+                                 llm={"base_url": f"127.0.0.1:{port}/v1", "max_retries": 0}))["model endpoint"]
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert dropped.startswith(f"[FAIL] model endpoint: cannot reach 127.0.0.1:{port}: the server closed the "
+                              "connection without an HTTP answer"), dropped
+    assert "the URL does not start with http:// or https://" in no_scheme
+    assert "OPENAI_API_KEY" not in dropped + no_scheme and "Connection error" not in dropped + no_scheme
+
+
+def test_a_connection_error_without_a_known_cause_is_still_the_network():
+    """The client's connection error (openai.APIConnectionError, as translate() makes it a
+    ModelUnavailable without status) is a network failure whatever caused it; an error the
+    endpoint reported mid-stream, also without status, is not."""
+    import openai
+    from httpx2 import Request
+
+    from bumblebot.core.errors import ModelUnavailable
+    from bumblebot.llm.completion import translate
+
+    url = "http://127.0.0.1:9/v1"
+    try:
+        try:
+            raise RuntimeError("something no reason knows")
+        except RuntimeError as cause:
+            raise openai.APIConnectionError(request=Request("POST", f"{url}/chat/completions")) from cause
+    except openai.APIConnectionError as exc:
+        try:
+            raise translate(exc, base_url=url, timeout_s=10, clock=lambda: 0.0) from exc
+        except ModelUnavailable as model_error:
+            failed = model_error
+    line = model_failure(failed, f"{url}/chat/completions")
+    assert line.startswith("cannot reach 127.0.0.1:9: the connection failed; check the network/DNS"), line
+    assert "OPENAI_API_KEY" not in line
+    try:
+        raise ModelUnavailable("the model endpoint reported an error mid-stream: provider down") from ValueError("x")
+    except ModelUnavailable as mid_stream:
+        assert "OPENAI_API_KEY" in model_failure(mid_stream, f"{url}/chat/completions")
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("DISCORD_BOT_TOKEN", "MTIz.abc\u200b"),  # a zero-width space pasted along with it
+    ("OPENAI_API_KEY", "sk-test\u200b"),
+    ("TELEGRAM_BOT_TOKEN", f"{TOKEN}\x07"),  # a control character
+])
+async def test_a_token_with_a_character_no_request_carries_is_one_line_naming_it(tmp_path, llm, capsys, variable, value):
+    """Regression: a non-ASCII character in a token or key crashed check with UnicodeEncodeError
+    (the header), a control character with httpx.InvalidURL (Telegram's URL holds the token)."""
+    answer_with_ping(llm)
+    secrets = {"OPENAI_API_KEY": "sk-test", variable: value}
+    lines = await check(tmp_path, llm, capsys, secrets, discord={"enabled": True, "api_base_url": "http://127.0.0.1:9/api"},
+                        telegram={"enabled": True, "base_url": "http://127.0.0.1:9/bot"})
+    what = {"DISCORD_BOT_TOKEN": "discord", "OPENAI_API_KEY": "model endpoint", "TELEGRAM_BOT_TOKEN": "telegram"}[variable]
+    line = lines[what]
+    bad = f"U+{ord(value[-1]):04X}"
+    assert line.startswith(f"[FAIL] {what}: {variable} holds {bad} ("), line
+    assert f"set {variable} again" in line and value[:-1] not in line
+
+
+async def test_a_url_setting_that_is_no_url_is_one_line_naming_the_setting(tmp_path, llm, capsys):
+    """Regression: `telegram.base_url: "http://[::1/bot"` crashed check with httpx.InvalidURL."""
+    answer_with_ping(llm)
+    lines = await check(tmp_path, llm, capsys, {"TELEGRAM_BOT_TOKEN": TOKEN},
+                        telegram={"enabled": True, "base_url": "http://[::1/bot"})
+    assert lines["telegram"].startswith("[FAIL] telegram: http://[::1/bot is not a valid URL (")
+    assert lines["telegram"].endswith("; fix telegram.base_url") and TOKEN not in lines["telegram"]
+    lines = await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": "sk-test"}, llm={"base_url": "http://[::1/v1"})
+    assert lines["model endpoint"].startswith("[FAIL] model endpoint: http://[::1/v1 is not a valid URL (")
+    assert lines["model endpoint"].endswith("; fix llm.base_url / OPENAI_BASE_URL")
+
+
+async def test_a_password_in_an_endpoint_url_is_never_printed(tmp_path, llm, capsys):
+    """Regression: `OPENAI_BASE_URL=http://bob:PW@host/v1` was printed whole by check: in the
+    model lines, the voice notes line and a failure's (…/chat/completions)."""
+    answer_with_ping(llm)
+    with_password = llm.base_url.replace("http://", "http://bob:PW-not-shown@")
+    masked = llm.base_url.replace("http://", "http://bob:***@")
+    lines = await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": "sk-test"}, llm={"base_url": with_password})
+    assert lines["model test-model"] == f"[ok] model test-model: answered at {masked}"
+    assert lines["voice notes"].startswith(f"[ok] voice notes: transcribed at {masked}/audio/transcriptions")
+    assert not any("PW-not-shown" in line for line in lines.values())
+    llm.push(error(401, "Incorrect API key provided"))
+    line = (await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": "sk-test"}, llm={"base_url": with_password}))["model endpoint"]
+    assert line.startswith(f"[FAIL] model endpoint: {masked}/chat/completions: ") and "PW-not-shown" not in line
+
+
+async def test_a_telegram_base_url_with_a_wrong_path_names_the_setting_too(tmp_path, llm, capsys):
+    """Telegram answers a malformed token with 404, and so does any server a base_url with a
+    wrong path reaches: the line names both."""
+    answer_with_ping(llm)
+    async with FakeTelegram(token=TOKEN) as tg:
+        wrong = tg.base_url.replace("/bot", "/api/bot")
+        line = (await check(tmp_path, llm, capsys, {"TELEGRAM_BOT_TOKEN": TOKEN},
+                            telegram={"enabled": True, "base_url": wrong}))["telegram"]
+    assert line == f"[FAIL] telegram: {wrong}<token>/getMe was not found (HTTP 404); check TELEGRAM_BOT_TOKEN, and telegram.base_url"
+
+
+async def test_a_request_through_a_proxy_names_the_proxy(tmp_path, llm, capsys, monkeypatch):
+    """With HTTP(S)_PROXY set httpx goes through the proxy: a proxy that is down is named, not
+    only the host behind it."""
+    answer_with_ping(llm)
+    unused = socket.socket()
+    unused.bind(("127.0.0.1", 0))
+    port = unused.getsockname()[1]
+    unused.close()  # nothing listens there now
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://user:PROXY-PW@127.0.0.1:{port}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # the fake model endpoint
+    line = (await check(tmp_path, llm, capsys, {"DISCORD_BOT_TOKEN": "unused"},
+                        discord={"enabled": True, "api_base_url": f"{UNRESOLVABLE}/api/v10"}))["discord"]
+    assert line == (f"[FAIL] discord: cannot reach nonexistent.invalid:1 through the proxy 127.0.0.1:{port} (HTTP_PROXY): "
+                    "Connection refused; check the proxy (HTTP_PROXY), the network/DNS or discord.api_base_url")
 
 
 # -- network_reason: the words for what real httpx requests met ---------------------------------

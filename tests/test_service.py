@@ -318,6 +318,18 @@ def test_a_dry_run_prints_the_unit_and_writes_nothing(tree):
     assert not tree.units.exists() and not tree.data.exists()
 
 
+def test_a_dry_run_says_it_keeps_a_data_dir_that_exists(tree):
+    """Regression: a dry run said "would create" for a data directory that was already there."""
+    tree.data.mkdir(parents=True)
+    out = install(plan(tree), dry_run=True)
+    assert "would create" not in out
+    given = ", and give it to nobody (mode 0700)" if os.geteuid() == 0 else ""  # as the real run does
+    assert f"# would keep {tree.data}, which exists{given}\n" in out
+    tree.data.rmdir()
+    tree.data.write_text("oops")
+    assert f"# would stop: the data directory {tree.data} is a file" in install(plan(tree), dry_run=True)
+
+
 def test_a_data_dir_that_is_a_file_is_named(tree):
     tree.data.parent.mkdir(parents=True)
     tree.data.write_text("oops")
@@ -481,7 +493,7 @@ def dry_run_unit(out: str) -> str:
     """The unit text a ``--dry-run`` printed."""
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.endswith("(dry run: nothing written)"))
-    end = next(i for i, line in enumerate(lines) if line.startswith("# would create "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("# would "))
     return "\n".join(lines[start + 1:end]) + "\n"
 
 
@@ -563,6 +575,65 @@ def test_a_checkout_under_tmp_is_refused_naming_private_tmp(in_tmp):
             "gives the service an empty one of its own") in refused.stderr.splitlines()
     assert f"the data directory (data_dir): {checkout / 'data'} is under /tmp" in refused.stderr
     assert "/usr/bin/python3 -m venv /opt/bumblebot" in refused.stderr
+
+
+def test_a_venv_and_a_config_reached_through_symbolic_links_into_tmp_are_refused(tmp_path, in_tmp):
+    """Regression: /opt/bumblebot linking to a directory under /tmp (and a config linking there)
+    got a unit whose ExecStart= dangles under PrivateTmp=yes (203/EXEC at every start)."""
+    machine = Machine(tmp_path, "/srv")
+    real = in_tmp / "real"
+    real.mkdir()
+    machine.path("/opt/bumblebot").symlink_to(real)
+    entry = machine.venv("/opt/bumblebot/venv")
+    (in_tmp / "bumblebot.yaml").write_text("data_dir: /var/lib/bumblebot\n")
+    machine.path("/srv/bumblebot.yaml").symlink_to(in_tmp / "bumblebot.yaml")
+    refused = machine.service_install(entry, "--config", "/srv/bumblebot.yaml", cwd="/srv")
+    assert refused.returncode == 1 and refused.stdout == "", refused.stderr
+    private = "is under /tmp, and the unit's PrivateTmp=yes gives the service an empty one of its own"
+    assert (f"  - the bumblebot entry point (ExecStart=): /opt/bumblebot/venv/bin/bumblebot (through symbolic "
+            f"links: {real}/venv/bin/bumblebot) {private}") in refused.stderr.splitlines()
+    assert (f"  - the config file: /srv/bumblebot.yaml (through symbolic links: {in_tmp}/bumblebot.yaml) "
+            f"{private}; move it out of there") in refused.stderr
+
+
+def test_a_venv_linked_into_a_home_the_service_may_enter_sees_it_read_only(tmp_path):
+    """/opt/bumblebot linking to a venv in /root (mode 0755): the unit sees homes read-only, as
+    it does for a venv there named as it is, instead of hiding the venv."""
+    machine = Machine(tmp_path, "/root")
+    machine.path("/root").chmod(0o755)
+    machine.venv("/root/bb")
+    script = machine.path("/root/bb/bin/bumblebot")
+    script.write_text(script.read_text().replace("#!/root/bb/bin/python", "#!/opt/bumblebot/bin/python"))
+    machine.path("/opt/bumblebot").symlink_to("/root/bb")  # resolved inside the namespace
+    machine.path("/opt/bumblebot.yaml").write_text("data_dir: /var/lib/bumblebot\n")
+    done = machine.service_install("/opt/bumblebot/bin/bumblebot", "--config", "/opt/bumblebot.yaml", cwd="/opt")
+    assert done.returncode == 0, done.stderr
+    unit = parse(dry_run_unit(done.stdout))
+    assert unit["Service.ExecStart"] == ["/opt/bumblebot/bin/bumblebot run --config /opt/bumblebot.yaml"]
+    assert unit["Service.ProtectHome"] == ["read-only"]
+
+
+def test_code_imported_from_a_hidden_home_is_refused_and_from_elsewhere_noted(tmp_path):
+    """Regression: a venv in /opt whose bumblebot code is in /root (`pip install -e /root/src`)
+    got only a note, and a unit whose ProtectHome=yes hides that code: ModuleNotFoundError at
+    every start."""
+    machine = Machine(tmp_path, "/root")
+    machine.path("/root").chmod(0o755)
+    machine.path("/root/src").mkdir(mode=0o755)
+    machine.binds += ["--ro-bind", str(ROOT), "/root/src"]
+    entry = machine.venv("/opt/bumblebot")
+    machine.path("/opt/bumblebot.yaml").write_text("data_dir: /var/lib/bumblebot\n")
+    argv = (entry, "service", "install", "--dry-run", "--config", "/opt/bumblebot.yaml")
+    refused = machine.run(*argv, PYTHONPATH="/root/src:/opt/deps")
+    assert refused.returncode == 1 and refused.stdout == "", refused.stderr
+    assert ("  - the bumblebot code, imported from outside the venv (an editable install or a source clone): /root/src "
+            "is under /root, and the unit's ProtectHome=yes hides it from the service; build a wheel and install it "
+            "into the venv (/opt/bumblebot/bin/pip install bumblebot-*.whl; ") in refused.stderr
+    # the same code where the service can read it: installed, and the note says what that means
+    done = machine.run(*argv, PYTHONPATH="/opt/src:/opt/deps")
+    assert done.returncode == 0, done.stderr
+    assert ("note: the service runs the bumblebot code in /opt/src, outside the venv (an editable install or a source "
+            "clone): edits there change the service at its next start, and the unit sets no PYTHONPATH") in done.stdout
 
 
 def test_service_install_finds_the_config_as_run_does_or_says_how_to_name_it(in_tmp):

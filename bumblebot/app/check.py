@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from bumblebot.app.probing import learned_forcing, probe_thinking, probe_tools, window_lines, writable_store
-from bumblebot.app.reach import get_json, model_failure, platform_failure
+from bumblebot.app.reach import get_json, model_failure, platform_failure, shown_url, token_problem, url_problem
 from bumblebot.core.config import Secrets, effective_base_url
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ModelError, StoreError
@@ -74,7 +74,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
         if store is not None:
             await store.close()
     stt = settings.llm.transcription_base_url or base_url
-    _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
+    _line(True, "voice notes", f"transcribed at {shown_url(stt.rstrip('/'))}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
     for detail in limits_lines(settings):
         _line(True, "spending limits", detail)
@@ -98,7 +98,7 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
         from tools.mcp_records import ServerState
 
         for st in await probe_servers(settings.mcp, environ=mcp_environ()):
-            what, where = f"mcp {st.name}", f"{st.transport}: {st.target}"
+            what, where = f"mcp {st.name}", f"{st.transport}: {shown_url(st.target)}"
             if st.state is ServerState.DISABLED:
                 _line(True, what, f"disabled (mcp.servers.{st.name}.enabled: false)")
             elif st.state is ServerState.CONNECTED:
@@ -121,6 +121,9 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
         if not secrets.telegram_bot_token:
             fail("telegram", "TELEGRAM_BOT_TOKEN is not set (create a bot with @BotFather), or set telegram.enabled: false; "
                  "for the terminal chat alone run `bumblebot check --chat-only`")
+        elif problem := (token_problem(secrets.telegram_bot_token.get_secret_value(), "TELEGRAM_BOT_TOKEN")
+                         or url_problem(tg.base_url, "telegram.base_url")):
+            fail("telegram", problem)
         else:
             url = f"{tg.base_url}{secrets.telegram_bot_token.get_secret_value()}/getMe"
             reply = await get_json(url)
@@ -131,20 +134,23 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
                     _line(True, "telegram allowlist", "empty: anyone who finds the bot can talk to it")
                 _line(True, "telegram groups", _groups_line(tg, result["result"]))
             else:
-                fail("telegram", platform_failure(reply, shown=f"{tg.base_url}<token>/getMe", url=tg.base_url,
+                fail("telegram", platform_failure(reply, shown=f"{shown_url(tg.base_url)}<token>/getMe", url=tg.base_url,
                                                   setting="telegram.base_url", token="TELEGRAM_BOT_TOKEN",
                                                   not_found_is_token=True))
     dc = settings.discord
     if dc.enabled:
         if not secrets.discord_bot_token:
             fail("discord", "DISCORD_BOT_TOKEN is not set (Developer Portal > your app > Bot > Reset Token)")
+        elif problem := (token_problem(secrets.discord_bot_token.get_secret_value(), "DISCORD_BOT_TOKEN")
+                         or url_problem(dc.api_base_url, "discord.api_base_url")):
+            fail("discord", problem)
         else:
             headers = {"Authorization": f"Bot {secrets.discord_bot_token.get_secret_value()}"}
             reply = await get_json(f"{dc.api_base_url}/users/@me", headers)
             if reply.status == 200 and isinstance(reply.body, dict) and "id" in reply.body:
                 _line(True, "discord", f"bot {reply.body.get('username')}")
             else:
-                fail("discord", platform_failure(reply, shown=f"{dc.api_base_url}/users/@me", url=dc.api_base_url,
+                fail("discord", platform_failure(reply, shown=f"{shown_url(dc.api_base_url)}/users/@me", url=dc.api_base_url,
                                                  setting="discord.api_base_url", token="DISCORD_BOT_TOKEN",
                                                  not_found_is_token=False))
     if not problems:
@@ -157,17 +163,28 @@ def _endpoints(
 ) -> Iterator[tuple[str, Settings, str, str | None]]:
     """The endpoints to probe: ``(name, settings with its own llm section, base URL, key)``,
     the primary (named ``""``) and each fallback (``fallback 1`` …), named as it comes (one
-    whose key is not set fails instead)."""
+    whose key is not set fails instead, as does a key or URL no request can carry)."""
     primary = secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None
-    yield "", settings, effective_base_url(settings, secrets), primary
+    base_url = effective_base_url(settings, secrets)
+    if problem := (primary and token_problem(primary, "OPENAI_API_KEY")) or url_problem(
+        base_url, "llm.base_url / OPENAI_BASE_URL"
+    ):
+        fail("model endpoint", problem)
+    else:
+        yield "", settings, base_url, primary
     for number, fallback in enumerate(settings.llm.fallbacks, 1):
         name, where = f"fallback {number}", f"llm.fallbacks[{number - 1}]"
         key = secrets.named(fallback.api_key_env) if fallback.api_key_env else None
         if fallback.api_key_env and key is None:
             fail(name, f"{fallback.api_key_env} ({where}.api_key_env) is not set in the environment or .env")
             continue
+        if problem := (key and token_problem(key, str(fallback.api_key_env))) or url_problem(
+            str(fallback.base_url), f"{where}.base_url"
+        ):
+            fail(f"{name} model endpoint", problem)
+            continue
         how = f"key from {fallback.api_key_env}" if fallback.api_key_env else "no key"
-        _line(True, name, f"{fallback.base_url} ({how}); tried when the endpoints before it are down")
+        _line(True, name, f"{shown_url(str(fallback.base_url))} ({how}); tried when the endpoints before it are down")
         own = settings.model_copy(update={"llm": fallback_settings(settings.llm, fallback)})
         yield name, own, str(fallback.base_url), key
 
@@ -192,7 +209,7 @@ async def _check_endpoint(
     try:
         for model in dict.fromkeys([llm.model, llm.reflex_model]):
             await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
-            _line(True, f"{prefix}model {model}", f"answered at {base_url}")
+            _line(True, f"{prefix}model {model}", f"answered at {shown_url(base_url)}")
         streams = settings.delivery.streaming == "on"
         probe = await probe_tools(llm, (lambda index, text: None) if streams else None)  # streamed, as turns are
         forced_now = probe.tool_choice == "required"

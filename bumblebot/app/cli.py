@@ -124,17 +124,17 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Secrets, Entity]:
         ) from None
     if unreadable is not None:
         # the service's own .env is root's: systemd read it (EnvironmentFile=), nothing is amiss
-        say = log.debug if _secrets_from_systemd(settings) else log.warning
+        say = log.debug if _secrets_from_systemd(settings, secrets) else log.warning
         say("%s is not readable (%s); using the secrets from the environment", dotenv.resolve(), unreadable)
     return settings, secrets, entity
 
 
-def _secrets_from_systemd(settings: Settings) -> bool:
+def _secrets_from_systemd(settings: Settings, secrets: Secrets) -> bool:
     """Started by systemd (``$INVOCATION_ID``, which it sets for every process of a unit) with
-    the token of every enabled platform in the environment, as ``EnvironmentFile=`` gives them."""
-    needed = [name for name, on in (("TELEGRAM_BOT_TOKEN", settings.telegram.enabled),
-                                    ("DISCORD_BOT_TOKEN", settings.discord.enabled)) if on]
-    return bool(os.environ.get("INVOCATION_ID")) and all(os.environ.get(name) for name in needed)
+    a platform to serve in the environment, as ``EnvironmentFile=`` gives the tokens: ``run``
+    serves the enabled platforms that have a token (:func:`enabled_platforms`), so an enabled
+    one without (``telegram.enabled`` is on by default) is no sign of a missing ``.env``."""
+    return bool(os.environ.get("INVOCATION_ID")) and bool(enabled_platforms(settings, secrets))
 
 
 async def _wait_for_stop(
@@ -459,9 +459,9 @@ def parser() -> argparse.ArgumentParser:
                       description="Write a hardened Type=notify unit for this installation (its venv, the config, "
                       "the data directory), create the state directory, and print the next commands. It needs a "
                       "config file, found as `run` finds it: --config, else $BUMBLEBOT_CONFIG, else ./bumblebot.yaml. "
-                      "It writes no system unit whose program, Python, config or data the service could not reach (under "
-                      "/tmp, which the unit makes private, or in a home directory hidden from or closed to the service "
-                      "user): install into /opt (docs/running.md), or use --user.")
+                      "It writes no system unit whose program, Python, code, config or data the service could not reach, "
+                      "symbolic links followed (under /tmp, which the unit makes private, or in a home directory hidden "
+                      "from or closed to the service user): install into /opt (docs/running.md), or use --user.")
     i.add_argument("--user", action="store_true", help="a user unit (systemctl --user) instead of a system one")
     i.add_argument("--dry-run", action="store_true", help="print the unit and what would be done; write nothing")
     return p

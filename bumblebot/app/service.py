@@ -68,9 +68,9 @@ stack to the journal before it dies, which shows where the loop was stuck.
 Sandboxing (system units): the file system is read-only (``ProtectSystem=strict``) except the
 data directory (``StateDirectory=`` when it is under ``/var/lib``, else ``ReadWritePaths=``);
 ``/home``, ``/root`` and ``/run/user`` are hidden (``ProtectHome=yes``; ``read-only`` when the
-installation itself lives there); no devices, kernel tunables, modules, logs, clock or
-hostname; no capabilities, set-uid files, realtime scheduling or namespaces; only IPv4, IPv6
-and unix sockets; files created private (``UMask=0077``). Not used: ``MemoryDenyWriteExecute=``
+installation itself lives there, symbolic links followed); no devices, kernel tunables,
+modules, logs, clock or hostname; no capabilities, set-uid files, realtime scheduling or
+namespaces; only IPv4, IPv6 and unix sockets; files created private (``UMask=0077``). Not used: ``MemoryDenyWriteExecute=``
 (breaks libffi callbacks and JITs that shell commands may run) and ``SystemCallFilter=``
 (not tested against every tool command). User units (``systemctl --user``) keep only what an
 unprivileged manager can apply without user namespaces: the seccomp-based settings and
@@ -79,11 +79,14 @@ keeps them running without a login session.
 
 What a system unit's service could not reach is found before anything is written
 (``bumblebot/app/unit_reach.py``, :attr:`InstallPlan.refusals`): an entry point, a Python (the
-one of its ``#!`` line and the one that resolves to), a config or a data directory under
-``/tmp`` (``PrivateTmp=yes``), in a home the unit hides (a venv in ``/opt`` made from a pyenv
-Python in ``/root``: ``ProtectHome=yes``), or behind a directory the service user may not search
-(a clone in ``/root``, mode 0700). ``service install`` then writes nothing and says which path,
-which setting or directory, and what to do.
+one of its ``#!`` line and the one that resolves to), the ``bumblebot`` code when the venv does
+not hold it (an editable install), a config or a data directory under ``/tmp``
+(``PrivateTmp=yes``), in a home the unit hides (a venv in ``/opt`` made from a pyenv Python in
+``/root``: ``ProtectHome=yes``), or behind a directory the service user may not search (a clone
+in ``/root``, mode 0700), as named or where symbolic links lead. ``service install`` then
+writes nothing and says which path, which setting or directory, and what to do.
+``ProtectHome=read-only`` is chosen when the entry point, config or data directory (or where
+their links lead) is in a home.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bumblebot.app.unit_reach import HOME_ROOTS, RUN_FIX, Need, Who, blocked_at, pythons, refusals
+from bumblebot.app.unit_reach import HOME_ROOTS, RUN_FIX, Need, Who, blocked_at, pythons, refusals, ways
 from bumblebot.core.errors import BumblebotError
 
 __all__ = [
@@ -286,7 +289,7 @@ def render_unit(
         if state is not None:
             lines += [f"StateDirectory={state}", "StateDirectoryMode=0700"]
         writable_dirs = ([] if state is not None else [data_text]) + extra
-        homes = [exec_path, config_path, working_dir, data_dir, *writable]
+        homes = [way for p in (exec_path, config_path, working_dir, data_dir, *writable) for way in ways(p)]
         lines += [
             "ProtectSystem=strict",
             f"ProtectHome={'read-only' if any(_under(p, HOME_ROOTS) for p in homes) else 'yes'}",
@@ -392,12 +395,13 @@ def plan_install(
 
     notes: list[str] = []
     commands: list[str] = []
-    package = Path(__file__).resolve().parents[1]  # bumblebot/
-    if not user_mode and executable is None and not package.is_relative_to(Path(sys.prefix).resolve()):
+    code = _code_outside() if executable is None else None
+    if code is not None and not user_mode:
         notes.append(
-            f"bumblebot is imported from {package.parent}, outside the venv (an editable install or a source "
-            "clone): the service runs that code, so its user must be able to read it. For a system service, "
-            f"build a wheel and install it into {VENV} (see docs/running.md)."
+            f"the service runs the bumblebot code in {code}, outside the venv (an editable install or a source "
+            "clone): edits there change the service at its next start, and the unit sets no PYTHONPATH, so the "
+            f"venv must find that code by itself (pip install -e does); a wheel installed into the venv, as in "
+            "docs/running.md, keeps the service apart from the clone"
         )
     if user_mode:
         systemctl, journal = "systemctl --user", "journalctl --user"
@@ -439,16 +443,31 @@ def plan_install(
         config_path=config,
         commands=tuple(commands),
         notes=tuple(notes),
-        refusals=() if user_mode else tuple(refusals(unit_text, _needs(entry, python, config, data, extra), user)),
+        refusals=() if user_mode else tuple(refusals(unit_text, _needs(entry, python, config, data, extra, code), user)),
     )
 
 
-def _needs(entry: Path, python: Path, config: Path, data: Path, writable: list[Path]) -> list[Need]:
-    """What the service of the unit needs to reach (``bumblebot/app/unit_reach.py``)."""
+def _code_outside() -> Path | None:
+    """Where this process imports the ``bumblebot`` package from (the directory holding it,
+    resolved) when that is outside its venv: an editable install, a source clone on
+    ``PYTHONPATH``, a ``pip install --user``; ``None`` when the venv holds it."""
+    package = Path(__file__).resolve().parents[1]  # bumblebot/
+    return None if package.is_relative_to(Path(sys.prefix).resolve()) else package.parent
+
+
+def _needs(
+    entry: Path, python: Path, config: Path, data: Path, writable: list[Path], code: Path | None = None
+) -> list[Need]:
+    """What the service of the unit needs to reach (``bumblebot/app/unit_reach.py``): ``code``
+    is the directory the package is imported from when the venv does not hold it."""
     elsewhere = "move it out of there (the standard places: docs/running.md, Running as a service)"
+    wheel = (f"build a wheel and install it into the venv ({python.parent / 'pip'} install bumblebot-*.whl; "
+             "docs/running.md, Running as a service), or install a unit that runs as you and sees your home with --user")
     return [
         Need("the bumblebot entry point (ExecStart=)", entry, 5, RUN_FIX),
         *(Need(what, path, 1, RUN_FIX) for what, path in pythons(entry, python)),
+        *([Need("the bumblebot code, imported from outside the venv (an editable install or a source clone)",
+                code, 5, wheel)] if code is not None else []),
         Need("the config file", config, 0, f"{elsewhere}, e.g. {CONFIG_PATH}"),
         Need("the data directory (data_dir)", data, 0, f"{elsewhere}, e.g. data_dir: {STATE_DIR}"),
         *(Need("the writable directory", path, 0, elsewhere) for path in writable),
@@ -478,11 +497,31 @@ def install(plan: InstallPlan, *, dry_run: bool = False) -> str:
         return _report(plan, [
             f"# {plan.unit_path} (dry run: nothing written)",
             plan.unit_text.rstrip("\n"),
-            f"# would create {plan.state_dir} (mode 0700{f', owner {plan.owner}' if plan.owner else ''})",
+            f"# {_state_dir_intent(plan)}",
         ])
     done = [_write_unit(plan)]
     done.append(_make_state_dir(plan))
     return _report(plan, done)
+
+
+def _state_dir_intent(plan: InstallPlan) -> str:
+    """What :func:`_make_state_dir` would do, in words (a dry run's last line)."""
+    path = plan.state_dir
+    if path.exists() and not path.is_dir():
+        return f"would stop: the data directory {path} is a file, not a directory (move it or change data_dir)"
+    owner_exists: bool | None = None  # None: not given away (not root, or a user unit)
+    if plan.owner and not plan.user_mode and os.geteuid() == 0:
+        try:
+            owner_exists = bool(pwd.getpwnam(plan.owner))
+        except KeyError:
+            owner_exists = False
+    missing = f"not yet {plan.owner}'s: that user does not exist"
+    if path.is_dir():
+        if owner_exists:
+            return f"would keep {path}, which exists, and give it to {plan.owner} (mode 0700)"
+        return f"would keep {path}, which exists" + (f" ({missing})" if owner_exists is False else "")
+    given = {True: f", owned by {plan.owner}", False: f", {missing}", None: ""}[owner_exists]
+    return f"would create {path} (mode 0700{given})"
 
 
 def _write_unit(plan: InstallPlan) -> str:

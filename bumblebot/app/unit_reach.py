@@ -15,6 +15,8 @@ Which Python runs: the program of the entry point's ``#!`` line, as the kernel r
 the file it resolves to through symbolic links (a venv's ``python`` links to the interpreter it
 was made from, which must be reachable too), and the same for the Python ``service install``
 runs under (the one pip wrote into the script when the ``#!`` line could not hold it).
+Every path is followed through symbolic links too (:func:`ways`): ``/opt/bumblebot`` linking to
+a directory under ``/tmp`` or ``/root`` is where the service meets the sandbox.
 """
 
 from __future__ import annotations
@@ -138,22 +140,43 @@ def _shown(path: Path) -> str:
     return f"{path} (mode {st.st_mode & 0o7777:04o}, owner {owner})"
 
 
+def ways(path: Path) -> list[Path]:
+    """``path`` and where it leads through symbolic links, each once: its directories resolved
+    (the file itself may be a link the kernel follows from there, as a venv's ``python``), then
+    the file too. The service meets every one of them on its way: a link into ``/tmp`` dangles
+    under ``PrivateTmp=yes``."""
+    found = [path]
+    for p in (Path(os.path.realpath(path.parent)) / path.name, Path(os.path.realpath(path))):
+        if p not in found:
+            found.append(p)
+    return found
+
+
 def refusals(unit_text: str, needs: Iterable[Need], user: str | None) -> list[str]:
     """Why the service of a system unit could not use each of ``needs``: hidden by the unit's
-    sandbox, or out of reach of ``User=`` (``user``; ``None``: root, who reaches everything).
-    Each sentence names the path and the setting or the directory in the way; what to do ends
-    the last of the sentences that share it."""
+    sandbox, or out of reach of ``User=`` (``user``; ``None``: root, who reaches everything),
+    as written or where symbolic links lead (:func:`ways`). Each sentence names the path (and
+    the real one) and the setting or the directory in the way; what to do ends the last of the
+    sentences that share it."""
     hidden = hidden_roots(unit_text)
     who = Who.named(user) if user is not None else None
     found: list[tuple[str, str]] = []
+    told: set[Path] = set()
     for need in needs:
-        cover = next(((root, why) for root, why in hidden if need.path == root or need.path.is_relative_to(root)), None)
-        blocked = blocked_at(need.path, who, need.bit) if who is not None and cover is None else None
-        if cover is not None:
-            found.append((f"{need.what}: {need.path} is under {cover[0]}, and the unit's {cover[1]}", need.fix))
-        elif blocked is not None and who is not None:
-            found.append((f"{need.what}: {need.path} is out of reach of the service user {who.name} (User=): "
-                          f"{_shown(blocked)} is in the way", need.fix))
+        for path in ways(need.path):
+            cover = next(((root, why) for root, why in hidden if path == root or path.is_relative_to(root)), None)
+            blocked = blocked_at(path, who, need.bit) if who is not None and cover is None else None
+            if cover is None and blocked is None:
+                continue
+            if path not in told:  # a venv's python and the interpreter it links to meet the same one
+                told.add(path)
+                shown = need.path if path == need.path else f"{need.path} (through symbolic links: {path})"
+                if cover is not None:
+                    found.append((f"{need.what}: {shown} is under {cover[0]}, and the unit's {cover[1]}", need.fix))
+                elif who is not None and blocked is not None:
+                    found.append((f"{need.what}: {shown} is out of reach of the service user {who.name} (User=): "
+                                  f"{_shown(blocked)} is in the way", need.fix))
+            break
     return [
         text if i + 1 < len(found) and found[i + 1][1] == fix else f"{text}; {fix}"
         for i, (text, fix) in enumerate(found)
