@@ -550,3 +550,23 @@ async def test_check_lists_each_endpoint_with_what_it_found(tmp_path, llm, fallb
     assert "[FAIL] fallback 2: UNSET_FALLBACK_KEY (llm.fallbacks[1].api_key_env) is not set" in out
     assert FALLBACK_KEY not in out
     assert {r.headers["Authorization"] for r in fallback.request_log} == {f"Bearer {FALLBACK_KEY}"}
+
+
+async def test_check_hides_a_key_a_fallback_echoes_and_says_nothing_more_of_a_fallback_that_failed(
+    tmp_path, llm, fallback, capsys, monkeypatch
+):
+    # regression: the key was printed as the endpoint's 401 quoted it, and "[ok]" lines followed
+    monkeypatch.setenv("FALLBACK_API_KEY", FALLBACK_KEY)
+    ping = tool_calls(("ping", {}))
+    llm.default = lambda r: ping if "tools" in r else text("ok")
+    fallback.default = lambda r: error(401, f"Incorrect API key provided: {FALLBACK_KEY}. You can find your key at …")
+    config = write_config(tmp_path, llm, None, llm={"fallbacks": [
+        {"base_url": fallback.base_url, "model": "big-fallback", "api_key_env": "FALLBACK_API_KEY"}]})
+    settings = load_settings(config)
+    problems = await check_all(settings, Secrets(OPENAI_API_KEY="sk-test"), load_entity(settings.entity), chat_only=True)
+    out = capsys.readouterr().out
+    assert problems == ["fallback 1 model endpoint"]
+    assert "[FAIL] fallback 1 model endpoint: " in out and "Incorrect API key provided: [REDACTED]." in out
+    assert FALLBACK_KEY not in out
+    assert [line for line in out.splitlines() if line.startswith("[ok] fallback 1")] == [
+        f"[ok] fallback 1: {fallback.base_url} (key from FALLBACK_API_KEY); tried when the endpoints before it are down"]

@@ -2,7 +2,8 @@
 of ``llm.fallbacks``) and each enabled platform.
 
 Prints one line per check (``ok`` or what is wrong and how to fix it). Secrets are never
-printed. It also says which tool forcing the daemon uses with this endpoint and why
+printed: every line goes through the daemon's redactor (an endpoint may echo a key back in its
+refusal). It also says which tool forcing the daemon uses with this endpoint and why
 (``tool forcing: required``, or ``auto since <time>: <reason>; re-tried every …``), read from
 the database opened read-only, so it works next to a running daemon.
 """
@@ -13,12 +14,14 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from bumblebot.app.reach import get_json, model_failure, platform_failure
-from bumblebot.core.config import Secrets, effective_base_url
+from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ModelError, StoreError
+from bumblebot.core.redaction import Redactor
 from bumblebot.core.settings import Settings
 from bumblebot.llm import (
     LLM,
@@ -29,7 +32,7 @@ from bumblebot.llm import (
     tool_choice_key,
     vision_key,
 )
-from bumblebot.llm.failover import fallback_settings
+from bumblebot.llm.failover import fallback_settings, memory_keys
 from bumblebot.runtime.limits import check_lines as limits_lines
 from bumblebot.store import Store
 
@@ -39,13 +42,35 @@ PING_TOOL = {
 }
 
 
+#: what hides the secrets in the lines of the check running (:func:`check_all` sets it)
+_redact: ContextVar[Callable[[str], str]] = ContextVar("check_redact", default=lambda text: text)
+
+
 def _line(ok: bool, what: str, detail: str = "") -> None:
-    print(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}")
+    print(_redact.get()(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}"))
+
+
+def _redactor(settings: Settings, secrets: Secrets) -> Redactor:
+    """The secrets no line may show: those the daemon hides (``Daemon.redactor``)."""
+    from bumblebot.app.daemon import mcp_environ
+    from bumblebot.core.mcp_settings import secret_values
+
+    return Redactor(
+        [*secrets.values(), *endpoint_secrets(settings, secrets), *secret_values(settings.mcp, mcp_environ())]
+    )
 
 
 async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False) -> list[str]:
     """Run every check; returns the list of problems (empty when all is well). ``chat_only``:
     the terminal chat only (``bumblebot chat``): no platform token is needed or tried."""
+    hiding = _redact.set(_redactor(settings, secrets))
+    try:
+        return await _check_all(settings, secrets, entity, chat_only=chat_only)
+    finally:
+        _redact.reset(hiding)
+
+
+async def _check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool) -> list[str]:
     problems: list[str] = []
 
     def fail(what: str, detail: str) -> None:
@@ -62,8 +87,8 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     except OSError as exc:
         fail("data_dir", f"{settings.data_dir} is not writable ({exc.strerror}); change data_dir")
     base_url = effective_base_url(settings, secrets)
-    for name, own, url, api_key in _endpoints(settings, secrets, fail):
-        await _check_endpoint(own, url, api_key, fail, name)
+    for name, own, url, api_key, memory in _endpoints(settings, secrets, fail):
+        await _check_endpoint(own, url, api_key, fail, name, memory)
     stt = settings.llm.transcription_base_url or base_url
     _line(True, "voice notes", f"transcribed at {stt.rstrip('/')}/audio/transcriptions with {settings.llm.transcription_model} "
           "(not tried here); voice replies " + ("on (voice.reply: mirror)" if settings.voice.reply == "mirror" else "off"))
@@ -145,12 +170,15 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
 
 def _endpoints(
     settings: Settings, secrets: Secrets, fail: Callable[[str, str], None]
-) -> Iterator[tuple[str, Settings, str, str | None]]:
-    """The endpoints to probe: ``(name, settings with its own llm section, base URL, key)``,
-    the primary (named ``""``) and each fallback (``fallback 1`` …), named as it comes (one
-    whose key is not set fails instead)."""
+) -> Iterator[tuple[str, Settings, str, str | None, str]]:
+    """The endpoints to probe: ``(name, settings with its own llm section, base URL, key, name
+    in the memory's keys)``, the primary (named ``""``) and each fallback (``fallback 1`` …),
+    named as it comes (one whose key is not set fails instead)."""
     primary = secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None
-    yield "", settings, effective_base_url(settings, secrets), primary
+    llm = settings.llm
+    memory = memory_keys([(effective_base_url(settings, secrets), llm.model)] + [
+        (str(f.base_url), f.model or llm.model) for f in llm.fallbacks])
+    yield "", settings, effective_base_url(settings, secrets), primary, memory[0]
     for number, fallback in enumerate(settings.llm.fallbacks, 1):
         name, where = f"fallback {number}", f"llm.fallbacks[{number - 1}]"
         key = secrets.named(fallback.api_key_env) if fallback.api_key_env else None
@@ -160,23 +188,31 @@ def _endpoints(
         how = f"key from {fallback.api_key_env}" if fallback.api_key_env else "no key"
         _line(True, name, f"{fallback.base_url} ({how}); tried when the endpoints before it are down")
         own = settings.model_copy(update={"llm": fallback_settings(settings.llm, fallback)})
-        yield name, own, str(fallback.base_url), key
+        yield name, own, str(fallback.base_url), key, memory[number]
 
 
 async def _check_endpoint(
-    settings: Settings, base_url: str, api_key: str | None, fail: Callable[[str, str], None], name: str = ""
+    settings: Settings, base_url: str, api_key: str | None, fail: Callable[[str, str], None], name: str = "",
+    memory: str | None = None,
 ) -> None:
     """Probe one endpoint (``settings.llm`` is its own section): each model answers, a tool is
-    called (streamed, as turns are), and what the daemon remembers of it; each line's ``what``
-    starts with ``name`` (a fallback's)."""
+    called (streamed, as turns are), and what the daemon remembers of it (under ``memory``, its
+    name in the keys; default: ``base_url``); each line's ``what`` starts with ``name`` (a
+    fallback's). When the endpoint failed, nothing more is said of it."""
     prefix = f"{name} " if name else ""
     llm = LLM(settings.llm, base_url=base_url, api_key=api_key)
-    forcing, fallback = await forcing_mode(settings, base_url)
-    remembered_whole = await _stored_kv(settings, stream_key(base_url))
+    forcing, fallback = await forcing_mode(settings, memory or base_url)
+    remembered_whole = await _stored_kv(settings, stream_key(memory or base_url))
     forced_now = probe_ran = False
     try:
-        for model in dict.fromkeys([llm.model, llm.reflex_model]):
-            await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
+        for model, setting in _models(settings).items():
+            try:
+                await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
+            except ModelError as exc:
+                if model == llm.model:
+                    raise  # the endpoint's own failure, below
+                fail(f"{prefix}model {model}", _failure(exc, base_url, name, setting))
+                continue
             _line(True, f"{prefix}model {model}", f"answered at {base_url}")
         streams = settings.delivery.streaming == "on"
         probe = await llm.complete(
@@ -206,13 +242,8 @@ async def _check_endpoint(
             fail(f"{prefix}tool calls", f"{llm.model} answered without calling a tool; use a model/server with tool "
                  "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
     except ModelError as exc:
-        url = f"{base_url}/chat/completions"
-        if name:  # "fallback N": its settings are llm.fallbacks[N-1]
-            where = f"llm.fallbacks[{int(name.split()[-1]) - 1}]"
-            why = model_failure(exc, url, settings=f"{where}.base_url", key=f"{where}.api_key_env", model=f"{where}.model")
-        else:
-            why = model_failure(exc, url)
-        fail(f"{prefix}model endpoint", why)
+        fail(f"{prefix}model endpoint", _failure(exc, base_url, name))
+        return
     finally:
         await llm.aclose()
     if fallback is not None and forced_now:
@@ -226,6 +257,27 @@ async def _check_endpoint(
         _line(True, f"{prefix}streaming", streaming)
     _line(True, f"{prefix}images", await _images_line(settings, base_url, llm.model))
     _line(True, f"{prefix}thinking", await _thinking_line(settings, base_url, llm.model))
+
+
+def _models(settings: Settings) -> dict[str, str]:
+    """The models ``check`` asks of an endpoint (``settings.llm`` is its own section), each with
+    the key that names it: ``model``, ``reflex_model``, ``background_model`` (the primary's)."""
+    llm = settings.llm
+    models = {llm.model: "model"}
+    for model, key in ((llm.reflex_model, "reflex_model"), (llm.background_model, "background_model")):
+        if model:
+            models.setdefault(model, key)
+    return models
+
+
+def _failure(exc: ModelError, base_url: str, name: str, setting: str = "model") -> str:
+    """Why the endpoint at ``base_url`` (``name``: ``""`` for the primary, else ``fallback N``)
+    did not answer a request for the model its key ``setting`` names."""
+    url = f"{base_url}/chat/completions"
+    if name:  # "fallback N": its settings are llm.fallbacks[N-1]
+        where = f"llm.fallbacks[{int(name.split()[-1]) - 1}]"
+        return model_failure(exc, url, settings=f"{where}.base_url", key=f"{where}.api_key_env", model=f"{where}.{setting}")
+    return model_failure(exc, url, model=f"llm.{setting}")
 
 
 def tool_access_lines(settings: Settings) -> list[tuple[str, str]]:
