@@ -292,3 +292,31 @@ async def test_a_silent_server_times_out_and_plain_http_fails_tls():
 
 def test_an_error_that_is_not_the_network_has_no_network_reason():
     assert network_reason(ValueError("bad JSON")) is None
+
+
+# -- what check prints -------------------------------------------------------------------------
+
+
+async def test_check_hides_a_key_the_endpoint_echoes_in_its_refusal(tmp_path, llm, capsys):
+    # regression: "Incorrect API key provided: sk-…" was printed with the key in it
+    key = "sk-primary-SECRET-0123456789"
+    llm.push(error(401, f"Incorrect API key provided: {key}. You can find your API key at …"))
+    lines = await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": key})
+    assert "Incorrect API key provided: [REDACTED]." in lines["model endpoint"]
+    assert not [line for line in lines.values() if key in line]
+
+
+async def test_check_asks_the_background_model_and_fails_on_one_the_endpoint_does_not_serve(tmp_path, llm, capsys):
+    # regression: llm.background_model was neither listed nor asked, so a typo passed
+    def answer(request: dict[str, Any]) -> Any:
+        if request["model"] == "cheap-modle":
+            return error(404, "The model `cheap-modle` does not exist")
+        return tool_calls(("ping", {})) if is_loop(request) else text("ok")
+
+    llm.default = answer
+    lines = await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": "sk-test"}, llm={"background_model": "cheap-modle"})
+    assert lines["model cheap-modle"].startswith("[FAIL] model cheap-modle: ")
+    assert "(check llm.background_model, a model that endpoint serves" in lines["model cheap-modle"]
+    assert lines["model test-model"].startswith("[ok]") and lines["tool calls"].startswith("[ok]")
+    lines = await check(tmp_path, llm, capsys, {"OPENAI_API_KEY": "sk-test"}, llm={"background_model": "cheap-model"})
+    assert lines["model cheap-model"] == f"[ok] model cheap-model: answered at {llm.base_url}"

@@ -2,10 +2,11 @@
 of ``llm.fallbacks``) and each enabled platform.
 
 Prints one line per check (``ok`` or what is wrong and how to fix it; ``note`` for what it
-learned that the daemon will use). Secrets are never printed. It also says which tool forcing
-the daemon uses with this endpoint and why (``tool forcing: required``, or ``auto since <time>:
-<reason>; re-tried every …``), and each model's context window, configured and the endpoint's.
-What its requests to the endpoint teach is written to the daemon's database
+learned that the daemon will use). Secrets are never printed: every line goes through the
+daemon's redactor (an endpoint may echo a key back in its refusal). It also says which tool
+forcing the daemon uses with this endpoint and why (``tool forcing: required``, or ``auto since
+<time>: <reason>; re-tried every …``), and each model's context window, configured and the
+endpoint's. What its requests to the endpoint teach is written to the daemon's database
 (:mod:`bumblebot.app.probing`), safely next to a running daemon.
 """
 
@@ -15,13 +16,15 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from bumblebot.app.probing import learned_forcing, probe_thinking, probe_tools, window_lines, writable_store
 from bumblebot.app.reach import get_json, model_failure, platform_failure, shown_url, token_problem, url_problem
-from bumblebot.core.config import Secrets, effective_base_url
+from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ModelError, StoreError
+from bumblebot.core.redaction import Redactor
 from bumblebot.core.settings import Settings
 from bumblebot.llm import (
     LLM,
@@ -33,23 +36,45 @@ from bumblebot.llm import (
     tool_choice_key,
     vision_key,
 )
-from bumblebot.llm.failover import fallback_settings
+from bumblebot.llm.failover import fallback_settings, memory_keys
 from bumblebot.runtime.limits import check_lines as limits_lines
 from bumblebot.store import Store
 
 
+#: what hides the secrets in the lines of the check running (:func:`check_all` sets it)
+_redact: ContextVar[Callable[[str], str]] = ContextVar("check_redact", default=lambda text: text)
+
+
 def _line(ok: bool, what: str, detail: str = "") -> None:
-    print(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}")
+    print(_redact.get()(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}"))
+
+
+def _redactor(settings: Settings, secrets: Secrets) -> Redactor:
+    """The secrets no line may show: those the daemon hides (``Daemon.redactor``)."""
+    from bumblebot.app.daemon import mcp_environ
+    from bumblebot.core.mcp_settings import secret_values
+
+    return Redactor(
+        [*secrets.values(), *endpoint_secrets(settings, secrets), *secret_values(settings.mcp, mcp_environ())]
+    )
 
 
 def _note(what: str, detail: str) -> None:
     """A line about something the endpoint showed that the daemon works around, not a failure."""
-    print(f"[note] {what}: {detail}")
+    print(_redact.get()(f"[note] {what}: {detail}"))
 
 
 async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False) -> list[str]:
     """Run every check; returns the list of problems (empty when all is well). ``chat_only``:
     the terminal chat only (``bumblebot chat``): no platform token is needed or tried."""
+    hiding = _redact.set(_redactor(settings, secrets))
+    try:
+        return await _check_all(settings, secrets, entity, chat_only=chat_only)
+    finally:
+        _redact.reset(hiding)
+
+
+async def _check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool) -> list[str]:
     problems: list[str] = []
 
     def fail(what: str, detail: str) -> None:
@@ -68,8 +93,8 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
     base_url = effective_base_url(settings, secrets)
     store = await writable_store(settings)  # what the endpoints show is remembered for the daemon
     try:
-        for name, own, url, api_key in _endpoints(settings, secrets, fail):
-            await _check_endpoint(own, url, api_key, fail, name, store)
+        for name, own, url, api_key, memory in _endpoints(settings, secrets, fail):
+            await _check_endpoint(own, url, api_key, fail, name, memory, store)
     finally:
         if store is not None:
             await store.close()
@@ -160,18 +185,21 @@ async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, cha
 
 def _endpoints(
     settings: Settings, secrets: Secrets, fail: Callable[[str, str], None]
-) -> Iterator[tuple[str, Settings, str, str | None]]:
-    """The endpoints to probe: ``(name, settings with its own llm section, base URL, key)``,
-    the primary (named ``""``) and each fallback (``fallback 1`` …), named as it comes (one
-    whose key is not set fails instead, as does a key or URL no request can carry)."""
+) -> Iterator[tuple[str, Settings, str, str | None, str]]:
+    """The endpoints to probe: ``(name, settings with its own llm section, base URL, key, name
+    in the memory's keys)``, the primary (named ``""``) and each fallback (``fallback 1`` …),
+    named as it comes (one whose key is not set fails instead, as does a key or URL no request
+    can carry)."""
     primary = secrets.openai_api_key.get_secret_value() if secrets.openai_api_key else None
+    llm = settings.llm
     base_url = effective_base_url(settings, secrets)
+    memory = memory_keys([(base_url, llm.model)] + [(str(f.base_url), f.model or llm.model) for f in llm.fallbacks])
     if problem := (primary and token_problem(primary, "OPENAI_API_KEY")) or url_problem(
         base_url, "llm.base_url / OPENAI_BASE_URL"
     ):
         fail("model endpoint", problem)
     else:
-        yield "", settings, base_url, primary
+        yield "", settings, base_url, primary, memory[0]
     for number, fallback in enumerate(settings.llm.fallbacks, 1):
         name, where = f"fallback {number}", f"llm.fallbacks[{number - 1}]"
         key = secrets.named(fallback.api_key_env) if fallback.api_key_env else None
@@ -186,29 +214,36 @@ def _endpoints(
         how = f"key from {fallback.api_key_env}" if fallback.api_key_env else "no key"
         _line(True, name, f"{shown_url(str(fallback.base_url))} ({how}); tried when the endpoints before it are down")
         own = settings.model_copy(update={"llm": fallback_settings(settings.llm, fallback)})
-        yield name, own, str(fallback.base_url), key
+        yield name, own, str(fallback.base_url), key, memory[number]
 
 
 async def _check_endpoint(
     settings: Settings, base_url: str, api_key: str | None, fail: Callable[[str, str], None], name: str = "",
-    store: Store | None = None,
+    memory: str | None = None, store: Store | None = None,
 ) -> None:
     """Probe one endpoint (``settings.llm`` is its own section): each model answers, a tool is
     called (streamed, as turns are), thinking and the window are asked, and what the daemon
-    remembers of it is said; what is learned goes into ``store``'s ``kv`` (the daemon's) when
-    given. Each line's ``what`` starts with ``name`` (a fallback's)."""
+    remembers of it (under ``memory``, its name in the keys; default: ``base_url``) is said;
+    what is learned goes into ``store``'s ``kv`` (the daemon's) when given. Each line's ``what``
+    starts with ``name`` (a fallback's). When the endpoint failed, nothing more is said of it."""
     prefix = f"{name} " if name else ""
-    forcing, fallback = await forcing_mode(settings, base_url)
-    remembered_whole = await _stored_kv(settings, stream_key(base_url))
+    forcing, fallback = await forcing_mode(settings, memory or base_url)
+    remembered_whole = await _stored_kv(settings, stream_key(memory or base_url))
     llm = LLM(
-        settings.llm, base_url=base_url, api_key=api_key,
+        settings.llm, base_url=base_url, api_key=api_key, memory_key=memory,
         capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv) if store else None,
     )
     forced_now = probe_ran = False
     learned, windows = None, []
     try:
-        for model in dict.fromkeys([llm.model, llm.reflex_model]):
-            await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
+        for model, setting in _models(settings).items():
+            try:
+                await llm.complete([{"role": "user", "content": "Say ok."}], model=model, max_tokens=8)
+            except ModelError as exc:
+                if model == llm.model:
+                    raise  # the endpoint's own failure, below
+                fail(f"{prefix}model {model}", _failure(exc, base_url, name, setting))
+                continue
             _line(True, f"{prefix}model {model}", f"answered at {shown_url(base_url)}")
         streams = settings.delivery.streaming == "on"
         probe = await probe_tools(llm, (lambda index, text: None) if streams else None)  # streamed, as turns are
@@ -225,13 +260,8 @@ async def _check_endpoint(
             fail(f"{prefix}tool calls", f"{llm.model} answered without calling a tool; use a model/server with tool "
                  "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
     except ModelError as exc:
-        url = f"{base_url}/chat/completions"
-        if name:  # "fallback N": its settings are llm.fallbacks[N-1]
-            where = f"llm.fallbacks[{int(name.split()[-1]) - 1}]"
-            why = model_failure(exc, url, settings=f"{where}.base_url", key=f"{where}.api_key_env", model=f"{where}.model")
-        else:
-            why = model_failure(exc, url)
-        fail(f"{prefix}model endpoint", why)
+        fail(f"{prefix}model endpoint", _failure(exc, base_url, name))
+        return
     finally:
         await llm.aclose()
     if fallback is not None and forced_now:
@@ -269,6 +299,27 @@ async def _streaming_line(llm: LLM, probe: Any, streams: bool, remembered_whole:
     if why := await llm.stream_fallback():
         return f"whole messages, learned just now and remembered for the daemon: {why}; it tries again 24 h after that"
     return "whole messages: the endpoint did not stream this time (the daemon decides after a few tries)"
+
+
+def _models(settings: Settings) -> dict[str, str]:
+    """The models ``check`` asks of an endpoint (``settings.llm`` is its own section), each with
+    the key that names it: ``model``, ``reflex_model``, ``background_model`` (the primary's)."""
+    llm = settings.llm
+    models = {llm.model: "model"}
+    for model, key in ((llm.reflex_model, "reflex_model"), (llm.background_model, "background_model")):
+        if model:
+            models.setdefault(model, key)
+    return models
+
+
+def _failure(exc: ModelError, base_url: str, name: str, setting: str = "model") -> str:
+    """Why the endpoint at ``base_url`` (``name``: ``""`` for the primary, else ``fallback N``)
+    did not answer a request for the model its key ``setting`` names."""
+    url = f"{shown_url(base_url)}/chat/completions"
+    if name:  # "fallback N": its settings are llm.fallbacks[N-1]
+        where = f"llm.fallbacks[{int(name.split()[-1]) - 1}]"
+        return model_failure(exc, url, settings=f"{where}.base_url", key=f"{where}.api_key_env", model=f"{where}.{setting}")
+    return model_failure(exc, url, model=f"llm.{setting}")
 
 
 def tool_access_lines(settings: Settings) -> list[tuple[str, str]]:

@@ -64,7 +64,8 @@ class FallbackSettings(Section):
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="NAME of the environment variable (or .env line) holding this endpoint's key, e.g. "
-        "OPENROUTER_API_KEY; never the key itself; null: no key (the primary's is never sent elsewhere)",
+        "OPENROUTER_API_KEY; never the key itself; null: the placeholder key not-needed is sent (the primary's is "
+        "never sent elsewhere)",
     )
     timeout_s: float | None = Field(None, gt=0, description="per-request timeout, seconds; default: llm.timeout_s")
     max_retries: int | None = Field(
@@ -137,7 +138,8 @@ class LLMSettings(Section):
     fallbacks: list[FallbackSettings] = Field(
         default_factory=list,
         description="endpoints tried in order when the one before is down (429, 5xx, a timeout, "
-        "unreachable); see docs/models.md, Fallback endpoints",
+        "unreachable) or refuses its own key, account or model (401, 402, 403, 404); see docs/models.md, "
+        "Fallback endpoints",
     )
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict,

@@ -419,7 +419,8 @@ class EngineSettings(Section):
         3600.0,
         gt=0,
         description="how long a message waits for an unreachable model (retried with backoff up to "
-        "60 s) before the user is told it failed, seconds",
+        "60 s, or the endpoint's Retry-After up to 5 min; with llm.fallbacks every endpoint is asked at "
+        "each retry) before the user is told it failed, seconds",
     )
     outbox_expiry_s: float = Field(
         86400.0,

@@ -3,7 +3,7 @@
 Endpoints differ, and Bumblebot must work with all of them (OpenAI, Ollama, llama.cpp server,
 vLLM, OpenRouter). What one cannot do is learnt from its refusals and remembered in the store's
 ``kv`` table (through :class:`CapabilityMemory`), so that it survives restarts, under a key of
-the endpoint (its base URL) or of one of its models:
+the endpoint (its name, :func:`endpoint_key`) or of one of its models:
 
 * :func:`tool_choice_key`: the endpoint gets ``tool_choice="auto"`` instead of ``"required"``
   (:mod:`bumblebot.llm.forcing`);
@@ -77,23 +77,32 @@ class CapabilityMemory:
             await self._save(key, "")
 
 
-def tool_choice_key(base_url: str) -> str:
-    """The ``kv`` key of the tool_choice fallback of the endpoint at ``base_url``."""
-    return f"llm.tool_choice:{base_url}"
+def endpoint_key(base_url: str, model: str | None = None) -> str:
+    """An endpoint's name in the keys of what it cannot do: its base URL, or ``<base_url>|<model>``
+    for an endpoint that shares its base URL with one before it (two models at one provider,
+    such as OpenRouter, learn apart; the first endpoint at a URL, the primary above all, keeps
+    the bare URL its lessons were always remembered under)."""
+    return base_url if model is None else f"{base_url}|{model}"
 
 
-def stream_key(base_url: str) -> str:
-    """The ``kv`` key recording that the endpoint at ``base_url`` gets whole answers.
+def tool_choice_key(endpoint: str) -> str:
+    """The ``kv`` key of the tool_choice fallback of ``endpoint`` (:func:`endpoint_key`)."""
+    return f"llm.tool_choice:{endpoint}"
+
+
+def stream_key(endpoint: str) -> str:
+    """The ``kv`` key recording that ``endpoint`` (:func:`endpoint_key`) gets whole answers.
 
     Its value is JSON ``{"mode": "off", "reason": str, "since": float}`` (epoch seconds).
     """
-    return f"llm.stream:{base_url}"
+    return f"llm.stream:{endpoint}"
 
 
-def stream_usage_key(base_url: str) -> str:
-    """The ``kv`` key recording that the endpoint at ``base_url`` refuses ``stream_options``
-    (the ask for usage in a stream): JSON ``{"reason": str, "since": float}`` (epoch seconds)."""
-    return f"llm.stream_usage:{base_url}"
+def stream_usage_key(endpoint: str) -> str:
+    """The ``kv`` key recording that ``endpoint`` (:func:`endpoint_key`) refuses
+    ``stream_options`` (the ask for usage in a stream): JSON ``{"reason": str, "since": float}``
+    (epoch seconds)."""
+    return f"llm.stream_usage:{endpoint}"
 
 
 def vision_key(base_url: str, model: str) -> str:
@@ -116,12 +125,17 @@ class Refusals:
         memory: where they are kept.
         base_url: the endpoint (named in the log).
         clock: the wall clock, epoch seconds.
+        endpoint: its name in the keys of the endpoint's own refusals (:func:`endpoint_key`;
+            default: ``base_url``).
     """
 
-    def __init__(self, memory: CapabilityMemory, base_url: str, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, memory: CapabilityMemory, base_url: str, clock: Callable[[], float], *, endpoint: str | None = None
+    ) -> None:
         self.memory = memory
         self.base_url = base_url
         self.clock = clock
+        self.endpoint = endpoint or base_url
 
     async def active(self, key: str, retry_s: float, again: str) -> bool:
         """Whether ``key`` remembers a refusal younger than ``retry_s``; an older one is

@@ -77,6 +77,8 @@ class LLM:
             what it used, for the :class:`~bumblebot.core.usage.Scope` of the task sending it;
             the completion returned carries that ``usage`` and the ``cost`` the meter priced it
             at; default: nothing counted or refused.
+        memory_key: the endpoint's name in the keys of what it cannot do
+            (:func:`~bumblebot.llm.capabilities.endpoint_key`; default: ``base_url``).
     """
 
     def __init__(
@@ -91,11 +93,13 @@ class LLM:
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
         meter: Meter | None = None,
+        memory_key: str | None = None,
     ) -> None:
         self.settings = settings
         self.meter = NO_METER if meter is None else meter
         self._metrics = NO_METRICS if metrics is None else metrics
         self.base_url = base_url
+        self.memory_key = memory_key or base_url
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key or "not-needed",
@@ -105,9 +109,10 @@ class LLM:
         self.capabilities = capabilities or CapabilityMemory()
         self._clock = clock
         self._slots = asyncio.Semaphore(settings.max_concurrent_requests)
-        refusals = Refusals(self.capabilities, base_url, clock)
+        refusals = Refusals(self.capabilities, base_url, clock, endpoint=self.memory_key)
         self._forcing = ToolForcing(
-            self.capabilities, base_url, clock, retry_requests=forcing_retry_requests, retry_s=forcing_retry_s
+            self.capabilities, base_url, clock, retry_requests=forcing_retry_requests, retry_s=forcing_retry_s,
+            endpoint=self.memory_key,
         )
         self._thinking = Thinking(settings, refusals)
         self._vision = Vision(settings, refusals)

@@ -55,7 +55,7 @@ FORCING_RETRY_S = 6 * 3600.0
 class ForcingFallback:
     """Why and since when an endpoint gets ``tool_choice="auto"`` instead of ``"required"``.
 
-    Stored in ``kv`` ``llm.tool_choice:<base_url>`` as JSON:
+    Stored in ``kv`` ``llm.tool_choice:<endpoint>`` as JSON:
     ``{"mode": "auto", "reason": str, "since": float, "checked_at": float, "retries": int}``.
     The plain ``auto`` written by older versions reads as a fallback of unknown reason and
     time, which is tried again at the next tool request.
@@ -141,14 +141,17 @@ class ToolForcing:
         retry_requests: tool requests under the fallback before ``"required"`` is tried again.
         retry_s: seconds under the fallback before it is tried again (whichever of the two
             comes first).
+        endpoint: its name in the key (:func:`~bumblebot.llm.capabilities.endpoint_key`;
+            default: ``base_url``).
     """
 
     def __init__(
         self, memory: CapabilityMemory, base_url: str, clock: Callable[[], float], *, retry_requests: int,
-        retry_s: float,
+        retry_s: float, endpoint: str | None = None,
     ) -> None:
         self.memory = memory
         self.base_url = base_url
+        self.endpoint = endpoint or base_url
         self.retry_requests = retry_requests
         self.retry_s = retry_s
         self._clock = clock
@@ -158,7 +161,7 @@ class ToolForcing:
         self._accepted = False  # "required" was answered (known in this process)
 
     def _key(self) -> str:
-        return tool_choice_key(self.base_url)
+        return tool_choice_key(self.endpoint)
 
     async def fallback(self) -> ForcingFallback | None:
         """The remembered ``"auto"`` fallback of this endpoint, ``None`` while forcing is on."""

@@ -20,13 +20,13 @@ whole answers when a streamed request fails where the same request sent whole is
   blame: after :data:`STREAM_CHECKS` such answers in a row, broken streamed answers are no
   longer checked.
 
-That is remembered in ``kv`` ``llm.stream:<base_url>``, and streaming is tried again after
+That is remembered in ``kv`` ``llm.stream:<endpoint>``, and streaming is tried again after
 :data:`STREAM_RETRY_S`.
 
 A streamed request asks for its usage (``stream_options: {"include_usage": true}``: a last
 chunk with the token counts). An endpoint that refuses that parameter (a 400 or 422 naming
 ``stream_options``) gets the same streamed request again without it, and that is remembered in
-``kv`` ``llm.stream_usage:<base_url>`` (asked again after :data:`STREAM_RETRY_S`); its usage
+``kv`` ``llm.stream_usage:<endpoint>`` (asked again after :data:`STREAM_RETRY_S`); its usage
 is then what the stream reports by itself, or Bumblebot's estimate.
 """
 
@@ -121,12 +121,12 @@ class StreamedRequests:
     async def streams(self) -> bool:
         """Whether the endpoint gets streamed requests (not remembered as unable to, or the
         memory is older than :data:`STREAM_RETRY_S`)."""
-        key = stream_key(self.base_url)
+        key = stream_key(self._refusals.endpoint)
         return not await self._refusals.active(key, STREAM_RETRY_S, "trying streamed requests again")
 
     async def fallback(self) -> str | None:
         """Why the endpoint gets whole answers instead of streams, ``None`` while it streams."""
-        return await self._refusals.reason(stream_key(self.base_url))
+        return await self._refusals.reason(stream_key(self._refusals.endpoint))
 
     async def send(
         self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI | None = None
@@ -207,7 +207,7 @@ class StreamedRequests:
     async def asks_usage(self) -> bool:
         """Whether streamed requests carry ``stream_options.include_usage`` (not remembered as
         refused, or the memory is older than :data:`STREAM_RETRY_S`)."""
-        key = stream_usage_key(self.base_url)
+        key = stream_usage_key(self._refusals.endpoint)
         return not await self._refusals.active(key, STREAM_RETRY_S, "asking for usage in streams again")
 
     async def _read_with_usage(
@@ -222,7 +222,7 @@ class StreamedRequests:
         except openai.APIStatusError as exc:
             if exc.status_code not in (400, 422) or "stream_options" not in str(exc.message):
                 raise
-            await self._refusals.remember(stream_usage_key(self.base_url), refusal(exc))
+            await self._refusals.remember(stream_usage_key(self._refusals.endpoint), refusal(exc))
             log.warning(
                 "endpoint %s refused stream_options (%s); streams do not ask for usage from now on "
                 "(asked again in %s)", self.base_url, refusal(exc), duration(STREAM_RETRY_S),
@@ -311,7 +311,7 @@ class StreamedRequests:
             await self._refused(reason if at_once else f"{self._strikes} times in a row: {reason}")
 
     async def _refused(self, reason: str) -> None:
-        await self._refusals.remember(stream_key(self.base_url), reason, mode="off")
+        await self._refusals.remember(stream_key(self._refusals.endpoint), reason, mode="off")
         log.warning(
             "endpoint %s: %s; replies are sent whole from now on (streaming is tried again in %s)",
             self.base_url, reason, duration(STREAM_RETRY_S),

@@ -14,8 +14,9 @@ Outcomes (:mod:`bumblebot.runtime.outcomes`, what the actor does next):
 * :class:`Suspended`: the model endpoint is unreachable. The turn stays ``running`` with its
   entries ``pending``; the user got one notice that the answer is delayed; the actor calls
   :meth:`TurnRunner.retry` after ``retry_in`` seconds (backoff doubling from 1 s, capped at
-  60 s). After ``engine.outage_limit_s`` the turn fails with one honest message and its
-  entries are marked ``failed``.
+  60 s, or the endpoint's ``Retry-After`` up to 300 s); when another endpoint is ready
+  (failover), at once and untold. After ``engine.outage_limit_s`` the turn fails with one
+  honest message and its entries are marked ``failed``.
 """
 
 from __future__ import annotations
@@ -487,7 +488,11 @@ class TurnRunner:
         return await self._end(conversation, turn, trace, "done", stop, note, started)
 
     async def _outage(self, conversation: Conversation, turn: Turn, exc: ModelUnavailable, trace: dict[str, Any]) -> Outcome:
-        """The endpoint is down: tell the user once, keep the turn, retry later or give up."""
+        """The endpoint is down: tell the user once, keep the turn, retry later or give up. When
+        another endpoint is ready (failover), the turn is retried on it at once, untold."""
+        if self.llm.standing_by():
+            log.info("turn %s in %s: %s; retried at once on another endpoint", turn.id, conversation.key, exc)
+            return Suspended(turn, 0.0, trace)
         state = turn.state
         now = time.time()
         since = state.outage_since = self.outages.failed(now, state.outage_since)
