@@ -19,8 +19,9 @@ from bumblebot.cognition.router import (
     RouteDecision,
     route,
 )
+from bumblebot.cognition.trace import requests_usage
 from bumblebot.core.settings import CognitionSettings, EngineSettings
-from bumblebot.core.usage import scoped
+from bumblebot.core.usage import scoped, tallied
 from bumblebot.delivery import Delivery
 from bumblebot.llm import Endpoints
 from bumblebot.media import MediaIntake, MediaUnavailable, prepared
@@ -144,24 +145,26 @@ class TurnPreparer:
 
     async def start_state(self, entries: list[JournalEntry]) -> TurnState:
         """A turn's first state: its route (docs/cognition.md, "Routing"), kept for every later resume."""
-        if any(prepared(e).document for e in entries):  # reading a file is work
-            decision = RouteDecision(Route.DELIBERATE, "a document came")
-        else:
-            decision = await route(
-                # the words, not "[Speaker]: " prefixes; a voice note's are its transcript
-                "\n\n".join(filter(None, (w for e in entries for w in (e.inbound.text, prepared(e).spoken)))),
-                # during an outage the classifier would only fail slowly: the turn goes deliberate
-                # and reaches the outage notice at once
-                classify=self._classify if self.cfg.classifier and self.outages.down_since is None else None,
-                source=entries[-1].inbound.source,
-                always_deliberate=self.prompts.entity.always_deliberate,
-            )
+        with tallied() as used:  # the classifier's request, for the trace
+            if any(prepared(e).document for e in entries):  # reading a file is work
+                decision = RouteDecision(Route.DELIBERATE, "a document came")
+            else:
+                decision = await route(
+                    # the words, not "[Speaker]: " prefixes; a voice note's are its transcript
+                    "\n\n".join(filter(None, (w for e in entries for w in (e.inbound.text, prepared(e).spoken)))),
+                    # during an outage the classifier would only fail slowly: the turn goes deliberate
+                    # and reaches the outage notice at once
+                    classify=self._classify if self.cfg.classifier and self.outages.down_since is None else None,
+                    source=entries[-1].inbound.source,
+                    always_deliberate=self.prompts.entity.always_deliberate,
+                )
         # a classifier error can echo the key back ("Incorrect API key provided: sk-…")
         return TurnState.from_dict(self.redact({
             "route": decision.route.value,
             "route_reason": decision.reason,
             "classifier_label": decision.label,
             "classifier_error": decision.classifier_error,
+            "classifier_usage": requests_usage(used),
             "started": time.time(),
         }))
 
