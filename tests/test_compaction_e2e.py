@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
+import yaml
 from conftest import running, write_config
 from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
 from support import contents, judges_say_done, loop_requests, say
@@ -13,8 +15,10 @@ from bumblebot.cognition.compaction import PLACEHOLDER, SUMMARY_HEADER, SUMMARY_
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.messages import Message
+from bumblebot.core.usage import Scope, Usage
 from bumblebot.runtime.conversation import Conversation
 from bumblebot.runtime.notices import TOO_LONG, TOO_LONG_MESSAGE
+from bumblebot.runtime.limits import utc_day
 from bumblebot.store import Store
 
 CHAT = 501
@@ -223,6 +227,62 @@ async def test_status_and_compact_commands(tmp_path, llm, tg):
     assert compacted.startswith("Compacted:")
     assert "Summary: yes" in after and "compactions so far: 1" in after
     assert not [r for r in llm.requests if is_loop(r)]  # commands never start a turn
+
+
+def limited(config, **limits):
+    """``config`` with ``limits`` set."""
+    data = yaml.safe_load(config.read_text())
+    data["limits"] = limits
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
+async def test_compact_refused_by_a_limit_names_it_and_when_it_resets(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 14)
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        await store.add_usage(utc_day(time.time()), Scope(conversation=f"telegram:{CHAT}", sender=str(CHAT), kind="turn"),
+                              Usage("u", "test-model", prompt=5000), None)
+    async with running(limited(compaction_config(tmp_path, llm, tg), chat_daily_tokens=1000)):
+        tg.push_text("/compact", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=2)
+    ack, report = tg.sent(CHAT)
+    assert ack.startswith("Compacting") and llm.requests == []
+    assert report.startswith("A spending limit stops me here: this chat's daily limit of 1,000 tokens has been reached.")
+    assert "It resets at 00:00 UTC, in " in report
+
+
+async def test_compact_is_counted_for_and_limited_by_the_person_who_sent_it(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 14)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    async with running(limited(compaction_config(tmp_path, llm, tg), sender_daily_tokens=100_000)) as d:
+        tg.push_text("/compact", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=2)
+        await d.store.add_usage(utc_day(time.time()), Scope(conversation=f"telegram:{CHAT}", sender=str(CHAT), kind="turn"),
+                                Usage("u", "test-model", prompt=100_000), None)
+        tg.push_text("/compact", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=4)
+    _, compacted, _, refused = tg.sent(CHAT)
+    assert compacted.startswith("Compacted:") and "your daily limit of 100,000 tokens" in refused
+    rows = sqlite3.connect(tmp_path / "data" / "bumblebot.db").execute(
+        "SELECT sender, background, requests FROM usage WHERE kind = 'summary'").fetchall()
+    assert rows == [(str(CHAT), 0, 2)]  # the flush and the summary
+
+
+async def test_a_compaction_in_a_turn_shows_what_its_summaries_used_in_the_trace(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24, tool_every=4)
+    llm.push(text("[]", usage={"prompt_tokens": 3000, "completion_tokens": 2}), when=is_flush)
+    llm.push(text(SUMMARY, usage={"prompt_tokens": 3100, "completion_tokens": 120}), when=is_summary)
+    llm.push(say("Miso, of course"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what's my cat called?", chat_id=CHAT)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    used = trace["compactions"][0]["usage"]
+    assert (used["requests"], used["prompt"], used["completion"], used["estimated"]) == (2, 6100, 122, False)
 
 
 async def test_old_long_tool_results_are_pruned_in_the_prompt_but_kept_in_the_database(tmp_path, llm, tg):

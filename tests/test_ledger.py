@@ -94,6 +94,43 @@ async def test_a_voice_note_s_transcription_is_counted_for_the_chat_and_sender_w
     assert (transcription["audio_seconds"], transcription["estimated"], transcription["priced"]) == (7.0, 1, 0)
 
 
+async def test_the_trace_shows_what_the_classifier_and_the_completion_check_used(tmp_path, llm, tg, capsys):
+    from bumblebot.app.cli import main
+
+    judges_say_done(llm)
+    llm.push(text("CHAT", usage={"prompt_tokens": 300, "completion_tokens": 1}), when=is_classifier)
+    llm.push(say("a fruit, botanically"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": True})
+    async with running(config) as d:
+        tg.push_text(UNCLEAR, chat_id=44, user_id=4444)
+        await d.engine.wait_for_turns(1)
+        trace = (await d.store.recent_turns())[0]["trace"]
+    rows = {r["kind"]: r for r in usage_rows(tmp_path)}
+    classifier = trace["classifier_usage"]
+    assert (classifier["requests"], classifier["prompt"], classifier["completion"]) == (1, 300, 1)
+    [verdict] = trace["gate"]
+    assert verdict["judge"] == "adequacy" and verdict["usage"]["requests"] == 1
+    judged = rows["judge"]["prompt_tokens"]
+    assert verdict["usage"]["prompt"] == judged > 0
+    assert await asyncio.to_thread(main, ["--config", str(config), "trace", "--chat", "telegram:44"]) == 0
+    out = capsys.readouterr().out
+    assert "classifier: 1 request(s), prompt_tokens=300 completion_tokens=1" in out
+    assert f"(adequacy): the reply is adequate [1 request(s), prompt_tokens={judged} " in out
+
+
+async def test_a_voice_reply_is_counted_as_speech_for_the_chat_and_sender_it_answers(tmp_path, llm, tg):
+    judges_say_done(llm)
+    llm.push_transcript("remind me to buy milk")
+    llm.push(say("noted: milk"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, voice={"reply": "mirror"})) as d:
+        tg.push_voice(b"OggS" + b"\x00" * 200, duration=7, chat_id=45, user_id=4545)
+        await tg.wait_for("sendVoice", timeout=10)
+        await d.engine.wait_for_turns(1)
+    [speech] = [r for r in usage_rows(tmp_path) if r["kind"] == "speech"]
+    assert (speech["conversation"], speech["sender"], speech["model"], speech["requests"]) == ("telegram:45", "4545", "tts-1", 1)
+    assert speech["prompt_tokens"] > 0 and speech["estimated"] == 1 and len(llm.speech_requests) == 1
+
+
 class Refusing:
     """Spending limits that refuse every request for one sender."""
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fakes.openai_server import FakeOpenAI, text, tool_calls
+import pytest
+from fakes.openai_server import FakeOpenAI, Reply, text, tool_calls
 
+from bumblebot.core.errors import MediaError, SpendingLimitReached
 from bumblebot.core.settings import LLMSettings, VoiceSettings
 from bumblebot.core.usage import scoped
 from bumblebot.llm import LLM, CapabilityMemory
@@ -146,3 +149,92 @@ async def test_transcriptions_record_the_seconds_or_tokens_the_endpoint_reports_
     assert row["audio_seconds"] == 90.0  # 30 reported, none with tokens, 60 as the platform gave
     # per minute where the length is known (30 s and 60 s); the token-counted one has no token price
     assert row["priced"] == 2 and abs(row["cost"] - 1.5 * 0.006) < 1e-12
+
+
+IMAGE = [{"role": "user", "content": [
+    {"type": "text", "text": "what is this?"},
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 400}},
+]}]
+
+
+async def test_an_answer_without_the_images_it_refused_records_the_usage_it_reported(tmp_path):
+    """The endpoint refused the images and answered without them: what it reported is recorded
+    (not an estimate); the answer is kept out of the token scale (its prompt is not the one
+    estimated)."""
+    async with FakeOpenAI() as fake, metered(tmp_path, fake) as (llm, store):
+        fake.reject_images()
+        fake.push(text("A cat, I guess.", usage={"prompt_tokens": 777, "completion_tokens": 5}))
+        completion = await llm.complete(IMAGE, max_tokens=50)
+        [row] = await rows(store)
+    assert completion.usage is not None and not completion.usage.estimated
+    assert (row["prompt_tokens"], row["completion_tokens"], row["estimated"]) == (777, 5, 0)
+    assert completion.prompt_tokens == 777 and completion.sample_tokens is None
+
+
+async def test_an_answer_that_read_the_image_as_text_records_the_usage_it_reported(tmp_path):
+    """A server without a vision projector tokenizes a 30 KB data URL as text: 22,766 prompt
+    tokens, billed as such; recorded so, and kept out of the token scale."""
+    big = [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + "Q" * 30000}},
+    ]}]
+    async with FakeOpenAI() as fake, metered(tmp_path, fake) as (llm, store):
+        fake.push(text("Looks like text soup.", usage={"prompt_tokens": 22766, "completion_tokens": 6}))
+        completion = await llm.complete(big, max_tokens=50)
+        [row] = await rows(store)
+    assert (row["prompt_tokens"], row["completion_tokens"], row["estimated"]) == (22766, 6, 0)
+    assert completion.sample_tokens is None
+
+
+async def test_a_garbled_stream_asked_again_whole_records_both_answered_requests(tmp_path):
+    broken = Reply(message={"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "say", "arguments": '{"text": "hi'}}]},
+        finish_reason="tool_calls", usage={"prompt_tokens": 400, "completion_tokens": 9})
+    async with FakeOpenAI() as fake, metered(tmp_path, fake) as (llm, store):
+        fake.push(broken)
+        fake.push(tool_calls(("say", {"text": "hi"}), usage={"prompt_tokens": 400, "completion_tokens": 8}))
+        with scoped(conversation="telegram:5", sender="55", kind="turn"):
+            completion = await llm.complete(HI, max_tokens=50, tools=SAY, on_say=lambda i, t: None)
+        [row] = await rows(store)
+        requests = len(fake.requests)
+    assert completion.tool_calls[0].arguments == '{"text": "hi"}'
+    assert requests == 2 and row["requests"] == 2 and row["sender"] == "55"
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (800, 17)
+
+
+async def test_a_voice_reply_is_counted_as_speech_for_the_turn_it_answers(tmp_path):
+    async with FakeOpenAI() as fake, Store(tmp_path / "bumblebot.db") as store:
+        settings = LLMSettings(prices={"tts-1": {"input": 60.0, "output": 0.0}})
+        speech = Speech(settings, VoiceSettings(), base_url=fake.base_url, api_key="k", meter=Ledger(store, settings.prices))
+        try:
+            with scoped(conversation="telegram:9", sender="99", kind="turn"):
+                await speech.synthesize("Noted: **milk**, and eggs.", tmp_path / "v.ogg")
+        finally:
+            await speech.aclose()
+        [row] = await rows(store)
+    assert (row["conversation"], row["sender"], row["kind"], row["model"]) == ("telegram:9", "99", "speech", "tts-1")
+    assert row["requests"] == 1 and row["prompt_tokens"] > 0 and row["estimated"] == 1
+    assert row["priced"] == 1 and abs(row["cost"] - row["prompt_tokens"] * 60.0 / 1_000_000) < 1e-12
+
+
+class Refusing:
+    async def admit(self, scope: Any, model: str) -> None:
+        raise SpendingLimitReached("your daily limit of 10 tokens", resets_at=time.time() + 5 * 3600 + 90)
+
+    async def record(self, scope: Any, usage: Any) -> None:
+        raise AssertionError("a refused request is not recorded")
+
+
+async def test_a_refused_transcription_says_the_limit_and_when_it_resets_and_a_refused_voice_reply_is_not_made(tmp_path):
+    async with FakeOpenAI() as fake:
+        speech = Speech(LLMSettings(), VoiceSettings(), base_url=fake.base_url, api_key="k", meter=Refusing())
+        try:
+            with pytest.raises(MediaError) as heard:
+                await speech.transcribe(b"OggS" + b"\0" * 50, name="v.ogg", mime="audio/ogg")
+            with pytest.raises(MediaError) as spoken:
+                await speech.synthesize("Noted.", tmp_path / "v.ogg")
+        finally:
+            await speech.aclose()
+        assert fake.transcriptions == [] and fake.speech_requests == []
+    assert str(heard.value) == "your daily limit of 10 tokens is reached; it resets at 00:00 UTC, in 5 h 1 min"
+    assert not heard.value.retryable and not spoken.value.retryable and not (tmp_path / "v.ogg").exists()

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import running, write_config
 
 from bumblebot.app.cli import main
@@ -127,6 +128,19 @@ def test_bumblebot_usage_json_and_days(tmp_path, llm, capsys):
     assert {c["chat"]: c["requests"] for c in data["chats"]} == {"telegram:7": 2, f"telegram:{GROUP}": 3}
     assert {m["model"]: m["requests"] for m in data["models"]} == {"test-model": 4, "reflex-model": 1}
     assert {k["kind"]: k["tokens"] for k in data["kinds"]} == {"turn": 2300, "judge": 102, "automation": 210}
+
+
+def test_bumblebot_usage_days_out_of_range_is_a_usage_error_not_a_crash(tmp_path, llm, capsys):
+    config = write_config(tmp_path, llm)
+    asyncio.run(_seed(tmp_path / "data" / "bumblebot.db", time.time()))
+    for days in ("100000000", "3661", "0"):
+        with pytest.raises(SystemExit) as exited:
+            main(["usage", "--days", days, "--config", str(config)])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert "--days" in err and "Traceback" not in err
+    assert main(["usage", "--json", "--days", "3660", "--config", str(config)]) == 0
+    assert json.loads(capsys.readouterr().out)["days"] == 3660
 
 
 def test_bumblebot_usage_without_a_database_says_so(tmp_path, llm, capsys):

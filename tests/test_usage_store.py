@@ -49,3 +49,17 @@ async def test_usage_by_groups_the_days_rows_costliest_first(tmp_path: Path) -> 
         assert [k for k, _ in await store.usage_by("kind", "2026-12-02", conversation="telegram:2")] == ["judge"]
         with pytest.raises(ValueError):
             await store.usage_by("cost; DROP TABLE usage", "2026-12-01")  # type: ignore[arg-type]
+
+
+async def test_background_and_foreground_requests_of_one_chat_and_kind_keep_their_own_rows(tmp_path: Path) -> None:
+    """A compaction in a scheduled turn (background) and a ``/compact`` (not) in one chat on one
+    day are both kind ``summary`` for nobody: each is counted as what it was."""
+    background = Scope(conversation="telegram:5", kind="summary", background=True)
+    foreground = Scope(conversation="telegram:5", kind="summary", background=False)
+    async with Store(tmp_path / "b.db") as store:
+        await store.add_usage("2026-12-02", background, Usage("u", "m", prompt=100), None)
+        await store.add_usage("2026-12-02", foreground, Usage("u", "m", prompt=5000), None)
+        await store.add_usage("2026-12-02", background, Usage("u", "m", prompt=20), None)
+        assert (await store.usage_totals("2026-12-02", background=True)).prompt == 120
+        assert (await store.usage_totals("2026-12-02", background=False)).prompt == 5000
+        assert (await store.usage_totals("2026-12-02", conversation="telegram:5")).requests == 3

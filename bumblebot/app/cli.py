@@ -360,6 +360,8 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
                 f" ({t.get('route_reason')}) label={t.get('classifier_label')} stop={stop}"
                 f" wall={t.get('wall_s')}s"
             )
+            if t.get("classifier_usage"):
+                print(f"  classifier: {_used(t['classifier_usage'], settings.llm.currency)}")
             for step in t.get("steps", []):
                 calls = ", ".join(
                     f"{c['name']} [suppressed]" if c.get("suppressed")
@@ -374,7 +376,8 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
                     + (f" repeated={step['repeated']:.0%}" if step.get("repeated") is not None else "")
                 )
             for g in t.get("gate", []):
-                print(f"  gate@{g['step']}: {'DONE' if g['done'] else 'CONTINUE'} ({g.get('judge') or 'structure'}): {g['reason']}")
+                used = f" [{_used(g['usage'], settings.llm.currency)}]" if g.get("usage") else ""
+                print(f"  gate@{g['step']}: {'DONE' if g['done'] else 'CONTINUE'} ({g.get('judge') or 'structure'}): {g['reason']}{used}")
             for c in t.get("cuts", []):
                 what = f" {c['chars']} chars" if c.get("chars") is not None else ""
                 print(f"  cut@{c['step']}: {c['rule']}{what}" + (f" (call {c['call']})" if c.get("call") else ""))
@@ -409,10 +412,30 @@ def _step_tokens(step: dict[str, Any], currency: str) -> str:
     return shown
 
 
+def _used(usage: dict[str, Any], currency: str) -> str:
+    """What a judge's, the classifier's or a compaction's requests used, as ``bumblebot trace``
+    shows it."""
+    shown = f"{usage['requests']} request(s), prompt_tokens={usage['prompt']} completion_tokens={usage['completion']}"
+    if usage.get("estimated"):
+        shown += " [estimated]"
+    if usage.get("cost") is not None:
+        shown += f" cost={usage['cost']:.6f} {currency}"
+    return shown
+
+
 def _positive(value: str) -> int:
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError("must be 1 or more")
+    return number
+
+
+def _days(value: str) -> int:
+    from bumblebot.app.usage import MAX_DAYS
+
+    number = _positive(value)
+    if number > MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"must be {MAX_DAYS} or less")
     return number
 
 
@@ -445,7 +468,7 @@ def parser() -> argparse.ArgumentParser:
     u = sub.add_parser("usage", parents=[common], help="tokens and cost: totals, top chats, by model and kind",
                        description="What model requests used and cost (UTC days): totals today, over 7 and 30 days, "
                        "then the top chats, each model and each kind of request. Safe while the daemon runs.")
-    u.add_argument("--days", type=_positive, default=30, help="the span of the breakdowns, days (default 30)")
+    u.add_argument("--days", type=_days, default=30, help="the span of the breakdowns, days (1 to 3660; default 30)")
     u.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     b = sub.add_parser("backup", parents=[common], help="copy the database consistently (safe while running)",
                        description="Copy <data_dir>/bumblebot.db with SQLite's online backup, safe while the daemon "

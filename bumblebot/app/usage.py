@@ -3,7 +3,7 @@
 Totals today, over the last 7 and 30 UTC days (and the last ``--days`` when that is another
 span), then over the last ``--days`` days (30 by default): the top chats, each model, each kind
 of request (turns, automations, autonomous turns, judges, the classifier, summaries,
-transcriptions). ``--json`` prints the same as one JSON object. The database is opened
+transcriptions, voice replies). ``--days`` is 1 to :data:`MAX_DAYS`. ``--json`` prints the same as one JSON object. The database is opened
 read-only, so it runs safely next to a running daemon.
 """
 
@@ -24,6 +24,8 @@ from bumblebot.store.usage import UsageTotals
 
 #: How many chats ``bumblebot usage`` lists.
 TOP_CHATS = 10
+#: The longest span ``--days`` may ask for (ten years and a bit).
+MAX_DAYS = 3660
 #: Rows per breakdown (models and kinds are few; this only bounds a strange database).
 MAX_ROWS = 50
 COLUMNS = ("requests", "tokens", "prompt", "cached", "completion", "cost")

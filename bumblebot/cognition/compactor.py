@@ -30,10 +30,11 @@ from bumblebot.cognition.compaction import (
 )
 from bumblebot.cognition.history import History, Transcript
 from bumblebot.cognition.knowledge import Memory
+from bumblebot.cognition.trace import requests_usage
 from bumblebot.core.messages import Message
 from bumblebot.core.settings import HistoryCompression
 from bumblebot.llm import Endpoints
-from bumblebot.core.usage import scoped
+from bumblebot.core.usage import scoped, tallied
 
 log = logging.getLogger(__name__)
 
@@ -128,25 +129,26 @@ class Compactor:
         # protected tail, or a small window with long messages leaves no middle to summarise
         # and the chat dies; the turn's own messages stay as they are. ``/compact`` forces a
         # pass with the usual boundaries.
-        outcome = await compact(
-            session.history,
-            previous_summary=state.summary,
-            complete=self._complete,
-            knowledge=self.memory.of(session.key) if self.cfg.compaction_flush_to_knowledge else None,
-            fixed_tokens=fixed,
-            max_context_tokens=window,
-            threshold_ratio=self.cfg.compaction_threshold_ratio,
-            target_ratio=self._target_ratio(fixed, window, limit),
-            # the head stays: the summary is rendered right after it (``Requests``)
-            protect_first_n=self.cfg.compaction_protect_first_n,
-            protect_last_n=0 if emergency else self._protected_tail(session.history, limit),
-            max_passes=self.cfg.compaction_max_passes,
-            flush=self.cfg.compaction_flush_to_knowledge,
-            force=force,
-            min_gain_tokens=window // MIN_GAIN_DIVISOR,
-            request_limit=limit,
-            threshold_tokens=self.budget.threshold(reply_tokens),  # the one that decided to come here
-        )
+        with tallied() as used:  # its summaries' requests, for the trace
+            outcome = await compact(
+                session.history,
+                previous_summary=state.summary,
+                complete=self._complete,
+                knowledge=self.memory.of(session.key) if self.cfg.compaction_flush_to_knowledge else None,
+                fixed_tokens=fixed,
+                max_context_tokens=window,
+                threshold_ratio=self.cfg.compaction_threshold_ratio,
+                target_ratio=self._target_ratio(fixed, window, limit),
+                # the head stays: the summary is rendered right after it (``Requests``)
+                protect_first_n=self.cfg.compaction_protect_first_n,
+                protect_last_n=0 if emergency else self._protected_tail(session.history, limit),
+                max_passes=self.cfg.compaction_max_passes,
+                flush=self.cfg.compaction_flush_to_knowledge,
+                force=force,
+                min_gain_tokens=window // MIN_GAIN_DIVISOR,
+                request_limit=limit,
+                threshold_tokens=self.budget.threshold(reply_tokens),  # the one that decided to come here
+            )
         failed = outcome.summary_failed and not outcome.covered_ids
         if outcome.passes or outcome.covered_ids or outcome.pruned_ids or outcome.flushed or failed:
             # a run that changed nothing writes nothing (and keeps a summary failure's backoff)
@@ -156,6 +158,8 @@ class Compactor:
         if outcome.flushed:
             log.info("compaction saved %d fact(s) to knowledge.md", len(outcome.flushed))
         entry = _trace_entry(outcome)
+        if used:
+            entry["usage"] = requests_usage(used)
         if failed and estimate(session, fixed_tokens, turn_messages) > self.budget.limit(reply_tokens):
             pruned = await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
             if pruned:

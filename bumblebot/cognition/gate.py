@@ -24,10 +24,13 @@ loop caps gate continues, so every turn ends.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from bumblebot.core.usage import Usage, tallied
 
 #: A judge is called with chat messages and returns the raw completion text.
 Judge = Callable[[list[dict[str, Any]]], Awaitable[str]]
@@ -69,6 +72,8 @@ class GateDecision:
     judge: str | None = None  # "grounding", "adequacy" or None (structure)
     nudge: str | None = None
     raw: str | None = None
+    #: what the judge's request used, as the meter recorded it (empty: none made or counted)
+    usage: tuple[tuple[Usage, float | None], ...] = ()
 
 
 def _clip(text: str, n: int) -> str:
@@ -150,6 +155,11 @@ class CompletionGate:
         return await self._ask("adequacy", adequacy_messages(inp), inp)
 
     async def _ask(self, name: str, messages: list[dict[str, Any]], inp: GateInput) -> GateDecision:
+        with tallied() as used:
+            decision = await self._verdict(name, messages, inp)
+        return dataclasses.replace(decision, usage=tuple(used))
+
+    async def _verdict(self, name: str, messages: list[dict[str, Any]], inp: GateInput) -> GateDecision:
         try:
             raw = await self._judge(messages)
         except Exception as exc:  # a failing judge never blocks the turn

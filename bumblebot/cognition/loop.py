@@ -255,7 +255,7 @@ class AgentLoop:
         step = StepTrace(
             step=len(run.trace.steps) + 1,
             finish_reason=completion.finish_reason,
-            prompt_tokens=completion.prompt_tokens,
+            prompt_tokens=completion.sample_tokens,
             completion_tokens=completion.completion_tokens,
             estimate=estimate,
             tool_choice=completion.tool_choice,
@@ -265,7 +265,7 @@ class AgentLoop:
             repeated=repeated,
         )
         await run.port.answered()
-        await run.requests.observe_usage(completion.prompt_tokens, estimate)
+        await run.requests.observe_usage(completion.sample_tokens, estimate)
         if cut_short(completion) and limits.escalate_tokens and limits.escalate_tokens > limits.max_tokens:
             # a reply cut by the reflex budget: ask again once with the deliberate one, before
             # anything of it is run or delivered

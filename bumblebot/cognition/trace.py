@@ -3,6 +3,7 @@ check's verdicts, every text the engine cut, why the turn stopped."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -126,6 +127,16 @@ def step_usage(usage: Usage | None, cost: float | None, earlier: dict[str, Any] 
     return out
 
 
+def requests_usage(used: Iterable[tuple[Usage, float | None]]) -> dict[str, Any] | None:
+    """What several requests used together (a judge's, the classifier's, a compaction's
+    summaries), as :func:`step_usage` shows a step's, with how many ``requests``; ``None``: none."""
+    out: dict[str, Any] | None = None
+    count = 0
+    for usage, cost in used:
+        out, count = step_usage(usage, cost, out), count + 1
+    return None if out is None else {**out, "requests": count}
+
+
 @dataclass(slots=True)
 class LoopTrace:
     """What a run of the loop did, for ``bumblebot trace`` (steps of earlier runs included).
@@ -151,9 +162,10 @@ class LoopTrace:
         self.cuts.append(entry)
 
     def judged(self, decision: GateDecision) -> None:
-        self.gate.append(
-            {"step": len(self.steps), "done": decision.done, "reason": decision.reason, "judge": decision.judge}
-        )
+        entry = {"step": len(self.steps), "done": decision.done, "reason": decision.reason, "judge": decision.judge}
+        if decision.usage:
+            entry["usage"] = requests_usage(decision.usage)
+        self.gate.append(entry)
 
 
 @dataclass(slots=True)

@@ -101,6 +101,21 @@ class SpendingLimitReached(ModelError):
         self.limit = limit
         self.resets_at = resets_at
 
+    def resets(self, now: float) -> str:
+        """When it resets, as a user reads it: ``"at 00:00 UTC, in 5 h 12 min"``."""
+        return f"at 00:00 UTC, in {wait_words(self.resets_at - now)}"
+
+
+def wait_words(seconds: float) -> str:
+    """``"5 h 12 min"``, ``"12 min"``, ``"less than a minute"``."""
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return "less than a minute"
+    hours, minutes = divmod(minutes, 60)
+    if not hours:
+        return f"{minutes} min"
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
 
 class AdapterError(BumblebotError):
     """A platform adapter failed."""

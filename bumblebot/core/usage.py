@@ -9,7 +9,8 @@ Whom a request is for is the :class:`Scope` of the task sending it: a context va
 whoever starts the work (a turn sets its conversation and sender; a judge or a summary narrows
 the kind with :func:`scoped`). asyncio copies the context into each task it creates, so a
 request made anywhere below a turn is counted for that turn's chat without every layer passing
-the chat down.
+the chat down. What requests used flows back up the same way where a caller asks for it
+(:func:`tallied`: a judge's or a summary's usage, for the turn's trace).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 #: The kinds of request a scope may name (``bumblebot usage`` groups by them).
-KINDS = ("turn", "automation", "autonomous", "judge", "classifier", "summary", "transcription", "check", "other")
+KINDS = (
+    "turn", "automation", "autonomous", "judge", "classifier", "summary", "transcription", "speech", "check", "other",
+)
 #: Kinds of background work: nobody wrote; counted against ``limits.background`` too.
 BACKGROUND_KINDS = frozenset({"automation", "autonomous"})
 
@@ -120,3 +123,37 @@ def scoped(**changes: object) -> Iterator[Scope]:
         yield scope
     finally:
         _SCOPE.reset(token)
+
+
+def rescope(**changes: object) -> Scope:
+    """Change the running task's scope with ``changes`` for the rest of the :func:`scoped`
+    block it runs in (which restores the scope before it when it ends): a message from another
+    person taken into a running turn makes its next requests theirs."""
+    scope = dataclasses.replace(_SCOPE.get(), **changes)  # type: ignore[arg-type]
+    _SCOPE.set(scope)
+    return scope
+
+
+#: What each request of the innermost :func:`tallied` block used, and its cost.
+Tally = list[tuple[Usage, float | None]]
+_TALLY: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("bumblebot_usage_tally", default=None)
+
+
+@contextmanager
+def tallied() -> Iterator[Tally]:
+    """Collect what the requests made in the block use, as the meter records them (a judge's,
+    the classifier's, a compaction's summaries: for the turn's trace). Tasks the block starts
+    add to the same list; a block inside it collects its own instead."""
+    found: Tally = []
+    token = _TALLY.set(found)
+    try:
+        yield found
+    finally:
+        _TALLY.reset(token)
+
+
+def tally(usage: Usage, cost: float | None) -> None:
+    """The meter recorded a request: added to the innermost :func:`tallied` block, if any."""
+    found = _TALLY.get()
+    if found is not None:
+        found.append((usage, cost))

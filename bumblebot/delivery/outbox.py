@@ -49,6 +49,7 @@ from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.toolkit import DeliveryReport
+from bumblebot.core.usage import current_scope, scoped
 from bumblebot.delivery.staging import OUTGOING, StagingError, stage_file
 from bumblebot.llm.speech import Speech
 from bumblebot.store import OutboxEntry, Store
@@ -448,7 +449,9 @@ class Delivery:
             raise DeliveryFailed("no speech service is configured", retryable=False)
         dest = self._media_dir / "voice" / f"voice-{entry.id}-{secrets.token_hex(6)}.ogg"
         try:
-            return await self._speech.synthesize(entry.text, dest)
+            # counted for the turn that said it; sent again by the sweeper: for its chat
+            with scoped(conversation=current_scope().conversation or entry.chat.key):
+                return await self._speech.synthesize(entry.text, dest)
         except MediaError as exc:
             raise DeliveryFailed(f"the voice reply could not be made: {exc}", retryable=exc.retryable) from exc
 

@@ -116,7 +116,7 @@ class LLM:
         )
         self._thinking = Thinking(settings, refusals)
         self._vision = Vision(settings, refusals)
-        self._streamed = StreamedRequests(self._client, self._slots, settings, refusals)
+        self._streamed = StreamedRequests(self._client, self._slots, settings, refusals, discarded=self._discarded)
         #: the models' context windows, asked and learned from refusals (:mod:`bumblebot.llm.window`)
         self.windows = Windows(self.capabilities, base_url, api_key, clock)
         #: requests forcing a tool call go without the client's retries (:meth:`_send_forced`)
@@ -262,6 +262,12 @@ class LLM:
         written = estimate_text_tokens(completion.content + "".join(c.arguments for c in completion.tool_calls))
         return Usage(self.base_url, model, prompt=prompt, completion=written, estimated=True)
 
+    async def _discarded(self, completion: Completion, params: dict[str, Any]) -> None:
+        """A streamed answer set aside for the same request answered whole (its tool calls came
+        out garbled): the endpoint billed it too, so the meter records it as well."""
+        usage = self._usage(completion, params["model"], params["messages"], params.get("tools"))
+        await self.meter.record(current_scope(), usage)
+
     async def text(
         self, messages: list[dict[str, Any]], *, model: str | None = None, max_tokens: int, temperature: float
     ) -> str:
@@ -334,7 +340,7 @@ class LLM:
                 await self._vision.blind(model, f"it read the image as text ({exc})")
             else:
                 log.info("endpoint %s: a request with images was too long; answered without them", self.base_url)
-            return dataclasses.replace(stripped, prompt_tokens=None)  # not a sample of the token scale
+            return dataclasses.replace(stripped, scale_sample=False)  # its usage counts; its scale does not
         except ModelError as exc:
             if not about_images(exc):
                 raise
@@ -345,10 +351,10 @@ class LLM:
             except ModelError:
                 raise exc from None  # not the images' fault
             await self._vision.blind(model, str(exc))
-            return dataclasses.replace(stripped, prompt_tokens=None)
+            return dataclasses.replace(stripped, scale_sample=False)
         if read_as_text(messages, completion.prompt_tokens):
             await self._vision.blind(model, f"it read the image as text ({completion.prompt_tokens} prompt tokens)")
-            return dataclasses.replace(completion, prompt_tokens=None)
+            return dataclasses.replace(completion, scale_sample=False)
         return completion
 
     async def _complete(

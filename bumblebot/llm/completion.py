@@ -91,6 +91,10 @@ class Completion:
         usage: what the request used as the model client recorded it (reported or estimated),
             set by ``LLM.complete``.
         cost: what it cost at ``llm.prices``, ``None`` when the model has no price.
+        scale_sample: its ``prompt_tokens`` measure the request as it was estimated; ``False``
+            when its images were left out or read as text (the prompt sent is not the one
+            estimated): its usage is recorded as reported, but it teaches the token scale
+            nothing (:attr:`sample_tokens`).
     """
 
     content: str
@@ -106,9 +110,15 @@ class Completion:
     reasoning_tokens: int | None = None
     usage: Usage | None = None
     cost: float | None = None
+    scale_sample: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", storable_text(self.content))
+
+    @property
+    def sample_tokens(self) -> int | None:
+        """``prompt_tokens`` as a sample of the token scale, ``None`` when it is not one."""
+        return self.prompt_tokens if self.scale_sample else None
 
     @property
     def hit_length(self) -> bool:

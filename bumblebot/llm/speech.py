@@ -13,7 +13,11 @@ Each transcription is admitted and recorded by the meter, as chat completions ar
 ``transcription`` under the scope of the turn whose files are read): its tokens when the
 endpoint reports ``usage`` (``type: tokens``), the seconds of audio it reports
 (``type: duration``), else the length the platform gave, counted as an estimate. A spending
-limit that refuses it is a :class:`~bumblebot.core.errors.MediaError` naming the limit.
+limit that refuses it is a :class:`~bumblebot.core.errors.MediaError` naming the limit and when
+it resets. Each voice reply is admitted and recorded too (kind ``speech``, under the scope of
+the turn it answers): the endpoint reports nothing, so it counts the estimated tokens of the
+text it reads as prompt tokens (priced at the speech model's ``input`` price); a refused one is
+a :class:`~bumblebot.core.errors.MediaError`, and the reply goes out as text alone.
 
 Like ``bumblebot/llm/client.py`` for chat completions, this is the one place ``openai``'s audio API is
 used, and its errors leave as :class:`~bumblebot.core.errors.MediaError` with a sentence a user can
@@ -30,6 +34,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +43,9 @@ import openai
 
 from bumblebot.core.errors import MediaError, SpendingLimitReached
 from bumblebot.core.events import storable_text
+from bumblebot.core.messages import estimate_text_tokens
 from bumblebot.core.settings import LLMSettings, VoiceSettings
-from bumblebot.core.usage import NO_METER, Meter, Usage, scoped
+from bumblebot.core.usage import NO_METER, Meter, Scope, Usage, scoped
 from bumblebot.llm.completion import int_or_none
 
 log = logging.getLogger(__name__)
@@ -63,13 +69,15 @@ class Speech:
         voice: the ``voice`` section (speech model and voice).
         base_url: the chat endpoint's effective base URL (the default for both).
         api_key: the key (local servers accept any).
-        meter: admits each transcription and records what it used; default: nothing counted.
+        meter: admits each transcription and voice reply and records what it used; default:
+            nothing counted.
     """
 
     def __init__(
         self, llm: LLMSettings, voice: VoiceSettings, *, base_url: str, api_key: str | None, meter: Meter | None = None
     ) -> None:
         self.meter = NO_METER if meter is None else meter
+        self.base_url = base_url
         self.llm = llm
         self.voice = voice
         self.transcription_base_url = llm.transcription_base_url or base_url
@@ -95,13 +103,21 @@ class Speech:
         """
         model = self.llm.transcription_model
         with scoped(kind="transcription") as scope:
-            try:
-                await self.meter.admit(scope, model)
-            except SpendingLimitReached as exc:
-                raise MediaError(f"{exc.limit} is reached") from exc
+            await self._admit(scope, model)
             result = await self._transcribe(data, name=name, mime=mime)
             await self.meter.record(scope, self._usage(result, seconds))
         return result.text
+
+    async def _admit(self, scope: Scope, model: str) -> None:
+        """The meter's say before a request.
+
+        Raises:
+            MediaError: a spending limit refuses it (the limit, and when it resets).
+        """
+        try:
+            await self.meter.admit(scope, model)
+        except SpendingLimitReached as exc:
+            raise MediaError(f"{exc.limit} is reached; it resets {exc.resets(time.time())}") from exc
 
     def _usage(self, result: _Transcript, seconds: float | None) -> Usage:
         """What a transcription used: the tokens or seconds the endpoint reported, else the
@@ -151,10 +167,19 @@ class Speech:
         atomically (a temporary file renamed into place); returns ``dest``.
 
         Raises:
-            MediaError: the endpoint refused or failed, or it answered something that is not
-                Ogg audio (``retryable`` for an outage).
+            MediaError: a spending limit refused it, the endpoint refused or failed, or it
+                answered something that is not Ogg audio (``retryable`` for an outage).
         """
-        text = speakable(text)[: self.voice.max_chars]
+        text, model = speakable(text)[: self.voice.max_chars], self.voice.tts_model
+        with scoped(kind="speech") as scope:
+            await self._admit(scope, model)
+            audio = await self._speak(text)
+            await self.meter.record(scope, Usage(self.base_url, model, prompt=estimate_text_tokens(text), estimated=True))
+        await asyncio.to_thread(_write, dest, audio)
+        return dest
+
+    async def _speak(self, text: str) -> bytes:
+        """One request to ``/audio/speech``: the Ogg/Opus audio of ``text``."""
         try:
             response = await self._speech.audio.speech.create(
                 model=self.voice.tts_model, voice=self.voice.tts_voice, input=text, response_format="opus",
@@ -171,8 +196,7 @@ class Speech:
         audio = response.content
         if not audio.startswith(b"OggS"):
             raise MediaError("the speech service did not answer with Ogg/Opus audio")
-        await asyncio.to_thread(_write, dest, audio)
-        return dest
+        return audio
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ A streamed request asks for its usage (``stream_options: {"include_usage": true}
 chunk with the token counts). An endpoint that refuses that parameter (a 400 or 422 naming
 ``stream_options``) gets the same streamed request again without it, and that is remembered in
 ``kv`` ``llm.stream_usage:<endpoint>`` (asked again after :data:`STREAM_RETRY_S`); its usage
-is then what the stream reports by itself, or Bumblebot's estimate.
+is then what the stream reports by itself, or Bumblebot's estimate. A streamed answer set
+aside for a re-check was answered, and billed, as well: it is counted too (``discarded``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -102,11 +103,15 @@ class StreamedRequests:
         slots: the request limiter, shared with whole requests.
         settings: the ``llm`` config section (a stall names its ``timeout_s``).
         refusals: the endpoint's remembered refusals, where the fallback is kept.
+        discarded: told of a streamed answer that was set aside for the same request sent
+            whole (:meth:`_recheck`), with that request: it was answered, and billed, too.
     """
 
     def __init__(
-        self, client: openai.AsyncOpenAI, slots: asyncio.Semaphore, settings: LLMSettings, refusals: Refusals
+        self, client: openai.AsyncOpenAI, slots: asyncio.Semaphore, settings: LLMSettings, refusals: Refusals,
+        *, discarded: Callable[[Completion, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
+        self._discarded = discarded
         self._client = client
         self._slots = slots
         self.settings = settings
@@ -161,6 +166,8 @@ class StreamedRequests:
             return streamed
         if self._checks >= STREAM_CHECKS:
             return streamed
+        if self._discarded is not None:  # answered and billed, whatever the re-check finds
+            await self._discarded(streamed, params)
         return await self._recheck(params, broken, client)
 
     async def _send_dropped(

@@ -292,6 +292,7 @@ class ConversationActor:
             self.inbox.requeue(outcome.entries)
         elif isinstance(outcome, Finished):
             self._progress.turns_finished += 1
+            self.inbox.requeue(outcome.rest)
         await self._progress.notify()
 
     async def _recover(self) -> None:

@@ -65,7 +65,10 @@ def _continues(entry: JournalEntry, before: JournalEntry | None) -> bool:
 def _one(entry: JournalEntry) -> str:
     inbound = entry.inbound
     files = prepared(entry).text
-    text = f"{inbound.text}\n{files}" if inbound.text and files else inbound.text or files
+    if not files and inbound.attachments and entry.media is None:
+        text = inbound.shown_text  # files not fetched (no media intake, or refused by a limit): named
+    else:
+        text = f"{inbound.text}\n{files}" if inbound.text and files else inbound.text or files
     if inbound.quote:
         text = f"[Replying to {inbound.quote}]\n{text}"
     return f"[{inbound.speaker}]: {text}" if inbound.chat_kind is ChatKind.GROUP else text
@@ -92,7 +95,7 @@ def merge_text(entries: list[JournalEntry], background: Sequence[Inbound] = ()) 
     line break, as one text."""
     parts: list[str] = []
     for i, entry in enumerate(entries):
-        if not entry.inbound.text and not prepared(entry).text:
+        if not entry.inbound.text and not prepared(entry).text and not entry.inbound.attachments:
             continue  # folded into an earlier part (a long message kept as a file)
         if parts and _continues(entry, entries[i - 1] if i else None):
             parts[-1] += "\n" + entry.inbound.text  # a long paste the client cut up: one text

@@ -551,7 +551,7 @@ class Engine:
         runner, chat, conversation = self._runner, inbound.chat, actor.conversation
 
         async def job() -> None:
-            await self.reply(chat, await runner.compact_now(conversation))
+            await self.reply(chat, await runner.compact_now(conversation, inbound.sender_id))
 
         actor.schedule(job)  # in the actor, between turns; intake is not held up meanwhile
         return "Compacting this conversation; I'll report when it's done."

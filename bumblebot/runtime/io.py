@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from bumblebot.cognition.trace import StopReason
 from bumblebot.core.adapter import Adapter, Typing
 from bumblebot.core.messages import Message
 from bumblebot.core.toolkit import DeliveryReport
+from bumblebot.core.usage import rescope
 from bumblebot.delivery import Delivery
 from bumblebot.delivery.preview import LivePreview
 from bumblebot.delivery.staging import FileTooLarge, StagingError
@@ -83,8 +84,11 @@ class TurnIO(TurnPort):
         prepare: Callable[[list[JournalEntry]], Any] | None = None,
         voice_mirror: bool = False,
         steer_images: bool = True,
+        refused: Callable[[list[JournalEntry]], Awaitable[Mapping[str, Any]]] | None = None,
     ) -> None:
         self._prepare = prepare
+        #: the senders of messages a spending limit refuses now (they are not taken in)
+        self._refused = refused
         # only a new turn answering people may be asked again for a burst (not a resumed one,
         # nor a scheduled one); the actor sets the event only when cognition.debounce_s > 0
         fresh = not turn.resumed and bool(turn.entries) and turn.entries[0].inbound.source == "chat"
@@ -129,7 +133,7 @@ class TurnIO(TurnPort):
             return []
         if self._turn.entries and self._turn.entries[0].inbound.source != "chat":
             return []  # a scheduled or autonomous turn: what people write gets its own turn
-        entries = inbox.take_steering()
+        entries = await self._admitted(inbox.take_steering())
         if not entries:
             return []
         if self._prepare is not None:  # their files fetched first (recorded in the journal)
@@ -143,7 +147,16 @@ class TurnIO(TurnPort):
                 return []
         if any(prepared(e).voice for e in entries):
             self._turn.state.voice_reply = self._turn.state.voice_reply or self._voice_mirror
+        rescope(sender=entries[-1].inbound.sender_id)  # the turn answers them now: its next requests are theirs
         return [await self._turn.steer(entries)]
+
+    async def _admitted(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+        """``entries`` without the messages of people a spending limit refuses now: those go
+        back to the inbox, for a turn of their own that tells them the limit."""
+        refused = await self._refused(entries) if self._refused is not None and entries else {}
+        if refused:
+            self._conversation.inbox.requeue([e for e in entries if e.inbound.sender_id in refused])
+        return [e for e in entries if e.inbound.sender_id not in refused]
 
     def _voice(self) -> dict[str, Any] | None:
         """The attachment of a reply of a turn answering a voice note (``voice.reply: mirror``)."""

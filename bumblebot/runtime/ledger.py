@@ -13,7 +13,11 @@ propagates out of the turn, and the conversation's actor reads the conversation 
 resumes it, as after any failed write of a turn (``bumblebot/core/errors.py``).
 
 Whom a turn's requests are for is set where the turn starts (:func:`turn_scope`, by the
-``TurnRunner``); judges, the classifier, summaries and transcriptions narrow only its kind.
+``TurnRunner``); a message from another person taken into the running turn makes its later
+requests theirs (``TurnIO.take_steering``); judges, the classifier, summaries, transcriptions
+and voice replies narrow only its kind. What the requests of a block used is collected for the
+turn's trace where it asks (:func:`~bumblebot.core.usage.tallied`: a judge's, the classifier's,
+a compaction's).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Protocol
 
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.prices import ModelPrice, cost_of
-from bumblebot.core.usage import BACKGROUND_KINDS, Scope, Usage, scoped
+from bumblebot.core.usage import BACKGROUND_KINDS, Scope, Usage, scoped, tally
 from bumblebot.store import JournalEntry, Store
 
 
@@ -85,6 +89,7 @@ class Ledger:
         cost = cost_of(self.prices, usage)
         self.metrics.model_usage(scope.kind, usage, cost, self.currency)
         await self.store.add_usage(utc_day(self.clock()), scope, usage, cost)
+        tally(usage, cost)
         return cost
 
 

@@ -19,8 +19,14 @@ the same time may go over by what they use. With no limit set it returns at once
 Who is told: the operator once per limit and day (per person or chat for those limits): a log
 warning and, with ``limits.notify_chat``, a message there. The chat once per limit and day:
 :meth:`SpendingLimits.notice` gives the text the first time and ``None`` after it, and the turn
-runner ends a refused turn with it, or quietly. A scheduled or autonomous input a limit refuses
-gets no turn at all (:meth:`SpendingLimits.refusal`).
+runner ends a refused turn with it, or quietly.
+
+Before a turn begins (and before a message is taken into a running turn) each person's messages
+are admitted under their own limits (:meth:`SpendingLimits.refused_senders`): those of a person
+a limit refuses get a turn of their own that ends with the limit, never an answer inside
+someone else's turn. A scheduled or autonomous input a limit refuses gets no turn at all
+(:meth:`SpendingLimits.refused`); for a scheduled task the chat is told it did not run
+(:func:`task_text`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -38,7 +44,7 @@ from bumblebot.core.errors import SpendingLimitReached
 from bumblebot.core.events import ChatRef
 from bumblebot.core.settings import LimitsSettings, Settings
 from bumblebot.core.usage import Scope
-from bumblebot.store import Store
+from bumblebot.store import JournalEntry, Store, TaskRecord
 from bumblebot.store.usage import UsageTotals
 
 log = logging.getLogger(__name__)
@@ -58,7 +64,11 @@ WHOSE = {
     "background": "the daily {what} for scheduled and autonomous work",
     "bot": "the daily {what} for all chats together",
 }
-LIMIT_TEXT = "A spending limit stops me here: {limit} has been reached. It resets at 00:00 UTC, in {wait}."
+LIMIT_TEXT = "A spending limit stops me here: {limit} has been reached. It resets {resets}."
+#: Added to :data:`LIMIT_TEXT` for a scheduled task that did not run.
+TASK_NOT_RUN = "So scheduled task #{id} did not run: {text}"
+#: Characters of a task's text the chat is shown when it did not run.
+TASK_TEXT_CHARS = 300
 
 
 def utc_day(now: float) -> str:
@@ -74,17 +84,6 @@ def next_midnight(now: float) -> float:
 def money(value: float) -> str:
     """A cost in the currency of ``llm.prices``: ``2.00``, ``0.35``, ``0.0042``."""
     return f"{value:,.2f}" if value >= 0.01 or value == 0 else f"{value:.4f}"
-
-
-def wait_words(seconds: float) -> str:
-    """``"5 h 12 min"``, ``"12 min"``, ``"less than a minute"``."""
-    minutes = int(seconds // 60)
-    if minutes < 1:
-        return "less than a minute"
-    hours, minutes = divmod(minutes, 60)
-    if not hours:
-        return f"{minutes} min"
-    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
 
 
 class LimitReached(SpendingLimitReached):
@@ -190,16 +189,28 @@ class SpendingLimits:
             await self._tell_operator(refusal, day)
             raise refusal
 
-    async def refusal(self, scope: Scope) -> str | None:
-        """Why a request for ``scope`` would be refused now (the operator is told as by
-        :meth:`admit`), ``None`` when it would not. A scheduled or autonomous turn is not
-        begun when refused: it is settled unanswered, as one in quiet hours is, and its input
-        does not wait in the history."""
+    async def refused(self, scope: Scope) -> LimitReached | None:
+        """The refusal a request for ``scope`` would meet now (the operator is told as by
+        :meth:`admit`), ``None`` when it would be admitted."""
         try:
             await self.admit(scope, "")
-        except SpendingLimitReached as exc:
-            return str(exc)
+        except LimitReached as exc:
+            return exc
         return None
+
+    async def refused_senders(self, conversation: str, entries: Sequence[JournalEntry]) -> dict[str, LimitReached]:
+        """The people among the senders of ``entries`` whose messages a limit refuses now, each
+        with the refusal: every message is admitted under its own sender's limit (and the
+        chat's and the bot's), not under the limit of whoever else it is answered with.
+        Scheduled and autonomous entries are not people's: left out."""
+        if not self.limits:
+            return {}
+        out = {}
+        for sender in dict.fromkeys(e.inbound.sender_id for e in entries if e.inbound.source == "chat"):
+            refusal = await self.refused(Scope(conversation=conversation, sender=sender, kind="turn"))
+            if refusal is not None:
+                out[sender] = refusal
+        return out
 
     async def _totals(self, limit: Limit, scope: Scope, day: str) -> UsageTotals:
         if limit.name == "sender":
@@ -255,6 +266,22 @@ class SpendingLimits:
             return None
         return limit_text(refusal, now)
 
+    async def notices(self, conversation: str, refusals: Iterable[SpendingLimitReached]) -> str | None:
+        """:meth:`notice` of each of ``refusals`` (the people of one burst may meet different
+        limits), each text once; ``None`` when the chat knows them all already."""
+        texts = [await self.notice(conversation, refusal) for refusal in refusals]
+        return "\n".join(dict.fromkeys(t for t in texts if t)) or None
+
+    async def tell_task(self, chat: ChatRef, refusal: SpendingLimitReached, task: TaskRecord) -> None:
+        """Scheduled task ``task`` did not run, ``refusal`` kept it from it: the chat is told, with
+        the task's text (:func:`task_text`; a reminder's words still reach it), outside any turn
+        and not in the history. A one-shot task every time (what it was to do is lost
+        otherwise); a repeating one, which runs again at its next time, once a day per limit,
+        as a refused turn is."""
+        first = await self.notice(chat.key, refusal) is not None
+        if (first or task.kind == "once") and self.reply is not None:
+            await self.reply(chat, task_text(refusal, task.id, task.text, self._clock()))
+
     async def _first(self, kv_key: str, day: str, mark: str) -> bool:
         """Whether ``mark`` is new today under ``kv_key`` (then it is added)."""
         raw = await self._store.get_kv(kv_key)
@@ -273,7 +300,16 @@ class SpendingLimits:
 
 def limit_text(refusal: SpendingLimitReached, now: float) -> str:
     """The message a chat gets: which limit, and when it resets."""
-    return LIMIT_TEXT.format(limit=refusal.limit, wait=wait_words(refusal.resets_at - now))
+    return LIMIT_TEXT.format(limit=refusal.limit, resets=refusal.resets(now))
+
+
+def task_text(refusal: SpendingLimitReached, task_id: int, text: str, now: float) -> str:
+    """The message a chat gets for a scheduled task a limit kept from running: the limit, when
+    it resets, and the task's text (a reminder's words still reach the chat)."""
+    words = " ".join(text.split())
+    if len(words) > TASK_TEXT_CHARS:
+        words = words[: TASK_TEXT_CHARS - 1] + "…"
+    return f"{limit_text(refusal, now)} {TASK_NOT_RUN.format(id=task_id, text=words)}"
 
 
 def check_lines(settings: Settings) -> list[str]:

@@ -14,9 +14,12 @@ from bumblebot.store import JournalEntry
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The turn is closed."""
+    """The turn is closed. ``rest``: messages taken with its own that it did not answer (a
+    spending limit refused only its own senders): back to the head of the inbox, for a turn of
+    their own."""
 
     status: str
+    rest: list[JournalEntry] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

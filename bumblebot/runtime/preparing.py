@@ -19,14 +19,15 @@ from bumblebot.cognition.router import (
     RouteDecision,
     route,
 )
+from bumblebot.cognition.trace import requests_usage
 from bumblebot.core.settings import CognitionSettings, EngineSettings
-from bumblebot.core.usage import scoped
+from bumblebot.core.usage import scoped, tallied
 from bumblebot.delivery import Delivery
 from bumblebot.llm import Endpoints
 from bumblebot.media import MediaIntake, MediaUnavailable, prepared
 from bumblebot.runtime.conversation import Conversation, Turn, merge_text
 from bumblebot.runtime.outage import OUTAGE_RETRY_MAX_S, OutageWatch, outage_delay_s
-from bumblebot.runtime.outcomes import Postponed
+from bumblebot.runtime.outcomes import Finished, Outcome, Postponed, Requeued
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.runtime.turnstate import TurnState
 from bumblebot.store import JournalEntry
@@ -158,24 +159,26 @@ class TurnPreparer:
 
     async def start_state(self, entries: list[JournalEntry]) -> TurnState:
         """A turn's first state: its route (docs/cognition.md, "Routing"), kept for every later resume."""
-        if any(prepared(e).document for e in entries):  # reading a file is work
-            decision = RouteDecision(Route.DELIBERATE, "a document came")
-        else:
-            decision = await route(
-                # the words, not "[Speaker]: " prefixes; a voice note's are its transcript
-                "\n\n".join(filter(None, (w for e in entries for w in (e.inbound.text, prepared(e).spoken)))),
-                # during an outage the classifier would only fail slowly: the turn goes deliberate
-                # and reaches the outage notice at once
-                classify=self._classify if self.cfg.classifier and self.outages.down_since is None else None,
-                source=entries[-1].inbound.source,
-                always_deliberate=self.prompts.entity.always_deliberate,
-            )
+        with tallied() as used:  # the classifier's request, for the trace
+            if any(prepared(e).document for e in entries):  # reading a file is work
+                decision = RouteDecision(Route.DELIBERATE, "a document came")
+            else:
+                decision = await route(
+                    # the words, not "[Speaker]: " prefixes; a voice note's are its transcript
+                    "\n\n".join(filter(None, (w for e in entries for w in (e.inbound.text, prepared(e).spoken)))),
+                    # during an outage the classifier would only fail slowly: the turn goes deliberate
+                    # and reaches the outage notice at once
+                    classify=self._classify if self.cfg.classifier and self.outages.down_since is None else None,
+                    source=entries[-1].inbound.source,
+                    always_deliberate=self.prompts.entity.always_deliberate,
+                )
         # a classifier error can echo the key back ("Incorrect API key provided: sk-…")
         return TurnState.from_dict(self.redact({
             "route": decision.route.value,
             "route_reason": decision.reason,
             "classifier_label": decision.label,
             "classifier_error": decision.classifier_error,
+            "classifier_usage": requests_usage(used),
             "started": time.time(),
         }))
 
@@ -186,3 +189,13 @@ class TurnPreparer:
                 self.llm.text(messages, max_tokens=CLASSIFIER_MAX_TOKENS, temperature=CLASSIFIER_TEMPERATURE),
                 CLASSIFIER_TIMEOUT_S,
             )
+
+
+async def requeue(conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
+    """The burst goes on while ``entries``' turn is prepared: back to the inbox, to be answered
+    with the rest. A ``/stop`` that came meanwhile was for them: they are settled unanswered and
+    what came after the stop gets a turn of its own."""
+    if conversation.inbox.take_stop():
+        await conversation.drop(entries)
+        return Finished("stopped")
+    return Requeued(entries)

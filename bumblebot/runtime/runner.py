@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
+import functools
 import logging
 import sqlite3
 import time
@@ -82,9 +82,10 @@ from bumblebot.runtime.outage import (
     duration,
     outage_delay_s,
 )
-from bumblebot.runtime.outcomes import Finished, Outcome, Postponed, Requeued, Suspended
-from bumblebot.runtime.preparing import TurnPreparer
+from bumblebot.runtime.outcomes import Finished, Outcome, Postponed, Suspended
+from bumblebot.runtime.preparing import TurnPreparer, requeue
 from bumblebot.runtime.scheduler import Scheduler
+from bumblebot.runtime.snapshot import TraceSnapshot
 from bumblebot.runtime.turnstate import Closing, TurnState
 from bumblebot.store import JournalEntry, RunningTurn
 
@@ -207,25 +208,30 @@ class TurnRunner:
 
     async def _run(self, conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
         preparer, inbox = self.preparer, conversation.inbox
-        why = await preparer.skipped(entries)
+        why, refusal = await preparer.skipped(entries), None
         if why is None and self.spending is not None and entries[0].inbound.source != "chat":
-            why = await self.spending.refusal(current_scope())  # background work: no turn, no history
+            refusal = await self.spending.refused(current_scope())  # background work: no turn, no history
+            why = None if refusal is None else str(refusal)
         if why is not None:
             log.info("%s in %s: no turn (%s)", entries[0].inbound.message_id, conversation.key, why)
             await conversation.drop(entries)
+            if refusal is not None:
+                await self._task_refused(conversation, entries[0], refusal)
             return Finished("skipped")
+        if self.spending and (refused := await self.spending.refused_senders(conversation.key, entries)):
+            return await self._refuse(conversation, entries, dict(refused))
         fetched = await preparer.fetch(conversation, entries)
         if isinstance(fetched, Postponed):
             return fetched
         entries = fetched
         if inbox.burst.is_set():
-            return await self._requeue(conversation, entries)  # the burst goes on: one turn for all of it
+            return await requeue(conversation, entries)  # the burst goes on: one turn for all of it
         raw = entries
         await self.budget.settled()  # the endpoint's window, when it is being asked at start
         entries = await preparer.fold_long(entries)
         state = await preparer.start_state(entries)
         if inbox.burst.is_set():
-            return await self._requeue(conversation, raw)  # as they came: the next turn folds them again
+            return await requeue(conversation, raw)  # as they came: the next turn folds them again
         notices = [n for e in entries for n in prepared(e).notices]
         if any(prepared(e).voice for e in entries) and self.voice is not None and self.voice.reply == "mirror":
             state.voice_reply = True
@@ -240,15 +246,31 @@ class TurnRunner:
             await self._note(turn, "\n".join(notices))
         return await self._drive(conversation, turn, {})
 
-    @staticmethod
-    async def _requeue(conversation: Conversation, entries: list[JournalEntry]) -> Outcome:
-        """The burst goes on while ``entries``' turn is prepared: back to the inbox, to be
-        answered with the rest. A ``/stop`` that came meanwhile was for them: they are settled
-        unanswered and what came after the stop gets a turn of its own."""
-        if conversation.inbox.take_stop():
-            await conversation.drop(entries)
-            return Finished("stopped")
-        return Requeued(entries)
+    async def _refuse(
+        self, conversation: Conversation, entries: list[JournalEntry], refused: dict[str, SpendingLimitReached]
+    ) -> Outcome:
+        """The messages of people a spending limit refuses get no model request: a turn of their
+        own (in the history, as a turn a limit cut is) that ends at once with the limit, told
+        once a day per limit; the others go back to the head of the inbox for a turn of their own."""
+        rest = [e for e in entries if e.inbound.sender_id not in refused]
+        turn = await conversation.begin_turn([e for e in entries if e.inbound.sender_id in refused], TurnState())
+        if turn is None:  # /reset came meanwhile: set aside
+            return Finished("set aside", rest)
+        log.info("turn %s in %s: refused by a spending limit", turn.id, conversation.key)
+        note = await self.spending.notices(conversation.key, refused.values()) if self.spending else None
+        trace, stop = {"error": str(next(iter(refused.values())))}, Stop(StopReason.SPENDING_LIMIT)
+        ended = await (
+            self._end(conversation, turn, trace, "done", stop, note) if note
+            else self._finish(conversation, turn, trace, "done", stop, time.monotonic())
+        )
+        return dataclasses.replace(ended, rest=rest)
+
+    async def _task_refused(self, conversation: Conversation, entry: JournalEntry, refusal: SpendingLimitReached) -> None:
+        """A scheduled task a spending limit kept from running: the chat is told (after it was
+        settled: a crash costs the message, never doubles it)."""
+        task = await self.tasks.task_of(entry) if self.tasks is not None else None
+        if task is not None and self.spending is not None:
+            await self.spending.tell_task(conversation.chat, refusal, task)
 
     async def resume(self, conversation: Conversation, running: RunningTurn) -> Outcome:
         """Continue a turn the last process left running, from its last checkpoint.
@@ -293,6 +315,7 @@ class TurnRunner:
             steer=self.cfg.mid_turn_messages == "steer", trace=trace,
             stream_interval_s=self.streaming.stream_edit_interval_s if streams and self.streaming else None,
             prepare=(lambda entries: self.preparer.steering(entries, turn)) if self.media is not None else None,
+            refused=None if self.spending is None else functools.partial(self.spending.refused_senders, conversation.key),
             voice_mirror=self.voice is not None and self.voice.reply == "mirror",
             steer_images=steer_images,
         )
@@ -348,11 +371,15 @@ class TurnRunner:
             f"Summary: {'yes' if session.summary else 'none'}; compactions so far: {session.compaction.compactions}."
         ) + (f"\n{extra}" if self.status_lines is not None and (extra := self.status_lines(conversation.key)) else "")
 
-    async def compact_now(self, conversation: Conversation) -> str:
-        """``/compact``: compact the conversation now; returns the report for the user."""
+    async def compact_now(self, conversation: Conversation, sender: str | None = None) -> str:
+        """``/compact`` from ``sender``: compact the conversation now, its summaries counted for
+        them; returns the report for the user (the limit, when one refuses them)."""
         if self.compactor is None:
             return "Compaction is not available."
-        with scoped(conversation=conversation.key, sender=None, kind="summary", background=False):
+        with scoped(conversation=conversation.key, sender=sender, kind="summary", background=False) as scope:
+            refusal = await self.spending.refused(scope) if self.spending is not None else None
+            if refusal is not None:
+                return limit_text(refusal, time.time())
             return await self.compactor.force(conversation.session, self.between_turns(conversation).fixed_tokens)
 
     def _limits(self, reflex: bool, source: str = "chat") -> LoopLimits:
@@ -475,17 +502,23 @@ class TurnRunner:
         """A spending limit refused the turn's next request: the turn ends here, done, with what
         it said delivered as it was. The chat is told which limit and when it resets, once a day
         per limit (:meth:`SpendingLimits.notice`); a later turn it refuses ends without a word,
-        and so does a scheduled or autonomous one (nobody is waiting for it)."""
+        and so does an autonomous one; a scheduled one that had said nothing yet is told as a
+        task that did not run."""
         await io.settle_previews()
         await self.loop.abandon(io, "a spending limit was reached")
         log.info("turn %s in %s: %s", turn.id, conversation.key, exc)
         stop, note = Stop(StopReason.SPENDING_LIMIT), None
-        if turn.entries and turn.entries[0].inbound.source == "chat":
+        source = turn.entries[0].inbound.source if turn.entries else ""
+        if source == "chat":
             spending = self.spending
             note = await spending.notice(conversation.key, exc) if spending else limit_text(exc, time.time())
-        if note is None:
-            return await self._finish(conversation, turn, trace, "done", stop, started)
-        return await self._end(conversation, turn, trace, "done", stop, note, started)
+        if note is not None:
+            return await self._end(conversation, turn, trace, "done", stop, note, started)
+        unsaid = source == "automation" and not await turn.outbox()  # a scheduled task cut before a word
+        outcome = await self._finish(conversation, turn, trace, "done", stop, started)
+        if unsaid:
+            await self._task_refused(conversation, turn.entries[0], exc)
+        return outcome
 
     async def _outage(self, conversation: Conversation, turn: Turn, exc: ModelUnavailable, trace: dict[str, Any]) -> Outcome:
         """The endpoint is down: tell the user once, keep the turn, retry later or give up. When
@@ -561,39 +594,3 @@ class TurnRunner:
         self._metrics.turn_finished(status)
         conversation.turn_done()
         return Finished(status)
-
-
-@dataclasses.dataclass(slots=True)
-class TraceSnapshot:
-    """What a turn's trace holds at a checkpoint: its route, its limits, the loop's steps, and
-    ``extra`` facts of how it ended. Called at each checkpoint; redacted (an endpoint error can
-    echo a key back: "Incorrect API key provided: sk-…")."""
-
-    turn: Turn
-    limits: LoopLimits
-    trace: LoopTrace
-    compactions: list[dict[str, Any]]
-    redact: Callable[[Any], Any]
-    requests: Requests | None = None
-
-    def __call__(self, **extra: Any) -> dict[str, Any]:
-        state, trace, limits = self.turn.state, self.trace, self.limits
-        out = {
-            "route": state.route, "route_reason": state.route_reason,
-            "classifier_label": state.classifier_label, "classifier_error": state.classifier_error,
-            "model": limits.model,
-            "max_tokens": limits.max_tokens,
-            "journal_ids": self.turn.journal_ids,
-            "resumes": state.resumes,
-            "outage_s": state.outage_s,
-            "steps": trace.steps,
-            "gate": trace.gate,
-            "thoughts": trace.thoughts,
-            "cuts": trace.cuts,
-            "told": trace.told,
-            "compactions": self.compactions + (self.requests.compactions if self.requests else []),
-            "prompt_tokens": [s["prompt_tokens"] for s in trace.steps],
-            "estimates": [s["estimate"] for s in trace.steps],
-            **extra,
-        }
-        return self.redact(json.loads(json.dumps(out, default=str)))

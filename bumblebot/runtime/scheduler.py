@@ -258,6 +258,11 @@ class Scheduler:
                 return "the day's unprompted messages are used up"
         return None
 
+    async def task_of(self, entry: JournalEntry) -> TaskRecord | None:
+        """The task a scheduled entry is a run of (``None``: not one, or gone)."""
+        task_id = _task_id(entry.inbound.message_id) if entry.inbound.source == AUTOMATION_SOURCE else None
+        return None if task_id is None else await self._store.task(task_id)
+
     async def retire(self, entry: JournalEntry, why: str) -> None:
         """The task of a scheduled entry cannot reach its chat (blocked, deleted): cancelled."""
         task_id = _task_id(entry.inbound.message_id)

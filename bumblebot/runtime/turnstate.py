@@ -26,6 +26,8 @@ class TurnState:
     route_reason: str = ""
     classifier_label: str | None = None
     classifier_error: str | None = None
+    #: what the classifier's request used (``requests_usage``), ``None``: none was made
+    classifier_usage: dict[str, Any] | None = None
     #: when the turn began, epoch seconds
     started: float | None = None
     #: times it was resumed after being cut off while working (a poison turn is given up)

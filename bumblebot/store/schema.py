@@ -195,8 +195,8 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE journal ADD COLUMN paste_part INTEGER NOT NULL DEFAULT 0;
     """,
-    # 9: what model requests used, per UTC day, conversation, sender, kind, endpoint and model
-    # (``usage.py``).
+    # 9: what model requests used, per UTC day, conversation, sender, kind, background or not,
+    # endpoint and model (``usage.py``).
     """
     CREATE TABLE usage (
         day TEXT NOT NULL,
@@ -215,7 +215,7 @@ MIGRATIONS: tuple[str, ...] = (
         audio_seconds REAL NOT NULL DEFAULT 0,
         cost REAL NOT NULL DEFAULT 0,
         priced INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (day, conversation, sender, kind, endpoint, model)
+        PRIMARY KEY (day, conversation, sender, kind, background, endpoint, model)
     );
     CREATE INDEX usage_by_conversation ON usage (conversation, day);
     CREATE INDEX usage_by_sender ON usage (sender, day);

@@ -1,5 +1,5 @@
 """What model requests used: the ``usage`` table, one row per UTC day, conversation, sender,
-kind of request, endpoint and model, added to as requests are answered.
+kind of request, background work or not, endpoint and model, added to as requests are answered.
 
 The day is the UTC date (``2026-12-02``): daily limits reset at 00:00 UTC, as the providers'
 own daily counters do. ``conversation`` and ``sender`` are ``""`` for requests outside any
@@ -56,14 +56,13 @@ class UsageTables(Database):
             "INSERT INTO usage (day, conversation, sender, kind, background, endpoint, model, requests,"
             " prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, estimated, audio_seconds,"
             " cost, priced) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (day, conversation, sender, kind, endpoint, model) DO UPDATE SET"
+            " ON CONFLICT (day, conversation, sender, kind, background, endpoint, model) DO UPDATE SET"
             " requests = requests + 1, prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
             " cached_tokens = cached_tokens + excluded.cached_tokens,"
             " completion_tokens = completion_tokens + excluded.completion_tokens,"
             " reasoning_tokens = reasoning_tokens + excluded.reasoning_tokens,"
             " estimated = estimated + excluded.estimated, audio_seconds = audio_seconds + excluded.audio_seconds,"
-            " cost = cost + excluded.cost, priced = priced + excluded.priced,"
-            " background = MAX(background, excluded.background)",
+            " cost = cost + excluded.cost, priced = priced + excluded.priced",
             (
                 day, scope.conversation or "", scope.sender or "", scope.kind, int(scope.background),
                 usage.endpoint, usage.model, usage.prompt, usage.cached, usage.completion, usage.reasoning,
