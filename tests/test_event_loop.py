@@ -268,7 +268,7 @@ def test_location_prefers_our_own_frames():
         return "DONE: ok"
 
     asyncio.run(CompletionGate(judge).check(GateInput(user_text="hi", visible=["hey"], work_calls=0, work_ok=0)))
-    assert seen[0].startswith("bumblebot.cognition.gate.CompletionGate._ask (gate.py:")
+    assert seen[0].startswith("bumblebot.cognition.gate.CompletionGate._verdict (gate.py:")
 
 
 def test_thresholds_must_be_positive():

@@ -47,9 +47,21 @@ def answer_with_ping(server: FakeOpenAI) -> None:
     server.default = lambda request: tool_calls(("ping", {})) if is_loop(request) else text("ok")
 
 
+#: the clients :func:`client` made in the running test, closed after it (a client left open
+#: holds its sockets to a fake that is gone, and warns of them whenever it is collected)
+_CLIENTS: list[LLM] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> Any:
+    yield
+    while _CLIENTS:
+        await _CLIENTS.pop().aclose()
+
+
 def client(server: FakeOpenAI, store: Store, clock: Clock, **kwargs: Any) -> LLM:
     """The LLM as ``Daemon.open`` wires it: the memory on the store's ``kv``."""
-    return LLM(
+    llm = LLM(
         LLMSettings(model="test-model", max_retries=0, timeout_s=10),
         base_url=server.base_url,
         api_key="sk-test",
@@ -57,6 +69,8 @@ def client(server: FakeOpenAI, store: Store, clock: Clock, **kwargs: Any) -> LLM
         clock=clock,
         **kwargs,
     )
+    _CLIENTS.append(llm)
+    return llm
 
 
 async def ask(llm: LLM) -> str | None:
