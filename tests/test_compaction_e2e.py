@@ -173,6 +173,27 @@ async def test_context_length_refusal_compacts_and_retries_once(tmp_path, llm, t
     assert any(m["content"].startswith(SUMMARY_HEADER) for m in retry["messages"])
 
 
+async def test_a_request_refused_as_too_long_is_not_what_the_next_one_is_measured_against(tmp_path, llm, tg):
+    """Regression: the trace's ``repeated`` kept the refused request as the previous one, so
+    the next turn, sent after the compaction, was measured against a request no cache holds."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 14)
+    llm.push(error(400, "maximum context length exceeded"), when=is_loop)  # no smaller window to learn
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("fits now"), when=is_loop)
+    llm.push(say("still here"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello", chat_id=CHAT)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("are you there?", chat_id=CHAT)
+        await d.engine.wait_for_turns(2)
+        traces = [t["trace"] for t in reversed(await d.store.recent_turns(limit=2))]
+    assert tg.sent(CHAT) == ["fits now", "still here"]
+    assert traces[0]["steps"][0]["repeated"] is None  # the first answered here
+    assert traces[1]["steps"][0]["repeated"] >= 0.95  # all of the compacted request it follows
+
+
 async def test_second_refusal_tells_the_user_plainly(tmp_path, llm, tg):
     """A new conversation refused twice: nothing was compacted, so the note speaks of the
     message, never of "even after compacting it" (nor of /reset, which cannot help)."""
