@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
+import pytest
 from conftest import running, write_config
 from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
 from support import contents, judges_say_done, loop_requests, say
@@ -330,3 +332,46 @@ async def test_compaction_learns_from_reported_prompt_tokens(tmp_path, llm, tg):
     assert scale > 1.5
     assert [r for r in llm.requests if is_summary(r)]  # compacted in time on the second turn
     assert tg.sent(CHAT) == ["one", "two"]
+
+
+def _blocks(request) -> str:
+    """The [Turn context] blocks of a request's user messages, joined."""
+    texts = [m["content"] if isinstance(m["content"], str) else "" for m in request["messages"] if m["role"] == "user"]
+    return "".join(re.match(r"\[Turn context\]\n.*?\n---\n", t, re.S).group() for t in texts if t.startswith("[Turn context]"))
+
+
+@pytest.mark.parametrize("protect_first_n", [2, 0])
+async def test_the_turn_that_compacts_still_shows_its_speaker_platform_and_facts(tmp_path, llm, tg, protect_first_n):
+    """Regression: the turn whose request crossed the threshold had its [Turn context] built
+    before the compaction, leaving out what the blocks it then summarised showed: the rest of
+    that turn went without the facts and its speaker (in a group the only Speaking line left
+    named someone else; with no protected head, without Platform and Speaking at all)."""
+    summary = "\n".join(f"## {h}\n- small talk" for h in SUMMARY_HEADINGS)
+
+    def reply(request):
+        if is_aux(request):
+            return text(summary if is_summary(request) else "[]" if is_flush(request) else "DONE: ok")
+        return tool_calls(("say", {"text": "ok"}), ("end_turn", {}))
+
+    llm.default = reply
+    config = write_config(tmp_path, llm, tg, telegram={"respond_in_groups": "always"}, cognition={
+        "max_context_tokens": 8000, "history_compression": {"compaction_protect_first_n": protect_first_n},
+    })
+    facts = Memory(tmp_path / "data").of("telegram:-500")
+    group = dict(chat_id=-500, chat_type="group")
+    compacted = 0
+    async with running(config) as d:
+        tg.push_text("hello all", user_id=7, first_name="Ann", **group)
+        await d.engine.wait_for_turns(1)
+        facts.append_sections([("Birthday", "Bob's birthday is on 4 May.")])  # as `remember` adds it
+        filler = " ".join(["lorem ipsum dolor sit amet"] * 60)
+        for n in range(2, 12):
+            before = len(llm.requests)
+            tg.push_text(f"turn {n} {filler}", user_id=8, first_name="Bob", **group)
+            await d.engine.wait_for_turns(n)
+            compacted += any(is_summary(r) for r in llm.requests[before:])
+            seen = _blocks(loop_requests(llm)[-1])
+            assert "Bob's birthday is on 4 May." in seen, f"turn {n}: {seen}"
+            assert re.findall(r"Speaking: (\w+)", seen)[-1] == "Bob", f"turn {n}: {seen}"
+            assert "Platform: telegram, group chat" in seen, f"turn {n}: {seen}"
+    assert compacted >= 1  # some turn compacted on its way
