@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 
+import pytest
 import yaml
 from conftest import running, write_config
 from fakes.openai_server import error, is_aux, is_loop, text, tool_calls
@@ -175,6 +177,27 @@ async def test_context_length_refusal_compacts_and_retries_once(tmp_path, llm, t
     assert tg.sent(CHAT) == ["fits now"]
     retry = loop_requests(llm)[1]
     assert any(m["content"].startswith(SUMMARY_HEADER) for m in retry["messages"])
+
+
+async def test_a_request_refused_as_too_long_is_not_what_the_next_one_is_measured_against(tmp_path, llm, tg):
+    """Regression: the trace's ``repeated`` kept the refused request as the previous one, so
+    the next turn, sent after the compaction, was measured against a request no cache holds."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 14)
+    llm.push(error(400, "maximum context length exceeded"), when=is_loop)  # no smaller window to learn
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("fits now"), when=is_loop)
+    llm.push(say("still here"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello", chat_id=CHAT)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("are you there?", chat_id=CHAT)
+        await d.engine.wait_for_turns(2)
+        traces = [t["trace"] for t in reversed(await d.store.recent_turns(limit=2))]
+    assert tg.sent(CHAT) == ["fits now", "still here"]
+    assert traces[0]["steps"][0]["repeated"] is None  # the first answered here
+    assert traces[1]["steps"][0]["repeated"] >= 0.95  # all of the compacted request it follows
 
 
 async def test_second_refusal_tells_the_user_plainly(tmp_path, llm, tg):
@@ -369,3 +392,46 @@ async def test_compaction_learns_from_reported_prompt_tokens(tmp_path, llm, tg):
     assert scale > 1.5
     assert [r for r in llm.requests if is_summary(r)]  # compacted in time on the second turn
     assert tg.sent(CHAT) == ["one", "two"]
+
+
+def _blocks(request) -> str:
+    """The [Turn context] blocks of a request's user messages, joined."""
+    texts = [m["content"] if isinstance(m["content"], str) else "" for m in request["messages"] if m["role"] == "user"]
+    return "".join(re.match(r"\[Turn context\]\n.*?\n---\n", t, re.S).group() for t in texts if t.startswith("[Turn context]"))
+
+
+@pytest.mark.parametrize("protect_first_n", [2, 0])
+async def test_the_turn_that_compacts_still_shows_its_speaker_platform_and_facts(tmp_path, llm, tg, protect_first_n):
+    """Regression: the turn whose request crossed the threshold had its [Turn context] built
+    before the compaction, leaving out what the blocks it then summarised showed: the rest of
+    that turn went without the facts and its speaker (in a group the only Speaking line left
+    named someone else; with no protected head, without Platform and Speaking at all)."""
+    summary = "\n".join(f"## {h}\n- small talk" for h in SUMMARY_HEADINGS)
+
+    def reply(request):
+        if is_aux(request):
+            return text(summary if is_summary(request) else "[]" if is_flush(request) else "DONE: ok")
+        return tool_calls(("say", {"text": "ok"}), ("end_turn", {}))
+
+    llm.default = reply
+    config = write_config(tmp_path, llm, tg, telegram={"respond_in_groups": "always"}, cognition={
+        "max_context_tokens": 8000, "history_compression": {"compaction_protect_first_n": protect_first_n},
+    })
+    facts = Memory(tmp_path / "data").of("telegram:-500")
+    group = dict(chat_id=-500, chat_type="group")
+    compacted = 0
+    async with running(config) as d:
+        tg.push_text("hello all", user_id=7, first_name="Ann", **group)
+        await d.engine.wait_for_turns(1)
+        facts.append_sections([("Birthday", "Bob's birthday is on 4 May.")])  # as `remember` adds it
+        filler = " ".join(["lorem ipsum dolor sit amet"] * 60)
+        for n in range(2, 12):
+            before = len(llm.requests)
+            tg.push_text(f"turn {n} {filler}", user_id=8, first_name="Bob", **group)
+            await d.engine.wait_for_turns(n)
+            compacted += any(is_summary(r) for r in llm.requests[before:])
+            seen = _blocks(loop_requests(llm)[-1])
+            assert "Bob's birthday is on 4 May." in seen, f"turn {n}: {seen}"
+            assert re.findall(r"Speaking: (\w+)", seen)[-1] == "Bob", f"turn {n}: {seen}"
+            assert "Platform: telegram, group chat" in seen, f"turn {n}: {seen}"
+    assert compacted >= 1  # some turn compacted on its way

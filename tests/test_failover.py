@@ -201,6 +201,30 @@ async def test_a_stream_broken_after_its_text_was_shown_is_answered_by_the_fallb
     assert OUTAGE_NOTICE not in tg.sent(96)
 
 
+async def test_the_fallbacks_first_request_is_traced_as_the_first_its_cache_sees(tmp_path, llm, tg, fallback):
+    """Regression: the trace's ``repeated`` was kept per model the turn asked for, so the first
+    request the fallback answered was measured against the primary's, whose cache it cannot use."""
+    judges_say_done(llm)
+    judges_say_done(fallback)
+    llm.push(say("the primary answers"), when=is_loop)
+    fallback.push(say("the fallback answers"), when=is_loop)
+    fallback.push(say("the fallback again"), when=is_loop)
+    async with running(failover_config(tmp_path, llm, tg, fallback)) as d:
+        d.llm.clock = Clock()  # the primary stays in its cooldown
+        tg.push_text("what's the capital of France?", chat_id=97)
+        await d.engine.wait_for_turns(1)
+        llm.fail_completions(500, "upstream exploded")
+        tg.push_text("what's the capital of Italy?", chat_id=97)
+        await d.engine.wait_for_turns(2)
+        tg.push_text("what's the capital of Spain?", chat_id=97)
+        await d.engine.wait_for_turns(3)
+        steps = [t["trace"]["steps"][0] for t in reversed(await d.store.recent_turns(limit=3))]
+    assert tg.sent(97) == ["the primary answers", "the fallback answers", "the fallback again"]
+    assert [s["endpoint"] for s in steps] == [llm.base_url, fallback.base_url, fallback.base_url]
+    assert steps[0]["repeated"] is None and steps[1]["repeated"] is None  # the first of each endpoint
+    assert steps[2]["model"] == steps[1]["model"] and steps[2]["repeated"] >= 0.9  # the fallback's own
+
+
 # -- the endpoints, one request at a time --------------------------------------------------------
 
 

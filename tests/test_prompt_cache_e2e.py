@@ -3,7 +3,9 @@ repeats the previous request of the same model as a prefix (docs/cognition.md, "
 assembly").
 
 A daemon on the Telegram fake runs the chat against the scripted OpenAI fake through the real
-``openai`` client; the measure is taken on the request bodies the fake received.
+``openai`` client; the measure is taken on the request bodies the fake received. The turns are
+7 minutes apart on the runner's clock, so every ``[Turn context]`` has a Time line of its own
+(a block sent again with the current time would break the prefix, and the measure would see it).
 
 **The measure** (:func:`shares`): a request is serialized as its tool schemas, then its
 messages one by one (each as JSON with sorted keys), the way an endpoint's prefix cache sees
@@ -25,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conftest import running, write_config
@@ -206,15 +209,24 @@ def model(request: dict[str, Any]) -> Reply:
     raise AssertionError(f"no scripted turn in {messages[-1]}")
 
 
+#: When the chat begins; each turn comes :data:`TURN_GAP` after the one before (the runner's
+#: clock, ``TurnContexts.clock``): every block has a Time line of its own.
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+TURN_GAP = timedelta(minutes=7)
+
+
 async def run_chat(tmp_path, llm, tg) -> tuple[list[dict[str, Any]], list[float | None]]:
-    """The 16 turns in one private chat: the requests the endpoint received, and the share
-    of the previous request each step's trace shows (``repeated``), in order."""
+    """The 16 turns in one private chat, 7 minutes apart: the requests the endpoint received,
+    and the share of the previous request each step's trace shows (``repeated``), in order."""
     llm.default = model
     config = write_config(tmp_path, llm, tg)
     (tmp_path / "data" / "workspace").mkdir(parents=True)
     (tmp_path / "data" / "workspace" / "expenses.csv").write_text(EXPENSES)
     async with running(config) as d:
+        turns = 0
+        d.runner.contexts.clock = lambda: START + turns * TURN_GAP
         for n, (line, _) in enumerate(CHAT, start=1):
+            turns = n
             if line == PHOTO:
                 tg.push_photo([(640, 480, png(640, 480))], caption=line, chat_id=1)
             else:
@@ -255,8 +267,11 @@ def report(measured: list[tuple[float, bool]]) -> tuple[float, float]:
 async def test_each_request_repeats_at_least_97_percent_of_the_previous_one_of_its_model(tmp_path, llm, tg):
     """Every turn's first message goes with the [Turn context] it was first sent with, so
     a request repeats the previous one up to that request's nudge, across turns too; the one
-    break is where the photo leaves the protected tail."""
+    break is where the photo leaves the protected tail. Each block keeps the time of its own
+    turn: the turns are 7 minutes apart."""
     requests, shown = await run_chat(tmp_path, llm, tg)
+    times = [re.search(r"^Time: (.*)$", b, re.M).group(1) for b in blocks([r for r in requests if not is_aux(r)][-1])]
+    assert times == [f"{START + n * TURN_GAP:%A %Y-%m-%d %H:%M} (UTC)" for n in range(1, len(CHAT) + 1)]
     measured = shares(requests)
     assert {r["model"] for r in requests if not is_aux(r)} == {"test-model", "reflex-model"}  # both routes ran
     assert len(measured) == sum(len(steps) for _, steps in CHAT) - 2  # one request a step
@@ -272,13 +287,15 @@ async def test_each_request_repeats_at_least_97_percent_of_the_previous_one_of_i
 async def test_the_measure_fails_requests_that_drop_earlier_turn_contexts(tmp_path, llm, tg):
     """The same chat's requests, each earlier user message stripped of its [Turn context] (as
     an engine sending the block with the current message only would send them), repeat too
-    little: the measure sees the prefix break at the previous turn's message."""
+    little: the measure sees the prefix break at the previous turn's message, well below the
+    bar the requests as sent pass."""
     requests, _ = await run_chat(tmp_path, llm, tg)
     stripped = [r if is_aux(r) else without_past_contexts(r) for r in requests]
     assert sum(a != b for a, b in zip(stripped, requests, strict=True)) > len(CHAT)  # there were blocks to strip
     measured = shares(stripped)
     average, _ = report(measured)
-    assert average < 0.97
+    sent, _ = report(shares(requests))
+    assert average < 0.96 and sent - average > 0.025
     assert min(share for share, dropped in measured if not dropped) < 0.9  # at the previous turn's message
 
 

@@ -13,6 +13,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -35,10 +36,11 @@ from support import (
 )
 
 from bumblebot.cognition.budget import ContextBudget
+from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.notes import INTERRUPTED
 from bumblebot.cognition.state import LoopState
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
-from bumblebot.core.messages import Message
+from bumblebot.core.messages import Message, TurnContext
 from bumblebot.core.toolkit import ToolKind
 from bumblebot.runtime.conversation import Session, Turn
 from bumblebot.runtime.turnstate import TurnState
@@ -660,3 +662,77 @@ async def test_a_resumed_step_that_fills_the_message_cap_is_told_and_bounded(tmp
     assert tg.sent(90) == [f"Here is file number {i}." for i in range(3)]
     assert len(loop_requests(llm)) == 4 and trace["stop_reason"] == "looping"
     assert [r.get("dropped") for r in tool_result(loop_requests(llm)[1], "say")] == [None] * 3 + [True] * 5
+
+
+def _user_text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    return "\n".join(p.get("text", "") for p in content if p.get("type") == "text") if isinstance(content, list) else content
+
+
+async def test_a_turn_retried_after_a_steered_message_keeps_the_turn_context_of_the_message_it_answers(
+    tmp_path, llm, tg
+):
+    """Regression: a turn retried after an outage built its [Turn context] again from the last
+    journal entry, a message steered in after it began: Ann's message went on with "Speaking:
+    Bob". Its block is kept as it was sent (in the same minute, byte for byte)."""
+    judges_say_done(llm)
+    first = Gate(tool_calls(("say", {"text": "on it"})))
+    llm.push(first, when=is_loop)
+    llm.push(say("sunny, and nothing new"), when=is_loop)
+    config = write_config(tmp_path, llm, tg, telegram={"respond_in_groups": "always"})
+    group = dict(chat_id=-500, chat_type="group")
+    async with running(config) as d:
+        now = datetime(2026, 3, 1, 9, 0, 30, tzinfo=UTC)
+        d.runner.contexts.clock = lambda: now  # the retry comes within the same minute
+        tg.push_text("please look up the weather", user_id=7, first_name="Ann", **group)
+        await asyncio.wait_for(first.entered.wait(), 10)
+        tg.push_text("and the news too", user_id=8, first_name="Bob", **group)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        llm.fail_completions(503, times=1)  # step 2, with Bob's message steered in, meets an outage
+        first.release.set()
+        await d.engine.wait_for_turns(1, timeout=30)
+    failed = [r.body for r in llm.request_log if r.status == 503]
+    assert len(failed) == 1 and "and the news too" in contents(failed[0])
+    retried = loop_requests(llm)[-1]
+
+    def ann(request: dict[str, Any]) -> str:
+        return next(_user_text(m) for m in request["messages"] if "[Ann]: please" in _user_text(m))
+
+    assert "Speaking: Ann (id 7)" in ann(retried) and "Bob" not in ann(retried)
+    assert ann(retried) == ann(failed[0])  # the block as it was sent
+    assert tg.sent(-500)[-1] == "sunny, and nothing new"
+
+
+async def test_a_resumed_turn_keeps_its_turn_context_with_the_time_brought_up_to_date(tmp_path, llm, tg):
+    """Regression: a turn resumed after a message was steered into it built its [Turn context]
+    again from that message ("Speaking: Bob" with Ann's words). The block its message was sent
+    with is kept, facts included; only its Time line is brought up to date."""
+    chat = ChatRef(Platform.TELEGRAM, "-500")
+    was = "Time: Sunday 2026-03-01 09:00 (UTC)"
+    block = TurnContext(
+        ("[Turn context]", was, "Platform: telegram, group chat (several people)", "Speaking: Ann (id 7)"),
+        ("## Picnic\nThe picnic is on Saturday.",),
+    )
+    facts = Memory(tmp_path / "data").of(chat.key)
+    facts.append_sections([("Picnic", "The picnic is on Saturday."), ("Weather", "Ann checks the forecast daily.")])
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        asked = await store.journal(Inbound(chat, "1", "7", "Ann", "please look up the weather", ChatKind.GROUP))
+        conversation = await store.conversation(chat)
+        state = {"route": "deliberate", "resumes": 0, "active": True, "speaker_entry": asked}
+        user = Message(role="user", content="[Ann]: please look up the weather", context=block)
+        turn_id = await store.begin_turn(conversation.id, conversation.session, [asked], user, state)
+        step = Message(role="assistant", content="", tool_calls=[
+            {"id": "c1", "type": "function", "function": {"name": "think", "arguments": '{"thought": "weather"}'}}])
+        result = Message(role="tool", content="ok", tool_call_id="c1", name="think", ok=True)
+        await store.record(conversation.id, conversation.session, turn_id, [step, result], state=state)
+        steered = await store.journal(Inbound(chat, "2", "8", "Bob", "and the news too", ChatKind.GROUP))
+        await store.record(conversation.id, conversation.session, turn_id,
+                           [Message(role="user", content="[Bob]: and the news too")], journal_ids=[steered])
+    llm.default = lambda r: say("sunny, and nothing new") if is_loop(r) else text("DONE: fine")
+    config = write_config(tmp_path, llm, tg, telegram={"respond_in_groups": "always"})
+    async with running(config) as d:
+        await d.engine.wait_for_turns(1)
+    sent = _user_text(loop_requests(llm)[0]["messages"][1])
+    time = next(line for line in sent.splitlines() if line.startswith("Time: "))
+    assert "Speaking: Ann (id 7)" in sent and time != was  # as of the resume
+    assert sent == block.text().replace(was, time) + "\n[Ann]: please look up the weather"

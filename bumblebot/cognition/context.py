@@ -12,7 +12,9 @@ A request is::
 The first user message of every turn is sent with the ``[Turn context]`` it was first sent with
 (``Message.context``, recorded with it): a request repeats the previous one of the conversation
 as a prefix, up to that request's nudge, so endpoints with a prompt cache reuse it. Only a fact
-no longer in the knowledge files is left out of an earlier block.
+no longer in the knowledge files is left out of an earlier block. When a compaction summarised
+messages that carried blocks, the current turn's block is built again against the history left
+(``rebuild_context``), so the request still names the platform, the speaker and the facts.
 
 Images: a user message's images are sent as ``image_url`` parts (data URLs,
 :class:`~bumblebot.media.intake.MediaFiles`) while the message is in the request's protected tail:
@@ -41,7 +43,7 @@ from bumblebot.cognition.compactor import Compactor, estimate
 from bumblebot.cognition.history import History, Transcript
 from bumblebot.cognition.limits import LoopLimits
 from bumblebot.cognition.sequence import InvalidSequence, repair, validate
-from bumblebot.core.messages import Message, estimate_text_tokens, estimate_tools
+from bumblebot.core.messages import Message, TurnContext, estimate_text_tokens, estimate_tools
 from bumblebot.media import ImageRef, MediaFiles
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,9 @@ class Requests:
         image_tail: how many of the last history messages show their images.
         history_images: whether history messages show their images at all (not to a reflex
             model other than ``llm.model``: it did not see them, and may well be text-only).
+        rebuild_context: builds the turn's ``[Turn context]`` again against the active history;
+            called when a compaction summarised messages that carried one (their lines and
+            facts go in the turn's block again).
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class Requests:
         sees_images: Callable[[str | None], Awaitable[bool]] | None = None,
         image_tail: int = 12,
         history_images: bool = True,
+        rebuild_context: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.system_prompt = system_prompt
         self.known_facts = known_facts
@@ -103,6 +109,7 @@ class Requests:
         self._sees_images = sees_images
         self._image_tail = image_tail if history_images else 0
         self._sees = media is not None  # as the last request found; the estimate follows it
+        self._rebuild_context = rebuild_context
         #: trace entries of the compactions this turn ran
         self.compactions: list[dict[str, Any]] = []
 
@@ -149,14 +156,26 @@ class Requests:
     def reply_tokens(self) -> int | None:
         return self._limits.max_tokens if self._limits is not None else None
 
+    def _blocks(self) -> list[TurnContext]:
+        """The ``[Turn context]`` blocks of the active history, in order."""
+        return [m.context for m in self.session.history if m.context is not None]
+
+    async def _blocks_gone(self, blocks: list[TurnContext]) -> None:
+        """A compaction took blocks out of the history (``blocks``: those it had): the turn's
+        own block, which left out what they showed, is built again against what is left."""
+        if self._rebuild_context is not None and self._blocks() != blocks:
+            await self._rebuild_context()
+
     async def shrink(self) -> None:
         if self._compactor is not None:
+            blocks = self._blocks()
             reply = self.reply_tokens
             self._note(await self._compactor.shrink(self.session, self._fixed(), self.transcript, reply_tokens=reply))
             if self._turn is not None:
                 self._note([await self._compactor.fit_turn(
                     self.session, self._fixed(), self._turn, force=True, reply_tokens=reply
                 )])
+            await self._blocks_gone(blocks)
 
     def messages(self) -> list[Message]:
         """The message list (without the system prompt) in request order."""
@@ -173,12 +192,13 @@ class Requests:
         if self._media is not None and self._sees_images is not None and any(m.images for m in self._tail()):
             self._sees = await self._sees_images(self._limits.model if self._limits else None)
         if self._compactor is not None:
-            reply = self.reply_tokens
+            blocks, reply = self._blocks(), self.reply_tokens
             self._note([await self._compactor.maybe_compact(
                 self.session, self._fixed(), self.transcript, reply_tokens=reply
             )])
             if self._turn is not None:  # the turn's own growth, when compacting the history was not enough
                 self._note([await self._compactor.fit_turn(self.session, self._fixed(), self._turn, reply_tokens=reply)])
+            await self._blocks_gone(blocks)
         sequence = self.messages()
         try:
             validate(sequence)

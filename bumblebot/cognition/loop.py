@@ -233,7 +233,6 @@ class AgentLoop:
         taken in."""
         stop, limits = run.port.stop, run.limits
         request, estimate = await run.requests.build(run.nudge)
-        repeated = self.prefixes.repeated(run.ctx.conversation, limits.model, run.requests.tool_schemas, request)
         if run.nudge:
             run.visible.echoes.add(run.nudge, model_words=_model_words(run))
         run.port.waiting()
@@ -242,7 +241,7 @@ class AgentLoop:
         # burst it began with goes on (cognition.debounce_s): it has shown nothing yet
         first = not run.trace.steps and not run.restarted and not run.state.delivered
         try:
-            completion = await unless_stopped(stop, self._complete_fitting(
+            completion, request = await unless_stopped(stop, self._complete_fitting(
                 request, run.nudge, run.requests, limits, run.stream.listener
             ), burst=run.port.burst if first else None, may_restart=lambda: not run.stream.shown)
         except Burst:
@@ -262,7 +261,7 @@ class AgentLoop:
             endpoint=completion.endpoint,
             model=completion.model,
             usage=step_usage(completion.usage, completion.cost),
-            repeated=repeated,
+            repeated=self._repeated(run, completion, request),
         )
         await run.port.answered()
         await run.requests.observe_usage(completion.sample_tokens, estimate)
@@ -275,6 +274,7 @@ class AgentLoop:
             completion = await unless_stopped(stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener))
             step.finish_reason, step.escalated = completion.finish_reason, True
             step.endpoint, step.model = completion.endpoint, completion.model
+            self._repeated(run, completion, request)  # the next request of that endpoint and model repeats this one
             step.completion_tokens = completion.completion_tokens
             step.usage = step_usage(completion.usage, completion.cost, step.usage)
         run.trace.steps.append(step.as_dict())
@@ -434,6 +434,12 @@ class AgentLoop:
     def _length_advice(self, run: Run) -> str:
         return LENGTH_ADVICE_FILE if "write_file" in run.visible.tools else LENGTH_ADVICE
 
+    def _repeated(self, run: Run, completion: Completion, request: list[dict[str, Any]]) -> float | None:
+        """The share of the previous request the endpoint and model that answered got in this
+        conversation that ``request`` repeats (``Prefixes``); ``request`` is the previous one now."""
+        key = f"{completion.endpoint or ''}|{completion.model or run.limits.model}"
+        return self.prefixes.repeated(run.ctx.conversation, key, run.requests.tool_schemas, request)
+
     async def _complete_fitting(
         self,
         request: list[dict[str, Any]],
@@ -441,16 +447,17 @@ class AgentLoop:
         requests: RequestBuilder,
         limits: LoopLimits,
         on_say: SayListener | None = None,
-    ) -> Completion:
-        """One completion; a context-length refusal compacts (or prunes) and retries once."""
+    ) -> tuple[Completion, list[dict[str, Any]]]:
+        """One completion, and the request it answers; a context-length refusal compacts (or
+        prunes) and retries once."""
         try:
-            return await self._complete(request, requests.tool_schemas, limits, on_say)
+            return await self._complete(request, requests.tool_schemas, limits, on_say), request
         except ContextTooLong as exc:
             # compact (or prune) and retry once; a second refusal ends the turn
             await requests.observe_refusal(exc.prompt_tokens)  # estimates were low: learn now
             await requests.shrink()
             request, _ = await requests.build(nudge)
-            return await self._complete(request, requests.tool_schemas, limits, on_say)
+            return await self._complete(request, requests.tool_schemas, limits, on_say), request
 
     async def abandon(self, port: TurnPort, reason: str) -> None:
         """The turn ends without the loop (a bug stopped it mid-step, or it is given up after

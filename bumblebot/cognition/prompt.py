@@ -223,7 +223,6 @@ class PromptBuilder:
         its blocks show already is not shown again: the platform and speaker lines while the
         latest block that has one says the same, the facts one of them shows (that still hold)."""
         inb = info.inbound
-        local = info.now.astimezone(self.entity.zone)
         said = {line.split(":", 1)[0]: line for m in history if m.context is not None for line in m.context.lines}
         steady = [
             f"Platform: {inb.chat.platform.value}, "
@@ -232,7 +231,7 @@ class PromptBuilder:
         ]
         lines = [
             TURN_CONTEXT,
-            f"Time: {local:%A %Y-%m-%d %H:%M} ({self.entity.timezone})",
+            self.time_line(info.now),
             *(line for line in steady if said.get(line.split(":", 1)[0]) != line),
         ]
         if info.route == "reflex":
@@ -243,6 +242,10 @@ class PromptBuilder:
         shown = {f for m in history if m.context is not None for f in m.context.facts if f in known}
         facts = self.relevant_knowledge(inb.chat.key, inb.text, info.level, shown)
         return TurnContext(tuple(lines), tuple(facts))
+
+    def time_line(self, now: datetime) -> str:
+        """A block's Time line: ``now`` in the entity's timezone, to the minute."""
+        return f"Time: {now.astimezone(self.entity.zone):%A %Y-%m-%d %H:%M} ({self.entity.timezone})"
 
     def preamble(self, info: TurnInfo) -> str:
         """The ``[Turn context]`` block for a turn with no history (ends with a ``---`` line)."""

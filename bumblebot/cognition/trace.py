@@ -98,8 +98,8 @@ class StepTrace:
     endpoint: str | None = None
     model: str | None = None
     usage: dict[str, Any] | None = None
-    #: the share of the previous request of the model in the conversation this one repeats as
-    #: a prefix (``Prefixes``); ``None`` for the first
+    #: the share of the previous request the same endpoint and model answered in the
+    #: conversation that this one repeats as a prefix (``Prefixes``); ``None`` for the first
     repeated: float | None = None
 
     def as_dict(self) -> dict[str, Any]:

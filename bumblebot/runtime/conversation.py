@@ -479,6 +479,7 @@ class Conversation:
             self.inbox.take_stop()  # the stop that came with the /reset was for this turn
             return None
         user = user_message(entries, await background_of(self._store, entries))
+        state.speaker_entry = entries[-1].id  # the person the turn answers (its [Turn context])
         session = self.session
         turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state.as_dict())
         self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)

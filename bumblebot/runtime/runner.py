@@ -29,8 +29,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bumblebot.cognition.budget import ContextBudget
@@ -38,7 +37,7 @@ from bumblebot.cognition.compactor import Compactor
 from bumblebot.cognition.context import Requests
 from bumblebot.cognition.limits import LoopLimits, max_steps
 from bumblebot.cognition.loop import AgentLoop
-from bumblebot.cognition.prompt import PromptBuilder, TurnInfo
+from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.cognition.router import Route
 from bumblebot.cognition.trace import LoopTrace, Stop, StopReason
 from bumblebot.core.adapter import Typing
@@ -86,6 +85,7 @@ from bumblebot.runtime.outcomes import Finished, Outcome, Postponed, Suspended
 from bumblebot.runtime.preparing import TurnPreparer, requeue
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.runtime.snapshot import TraceSnapshot
+from bumblebot.runtime.turncontext import TurnContexts
 from bumblebot.runtime.turnstate import Closing, TurnState
 from bumblebot.store import JournalEntry, RunningTurn
 
@@ -160,6 +160,7 @@ class TurnRunner:
         self.streaming = streaming
         self.engine_cfg = engine
         self.prompts = prompts
+        self.contexts = TurnContexts(prompts)
         self.llm = llm
         self.loop = loop
         self.compactor = compactor
@@ -327,7 +328,8 @@ class TurnRunner:
             return await self._drive(conversation, suspended.turn, suspended.trace)
 
     def _requests(
-        self, session: Session, turn: Turn | None, compactor: Compactor | None, limits: LoopLimits | None = None
+        self, session: Session, turn: Turn | None, compactor: Compactor | None, limits: LoopLimits | None = None,
+        rebuild_context: Callable[[], Awaitable[None]] | None = None,
     ) -> Requests:
         _, prompt, schemas = self.fixed_part()
         return Requests(
@@ -344,15 +346,8 @@ class TurnRunner:
             sees_images=self.llm.sees_images,
             image_tail=self.cfg.history_compression.compaction_protect_last_n,
             history_images=limits is None or limits.model == self.llm.model,
+            rebuild_context=rebuild_context,
         )
-
-    async def _turn_context(self, turn: Turn) -> None:
-        """Give the turn's user message its ``[Turn context]``, as of now (a turn resumed or
-        retried gets the time again); recorded with it, so later turns send it as it was."""
-        info = TurnInfo(
-            inbound=turn.entries[-1].inbound, route=turn.state.route, now=datetime.now(UTC), level=self.fixed_part()[0]
-        )
-        await turn.set_context(self.prompts.context(info, turn.session.history))
 
     def between_turns(self, conversation: Conversation) -> Requests:
         """The conversation as the next request would carry it, without a turn's own messages
@@ -424,8 +419,8 @@ class TurnRunner:
         io = self._io(conversation, turn, snapshot, steer_images=limits.model == self.llm.model)
         try:
             await self._tell_blind(conversation, turn, limits.model)
-            await self._turn_context(turn)
-            requests = snapshot.requests = self._requests(turn.session, turn, self.compactor, limits)
+            rebuild = await self.contexts.give(turn, self.fixed_part()[0])
+            requests = snapshot.requests = self._requests(turn.session, turn, self.compactor, limits, rebuild)
             # a scheduled or autonomous turn may stay silent: no "typing…" for it
             typing_scope = (
                 contextlib.nullcontext(Typing()) if limits.silent_ok

@@ -30,6 +30,9 @@ class TurnState:
     classifier_usage: dict[str, Any] | None = None
     #: when the turn began, epoch seconds
     started: float | None = None
+    #: the journal entry its ``[Turn context]`` is about (who speaks): the last of those its
+    #: first user message answers, never one steered in later; ``None`` for a turn saved without it
+    speaker_entry: int | None = None
     #: times it was resumed after being cut off while working (a poison turn is given up)
     resumes: int = 0
     #: working: a crash now counts a resume (not while it waits out an outage, or after a clean stop)
