@@ -79,6 +79,8 @@ class LLM:
             at; default: nothing counted or refused.
         memory_key: the endpoint's name in the keys of what it cannot do
             (:func:`~bumblebot.llm.capabilities.endpoint_key`; default: ``base_url``).
+        failover: a next endpoint answers what this one cannot (``llm.fallbacks``): a streamed
+            request this one fails with a 5xx is not sent again whole (:class:`StreamedRequests`).
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class LLM:
         metrics: Metrics | None = None,
         meter: Meter | None = None,
         memory_key: str | None = None,
+        failover: bool = False,
     ) -> None:
         self.settings = settings
         self.meter = NO_METER if meter is None else meter
@@ -116,7 +119,9 @@ class LLM:
         )
         self._thinking = Thinking(settings, refusals)
         self._vision = Vision(settings, refusals)
-        self._streamed = StreamedRequests(self._client, self._slots, settings, refusals, discarded=self._discarded)
+        self._streamed = StreamedRequests(
+            self._client, self._slots, settings, refusals, discarded=self._discarded, failover=failover
+        )
         #: the models' context windows, asked and learned from refusals (:mod:`bumblebot.llm.window`)
         self.windows = Windows(self.capabilities, base_url, api_key, clock)
         #: requests forcing a tool call go without the client's retries (:meth:`_send_forced`)

@@ -39,7 +39,10 @@ every endpoint refused its configuration, the first refusal is raised, as with o
   notice when one is ready (:meth:`Endpoints.standing_by`).
 * With fallbacks, every endpoint but the last is built with ``max_retries: 0``: failing over is
   its retry (the client's own retries would hold a request for seconds of backoff on a 429 or
-  5xx). The last one keeps its ``max_retries``.
+  5xx), and a streamed request it fails with a 5xx is not sent to it again whole
+  (:class:`~bumblebot.llm.stream.StreamedRequests`): a step costs a failing endpoint at most two
+  requests (with tool forcing's ``"auto"`` one) before the next answers. The last one keeps
+  its ``max_retries``.
 * With no fallback, requests go to the primary as they are: no cooldown (the turn's outage
   backoff is the only wait).
 * An endpoint without a key (no ``api_key_env``, or its variable unset) is sent the placeholder
@@ -485,7 +488,8 @@ def build_endpoints(
     names = memory_keys([(url, own.model) for own, url, _ in configs])
     llms = []
     for position, ((own_settings, url, key), name) in enumerate(zip(configs, names, strict=True)):
-        if position < len(configs) - 1:  # the next endpoint is its retry
+        failover = position < len(configs) - 1  # the next endpoint is its retry
+        if failover:
             own_settings = own_settings.model_copy(update={"max_retries": 0})
-        llms.append(LLM(own_settings, base_url=url, api_key=key, memory_key=name, **shared))
+        llms.append(LLM(own_settings, base_url=url, api_key=key, memory_key=name, failover=failover, **shared))
     return Endpoints(llms[0], llms[1:], background_model=settings.background_model)

@@ -10,7 +10,9 @@ whole answers when a streamed request fails where the same request sent whole is
 
 * it refuses the streamed request: a client error at once, a 5xx after :data:`STREAM_STRIKES`
   in a row (a 401, 403, 408, 409 or 429, a timeout or a context-length refusal says nothing
-  about streaming: it is not sent again whole);
+  about streaming: it is not sent again whole; nor is a 5xx when a fallback endpoint follows
+  this one: it goes there, so a failing endpoint costs one request per step, two with the
+  ``"auto"`` request of tool forcing);
 * it drops it unanswered (the connection closes before the first chunk, or the stream ends
   empty: llama-cpp-python does so when it cannot serve a request, e.g. ``tool_choice``
   ``"required"``), after :data:`STREAM_STRIKES` in a row;
@@ -105,13 +107,16 @@ class StreamedRequests:
         refusals: the endpoint's remembered refusals, where the fallback is kept.
         discarded: told of a streamed answer that was set aside for the same request sent
             whole (:meth:`_recheck`), with that request: it was answered, and billed, too.
+        failover: a next endpoint takes what this one cannot answer (``llm.fallbacks``): a
+            streamed request refused with a 5xx goes there at once, not again whole here.
     """
 
     def __init__(
         self, client: openai.AsyncOpenAI, slots: asyncio.Semaphore, settings: LLMSettings, refusals: Refusals,
-        *, discarded: Callable[[Completion, dict[str, Any]], Awaitable[None]] | None = None,
+        *, discarded: Callable[[Completion, dict[str, Any]], Awaitable[None]] | None = None, failover: bool = False,
     ) -> None:
         self._discarded = discarded
+        self.failover = failover
         self._client = client
         self._slots = slots
         self.settings = settings
@@ -153,6 +158,11 @@ class StreamedRequests:
             raise  # slow, not unable to stream: an outage as any timeout is
         except openai.APIStatusError as exc:
             if exc.status_code in _NOT_ABOUT_STREAMING or is_context_error(exc) or names_optional_param(exc, params):
+                raise
+            if exc.status_code >= 500 and self.failover:
+                # most 5xx are the endpoint failing whatever the request's form: sent whole it
+                # would get the same, and its forcing fallback (another request) too; the next
+                # endpoint is this request's retry
                 raise
             response = await self._whole(params, client)  # the same request, whole: if it fails too, not our business
             why = f"a streamed request was refused ({refusal(exc)}); an unstreamed one was answered"
