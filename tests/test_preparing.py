@@ -6,8 +6,8 @@ import asyncio
 import json
 
 from conftest import running, write_config
-from fakes.openai_server import error, is_aux, text
-from support import judges_say_done, loop_requests, say, telegram_parts
+from fakes.openai_server import FakeOpenAI, error, is_aux, is_loop, text
+from support import Gate, judges_say_done, loop_requests, say, telegram_parts
 
 
 async def test_a_long_paste_on_a_4k_window_is_kept_as_a_file_instead_of_refused_as_too_long(tmp_path, llm, tg):
@@ -97,3 +97,30 @@ async def test_a_long_paste_is_measured_against_the_window_the_scale_learned():
     )
     preparer = types.SimpleNamespace(window=budget, media=Media())
     assert await TurnPreparer.fold_long(preparer, [entry]) == ["kept as a file"]  # type: ignore[arg-type]
+
+
+async def test_a_paste_steered_into_a_running_turn_is_kept_as_a_file_when_a_refusal_teaches_the_window(tmp_path, tg):
+    """A server telling its window nowhere (llama-cpp-python, 4096): a 27 KB paste that arrives
+    while the turn's first step is answered is taken into the turn whole (the window was not
+    known); the next request is refused, teaching 4096. The paste is then kept as a file and
+    answered; it was left in the turn and the turn ended, the paste unread ("context full")."""
+    paste = "\n".join(f"line {i:04d}: " + "the quick brown fox jumps over the lazy dog, again and again. "
+                      for i in range(370))
+    async with FakeOpenAI(context_window=4096, tells_window=None, context_error="openai") as llm:
+        judges_say_done(llm)
+        gate = Gate(say("Hello! Go ahead.", end=False))
+        llm.push(gate, when=is_loop)
+        llm.default = lambda r: text("DONE: the reply is adequate") if is_aux(r) else say("Got your text.")
+        async with running(write_config(tmp_path, llm, tg)) as d:
+            tg.push_text("hi, I will paste my notes", chat_id=50)
+            await asyncio.wait_for(gate.entered.wait(), 20)
+            tg.push_text(paste, chat_id=50)
+            await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+            gate.release.set()
+            await d.engine.wait_for_turns(1, timeout=30)
+    assert tg.sent(50) == ["Hello! Go ahead.", "Got your text."]
+    kept = list((tmp_path / "data" / "workspace" / "inbox" / "telegram_50").glob("message-*.txt"))
+    assert len(kept) == 1 and kept[0].read_text() == paste
+    last = [m["content"] for m in loop_requests(llm)[-1]["messages"] if m["role"] == "user"]
+    assert f'read_file("inbox/telegram_50/{kept[0].name}")' in last[-1] and "line 0369" not in last[-1]
+    assert len(llm.context_refused) == 1  # the one that taught the window

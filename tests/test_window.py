@@ -217,14 +217,15 @@ async def test_a_27kb_paste_in_a_new_conversation_on_a_4096_token_server_is_kept
     answered = [r for r in loop_requests(llm) if r not in llm.context_refused]
     user = next(m["content"] for m in answered[0]["messages"] if m["role"] == "user")
     assert f'read_file("inbox/telegram_43/{kept[0].name}")' in user and "line 0369" not in user
-    assert len(llm.context_refused) == (0 if tells else 2)  # the refusal that taught it, and the loop's one retry
+    # the refusal that taught it; the loop's compacting retry, which could not help, is not sent
+    assert len(llm.context_refused) == (0 if tells else 1)
 
 
 async def test_a_paste_on_a_server_refusing_required_and_telling_no_window_costs_one_refusal_of_forcing(tmp_path, tg):
     """llama-cpp-python refuses a forced request with a bare 500 before it looks at the prompt's
     length; the same request with "auto" is then refused as too long. That "auto" got further
-    counts: the fallback is remembered at once, so the loop's retry and the turn run again with
-    the paste kept as a file go straight to "auto" (three 500s there before)."""
+    counts: the fallback is remembered at once, so the step asked again with the paste kept as
+    a file goes straight to "auto" (three 500s there before)."""
     async with FakeOpenAI(reject_tool_choice_required=500, tool_choice_refusal="", context_window=4096,
                           tells_window=None, context_error="openai") as llm:
         judges_say_done(llm)
@@ -234,7 +235,7 @@ async def test_a_paste_on_a_server_refusing_required_and_telling_no_window_costs
             await d.engine.wait_for_turns(1, timeout=30)
     assert tg.sent(46) == ["Saved; I read its start."]
     assert len(llm.rejected) == 2  # one forced request: streamed, then whole
-    assert len(llm.context_refused) == 2  # the refusal that taught the window, and the loop's retry
+    assert len(llm.context_refused) == 1  # the refusal that taught the window (no compacting retry)
 
 
 async def test_a_message_too_long_for_an_uncompacted_conversation_is_not_called_compacted(tmp_path, llm, tg):

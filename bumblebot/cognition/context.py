@@ -72,6 +72,9 @@ class Requests:
         rebuild_context: builds the turn's ``[Turn context]`` again against the active history;
             called when a compaction summarised messages that carried one (their lines and
             facts go in the turn's block again).
+        refold: keeps the turn's long inputs as files when a refusal taught a smaller window
+            (``TurnPreparer.refold``), before :meth:`shrink` compacts; it raises when it did (the
+            step is asked again, its request fitted to that window).
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Requests:
         image_tail: int = 12,
         history_images: bool = True,
         rebuild_context: Callable[[], Awaitable[None]] | None = None,
+        refold: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.system_prompt = system_prompt
         self.known_facts = known_facts
@@ -110,6 +114,7 @@ class Requests:
         self._image_tail = image_tail if history_images else 0
         self._sees = media is not None  # as the last request found; the estimate follows it
         self._rebuild_context = rebuild_context
+        self._refold = refold
         #: trace entries of the compactions this turn ran
         self.compactions: list[dict[str, Any]] = []
 
@@ -167,6 +172,8 @@ class Requests:
             await self._rebuild_context()
 
     async def shrink(self) -> None:
+        if self._refold is not None:
+            await self._refold()  # the turn's input that filled the window, a file
         if self._compactor is not None:
             blocks = self._blocks()
             reply = self.reply_tokens

@@ -98,7 +98,8 @@ class RequestBuilder(Protocol):
     async def build(self, nudge: str | None) -> tuple[list[dict[str, Any]], int]: ...
 
     async def shrink(self) -> None:
-        """The endpoint said the prompt is too long: compact (or prune) before one retry."""
+        """The endpoint said the prompt is too long: keep the turn's long input as a file (when
+        the refusal taught a smaller window), else compact (or prune), before one retry."""
 
     def call_ids(self) -> set[str]:
         """Tool call ids already used in the conversation (new ones must differ)."""

@@ -220,6 +220,12 @@ class Turn:
         self.id = turn_id
         self.entries = entries
         self.transcript = transcript
+        #: the journal entries of each of the turn's user messages: its input first, then each
+        #: taken mid-turn (:meth:`steer`); read back after a crash, the input's alone, and only
+        #: when nothing was taken mid-turn
+        self.inputs: list[tuple[Message, list[JournalEntry]]] = (
+            [(transcript[0], list(entries))] if [m.role for m in transcript].count("user") == 1 else []
+        )
         self.state = state
         #: the state as the store has it (a checkpoint writes it only when it changed)
         self._saved_state = state.as_dict()
@@ -304,18 +310,20 @@ class Turn:
         await self._store.mark_pruned(pruned_ids)
         self.transcript[:] = transcript
 
-    async def refold(self, entries: list[JournalEntry]) -> None:
-        """The turn's input, kept as a file after the turn began (``TurnPreparer.refold``): its
-        user message is rebuilt from ``entries`` (the same, their text the excerpt), in the
-        store first."""
-        old = self.transcript[0]
-        message = user_message(entries, await background_of(self._store, entries))
-        message.make_storable()
-        assert old.id is not None
-        await self._store.rewrite_message(old.id, message.content)
-        message.id = old.id
-        self.transcript[0] = message
-        self.entries = list(entries)
+    async def refold(self, message: Message, entries: list[JournalEntry]) -> None:
+        """One of the turn's inputs (:attr:`inputs`), kept as a file after it was taken
+        (``TurnPreparer.refold``): ``message`` is rebuilt from ``entries`` (the same, their
+        text the excerpt), in the store first, with its ``[Turn context]``."""
+        new = user_message(entries, await background_of(self._store, entries))
+        new.make_storable()
+        assert message.id is not None
+        await self._store.rewrite_message(message.id, new.content)
+        new.id = message.id
+        new.set_context(message.context)
+        self.transcript[next(i for i, m in enumerate(self.transcript) if m is message)] = new
+        self.inputs = [(new, list(entries)) if m is message else (m, e) for m, e in self.inputs]
+        folded = {e.id: e for e in entries}
+        self.entries = [folded.get(e.id, e) for e in self.entries]
 
     async def steer(self, entries: list[JournalEntry]) -> Message:
         """Take messages that arrived mid-turn into this turn (one user message), durably:
@@ -326,6 +334,7 @@ class Turn:
         )
         self.entries.extend(entries)
         self.transcript.append(message)
+        self.inputs.append((message, list(entries)))
         return message
 
     async def speak(

@@ -45,6 +45,13 @@ FILES_DELAYED = (
 )
 
 
+class Refolded(Exception):
+    """A refusal taught a smaller window and an input of the turn was kept as a file
+    (:meth:`TurnPreparer.refold`): the runner asks the step again, with the system prompt, tool
+    schemas and reply budget fitted to that window (a request built for the larger one would
+    be refused again)."""
+
+
 class TurnPreparer:
     """Makes a turn's input ready (module docstring). Collaborators come in here.
 
@@ -143,19 +150,29 @@ class TurnPreparer:
         log.info("%d characters in %s kept as a file for the model to read", sum(len(e.inbound.text) for e in entries), chat)
         return folded
 
-    async def refold(self, turn: Turn) -> bool:
-        """The endpoint refused the turn's first request as too long and taught a smaller
-        window meanwhile (``ContextBudget.learn``): its input, when it now passes
-        :data:`LONG_INPUT_SHARE` of the window, is kept as a file as it would have been had
-        the window been known, and its user message becomes the excerpt. ``False``: nothing
-        was folded (the turn is past its input, or the input fits)."""
-        if self.media is None or len(turn.transcript) != 1 or not turn.entries:
-            return False
-        folded = await self.fold_long(turn.entries)
-        if folded is turn.entries:
-            return False
-        await turn.refold(folded)
-        return True
+    async def refold(self, turn: Turn) -> None:
+        """The endpoint refused a request of the turn as too long and taught a smaller window
+        meanwhile (``ContextBudget.learn``): each input of the turn (its first message, and each
+        taken mid-turn: ``Turn.inputs``) that now passes :data:`LONG_INPUT_SHARE` of the window,
+        with what people wrote in the turn before it, is kept as a file as it would have been
+        had the window been known, its user message the excerpt (``Turn.refold``). Called
+        before the loop's compacting retry (``Requests.shrink``), which cannot help then.
+
+        Raises:
+            Refolded: an input was kept as a file: the step is asked again from the start.
+        """
+        if self.media is None:
+            return
+        folded_any, said = False, 0
+        for position in range(len(turn.inputs)):
+            message, entries = turn.inputs[position]
+            folded = await self.fold_long(entries, already=said)
+            if folded is not entries:
+                await turn.refold(message, folded)
+                folded_any = True
+            said += len(turn.inputs[position][0].content)
+        if folded_any:
+            raise Refolded
 
     async def start_state(self, entries: list[JournalEntry]) -> TurnState:
         """A turn's first state: its route (docs/cognition.md, "Routing"), kept for every later resume."""

@@ -82,7 +82,7 @@ from bumblebot.runtime.outage import (
     outage_delay_s,
 )
 from bumblebot.runtime.outcomes import Finished, Outcome, Postponed, Suspended
-from bumblebot.runtime.preparing import TurnPreparer, requeue
+from bumblebot.runtime.preparing import Refolded, TurnPreparer, requeue
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.runtime.snapshot import TraceSnapshot
 from bumblebot.runtime.turncontext import TurnContexts
@@ -347,6 +347,7 @@ class TurnRunner:
             image_tail=self.cfg.history_compression.compaction_protect_last_n,
             history_images=limits is None or limits.model == self.llm.model,
             rebuild_context=rebuild_context,
+            refold=None if turn is None else functools.partial(self.preparer.refold, turn),
         )
 
     def between_turns(self, conversation: Conversation) -> Requests:
@@ -442,11 +443,11 @@ class TurnRunner:
         except ModelUnavailable as exc:
             await io.pause_previews()  # the retry's stream takes the shown text over
             return await self._outage(conversation, turn, exc, snapshot(error=str(exc)))
+        except Refolded:  # the input that filled a window learned just now is a file: the step again, fitted to it
+            await io.settle_previews()
+            return await self._drive_bound(conversation, turn, snapshot())
         except ModelError as exc:
             await io.settle_previews()
-            if isinstance(exc, ContextTooLong) and await self.preparer.refold(turn):
-                # the refusal taught a smaller window: the input is kept as a file, as it would have been
-                return await self._drive_bound(conversation, turn, snapshot())
             log.warning("turn %s in %s failed: %s", turn.id, conversation.key, exc)
             note = too_long(turn) if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
             return await self._end(conversation, turn, snapshot(error=str(exc)), "failed", Stop(StopReason.MODEL_ERROR), note, started)
