@@ -150,7 +150,7 @@ async def test_a_configured_window_larger_than_the_servers_is_corrected_with_one
     async with running(config) as d:
         tg.push_text("hello", chat_id=41)
         await d.engine.wait_for_turns(1)
-        await d.llm.windows.refused("test-model", 4096)  # a refusal restating it
+        await d.llm.primary.windows.refused("test-model", 4096)  # a refusal restating it
         tg.push_text("again", chat_id=41)
         await d.engine.wait_for_turns(2)
         level = d.runner.fixed_part()[0]
@@ -272,3 +272,22 @@ async def test_the_first_turn_on_a_server_refusing_required_with_500_makes_at_mo
     assert 1 <= len(refused_first_turn) <= 2
     assert len([r for r in llm.request_log if r.status == 500]) == len(refused_first_turn)  # none after
     assert all(r["tool_choice"] == "auto" for r in loop_requests(llm)[-2:])
+
+
+async def test_a_fallback_with_a_smaller_window_answers_long_conversations_while_the_primary_is_down(tmp_path, tg):
+    """The primary tells 16384, the fallback (the same model, started with a 4096 context) 4096:
+    requests are sized for the smallest window of any endpoint that may answer them. Sized for
+    the primary's, every long turn the fallback took ended "too long even after compacting"."""
+    part = "the roses climb the old stone wall by the pond. " * 40
+    async with FakeOpenAI(context_window=16384) as primary, FakeOpenAI(context_window=4096) as spare:
+        primary.default, spare.default = chatty("Noted (primary)."), chatty("Noted (spare).")
+        config = write_config(tmp_path, primary, tg, llm={"fallbacks": [{"base_url": spare.base_url, "model": "test-model"}]})
+        async with running(config) as d:
+            for i in range(12):
+                if i == 6:
+                    primary.fail_completions(503, "down")
+                tg.push_text(f"Part {i}: {part}", chat_id=42)
+                await d.engine.wait_for_turns(i + 1, timeout=60)
+            assert d.runner.budget.max_context_tokens == 4096
+    assert tg.sent(42) == ["Noted (primary)."] * 6 + ["Noted (spare)."] * 6
+    assert spare.context_refused == []

@@ -360,21 +360,19 @@ class Daemon:
         )
 
     async def _learn_window(self) -> None:
-        """The budget follows the endpoint's context window: the one remembered at once, then
-        what the endpoint says, asked in the background (turns wait for it, not readiness),
-        then what its refusals say (``bumblebot/llm/window.py``)."""
-        llm, budget = self.llm, self.budget
-        assert llm is not None
-        models = list(dict.fromkeys([llm.model, llm.reflex_model]))
+        """The budget follows the endpoints' context windows: those remembered at once, then
+        what each endpoint says, asked in the background (turns wait for it, not readiness),
+        then what their refusals say (``bumblebot/llm/window.py``)."""
+        assert self.llm is not None
+        windows, budget = self.llm.windows, self.budget
 
-        def apply() -> None:  # the smallest window of the models turns use
-            known = {m: w for m in models if (w := llm.windows.get(m)) and not (w.assumed and budget.configured)}
-            model = min(known, key=lambda m: known[m].tokens, default="")
-            budget.learn(known.get(model), model)
+        def apply() -> None:  # the smallest window of the models and endpoints turns may use
+            label, window = windows.smallest(assumed=not budget.configured) or ("", None)
+            budget.learn(window, label)
 
-        llm.windows.listen(apply)
-        await llm.windows.load(models)
-        self._window_task = asyncio.create_task(llm.windows.ask(models), name="bumblebot:window")
+        windows.listen(apply)
+        await windows.load()
+        self._window_task = asyncio.create_task(windows.ask(), name="bumblebot:window")
         budget.learning(self._window_task)
 
     def _discord_dm(self, key: str) -> bool:

@@ -72,7 +72,7 @@ from bumblebot.llm.client import LLM
 from bumblebot.llm.completion import Completion
 from bumblebot.llm.forcing import ForcingFallback
 from bumblebot.llm.stream import SayListener
-from bumblebot.llm.window import Windows
+from bumblebot.llm.window import WindowSet
 
 log = logging.getLogger(__name__)
 
@@ -194,10 +194,13 @@ class Endpoints:
         return self.primary.meter
 
     @property
-    def windows(self) -> Windows:
-        """The primary's context windows: the budget is sized by them (a fallback needs at least
-        the primary's window, ``docs/models.md``)."""
-        return self.primary.windows
+    def windows(self) -> WindowSet:
+        """The context windows of every endpoint, for the models each is asked for (the
+        primary's ``model``, ``reflex_model`` and ``background_model``; what a fallback is
+        asked instead): the budget is sized by the smallest (``docs/models.md``)."""
+        primary = [self.primary.model, self.primary.reflex_model]
+        primary += [self.background_model] if self.background_model else []
+        return WindowSet([(llm.windows, [self.model_on(llm, model) for model in primary]) for llm in self.all])
 
     async def aclose(self) -> None:
         for llm in self.all:

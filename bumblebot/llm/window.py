@@ -28,7 +28,9 @@ What is learned is remembered in the store's ``kv`` (:func:`window_key`) as JSON
 ``{"tokens", "source", "since", "assumed"}``, so a restart starts with it, and forgotten after
 :data:`WINDOW_RETRY_S` (a server restarted with a bigger window is then believed again); each
 answer of the server at start renews it. Listeners (:meth:`Windows.listen`) hear each change:
-the daemon's :class:`~bumblebot.cognition.budget.ContextBudget` sizes every later request by it.
+the daemon's :class:`~bumblebot.cognition.budget.ContextBudget` sizes every later request by the
+smallest window of every endpoint that may answer it (:class:`WindowSet`: the primary's models,
+and each fallback's).
 """
 
 from __future__ import annotations
@@ -263,6 +265,44 @@ class Windows:
             f"Ollama's default num_ctx; the model allows {longest} (set num_ctx or OLLAMA_CONTEXT_LENGTH, "
             "and cognition.max_context_tokens to match)", now, assumed=True,
         )
+
+
+class WindowSet:
+    """The windows of every endpoint that may answer a request, each for the models it is asked
+    for there (``Endpoints``: the primary's, its ``background_model`` too, and each fallback's):
+    a request is sized for the smallest known, since a fallback with a smaller window would
+    refuse what the primary takes (``docs/models.md``, "Fallback endpoints").
+
+    Args:
+        members: ``(windows, models)`` per endpoint, the primary first.
+    """
+
+    def __init__(self, members: list[tuple[Windows, list[str]]]) -> None:
+        self.members = [(windows, list(dict.fromkeys(models))) for windows, models in members]
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after each change of a window of any endpoint (a refusal included)."""
+        for windows, _ in self.members:
+            windows.listen(callback)
+
+    async def load(self) -> None:
+        """Read what each endpoint's windows were remembered as (:meth:`Windows.load`)."""
+        for windows, models in self.members:
+            await windows.load(models)
+
+    async def ask(self) -> None:
+        """Ask every endpoint at once (:meth:`Windows.ask`, each bounded by :data:`ASK_TOTAL_S`)."""
+        await asyncio.gather(*(windows.ask(models) for windows, models in self.members))
+
+    def smallest(self, *, assumed: bool = True) -> tuple[str, LearnedWindow] | None:
+        """The smallest window known, with whose it is (the model, ``at <base_url>`` for a
+        fallback's); ``assumed``: windows only assumed (Ollama's default) count too."""
+        known = [
+            (model if position == 0 else f"{model} at {windows.base_url}", window)
+            for position, (windows, models) in enumerate(self.members) for model in models
+            if (window := windows.get(model)) is not None and (assumed or not window.assumed)
+        ]
+        return min(known, key=lambda found: found[1].tokens, default=None)
 
 
 def _tokens(value: Any) -> int | None:
