@@ -598,3 +598,38 @@ async def test_check_hides_a_key_a_fallback_echoes_and_says_nothing_more_of_a_fa
     assert FALLBACK_KEY not in out
     assert [line for line in out.splitlines() if line.startswith("[ok] fallback 1")] == [
         f"[ok] fallback 1: {fallback.base_url} (key from FALLBACK_API_KEY); tried when the endpoints before it are down"]
+
+
+async def test_a_500ing_primary_with_streaming_costs_at_most_two_requests_before_the_fallback(tmp_path, tg):
+    """Streamed, forcing "required": a primary failing every request with a 500 was sent each
+    step's request four times (streamed and whole, "required" and "auto") before the fallback
+    answered. A streamed 5xx goes to the next endpoint, not again whole."""
+    async with FakeOpenAI() as primary, FakeOpenAI() as spare:
+        judges_say_done(primary)
+        judges_say_done(spare)
+        primary.fail_completions(500, "upstream failed")
+        spare.push(say("from the spare"), when=is_loop)
+        config = write_config(tmp_path, primary, tg, delivery={"streaming": "on"},
+                              llm={"max_retries": 2, "fallbacks": [{"base_url": spare.base_url, "model": "test-model"}]})
+        async with running(config) as d:
+            tg.push_text("hi", chat_id=45)
+            await d.engine.wait_for_turns(1, timeout=30)
+    assert tg.sent(45) == ["from the spare"]
+    sent = [(r.body.get("stream", False), r.body.get("tool_choice")) for r in primary.request_log if r.body.get("tools")]
+    assert sent == [(True, "required"), (True, "auto")]
+
+
+async def test_check_says_a_fallback_with_a_smaller_window_than_the_primarys(tmp_path, capsys):
+    """The daemon sizes every request for it; check marked the fallback's window [ok]."""
+    async with FakeOpenAI(context_window=16384) as primary, FakeOpenAI(context_window=4096) as spare:
+        for server in (primary, spare):
+            server.default = lambda r: tool_calls(("ping", {})) if "tools" in r else text("ok")
+        config = write_config(tmp_path, primary, None, llm={"fallbacks": [{"base_url": spare.base_url, "model": "test-model"}]})
+        settings = load_settings(config)
+        problems = await check_all(settings, Secrets(OPENAI_API_KEY="sk-test"), load_entity(settings.entity), chat_only=True)
+    out = capsys.readouterr().out
+    assert problems == []
+    assert "[ok] context window test-model: cognition.max_context_tokens is not set (32768 assumed); the endpoint " \
+           "says 16384 tokens (from /props): the daemon uses 16384" in out
+    assert ("[note] fallback 1 context window: 4096 tokens, smaller than the primary's 16384: the daemon sizes every "
+            "request for 4096, the primary's too") in out

@@ -269,6 +269,28 @@ async def test_check_says_auto_since_when_and_why(tmp_path, capsys):
         assert "so the daemon switches back at its next re-try" in capsys.readouterr().out
 
 
+async def test_check_says_the_forcing_its_own_re_try_left_and_logs_the_real_re_try_time(tmp_path, capsys, caplog):
+    """check re-tries "required" under a remembered fallback; its line said the state from before
+    that re-try ("next within 5 h"), and the log "next try after 50 tool requests or 0 s" (the
+    timer was zeroed to force the re-try)."""
+    import logging
+    import time
+
+    caplog.set_level(logging.INFO, logger="bumblebot.llm.forcing")
+    async with FakeOpenAI(reject_tool_choice_required=400) as server:
+        answer_with_ping(server)
+        settings = check_settings(tmp_path, server)
+        hour_ago = time.time() - 3600
+        async with Store(settings.db_path) as store:
+            await store.set_kv(tool_choice_key(server.base_url), ForcingFallback("HTTP 400: no", hour_ago, hour_ago).dump())
+        assert await run_check(tmp_path, server) == []
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[ok] tool forcing: "))
+    assert "(re-tried 1 time(s) since, refused)" in line and "(next within 6 h)" in line
+    assert line.endswith("; check re-tried tool_choice=required just now: refused")
+    assert "still refuses tool_choice=required" in caplog.text and "tool requests or 6 h" in caplog.text
+    assert " or 0 s" not in caplog.text
+
+
 async def test_check_names_a_plain_auto_of_an_older_version(tmp_path):
     async with FakeOpenAI() as server:
         settings = check_settings(tmp_path, server)

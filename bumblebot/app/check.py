@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from bumblebot.app.probing import learned_forcing, probe_thinking, probe_tools, window_lines, writable_store
+from bumblebot.app.probing import forcing_line, probe_thinking, probe_tools, window_lines, writable_store
 from bumblebot.app.reach import get_json, model_failure, platform_failure, shown_url, token_problem, url_problem
 from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
@@ -91,10 +91,14 @@ async def _check_all(settings: Settings, secrets: Secrets, entity: Entity, *, ch
     except OSError as exc:
         fail("data_dir", f"{settings.data_dir} is not writable ({exc.strerror}); change data_dir")
     base_url = effective_base_url(settings, secrets)
-    store = await writable_store(settings)  # what the endpoints show is remembered for the daemon
+    store, unwritten = await writable_store(settings)  # what the endpoints show is remembered for the daemon
+    if store is None:
+        _note("what check learns", f"for this run only, not remembered for the daemon: {unwritten}")
     try:
+        primary_window = None
         for name, own, url, api_key, memory in _endpoints(settings, secrets, fail):
-            await _check_endpoint(own, url, api_key, fail, name, memory, store)
+            window = await _check_endpoint(own, url, api_key, fail, name, memory, store, primary_window)
+            primary_window = window if not name else primary_window
     finally:
         if store is not None:
             await store.close()
@@ -219,22 +223,23 @@ def _endpoints(
 
 async def _check_endpoint(
     settings: Settings, base_url: str, api_key: str | None, fail: Callable[[str, str], None], name: str = "",
-    memory: str | None = None, store: Store | None = None,
-) -> None:
+    memory: str | None = None, store: Store | None = None, primary_window: int | None = None,
+) -> int | None:
     """Probe one endpoint (``settings.llm`` is its own section): each model answers, a tool is
     called (streamed, as turns are), thinking and the window are asked, and what the daemon
     remembers of it (under ``memory``, its name in the keys; default: ``base_url``) is said;
     what is learned goes into ``store``'s ``kv`` (the daemon's) when given. Each line's ``what``
-    starts with ``name`` (a fallback's). When the endpoint failed, nothing more is said of it."""
+    starts with ``name`` (a fallback's). When the endpoint failed, nothing more is said of it.
+    Returns the window the daemon sizes requests for with it (``None``: it failed);
+    ``primary_window``: the primary's, for a fallback."""
     prefix = f"{name} " if name else ""
-    forcing, fallback = await forcing_mode(settings, memory or base_url)
     remembered_whole = await _stored_kv(settings, stream_key(memory or base_url))
     llm = LLM(
         settings.llm, base_url=base_url, api_key=api_key, memory_key=memory,
         capabilities=CapabilityMemory(store.get_kv, store.set_kv, store.delete_kv) if store else None,
     )
     forced_now = probe_ran = False
-    learned, windows = None, []
+    fallback, forcing, windows, window = await llm.forcing_fallback(), (False, ""), [], None
     try:
         for model, setting in _models(settings).items():
             try:
@@ -249,9 +254,9 @@ async def _check_endpoint(
         probe = await probe_tools(llm, (lambda index, text: None) if streams else None)  # streamed, as turns are
         forced_now = probe.tool_choice == "required"
         probe_ran = True
-        learned = learned_forcing(fallback, forced_now, await llm.forcing_fallback())
+        forcing = forcing_line(settings, fallback, await llm.forcing_fallback(), forced_now)
         await probe_thinking(llm, settings)
-        windows = await window_lines(settings, llm)
+        windows, window = await window_lines(settings, llm, primary_window)
         streaming = await _streaming_line(llm, probe, streams, remembered_whole)
         if probe.tool_calls:
             how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
@@ -261,16 +266,13 @@ async def _check_endpoint(
                  "calling (llama.cpp: --jinja; vLLM: --enable-auto-tool-choice)")
     except ModelError as exc:
         fail(f"{prefix}model endpoint", _failure(exc, base_url, name))
-        return
+        return None
     finally:
         await llm.aclose()
-    if fallback is not None and forced_now:
-        forcing += ("; the endpoint accepts tool_choice=required now (remembered), so the daemon switches back at "
-                    "its next re-try or start")
-    if learned is not None and settings.llm.tool_choice == "required":
-        _note(f"{prefix}tool forcing", learned[1])
+    if forcing[0]:
+        _note(f"{prefix}tool forcing", forcing[1])
     else:
-        _line(True, f"{prefix}tool forcing", forcing)
+        _line(True, f"{prefix}tool forcing", forcing[1])
     if probe_ran and "learned just now" in streaming:
         _note(f"{prefix}streaming", streaming)
     elif probe_ran:
@@ -282,6 +284,7 @@ async def _check_endpoint(
             _note(f"{prefix}{what}", detail)
     _line(True, f"{prefix}images", await _images_line(settings, base_url, llm.model))
     _line(True, f"{prefix}thinking", await _thinking_line(settings, base_url, llm.model))
+    return window
 
 
 async def _streaming_line(llm: LLM, probe: Any, streams: bool, remembered_whole: str | None) -> str:

@@ -2,27 +2,38 @@
 
 ``check`` tries the endpoint as a first turn would (a tool request, streamed when
 ``delivery.streaming`` is on; a request asking for thinking under ``llm.thinking.mode: auto``)
-and asks each model's context window (:mod:`bumblebot.llm.window`). Its client remembers what
-it learns in the daemon's own database (:func:`writable_store`): the ``"auto"`` fallback of tool
-forcing, whole answers instead of streams, a refusal of thinking, the window. So the daemon's
-first real turn pays nothing to find them out again.
+and asks each model's context window (:mod:`bumblebot.llm.window`); a local server that says
+its window nowhere (llama-cpp-python) is sent one request too long for any window it could run
+with, which it refuses before evaluating it, stating its window (:func:`probe_window`). Its
+client remembers what it learns in the daemon's own database (:func:`writable_store`): the
+``"auto"`` fallback of tool forcing, whole answers instead of streams, a refusal of thinking,
+the window. So the daemon's first real turn pays nothing to find them out again.
 
 Writing next to a running daemon is safe: the database is in WAL mode, every connection waits
 up to 10 s for another's write (``busy_timeout``), and ``check`` writes only small ``kv`` rows;
 it never takes the daemon's instance lock. A running daemon keeps what it already knows in
 memory and reads ``check``'s rows at its next start.
+
+The database stays the daemon's: ``check`` run as root writes into an existing one without
+changing its owner (SQLite gives the ``-wal`` and ``-shm`` files it creates the database's
+owner), and creates a missing one only owned as its data directory is (:func:`writable_store`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import logging
+import os
 import sqlite3
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from bumblebot.core.errors import StoreError
+from bumblebot.core.errors import ContextTooLong, ModelError, StoreError
 from bumblebot.core.settings import Settings
-from bumblebot.llm import LLM, Completion, SayListener
+from bumblebot.llm import LLM, Completion, ForcingFallback, SayListener
 from bumblebot.llm.window import LearnedWindow
 from bumblebot.store import Store
 
@@ -35,19 +46,70 @@ PING_TOOL = {
 #: Tool requests ``check`` makes at most: one, and more only while forcing or streaming is
 #: still undecided (an unexplained refusal or a dropped stream counts once per request).
 MAX_TOOL_PROBES = 3
+#: The request ``check`` sends a local server that says its window nowhere, in estimated tokens
+#: (4 characters each, about 1 MB): larger than any window such a server runs with, so it
+#: refuses it before evaluating it (llama-cpp-python counts a prompt's tokens first: about a
+#: second for this one) and its refusal states its window. At least twice the configured window.
+WINDOW_PROBE_TOKENS = 262_144
+#: Seconds that request may take (a server that evaluated it instead would take minutes).
+WINDOW_PROBE_TIMEOUT_S = 20.0
+#: Seconds the endpoint's host name may take to resolve (is it on this machine or network?).
+RESOLVE_TIMEOUT_S = 5.0
+_PROBE_TEXT = "the quick brown fox jumps over the lazy dog. "
 
 
-async def writable_store(settings: Settings) -> Store | None:
-    """The daemon's database opened for writing (created when missing, as the daemon would),
-    for ``check``'s client to remember what it learns in (``CapabilityMemory`` on its ``kv``).
-    ``None`` when it cannot be opened: ``check`` then learns for itself only."""
-    store = Store(settings.db_path)
+async def writable_store(settings: Settings) -> tuple[Store | None, str]:
+    """The daemon's database opened for writing, for ``check``'s client to remember what it
+    learns in (``CapabilityMemory`` on its ``kv``), or ``None`` and why not: ``check`` then
+    learns for itself only.
+
+    A missing database is created only owned as its data directory is, so that the daemon's
+    user can open it: by the user ``check`` runs as when the directory is that user's, or, as
+    root, for the user the directory belongs to (``service install`` gave it to the service
+    user). In a directory of root's own, root creates none: the directory may not have been
+    given to the service user yet, and the daemon's first start creates the database then."""
+    path = settings.db_path
+    if not path.exists():
+        why = await asyncio.to_thread(_create_owned, path)
+        if why:
+            return None, why
+    store = Store(path)
     try:
         await store.open()
     except (StoreError, sqlite3.Error, OSError) as exc:
-        log.warning("check cannot write what it learns to %s (%s)", settings.db_path, exc)
-        return None
-    return store
+        log.warning("check cannot write what it learns to %s (%s)", path, exc)
+        return None, f"{path} cannot be opened for writing ({exc})"
+    return store, ""
+
+
+def _create_owned(path: Path) -> str:
+    """Create the empty database file ``path`` owned as its directory is (``""``), or say why
+    not. SQLite then gives the ``-wal`` and ``-shm`` files the same owner, as root too."""
+    try:
+        folder = path.parent.stat()
+    except OSError as exc:
+        return f"its data directory cannot be read ({exc.strerror or exc})"
+    me = os.geteuid()
+    if folder.st_uid != me and me != 0:
+        return f"there is no database yet, and {path.parent} is not this user's: the daemon's first start creates it"
+    if folder.st_uid == 0 and me == 0:
+        return ("there is no database yet, and check runs as root in a data directory of root's: the daemon's first "
+                "start creates it, owned by the user it runs as")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return ""
+    except OSError as exc:
+        return f"{path} cannot be created ({exc.strerror or exc})"
+    try:
+        if me == 0:
+            os.fchown(fd, folder.st_uid, folder.st_gid)
+    except OSError as exc:
+        path.unlink(missing_ok=True)  # not left root's
+        return f"{path} cannot be given to the data directory's owner ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+    return ""
 
 
 async def probe_tools(llm: LLM, on_say: SayListener | None) -> Completion:
@@ -56,17 +118,13 @@ async def probe_tools(llm: LLM, on_say: SayListener | None) -> Completion:
     ``on_say`` streams it). At most :data:`MAX_TOOL_PROBES`; the last completion comes back.
     The first tries ``"required"`` even under a remembered fallback (a re-try of it, as the
     daemon's: accepted, forcing is back; refused, the fallback's timer starts again)."""
-    probe, retry_s = None, llm.forcing_retry_s
+    probe = None
     if await llm.forcing_fallback() is not None:
-        llm.forcing_retry_s = 0.0
+        llm.retry_forcing()
     for _ in range(MAX_TOOL_PROBES):
-        try:
-            probe = await llm.complete(
-                [{"role": "user", "content": "Call the ping tool now."}], max_tokens=64, tools=[PING_TOOL],
-                on_say=on_say,
-            )
-        finally:
-            llm.forcing_retry_s = retry_s
+        probe = await llm.complete(
+            [{"role": "user", "content": "Call the ping tool now."}], max_tokens=64, tools=[PING_TOOL], on_say=on_say,
+        )
         forcing_known = (llm.settings.tool_choice != "required" or probe.tool_choice == "required"
                          or await llm.forcing_fallback() is not None)
         streaming_known = on_say is None or probe.streamed or await llm.stream_fallback() is not None
@@ -83,40 +141,107 @@ async def probe_thinking(llm: LLM, settings: Settings) -> None:
         await llm.complete([{"role": "user", "content": "Say ok."}], max_tokens=8, thinking=True)
 
 
-async def window_lines(settings: Settings, llm: LLM) -> list[tuple[bool, str, str]]:
-    """Ask each model's window and say, per model, the configured one, the endpoint's and the
-    one the daemon uses: ``(fine, what, detail)``; ``fine`` is ``False`` when a configured
-    window is larger than the endpoint's (the daemon corrects it)."""
-    models = list(dict.fromkeys([llm.model, llm.reflex_model]))
+async def window_lines(
+    settings: Settings, llm: LLM, primary: int | None = None
+) -> tuple[list[tuple[bool, str, str]], int]:
+    """Ask each model's window (the one request :func:`probe_window` sends when a local server
+    says it nowhere) and say, per model, the configured one, the endpoint's and the one the
+    daemon uses: ``(fine, what, detail)``; ``fine`` is ``False`` when a configured window is
+    larger than the endpoint's (the daemon corrects it). Also returns the window the daemon
+    sizes requests for with this endpoint; ``primary``: the primary's, when ``llm`` is a
+    fallback: a smaller one is said too (the daemon sizes every request for it)."""
+    cognition = settings.cognition
+    background = [settings.llm.background_model] if settings.llm.background_model else []
+    models = list(dict.fromkeys([llm.model, llm.reflex_model, *background]))
     await llm.windows.load(models)
     said = await llm.windows.ask(models)
-    cognition = settings.cognition
+    probed: dict[str, str] = {}
+    local = await is_local(llm.base_url)
+    probe_tokens = max(WINDOW_PROBE_TOKENS, 2 * cognition.max_context_tokens)
+    for model in models:
+        if local and said.get(model) is None and llm.windows.get(model) is None:
+            probed[model] = await probe_window(llm, model, probe_tokens)
     configured = "max_context_tokens" in cognition.model_fields_set
     mine = (f"cognition.max_context_tokens is {cognition.max_context_tokens}" if configured
             else f"cognition.max_context_tokens is not set ({cognition.max_context_tokens} assumed)")
-    lines = []
+    lines, smallest = [], cognition.max_context_tokens
     for model in models:
         window = said.get(model) or llm.windows.get(model)
-        lines.append(_window_line(model, window, said.get(model) is not None, mine, configured,
-                                  cognition.max_context_tokens))
-    return lines
+        if window is None:
+            why = probed.get(model) or (
+                "check asks with an oversized request only a server on this machine or its network" if not local else ""
+            )
+            lines.append((True, f"context window {model}", _unknown_window(mine, cognition.max_context_tokens, why)))
+            continue
+        if said.get(model) is not None:
+            source = f"the endpoint says {window.describe()}"
+        elif model in probed:
+            source = (f"the endpoint refused a request of about {probe_tokens} tokens just now, stating its window: "
+                      f"{window.tokens} tokens (remembered for the daemon)")
+        else:
+            source = f"the daemon learned {window.describe()} at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(window.since))}"
+        if not (window.assumed and configured):
+            smallest = min(smallest, window.tokens)
+        lines.append(_window_line(model, window, source, mine, configured, cognition.max_context_tokens))
+    if primary is not None and smallest < primary:
+        lines.append((False, "context window", (
+            f"{smallest} tokens, smaller than the primary's {primary}: the daemon sizes every request for {smallest}, "
+            "the primary's too, since this endpoint would refuse what a larger window takes; give it at least the "
+            "primary's window"
+        )))
+    return lines, smallest
+
+
+async def probe_window(llm: LLM, model: str, tokens: int) -> str:
+    """Send ``model`` one request of about ``tokens`` estimated tokens asking for one token
+    back, within :data:`WINDOW_PROBE_TIMEOUT_S`: a refusal stating the window teaches it
+    (``LLM.complete`` remembers it, ``""`` comes back); else what happened, in words."""
+    text = (_PROBE_TEXT * (tokens * 4 // len(_PROBE_TEXT) + 1))[: tokens * 4]
+    asked = f"a request of about {tokens} tokens"
+    try:
+        async with asyncio.timeout(WINDOW_PROBE_TIMEOUT_S):
+            await llm.complete([{"role": "user", "content": text}], model=model, max_tokens=1)
+    except ContextTooLong as exc:
+        return "" if exc.window is not None else f"it refused {asked} as too long without saying its window"
+    except TimeoutError:
+        return f"{asked} got no answer within {WINDOW_PROBE_TIMEOUT_S:g} s"
+    except ModelError as exc:
+        return f"it refused {asked} ({exc})"
+    return f"it answered {asked}: its window is larger, or it cuts long prompts without saying so"
+
+
+async def is_local(base_url: str) -> bool:
+    """Whether the endpoint at ``base_url`` is on this machine or its local network: its host
+    is, or resolves only to, loopback, private or link-local addresses. Only such a server is
+    sent :func:`probe_window`'s request (a hosted API with a window that took it would bill it)."""
+    host = urlsplit(base_url).hostname
+    if not host:
+        return False
+    try:
+        addresses = [ipaddress.ip_address(host)]
+    except ValueError:
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                found = await asyncio.get_running_loop().getaddrinfo(host, None)
+        except (OSError, TimeoutError):
+            return False
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in found]
+    return bool(addresses) and all(a.is_loopback or a.is_private or a.is_link_local for a in addresses)
+
+
+def _unknown_window(mine: str, tokens: int, why: str) -> str:
+    return (
+        f"{mine}; the endpoint does not say its window (no /props, /models max_model_len or /api/show: "
+        f"llama-cpp-python's server and hosted APIs do not){'; ' + why if why else ''}, so the daemon uses {tokens} "
+        "until a context-length refusal states the endpoint's; set cognition.max_context_tokens to the server's "
+        "context size (llama-cpp-python: --n_ctx) to spare that refusal"
+    )
 
 
 def _window_line(
-    model: str, window: LearnedWindow | None, told: bool, mine: str, configured: bool, tokens: int
+    model: str, window: LearnedWindow, source: str, mine: str, configured: bool, tokens: int
 ) -> tuple[bool, str, str]:
     what = f"context window {model}"
-    if window is None:
-        return True, what, (
-            f"{mine}; the endpoint does not say its window (no /props, /models max_model_len or /api/show: "
-            f"llama-cpp-python's server and hosted APIs do not), so the daemon uses {tokens} until a "
-            "context-length refusal states the endpoint's; set cognition.max_context_tokens to the server's "
-            "context size (llama-cpp-python: --n_ctx) to spare that refusal"
-        )
-    if told:
-        source = f"the endpoint says {window.describe()}"
-    else:
-        source = f"the daemon learned {window.describe()} at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(window.since))}"
     if window.assumed and configured:
         return True, what, f"{mine}; {source}: the configured window wins over an assumption"
     if window.tokens >= tokens:
@@ -125,16 +250,26 @@ def _window_line(
     return not configured, what, f"{mine}; {source}: the daemon uses {window.tokens}{hint}"
 
 
-def learned_forcing(before: Any, forced_now: bool, after: Any, now: float | None = None) -> tuple[bool, str] | None:
-    """The "tool forcing" line when ``check`` itself learned something: ``(fine, detail)``, or
-    ``None`` when it learned nothing new. ``before``/``after``: the remembered fallback
-    (a :class:`~bumblebot.llm.ForcingFallback`) before and after the probes."""
+def forcing_line(
+    settings: Settings, before: ForcingFallback | None, after: ForcingFallback | None, forced_now: bool,
+    now: float | None = None,
+) -> tuple[bool, str]:
+    """The "tool forcing" line after ``check``'s tool requests: ``(note, detail)``, ``note``
+    when ``check`` itself learned something the daemon will use. ``before``/``after``: the
+    remembered fallback before and after those requests (under one, the first re-tried
+    ``"required"``: the line says the state that re-try left)."""
+    if settings.llm.tool_choice != "required":
+        return False, f"{settings.llm.tool_choice} (llm.tool_choice in the config; never forced)"
+    now = time.time() if now is None else now
     if before is None and after is not None:
-        return False, (
-            "auto: the endpoint refused tool_choice=required just now; remembered for the daemon, which uses "
-            "'auto' from its first turn: " + after.describe(time.time() if now is None else now)
-        )
-    if before is None and not forced_now:
-        return False, ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
-                       "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
-    return None
+        return True, ("auto: the endpoint refused tool_choice=required just now; remembered for the daemon, which "
+                      "uses 'auto' from its first turn: " + after.describe(now))
+    if before is None:
+        if forced_now:
+            return False, "required"
+        return True, ("required remembered, but the endpoint refused tool_choice=required just now; the daemon "
+                      "falls back to 'auto' after a few refusals (see docs/cognition.md, Endpoint quirks)")
+    if after is None:
+        return False, ("required: check re-tried it just now and the endpoint accepted it; remembered, so the daemon "
+                       "switches back at its next re-try or start")
+    return False, after.describe(now) + "; check re-tried tool_choice=required just now: refused"

@@ -154,6 +154,11 @@ class LLM:
     def forcing_retry_s(self, value: float) -> None:
         self._forcing.retry_s = value
 
+    def retry_forcing(self) -> None:
+        """The next tool request re-tries ``"required"`` under a remembered fallback, whatever
+        its timer says (:meth:`ToolForcing.retry_now <bumblebot.llm.forcing.ToolForcing.retry_now>`)."""
+        self._forcing.retry_now()
+
     async def aclose(self) -> None:
         await self._client.close()
 

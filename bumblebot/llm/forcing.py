@@ -159,6 +159,7 @@ class ToolForcing:
         self._auto_requests = 0  # tool requests under the fallback since its timer started
         self._probing = False  # one request at a time tries "required" again
         self._accepted = False  # "required" was answered (known in this process)
+        self._due = False  # the next tool request re-tries "required", its time come or not
 
     def _key(self) -> str:
         return tool_choice_key(self.endpoint)
@@ -188,8 +189,14 @@ class ToolForcing:
         self._auto_requests += 1
         return "auto", False
 
+    def retry_now(self) -> None:
+        """The next tool request under the fallback re-tries ``"required"`` (``bumblebot check``
+        does so: what it shows is then the state after that re-try)."""
+        self._due = True
+
     def _retry_due(self, fallback: ForcingFallback) -> bool:
-        if fallback.checked_at is None:
+        if fallback.checked_at is None or self._due:
+            self._due = False
             return True
         return (
             self._auto_requests >= self.retry_requests
