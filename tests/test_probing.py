@@ -149,10 +149,10 @@ async def test_what_check_learns_is_remembered_so_the_first_turn_pays_nothing(tm
         problems, settings = await check(config)
         assert problems == []
         out = capsys.readouterr().out
-        assert "[note] tool forcing: auto: the endpoint refused tool_choice=required just now; remembered for the " \
-               "daemon" in out
+        assert "[note] tool forcing: auto: the endpoint refused tool_choice=required just now (remembered for the " \
+               "daemon)" in out
         assert "[ok] tool forcing" not in out
-        assert "[note] streaming: whole messages, learned just now and remembered for the daemon" in out
+        assert "[note] streaming: whole messages, learned just now (remembered for the daemon)" in out
         assert "[ok] thinking: not asked for: the daemon remembers that test-model refused reasoning_effort" in out
         async with Store(settings.db_path) as store:
             assert ForcingFallback.parse(await store.get_kv(tool_choice_key(server.base_url))) is not None
@@ -270,10 +270,16 @@ if os.geteuid() == 0:  # only root can run check as root for another user's data
 
     async def test_check_run_as_root_in_a_data_directory_of_roots_creates_no_database_and_says_so(tmp_path, capsys):
         """It may not have been given to the service user yet: a database of root's in it would
-        stay root's when service install gives the directory away."""
-        async with FakeOpenAI(context_window=4096) as server:
+        stay root's when service install gives the directory away. The lines of what it learned
+        say it is for this run only."""
+        async with FakeOpenAI(context_window=4096, tells_window=None, context_error="openai",
+                              reject_tool_choice_required=500, tool_choice_refusal="") as server:
             answer_with_ping(server)
             problems, settings = await check(write_config(tmp_path, server))
         assert problems == [] and not settings.db_path.exists()
+        out = capsys.readouterr().out
         assert ("[note] what check learns: for this run only, not remembered for the daemon: there is no database "
-                "yet, and check runs as root in a data directory of root's") in capsys.readouterr().out
+                "yet, and check runs as root in a data directory of root's") in out
+        assert "stating its window: 4096 tokens (for this run only: not remembered, see above)" in out
+        assert "[note] tool forcing: auto: the endpoint refused tool_choice=required just now (for this run only" in out
+        assert "remembered for the daemon)" not in out

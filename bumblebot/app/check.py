@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from bumblebot.app.probing import forcing_line, probe_thinking, probe_tools, window_lines, writable_store
+from bumblebot.app.probing import REMEMBERED, forcing_line, probe_thinking, probe_tools, window_lines, writable_store
 from bumblebot.app.reach import get_json, model_failure, platform_failure, shown_url, token_problem, url_problem
 from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
@@ -240,6 +240,7 @@ async def _check_endpoint(
     )
     forced_now = probe_ran = False
     fallback, forcing, windows, window = await llm.forcing_fallback(), (False, ""), [], None
+    kept = REMEMBERED if store is not None else "for this run only: not remembered, see above"
     try:
         for model, setting in _models(settings).items():
             try:
@@ -254,10 +255,10 @@ async def _check_endpoint(
         probe = await probe_tools(llm, (lambda index, text: None) if streams else None)  # streamed, as turns are
         forced_now = probe.tool_choice == "required"
         probe_ran = True
-        forcing = forcing_line(settings, fallback, await llm.forcing_fallback(), forced_now)
+        forcing = forcing_line(settings, fallback, await llm.forcing_fallback(), forced_now, kept=kept)
         await probe_thinking(llm, settings)
-        windows, window = await window_lines(settings, llm, primary_window)
-        streaming = await _streaming_line(llm, probe, streams, remembered_whole)
+        windows, window = await window_lines(settings, llm, primary_window, kept)
+        streaming = await _streaming_line(llm, probe, streams, remembered_whole, kept)
         if probe.tool_calls:
             how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
             _line(True, f"{prefix}tool calls", f"{llm.model} called a tool, {how}")
@@ -287,7 +288,7 @@ async def _check_endpoint(
     return window
 
 
-async def _streaming_line(llm: LLM, probe: Any, streams: bool, remembered_whole: str | None) -> str:
+async def _streaming_line(llm: LLM, probe: Any, streams: bool, remembered_whole: str | None, kept: str) -> str:
     """What the "streaming" line says after the tool probe."""
     if not streams:
         return "off (delivery.streaming)"
@@ -300,7 +301,7 @@ async def _streaming_line(llm: LLM, probe: Any, streams: bool, remembered_whole:
     if probe.streamed:
         return "on: the endpoint streams tool calls"
     if why := await llm.stream_fallback():
-        return f"whole messages, learned just now and remembered for the daemon: {why}; it tries again 24 h after that"
+        return f"whole messages, learned just now ({kept}): {why}; it tries again 24 h after that"
     return "whole messages: the endpoint did not stream this time (the daemon decides after a few tries)"
 
 

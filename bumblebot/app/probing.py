@@ -56,6 +56,8 @@ WINDOW_PROBE_TIMEOUT_S = 20.0
 #: Seconds the endpoint's host name may take to resolve (is it on this machine or network?).
 RESOLVE_TIMEOUT_S = 5.0
 _PROBE_TEXT = "the quick brown fox jumps over the lazy dog. "
+#: Where what ``check`` learns goes when the daemon's database is open for it.
+REMEMBERED = "remembered for the daemon"
 
 
 async def writable_store(settings: Settings) -> tuple[Store | None, str]:
@@ -142,14 +144,15 @@ async def probe_thinking(llm: LLM, settings: Settings) -> None:
 
 
 async def window_lines(
-    settings: Settings, llm: LLM, primary: int | None = None
+    settings: Settings, llm: LLM, primary: int | None = None, kept: str = REMEMBERED
 ) -> tuple[list[tuple[bool, str, str]], int]:
     """Ask each model's window (the one request :func:`probe_window` sends when a local server
     says it nowhere) and say, per model, the configured one, the endpoint's and the one the
     daemon uses: ``(fine, what, detail)``; ``fine`` is ``False`` when a configured window is
     larger than the endpoint's (the daemon corrects it). Also returns the window the daemon
     sizes requests for with this endpoint; ``primary``: the primary's, when ``llm`` is a
-    fallback: a smaller one is said too (the daemon sizes every request for it)."""
+    fallback: a smaller one is said too (the daemon sizes every request for it). ``kept``:
+    where what ``check`` learns goes (:data:`REMEMBERED`, or why it is for this run only)."""
     cognition = settings.cognition
     background = [settings.llm.background_model] if settings.llm.background_model else []
     models = list(dict.fromkeys([llm.model, llm.reflex_model, *background]))
@@ -177,7 +180,7 @@ async def window_lines(
             source = f"the endpoint says {window.describe()}"
         elif model in probed:
             source = (f"the endpoint refused a request of about {probe_tokens} tokens just now, stating its window: "
-                      f"{window.tokens} tokens (remembered for the daemon)")
+                      f"{window.tokens} tokens ({kept})")
         else:
             source = f"the daemon learned {window.describe()} at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(window.since))}"
         if not (window.assumed and configured):
@@ -252,18 +255,17 @@ def _window_line(
 
 def forcing_line(
     settings: Settings, before: ForcingFallback | None, after: ForcingFallback | None, forced_now: bool,
-    now: float | None = None,
+    now: float | None = None, kept: str = REMEMBERED,
 ) -> tuple[bool, str]:
     """The "tool forcing" line after ``check``'s tool requests: ``(note, detail)``, ``note``
     when ``check`` itself learned something the daemon will use. ``before``/``after``: the
     remembered fallback before and after those requests (under one, the first re-tried
-    ``"required"``: the line says the state that re-try left)."""
+    ``"required"``: the line says the state that re-try left); ``kept``: as :func:`window_lines`."""
     if settings.llm.tool_choice != "required":
         return False, f"{settings.llm.tool_choice} (llm.tool_choice in the config; never forced)"
     now = time.time() if now is None else now
     if before is None and after is not None:
-        return True, ("auto: the endpoint refused tool_choice=required just now; remembered for the daemon, which "
-                      "uses 'auto' from its first turn: " + after.describe(now))
+        return True, f"auto: the endpoint refused tool_choice=required just now ({kept}): " + after.describe(now)
     if before is None:
         if forced_now:
             return False, "required"
