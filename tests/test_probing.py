@@ -91,7 +91,7 @@ async def test_a_local_server_telling_no_window_is_asked_with_one_oversized_requ
                 f"refused a request of about {probing.WINDOW_PROBE_TOKENS} tokens just now, stating its window: 4096 "
                 "tokens (remembered for the daemon): the daemon uses 4096") in out
         probes = [r for r in server.context_refused if r["max_tokens"] == 1]
-        assert len(probes) == 2 and len(server.context_refused) == 2  # one per model, nothing else refused
+        assert len(probes) == 1 and len(server.context_refused) == 1  # llm.model's, nothing else refused
         async with Store(settings.db_path) as store:
             assert LearnedWindow.parse(await store.get_kv(window_key(server.base_url, "test-model"))).tokens == 4096
         judges_say_done(server)
@@ -101,7 +101,7 @@ async def test_a_local_server_telling_no_window_is_asked_with_one_oversized_requ
                                     for i in range(300)), chat_id=52)
             await d.engine.wait_for_turns(1, timeout=30)
     assert tg.sent(52) == ["Kept it; I read its start."]
-    assert len(server.context_refused) == 2  # the first turn sent nothing too long
+    assert len(server.context_refused) == 1  # the first turn sent nothing too long
 
 
 async def test_a_server_answering_the_oversized_request_is_said_so_and_the_configured_window_stays(tmp_path, capsys):
@@ -114,6 +114,21 @@ async def test_a_server_answering_the_oversized_request_is_said_so_and_the_confi
             "not say its window") in out
     assert (f"it answered a request of about {probing.WINDOW_PROBE_TOKENS} tokens: its window is larger, or it cuts "
             "long prompts without saying so, so the daemon uses 32768") in out
+
+
+async def test_the_oversized_request_goes_to_one_model_and_is_not_sent_again_once_answered(tmp_path, capsys):
+    """The failing input: a gateway on a private address in front of a hosted model with a 1M
+    window answered it, and every check sent it again, once per model (reflex and background
+    too): six requests of ~1 MB over two checks, each billed."""
+    service_data_dir(tmp_path)
+    async with FakeOpenAI(tells_window=None) as server:
+        answer_with_ping(server)
+        config = write_config(tmp_path, server, llm={"reflex_model": "small-model", "background_model": "bg-model"})
+        await check(config)
+        await check(config)
+    oversized = [r for r in server.requests if r.get("max_tokens") == 1]
+    assert [r["model"] for r in oversized] == ["test-model"]
+    assert "was answered at the last check, so it is not sent again before" in capsys.readouterr().out
 
 
 async def test_the_oversized_request_is_given_up_after_its_timeout(tmp_path, capsys, monkeypatch):
@@ -283,3 +298,18 @@ if os.geteuid() == 0:  # only root can run check as root for another user's data
         assert "stating its window: 4096 tokens (for this run only: not remembered, see above)" in out
         assert "[note] tool forcing: auto: the endpoint refused tool_choice=required just now (for this run only" in out
         assert "remembered for the daemon)" not in out
+
+
+if os.geteuid() == 0:
+    async def test_root_check_creates_nothing_through_a_symbolic_link_in_the_service_users_directory(tmp_path):
+        """The failing input: the service user linked ``bumblebot.db`` to a path of its choice;
+        root's check created a database of root's there (and the daemon lost its own)."""
+        data = service_data_dir(tmp_path)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (data / "bumblebot.db").symlink_to(elsewhere / "planted.db")
+        async with FakeOpenAI(context_window=4096) as server:
+            settings = load_settings(write_config(tmp_path, server))
+            store, why = await probing.writable_store(settings)
+        assert store is None and "symbolic link" in why
+        assert not (elsewhere / "planted.db").exists()

@@ -5,6 +5,7 @@ request. Real ``openai`` client and httpx against ``FakeOpenAI``, real SQLite, t
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -15,7 +16,14 @@ from support import chatty, judges_say_done, loop_requests, say
 from bumblebot.core.errors import ContextTooLong
 from bumblebot.core.settings import LLMSettings
 from bumblebot.llm import LLM, CapabilityMemory
-from bumblebot.llm.window import OLLAMA_DEFAULT_NUM_CTX, LearnedWindow, Windows, window_in_refusal, window_key
+from bumblebot.llm.window import (
+    OLLAMA_DEFAULT_NUM_CTX,
+    LearnedWindow,
+    Windows,
+    WindowSet,
+    window_in_refusal,
+    window_key,
+)
 from bumblebot.runtime.notices import TOO_LONG, TOO_LONG_MESSAGE
 from bumblebot.store import Store
 
@@ -291,3 +299,16 @@ async def test_a_fallback_with_a_smaller_window_answers_long_conversations_while
             assert d.runner.budget.max_context_tokens == 4096
     assert tg.sent(42) == ["Noted (primary)."] * 6 + ["Noted (spare)."] * 6
     assert spare.context_refused == []
+
+
+def test_a_fallbacks_assumed_window_never_shrinks_the_primarys_and_a_fallbacks_said_one_is_named():
+    """The failing input: an Ollama fallback whose 4096 was only assumed (Ollama's default)
+    sized every request to an OpenAI primary for 4096, with an info line in the log."""
+    primary = Windows(CapabilityMemory(), "http://primary/v1", None, time.time)
+    fallback = Windows(CapabilityMemory(), "http://fallback/v1", None, time.time)
+    primary._known["big"] = LearnedWindow(131_072, "/v1/models")
+    fallback._known["small"] = LearnedWindow(4096, "Ollama's default num_ctx", assumed=True)
+    windows = WindowSet([(primary, ["big"]), (fallback, ["small"])])
+    assert windows.smallest() == ("big", primary._known["big"], False)
+    fallback._known["small"] = LearnedWindow(8192, "/props")
+    assert windows.smallest() == ("small at http://fallback/v1", fallback._known["small"], True)

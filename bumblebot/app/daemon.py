@@ -367,8 +367,8 @@ class Daemon:
         windows, budget = self.llm.windows, self.budget
 
         def apply() -> None:  # the smallest window of the models and endpoints turns may use
-            label, window = windows.smallest(assumed=not budget.configured) or ("", None)
-            budget.learn(window, label)
+            label, window, fallback = windows.smallest(assumed=not budget.configured) or ("", None, False)
+            budget.learn(window, label, fallback=fallback)
 
         windows.listen(apply)
         await windows.load()

@@ -55,6 +55,9 @@ WINDOW_PROBE_TOKENS = 262_144
 WINDOW_PROBE_TIMEOUT_S = 20.0
 #: Seconds the endpoint's host name may take to resolve (is it on this machine or network?).
 RESOLVE_TIMEOUT_S = 5.0
+#: An endpoint that answered (or outlasted) the oversized request is not sent it again for this
+#: long: its window is larger, and another try costs as much.
+WINDOW_PROBE_RETRY_S = 30 * 86_400.0
 _PROBE_TEXT = "the quick brown fox jumps over the lazy dog. "
 #: Where what ``check`` learns goes when the daemon's database is open for it.
 REMEMBERED = "remembered for the daemon"
@@ -71,6 +74,8 @@ async def writable_store(settings: Settings) -> tuple[Store | None, str]:
     user). In a directory of root's own, root creates none: the directory may not have been
     given to the service user yet, and the daemon's first start creates the database then."""
     path = settings.db_path
+    if os.geteuid() == 0 and path.is_symlink():  # root would create or write whatever it points at
+        return None, f"{path} is a symbolic link: check, run as root, writes nothing through it"
     if not path.exists():
         why = await asyncio.to_thread(_create_owned, path)
         if why:
@@ -98,9 +103,9 @@ def _create_owned(path: Path) -> str:
         return ("there is no database yet, and check runs as root in a data directory of root's: the daemon's first "
                 "start creates it, owned by the user it runs as")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return ""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:  # made meanwhile, or a dangling symbolic link (O_EXCL never follows one)
+        return "" if not path.is_symlink() else f"{path} is a symbolic link: check writes nothing through it"
     except OSError as exc:
         return f"{path} cannot be created ({exc.strerror or exc})"
     try:
@@ -161,9 +166,9 @@ async def window_lines(
     probed: dict[str, str] = {}
     local = await is_local(llm.base_url)
     probe_tokens = max(WINDOW_PROBE_TOKENS, 2 * cognition.max_context_tokens)
-    for model in models:
-        if local and said.get(model) is None and llm.windows.get(model) is None:
-            probed[model] = await probe_window(llm, model, probe_tokens)
+    model = llm.model  # the one model probed: each probe costs a long prompt's evaluation
+    if local and said.get(model) is None and llm.windows.get(model) is None:
+        probed[model] = await probe_window(llm, model, probe_tokens)
     configured = "max_context_tokens" in cognition.model_fields_set
     mine = (f"cognition.max_context_tokens is {cognition.max_context_tokens}" if configured
             else f"cognition.max_context_tokens is not set ({cognition.max_context_tokens} assumed)")
@@ -201,16 +206,37 @@ async def probe_window(llm: LLM, model: str, tokens: int) -> str:
     (``LLM.complete`` remembers it, ``""`` comes back); else what happened, in words."""
     text = (_PROBE_TEXT * (tokens * 4 // len(_PROBE_TEXT) + 1))[: tokens * 4]
     asked = f"a request of about {tokens} tokens"
+    key = probe_key(llm.base_url, model)
+    if before := await llm.capabilities.get(key):  # answered before: sent again only after a while
+        try:
+            since = float(before)
+        except ValueError:
+            since = 0.0
+        if time.time() - since < WINDOW_PROBE_RETRY_S:
+            return f"{asked} was answered at the last check, so it is not sent again before {_utc(since + WINDOW_PROBE_RETRY_S)}"
     try:
         async with asyncio.timeout(WINDOW_PROBE_TIMEOUT_S):
             await llm.complete([{"role": "user", "content": text}], model=model, max_tokens=1)
     except ContextTooLong as exc:
         return "" if exc.window is not None else f"it refused {asked} as too long without saying its window"
     except TimeoutError:
+        await llm.capabilities.set(key, str(time.time()))  # it may have evaluated it all: not again soon
         return f"{asked} got no answer within {WINDOW_PROBE_TIMEOUT_S:g} s"
     except ModelError as exc:
         return f"it refused {asked} ({exc})"
+    await llm.capabilities.set(key, str(time.time()))
     return f"it answered {asked}: its window is larger, or it cuts long prompts without saying so"
+
+
+def probe_key(base_url: str, model: str) -> str:
+    """The ``kv`` key of when ``model`` at ``base_url`` last answered (or outlasted)
+    :func:`probe_window`'s request, epoch seconds: it is not sent again within
+    :data:`WINDOW_PROBE_RETRY_S`."""
+    return f"llm.window_probe:{base_url}|{model}"
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch))
 
 
 async def is_local(base_url: str) -> bool:

@@ -95,11 +95,12 @@ class ContextBudget:
         """The largest completion budget a turn asks for, at most :data:`REPLY_SHARE` of the window."""
         return min(self._reply_wanted, int(self.max_context_tokens * REPLY_SHARE))
 
-    def learn(self, window: LearnedWindow | None, model: str = "") -> None:
+    def learn(self, window: LearnedWindow | None, model: str = "", *, fallback: bool = False) -> None:
         """The endpoint's window for ``model`` is ``window`` (``None``: unknown): it applies when
         smaller than the configured one and not merely assumed while a window is configured.
         The first time a window corrects the configured one, the log says so once: a warning
-        when the operator set the larger one, else a note."""
+        when the operator set the larger one or it is a ``fallback``'s (it shrinks what the
+        primary is sent too), else a note."""
         applies = window is not None and window.tokens < self.configured_tokens and not (
             window.assumed and self.configured
         )
@@ -107,10 +108,10 @@ class ContextBudget:
         if window is None or not applies or window.tokens in self._told:
             return
         self._told.add(window.tokens)
-        if self.configured:
+        if self.configured or fallback:  # a fallback's window shrinks the primary's requests too
             log.warning(
                 "cognition.max_context_tokens is %d, but the endpoint's window for %s is %s; requests are sized "
-                "for %d tokens (lower cognition.max_context_tokens to match)",
+                "for %d tokens (give that endpoint a larger window, or lower cognition.max_context_tokens to match)",
                 self.configured_tokens, model or "the model", window.describe(), window.tokens,
             )
         else:

@@ -294,13 +294,15 @@ class WindowSet:
         """Ask every endpoint at once (:meth:`Windows.ask`, each bounded by :data:`ASK_TOTAL_S`)."""
         await asyncio.gather(*(windows.ask(models) for windows, models in self.members))
 
-    def smallest(self, *, assumed: bool = True) -> tuple[str, LearnedWindow] | None:
+    def smallest(self, *, assumed: bool = True) -> tuple[str, LearnedWindow, bool] | None:
         """The smallest window known, with whose it is (the model, ``at <base_url>`` for a
-        fallback's); ``assumed``: windows only assumed (Ollama's default) count too."""
+        fallback's), and whether it is a fallback's; ``assumed``: windows only assumed (Ollama's
+        default) count too, the primary's only (a fallback's guess never shrinks what the primary
+        is sent)."""
         known = [
-            (model if position == 0 else f"{model} at {windows.base_url}", window)
+            (model if position == 0 else f"{model} at {windows.base_url}", window, position > 0)
             for position, (windows, models) in enumerate(self.members) for model in models
-            if (window := windows.get(model)) is not None and (assumed or not window.assumed)
+            if (window := windows.get(model)) is not None and (not window.assumed or (assumed and position == 0))
         ]
         return min(known, key=lambda found: found[1].tokens, default=None)
 
