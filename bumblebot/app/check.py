@@ -19,7 +19,15 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-from bumblebot.app.probing import REMEMBERED, forcing_line, probe_thinking, probe_tools, window_lines, writable_store
+from bumblebot.app.probing import (
+    REMEMBERED,
+    forcing_line,
+    probe_thinking,
+    probe_tools,
+    speed_line,
+    window_lines,
+    writable_store,
+)
 from bumblebot.app.reach import get_json, model_failure, platform_failure, shown_url, token_problem, url_problem
 from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
@@ -258,6 +266,7 @@ async def _check_endpoint(
         forcing = forcing_line(settings, fallback, await llm.forcing_fallback(), forced_now, kept=kept)
         await probe_thinking(llm, settings)
         windows, window = await window_lines(settings, llm, primary_window, kept)
+        speed = await speed_line(llm, llm.model, (lambda index, text: None) if streams else None)
         streaming = await _streaming_line(llm, probe, streams, remembered_whole, kept)
         if probe.tool_calls:
             how = "forced (tool_choice=required)" if forced_now else "with tool_choice=auto"
@@ -283,6 +292,7 @@ async def _check_endpoint(
             _line(True, f"{prefix}{what}", detail)
         else:
             _note(f"{prefix}{what}", detail)
+    _line(True, f"{prefix}speed {llm.model}", speed)
     _line(True, f"{prefix}images", await _images_line(settings, base_url, llm.model))
     _line(True, f"{prefix}thinking", await _thinking_line(settings, base_url, llm.model))
     return window

@@ -374,6 +374,7 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
                     f" tool_choice={step.get('tool_choice')}{where}"
                     f" tools=[{calls}]"
                     + (f" repeated={step['repeated']:.0%}" if step.get("repeated") is not None else "")
+                    + (f" {_cut_text(step['cut'])}" if step.get("cut") else "")
                 )
             for g in t.get("gate", []):
                 used = f" [{_used(g['usage'], settings.llm.currency)}]" if g.get("usage") else ""
@@ -389,6 +390,14 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
             if t.get("error"):
                 print(f"  error: {t['error']}")
     return 0
+
+
+def _cut_text(cut: dict[str, Any]) -> str:
+    """A step the client cut at its budget, as ``bumblebot trace`` shows it."""
+    if cut.get("by") == "tokens":
+        return f"cut=past {cut.get('budget')} tokens after {cut.get('elapsed_s')}s"
+    return (f"cut=deadline {cut.get('deadline_s')}s (budget {cut.get('budget')} tokens at "
+            f"{cut.get('writing')} tokens/s) after {cut.get('elapsed_s')}s")
 
 
 def _step_tokens(step: dict[str, Any], currency: str) -> str:
@@ -409,6 +418,8 @@ def _step_tokens(step: dict[str, Any], currency: str) -> str:
         shown += " [estimated]"
     if usage.get("cost") is not None:
         shown += f" cost={usage['cost']:.6f} {currency}"
+    for cut in usage.get("cuts") or ():
+        shown += f" {_cut_text(cut)}"
     return shown
 
 
@@ -420,6 +431,8 @@ def _used(usage: dict[str, Any], currency: str) -> str:
         shown += " [estimated]"
     if usage.get("cost") is not None:
         shown += f" cost={usage['cost']:.6f} {currency}"
+    for cut in usage.get("cuts") or ():
+        shown += f" {_cut_text(cut)}"
     return shown
 
 

@@ -148,6 +148,29 @@ async def probe_thinking(llm: LLM, settings: Settings) -> None:
         await llm.complete([{"role": "user", "content": "Say ok."}], max_tokens=8, thinking=True)
 
 
+#: The request that measures an endpoint's speed: a prompt to read and a long answer to write,
+#: cut at :data:`SPEED_PROBE_TOKENS` (paid once per ``check``: about 300 tokens in, 64 out).
+SPEED_PROBE = "Count from 1 to 200 in words, separated by commas: one, two, three, four, five, " * 4
+SPEED_PROBE_TOKENS = 64
+
+
+async def speed_line(llm: LLM, model: str, on_say: SayListener | None) -> str:
+    """What ``model`` at ``llm`` has shown of its speed, after one request that writes
+    :data:`SPEED_PROBE_TOKENS` tokens (streamed when ``on_say`` is given and the endpoint
+    streams: the writing speed is then exact), and whether it was seen writing past its budget."""
+    await llm.complete(
+        [{"role": "user", "content": SPEED_PROBE.strip()}], model=model, max_tokens=SPEED_PROBE_TOKENS,
+        temperature=0.0, on_say=on_say,
+    )
+    line = (await llm.pace.speed(model, "text")).describe()
+    tools = await llm.pace.speed(model, "tools")
+    if tools.samples:
+        line += f"; with tools {tools.writing:.0f} tokens/s writing, {tools.reading:.0f} reading"
+    if why := await llm.overruns.reason(model):
+        line += f"; it does not stop at max_tokens ({why}): requests get a tight deadline"
+    return line
+
+
 async def window_lines(
     settings: Settings, llm: LLM, primary: int | None = None, kept: str = REMEMBERED
 ) -> tuple[list[tuple[bool, str, str]], int]:

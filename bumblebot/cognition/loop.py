@@ -262,12 +262,15 @@ class AgentLoop:
             model=completion.model,
             usage=step_usage(completion.usage, completion.cost),
             repeated=self._repeated(run, completion, request),
+            cut=completion.cut.as_dict() if completion.cut else None,
         )
         await run.port.answered()
         await run.requests.observe_usage(completion.sample_tokens, estimate)
-        if cut_short(completion) and limits.escalate_tokens and limits.escalate_tokens > limits.max_tokens:
+        if (cut_short(completion) and completion.cut is None and limits.escalate_tokens
+                and limits.escalate_tokens > limits.max_tokens):
             # a reply cut by the reflex budget: ask again once with the deliberate one, before
-            # anything of it is run or delivered
+            # anything of it is run or delivered (not one the client cut: that server did not
+            # stop at the budget it was given, and would only run longer with a larger one)
             limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
             run.port.restart_previews()  # the new text takes the shown messages over
             run.stream.reset()
@@ -277,6 +280,7 @@ class AgentLoop:
             self._repeated(run, completion, request)  # the next request of that endpoint and model repeats this one
             step.completion_tokens = completion.completion_tokens
             step.usage = step_usage(completion.usage, completion.cost, step.usage)
+            step.cut = completion.cut.as_dict() if completion.cut else None
         run.trace.steps.append(step.as_dict())
         run.hit_length = completion.hit_length
         run.length_stalls = run.length_stalls + 1 if run.hit_length else 0

@@ -101,6 +101,9 @@ class StepTrace:
     #: the share of the previous request the same endpoint and model answered in the
     #: conversation that this one repeats as a prefix (``Prefixes``); ``None`` for the first
     repeated: float | None = None
+    #: the client cut the completion at its budget (``Cut.as_dict``: by tokens or at its
+    #: deadline, the budget, the seconds, the speed the deadline assumed); ``None``: not cut
+    cut: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -129,12 +132,17 @@ def step_usage(usage: Usage | None, cost: float | None, earlier: dict[str, Any] 
 
 def requests_usage(used: Iterable[tuple[Usage, float | None]]) -> dict[str, Any] | None:
     """What several requests used together (a judge's, the classifier's, a compaction's
-    summaries), as :func:`step_usage` shows a step's, with how many ``requests``; ``None``: none."""
+    summaries), as :func:`step_usage` shows a step's, with how many ``requests`` and the
+    ``cuts`` of those the client cut at their budget (when any); ``None``: none."""
     out: dict[str, Any] | None = None
     count = 0
+    cuts: list[dict[str, Any]] = []
     for usage, cost in used:
         out, count = step_usage(usage, cost, out), count + 1
-    return None if out is None else {**out, "requests": count}
+        cuts += [usage.cut] if usage.cut else []
+    if out is None:
+        return None
+    return {**out, "requests": count, **({"cuts": cuts} if cuts else {})}
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 #: The kinds of request a scope may name (``bumblebot usage`` groups by them).
 KINDS = (
@@ -62,6 +62,8 @@ class Usage:
         reasoning: reasoning tokens (``usage.completion_tokens_details.reasoning_tokens``).
         estimated: the endpoint reported no usage; the counts are Bumblebot's estimate.
         seconds: audio seconds of a transcription (priced per minute), else 0.
+        cut: the client cut the request at its budget (``bumblebot.llm.pace.Cut.as_dict``), for
+            the trace; ``None``: it was not.
     """
 
     endpoint: str
@@ -72,6 +74,7 @@ class Usage:
     reasoning: int = 0
     estimated: bool = False
     seconds: float = 0.0
+    cut: dict[str, Any] | None = None
 
     @property
     def total(self) -> int:

@@ -42,7 +42,7 @@ from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.settings import LLMSettings
 from bumblebot.core.usage import NO_METER, Meter, Usage, current_scope
 from bumblebot.llm.capabilities import CapabilityMemory, Refusals
-from bumblebot.llm.completion import Completion, normalise, translate
+from bumblebot.llm.completion import Completion, normalise, translate, usage_counts
 from bumblebot.llm.forcing import (
     FORCING_RETRY_REQUESTS,
     FORCING_RETRY_S,
@@ -51,6 +51,7 @@ from bumblebot.llm.forcing import (
     may_refuse_forcing,
 )
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
+from bumblebot.llm.pace import Bound, Overran, Overruns, Pace, bounded_tools, overran
 from bumblebot.llm.stream import SayListener, StreamedRequests, post_whole
 from bumblebot.llm.thinking import Thinking
 from bumblebot.llm.window import Windows
@@ -124,6 +125,10 @@ class LLM:
         )
         #: the models' context windows, asked and learned from refusals (:mod:`bumblebot.llm.window`)
         self.windows = Windows(self.capabilities, base_url, api_key, clock)
+        #: the models seen writing past ``max_tokens``, and each model's speed: every request is
+        #: bounded by its budget (:mod:`bumblebot.llm.pace`)
+        self.overruns = Overruns(self.capabilities, self.memory_key, clock)
+        self.pace = Pace(self.capabilities, self.memory_key, self.overruns)
         #: requests forcing a tool call go without the client's retries (:meth:`_send_forced`)
         self._once = self._client.with_options(max_retries=0)
         self._fewer_retries = self._client.with_options(max_retries=max(0, settings.max_retries - 1))
@@ -253,6 +258,8 @@ class LLM:
                     await self.windows.refused(model, exc.window)
                 raise
         usage = self._usage(completion, model, messages, tools)
+        if completion.cut is not None:
+            usage = dataclasses.replace(usage, cut=completion.cut.as_dict())
         cost = await self.meter.record(scope, usage)
         return dataclasses.replace(completion, usage=usage, cost=cost)
 
@@ -270,6 +277,8 @@ class LLM:
         sent = without_images(messages) if has_images(messages) else messages
         prompt = estimate_text_tokens(json_text(sent)) + estimate_tools(tools or [])
         written = estimate_text_tokens(completion.content + "".join(c.arguments for c in completion.tool_calls))
+        if completion.cut is not None and completion.cut.by == "deadline":
+            written = completion.cut.budget  # unseen, but written (and billed) until the cut, at least
         return Usage(self.base_url, model, prompt=prompt, completion=written, estimated=True)
 
     async def _discarded(self, completion: Completion, params: dict[str, Any]) -> None:
@@ -392,7 +401,7 @@ class LLM:
         probing = False
         if tools:
             choice, probing = await self._tool_choice()
-            params["tools"] = tools
+            params["tools"] = bounded_tools(tools, max_tokens) if await self.overruns.seen(model) else tools
             params["tool_choice"] = choice
         try:
             response = await (self._send_forced(params, on_say) if choice == "required" else self._create(params, on_say))
@@ -420,8 +429,9 @@ class LLM:
         finally:
             if probing:  # answered either way, or inconclusive (an outage): the next one decides
                 self._forcing.probe_done()
-        if isinstance(response, Completion):
-            return dataclasses.replace(response, tool_choice=choice, streamed=True)
+        if isinstance(response, Completion):  # streamed, or cut at its deadline
+            streamed = response.cut is None or response.cut.by == "tokens"
+            return dataclasses.replace(response, tool_choice=choice, streamed=streamed)
         return normalise(response, choice)
 
     async def _tool_choice(self) -> tuple[str, bool]:
@@ -455,12 +465,52 @@ class LLM:
         ``ChatCompletion`` when the stream failed and the request was answered whole), else
         whole (a ``ChatCompletion``)."""
         client = client or self._client
-        if on_say is None or not await self.streams():
-            return await post_whole(client, self._slots, params)
-        return await self._streamed.send(params, on_say, client)
+        model, budget = params["model"], params["max_tokens"]
+        bound = await self.pace.bound(model, params["messages"], budget, "tools" if params.get("tools") else "text")
+        streamed = on_say is not None and await self.streams()
+        try:
+            if streamed:
+                assert on_say is not None
+                response: ChatCompletion | Completion = await self._streamed.send(params, on_say, client, bound)
+            else:
+                response = await post_whole(client, self._slots, params, bound)
+        except Overran as over:
+            log.warning("endpoint %s, model %s: a request was %s", self.base_url, model, over.cut.describe())
+            return Completion(content="", finish_reason="length", cut=over.cut)
+        await self._timed(model, response, bound)
+        return response
+
+    async def _timed(self, model: str, response: ChatCompletion | Completion, bound: Bound) -> None:
+        """What an answered request showed of the endpoint's pace (:class:`~bumblebot.llm.pace.Pace`),
+        and whether it wrote past its budget (:class:`~bumblebot.llm.pace.Overruns`)."""
+        if isinstance(response, Completion):
+            written, streamed = response.completion_tokens, True
+            text = response.content + "".join(c.arguments for c in response.tool_calls)
+        else:
+            written, streamed = usage_counts(getattr(response, "usage", None))["completion_tokens"], False
+            text = _whole_text(response)
+        estimated = written is None
+        tokens = estimate_text_tokens(text) if written is None else written
+        if isinstance(response, Completion) and response.cut is not None:
+            tokens, estimated = response.cut.written or tokens, False  # counted chunk by chunk
+            await self.overruns.saw(model, f"a stream went past its budget of {bound.budget} tokens")
+        elif overran(tokens, bound.budget, estimated=estimated):
+            how = "about " if estimated else ""
+            await self.overruns.saw(model, f"wrote {how}{tokens} tokens with max_tokens {bound.budget}")
+        await self.pace.observe(model, tokens, bound, streamed=streamed)
 
     def _translate(self, exc: openai.APIError) -> ModelError:
         return translate(exc, base_url=self.base_url, timeout_s=self.settings.timeout_s, clock=self._clock)
+
+
+def _whole_text(response: Any) -> str:
+    """The text and arguments of a whole answer (for its size, when it reports no usage)."""
+    choices = getattr(response, "choices", None) or []
+    if not choices:
+        return ""
+    message = choices[0].message
+    calls = "".join(c.function.arguments or "" for c in message.tool_calls or () if getattr(c, "function", None))
+    return (message.content or "") + calls
 
 
 def _retried(status: int) -> bool:

@@ -35,6 +35,7 @@ from bumblebot.core.events import storable_text
 from bumblebot.core.messages import storable_arguments
 from bumblebot.core.textrules import strip_reasoning
 from bumblebot.core.usage import Usage
+from bumblebot.llm.pace import Cut
 from bumblebot.llm.window import window_in_refusal
 
 #: The prompt's size in a context-length refusal (vLLM, OpenAI): "(4145 in the messages".
@@ -95,6 +96,8 @@ class Completion:
             when its images were left out or read as text (the prompt sent is not the one
             estimated): its usage is recorded as reported, but it teaches the token scale
             nothing (:attr:`sample_tokens`).
+        cut: the client cut the request at its budget (:mod:`bumblebot.llm.pace`): its
+            ``finish_reason`` is ``length``, and it holds what was written until then.
     """
 
     content: str
@@ -111,6 +114,7 @@ class Completion:
     usage: Usage | None = None
     cost: float | None = None
     scale_sample: bool = True
+    cut: Cut | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "content", storable_text(self.content))

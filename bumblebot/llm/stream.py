@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,6 +59,7 @@ from bumblebot.llm.completion import (
     normalise,
     usage_counts,
 )
+from bumblebot.llm.pace import Bound, Cut, TokenCount
 from bumblebot.llm.streaming import JsonStringField
 from bumblebot.llm.window import window_in_refusal
 
@@ -83,14 +85,21 @@ STREAM_CHECKS = 3
 
 
 async def post_whole(
-    client: openai.AsyncOpenAI, slots: asyncio.Semaphore, params: dict[str, Any]
+    client: openai.AsyncOpenAI, slots: asyncio.Semaphore, params: dict[str, Any], bound: Bound | None = None
 ) -> ChatCompletion:
-    """One request sent whole (unstreamed), through the request limiter ``slots``."""
+    """One request sent whole (unstreamed), through the request limiter ``slots``, within the
+    deadline of ``bound`` (from when a slot was had; none without one).
+
+    Raises:
+        Overran: the deadline passed (:mod:`bumblebot.llm.pace`).
+    """
     # The request is already in wire form; ``client.post`` sends it as is. The typed
     # ``chat.completions.create`` re-walks every message and tool schema through the SDK's
     # TypedDict transformer, which cost ~18 ms of CPU per step here (bench/bench_turn.py).
     async with slots:
-        return await client.post("/chat/completions", cast_to=ChatCompletion, body=params)
+        if bound is None:
+            return await client.post("/chat/completions", cast_to=ChatCompletion, body=params)
+        return await bound.whole(lambda: client.post("/chat/completions", cast_to=ChatCompletion, body=params))
 
 
 class _StreamDropped(ModelUnavailable):
@@ -139,21 +148,24 @@ class StreamedRequests:
         return await self._refusals.reason(stream_key(self._refusals.endpoint))
 
     async def send(
-        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI | None = None
+        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI | None = None,
+        bound: Bound | None = None,
     ) -> ChatCompletion | Completion:
         """Send one request streamed (a :class:`Completion` comes back), or whole (a
         ``ChatCompletion``) when the stream failed, or its tool calls came out garbled, and the
         same request sent whole was answered; through ``client`` (default the endpoint's: a
-        request forcing a tool call goes without the client's retries).
+        request forcing a tool call goes without the client's retries). ``bound``: the stream
+        is cut past its budget, a request sent whole at its deadline (:mod:`bumblebot.llm.pace`).
 
         Raises:
+            Overran: the request was sent again whole, and outlasted its deadline.
             openai.APIError: the endpoint refused the request (streamed, or whole when it was
                 sent again so), or sent an error event.
             ModelTimeout, ModelUnavailable: the stream stalled or broke off.
         """
         client = client or self._client
         try:
-            streamed = await self._read_with_usage(params, on_say, client)
+            streamed = await self._read_with_usage(params, on_say, client, bound)
         except openai.APITimeoutError:
             raise  # slow, not unable to stream: an outage as any timeout is
         except openai.APIStatusError as exc:
@@ -164,12 +176,12 @@ class StreamedRequests:
                 # would get the same, and its forcing fallback (another request) too; the next
                 # endpoint is this request's retry
                 raise
-            response = await self._whole(params, client)  # the same request, whole: if it fails too, not our business
+            response = await self._whole(params, client, bound)  # the same request, whole: if it fails too, not our business
             why = f"a streamed request was refused ({refusal(exc)}); an unstreamed one was answered"
             await self._failed(why, at_once=exc.status_code < 500)  # a 5xx may be a passing one
             return response
         except (openai.APIConnectionError, _StreamDropped) as exc:
-            return await self._send_dropped(params, exc, client)
+            return await self._send_dropped(params, exc, client, bound)
         broken = broken_stream(streamed, params)
         if broken is None:
             self._checks = self._strikes = 0
@@ -178,10 +190,11 @@ class StreamedRequests:
             return streamed
         if self._discarded is not None:  # answered and billed, whatever the re-check finds
             await self._discarded(streamed, params)
-        return await self._recheck(params, broken, client)
+        return await self._recheck(params, broken, client, bound)
 
     async def _send_dropped(
-        self, params: dict[str, Any], exc: openai.APIConnectionError | _StreamDropped, client: openai.AsyncOpenAI
+        self, params: dict[str, Any], exc: openai.APIConnectionError | _StreamDropped, client: openai.AsyncOpenAI,
+        bound: Bound | None,
     ) -> ChatCompletion:
         """No answer at all to a streamed request: the endpoint may be down, or it may be one
         that drops streamed requests it cannot serve (llama-cpp-python does, for tool_choice
@@ -189,11 +202,11 @@ class StreamedRequests:
         why = f"a streamed request was dropped unanswered ({exc}); an unstreamed one was answered"
         try:
             try:
-                response = await self._whole(params, client)
+                response = await self._whole(params, client, bound)
             except openai.APIConnectionError:
                 # a server that aborted a stream can leave its kept-alive connection broken
                 # (llama-cpp-python): one more try, on a fresh connection
-                response = await self._whole(params, client)
+                response = await self._whole(params, client, bound)
         except openai.APIConnectionError:
             raise exc from None  # down: an outage, as it was
         except openai.APIStatusError as status:
@@ -205,10 +218,12 @@ class StreamedRequests:
         await self._failed(why)
         return response
 
-    async def _recheck(self, params: dict[str, Any], broken: str, client: openai.AsyncOpenAI) -> ChatCompletion:
+    async def _recheck(
+        self, params: dict[str, Any], broken: str, client: openai.AsyncOpenAI, bound: Bound | None
+    ) -> ChatCompletion:
         """A streamed answer looks garbled (``broken`` says how): the same request, whole,
         tells the stream's fault from the model's. The whole answer is the one used."""
-        response = await self._whole(params, client)
+        response = await self._whole(params, client, bound)
         whole = normalise(response, params.get("tool_choice"))
         if broken_stream(whole, params) is None:
             why = f"streamed tool calls came out broken ({broken}); the unstreamed answer did not"
@@ -218,8 +233,8 @@ class StreamedRequests:
             self._checks += 1  # the model's own mess; after a few in a row, stop paying for checks
         return response
 
-    async def _whole(self, params: dict[str, Any], client: openai.AsyncOpenAI) -> ChatCompletion:
-        return await post_whole(client, self._slots, params)
+    async def _whole(self, params: dict[str, Any], client: openai.AsyncOpenAI, bound: Bound | None) -> ChatCompletion:
+        return await post_whole(client, self._slots, params, bound)
 
     async def asks_usage(self) -> bool:
         """Whether streamed requests carry ``stream_options.include_usage`` (not remembered as
@@ -228,14 +243,14 @@ class StreamedRequests:
         return not await self._refusals.active(key, STREAM_RETRY_S, "asking for usage in streams again")
 
     async def _read_with_usage(
-        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI
+        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI, bound: Bound | None
     ) -> Completion:
         """:meth:`_read`, asking for usage unless the endpoint refused that; a refusal naming
         ``stream_options`` is answered by the same request without it, and remembered."""
         if not await self.asks_usage():
-            return await self._read(params, on_say, client, usage=False)
+            return await self._read(params, on_say, client, bound, usage=False)
         try:
-            return await self._read(params, on_say, client, usage=True)
+            return await self._read(params, on_say, client, bound, usage=True)
         except openai.APIStatusError as exc:
             if exc.status_code not in (400, 422) or "stream_options" not in str(exc.message):
                 raise
@@ -244,13 +259,16 @@ class StreamedRequests:
                 "endpoint %s refused stream_options (%s); streams do not ask for usage from now on "
                 "(asked again in %s)", self.base_url, refusal(exc), duration(STREAM_RETRY_S),
             )
-        return await self._read(params, on_say, client, usage=False)
+        return await self._read(params, on_say, client, bound, usage=False)
 
     async def _read(
-        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI, *, usage: bool
+        self, params: dict[str, Any], on_say: SayListener, client: openai.AsyncOpenAI, bound: Bound | None,
+        *, usage: bool,
     ) -> Completion:
-        """One streamed request, read to the end; ``on_say`` hears each ``say`` call's text;
-        ``usage``: ask for the token counts (``stream_options``).
+        """One streamed request, read to the end, or until its answer goes past the budget of
+        ``bound`` (then closed, and answered as a ``length`` finish with its :class:`Cut`);
+        ``on_say`` hears each ``say`` call's text; ``usage``: ask for the token counts
+        (``stream_options``).
 
         Raises:
             openai.APIError: the endpoint refused the request or sent an error event.
@@ -264,7 +282,11 @@ class StreamedRequests:
         finish: str | None = None
         reported: Any = None
         received = 0
+        count = TokenCount(bound.budget) if bound is not None else None
+        cut: Cut | None = None
         async with self._slots:
+            if bound is not None:
+                bound.start()
             # chunks come as plain dicts (``AsyncStream[object]``): building a typed object per
             # chunk doubled the CPU of a streamed turn (bench/bench_chat.py)
             stream = await client.post(
@@ -279,11 +301,19 @@ class StreamedRequests:
                     reported = chunk.get("usage") or reported
                     for choice in chunk.get("choices") or ():
                         delta = choice.get("delta") or {}
-                        if delta.get("content"):
-                            content.append(delta["content"])
+                        written = delta.get("content") or ""
+                        if written:
+                            content.append(written)
                         for part in delta.get("tool_calls") or ():
-                            _take_call_part(calls, part, on_say)
+                            written += _take_call_part(calls, part, on_say)
                         finish = choice.get("finish_reason") or finish
+                        if written and bound is not None and count is not None:
+                            bound.first = bound.first or time.monotonic()
+                            if count.add(written):  # past the budget: closed below, the server stops
+                                cut = Cut("tokens", bound.budget, bound.elapsed_s, written=count.chunks)
+                    if cut is not None:
+                        finish = "length"
+                        break
             # the openai client wraps what httpx raises while a stream is read in its own
             # APITimeoutError / APIConnectionError; both are caught here, the raw ones too
             except (httpx.TimeoutException, openai.APITimeoutError) as exc:
@@ -303,6 +333,8 @@ class StreamedRequests:
                 raise ModelUnavailable(f"the model endpoint reported an error mid-stream: {exc.message}") from exc
             finally:
                 await stream.close()
+                if bound is not None:
+                    bound.end()
         if not received:  # headers, then nothing: llama-cpp-python, when its handler failed
             raise _StreamDropped(f"the endpoint at {self.base_url} ended the stream without sending anything")
         tool_calls = [
@@ -316,6 +348,7 @@ class StreamedRequests:
             content=strip_reasoning("".join(content)),
             tool_calls=tool_calls,
             finish_reason=finish or "",
+            cut=cut,
             **usage_counts(reported if isinstance(reported, dict) else None),
         )
 
@@ -335,25 +368,25 @@ class StreamedRequests:
         )
 
 
-def _take_call_part(calls: dict[int, dict[str, Any]], part: Any, on_say: SayListener) -> None:
+def _take_call_part(calls: dict[int, dict[str, Any]], part: Any, on_say: SayListener) -> str:
     """Add one streamed fragment of a tool call (a ``delta.tool_calls`` item, keyed by
-    ``index``) and report the text of a ``say`` call that grew."""
+    ``index``) and report the text of a ``say`` call that grew; returns the arguments added."""
     if not isinstance(part, dict):
-        return
+        return ""
     index = part.get("index")
     index = index if isinstance(index, int) else max(calls, default=0)
     call = calls.setdefault(index, {"id": "", "name": "", "args": [], "reader": None})
     call["id"] = call["id"] or str(part.get("id") or "")
     fn = part.get("function")
     if not isinstance(fn, dict):
-        return
+        return ""
     call["name"] = call["name"] or str(fn.get("name") or "")
     arguments = fn.get("arguments")
     if not isinstance(arguments, str) or not arguments:
-        return
+        return ""
     call["args"].append(arguments)
     if call["name"] != "say":
-        return
+        return arguments
     reader = call["reader"]
     if reader is None:
         reader = call["reader"] = JsonStringField("text")
@@ -361,6 +394,7 @@ def _take_call_part(calls: dict[int, dict[str, Any]], part: Any, on_say: SayList
     added = reader.feed(arguments)
     if added:
         on_say(index, added)
+    return arguments
 
 
 def broken_stream(completion: Completion, params: dict[str, Any]) -> str | None:

@@ -46,6 +46,9 @@ and an OpenAI error, with a ``Retry-After`` header when given, as a server that 
 rate-limited does; scripts stay unused.
 ``reject_tool_choice_required=500`` answers ``tool_choice: "required"`` with that status and
 ``tool_choice_refusal`` as the message (``""``: a bare 500, as llama-cpp-python's).
+``FakeOpenAI(tokens_per_s=50)`` writes at that pace: a whole answer comes after its completion
+tokens at it, each streamed chunk after its own; ``streams_abandoned`` counts the streams the
+client closed before their end.
 ``FakeOpenAI(reject_stream=400)`` refuses every streamed request, as servers without
 streaming do; ``streamed`` counts the streamed answers. ``reject_stream_options=400`` refuses
 a streamed request that carries ``stream_options`` (naming it), as servers that do not know the
@@ -365,8 +368,17 @@ class FakeOpenAI:
                  reject_stream_options: int | None = None,
                  context_window: int | None = None, tells_window: str | None = "props",
                  context_error: str = "llama.cpp",
-                 tool_choice_refusal: str = "tool_choice 'required' is not supported by this endpoint") -> None:
+                 tool_choice_refusal: str = "tool_choice 'required' is not supported by this endpoint",
+                 tokens_per_s: float | None = None) -> None:
         self.models = list(models)
+        #: the server's writing speed: a whole answer comes after its completion tokens at this
+        #: pace, a streamed chunk after its own (``None``: at once)
+        self.tokens_per_s = tokens_per_s
+        #: streamed answers whose client closed the connection before their end (the server
+        #: stopped writing them there)
+        self.streams_abandoned = 0
+        #: set when a stream is abandoned so
+        self.stream_abandoned = asyncio.Event()
         #: the window chat requests must fit (``None``: any size), where it is told, how refused
         self.context_window = context_window
         self.tells_window = tells_window
@@ -655,7 +667,10 @@ class FakeOpenAI:
             return web.json_response(reply.body, status=reply.status, headers=reply.headers)
         if body.get("stream"):
             return await self._stream(http, body, reply)
-        return web.json_response(reply.body or self._completion(body, reply))
+        answer = reply.body or self._completion(body, reply)
+        if self.tokens_per_s:
+            await asyncio.sleep(answer.get("usage", {}).get("completion_tokens", 1) / self.tokens_per_s)
+        return web.json_response(answer)
 
     async def _stream(self, http: web.Request, body: Request, reply: Reply) -> web.StreamResponse:
         """Answer ``reply`` as server-sent events, chunk by chunk (module docstring)."""
@@ -684,7 +699,14 @@ class FakeOpenAI:
                 await reply.stream_hold.wait()
             elif sent and reply.stream_delay:
                 await asyncio.sleep(reply.stream_delay)
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if self.tokens_per_s:
+                await asyncio.sleep(max(1, len(_delta_text(chunk)) // 4) / self.tokens_per_s)
+            try:
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            except ConnectionResetError:  # the client closed it: a real server stops generating
+                self.streams_abandoned += 1
+                self.stream_abandoned.set()
+                return response
             sent += 1
             if sent == 1:
                 self.stream_started.set()
@@ -779,6 +801,13 @@ class FakeOpenAI:
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
             answer["usage"] = usage
         return answer
+
+
+def _delta_text(chunk: dict[str, Any]) -> str:
+    """The text a streamed chunk carries: content, and tool-call arguments."""
+    delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+    calls = "".join(str((c.get("function") or {}).get("arguments") or "") for c in delta.get("tool_calls") or ())
+    return str(delta.get("content") or "") + calls
 
 
 def _chunk_base(full: dict[str, Any]) -> dict[str, Any]:

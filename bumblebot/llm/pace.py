@@ -1,0 +1,448 @@
+"""How long a request may take: each request bounded on the client by its token budget.
+
+Some servers do not stop at ``max_tokens``: llama-cpp-python ignores it inside a tool call's
+arguments (its ``chatml-function-calling`` handler generates them with ``max_tokens=None``,
+until its window is full: 2,651 tokens and two minutes for a reply budgeted at 512, seen on
+two cores). Nothing in the request can stop such a server, so the client does:
+
+* a **streamed** request is read until its answer goes past the budget
+  (:class:`TokenCount`), then closed; most servers stop generating when the connection closes;
+* a **whole** request gets a deadline (:meth:`Speed.deadline`) from its budget and what the
+  endpoint has shown of its speed; when it passes, the request is aborted.
+
+Either way the step ends as a ``length`` finish does (the completion carries its :class:`Cut`):
+what was written so far, the model told it was cut, the turn capped as after any cut.
+
+What the endpoint has shown (:class:`Pace`, per endpoint, model and kind of request: with tools
+or without, as a server constraining calls to their schema writes them slower; remembered in
+``kv`` ``llm.speed:<endpoint>|<model>|<kind>``) is two speeds, each from its last
+:data:`SAMPLES` requests:
+
+* **writing**, tokens per second of the answer: exact from a stream (the tokens after the first,
+  over the time after the first); from a whole answer, its tokens over its whole time (a lower
+  bound: part of that time was reading the prompt). The fastest sample is used, so a long answer
+  teaches the real pace and short ones cannot slow it;
+* **reading**, prompt tokens per second before the first token (queueing and network
+  included): from a stream, up to its first token; from a whole answer, over its whole time (a
+  lower bound again). The slow quarter is used: a prompt the server had cached reads far faster
+  than one it had not, and the deadline must allow for the one it had not.
+
+Before its first requests an endpoint is assumed slow (:data:`DEFAULT_WRITING`,
+:data:`DEFAULT_READING`). The deadline is a bound, never a target: an endpoint that has always
+stopped at its budget gets :data:`TRUSTED_SLACK` times the expected time plus
+:data:`TRUSTED_FLOOR_S`; only one that has been seen writing past its budget (:class:`Overruns`)
+gets the tight :data:`SLACK` and :data:`FLOOR_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bumblebot.llm.capabilities import CapabilityMemory
+
+log = logging.getLogger(__name__)
+
+#: Requests per endpoint and model whose speeds are kept.
+SAMPLES = 32
+#: Tokens per second assumed before an endpoint's first measurement: a small model on a
+#: laptop's CPU, so that no request of a real server is cut before it has been measured.
+DEFAULT_WRITING = 5.0
+#: Prompt tokens per second assumed before the first measurement (the same laptop).
+DEFAULT_READING = 50.0
+#: The deadline of an endpoint seen writing past its budget: this many times the expected time...
+SLACK = 1.5
+#: ...plus this many seconds (connection, a server's queue).
+FLOOR_S = 5.0
+#: The deadline of any other endpoint: a bound for a server that never overran, far out of the
+#: way of one that has a slow moment.
+TRUSTED_SLACK = 3.0
+TRUSTED_FLOOR_S = 30.0
+#: Answers shorter than this (tokens) say too little of the writing speed to be a sample.
+MIN_WRITTEN = 16
+#: Prompts shorter than this (tokens) say too little of the reading speed.
+MIN_PROMPT = 64
+#: Seconds between two saves of an endpoint's samples (each request adds one; the store is
+#: written at most this often, and a restart loses at most that much).
+SAVE_EVERY_S = 60.0
+#: Characters of a string argument per token of the budget (the token estimate's scale).
+CHARS_PER_TOKEN = 4
+
+
+#: The kinds of request whose speeds are kept apart: with tool schemas, or without.
+KINDS = ("tools", "text")
+
+
+def speed_key(endpoint: str, model: str, kind: str) -> str:
+    """The ``kv`` key of the speeds measured at ``endpoint`` (its name in the keys) for ``model``
+    and requests of ``kind`` (:data:`KINDS`): JSON ``{"reading": [float], "writing": [float]}``
+    (tokens per second, oldest first)."""
+    return f"llm.speed:{endpoint}|{model}|{kind}"
+
+
+def prompt_size(messages: list[dict[str, Any]]) -> int:
+    """The prompt's size for the speeds, tokens: its messages' text by the token estimate, an
+    image as 1,000 (cheap: no JSON is made; the tool schemas, the same in every request, are
+    left out)."""
+    chars = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict):
+                    chars += len(str(part.get("text") or "")) if part.get("type") == "text" else 4000
+        for call in message.get("tool_calls") or ():
+            chars += len(str((call.get("function") or {}).get("arguments") or ""))
+    return chars // CHARS_PER_TOKEN
+
+
+@dataclass(frozen=True, slots=True)
+class Speed:
+    """What an endpoint has shown of its pace for one model.
+
+    Args:
+        writing: answer tokens per second.
+        reading: prompt tokens per second before the first token.
+        samples: the requests it was measured from (0: assumed, :data:`DEFAULT_WRITING`).
+        overruns: the endpoint was seen writing past its budget: the tight deadline.
+    """
+
+    writing: float = DEFAULT_WRITING
+    reading: float = DEFAULT_READING
+    samples: int = 0
+    overruns: bool = False
+
+    def expected_s(self, prompt_tokens: int, budget: int) -> float:
+        """Seconds a request of ``prompt_tokens`` that writes its whole ``budget`` takes."""
+        return prompt_tokens / self.reading + budget / self.writing
+
+    def deadline(self, prompt_tokens: int, budget: int) -> float:
+        """Seconds after which a whole request is aborted (the module's docstring)."""
+        slack, floor = (SLACK, FLOOR_S) if self.overruns else (TRUSTED_SLACK, TRUSTED_FLOOR_S)
+        return floor + slack * self.expected_s(prompt_tokens, budget)
+
+    def describe(self) -> str:
+        """One line for ``bumblebot check``."""
+        if not self.samples:
+            return (f"not measured yet; assumed {self.writing:g} tokens/s writing, "
+                    f"{self.reading:g} tokens/s reading the prompt")
+        return (f"{self.writing:.0f} tokens/s writing, {self.reading:.0f} tokens/s reading the prompt "
+                f"(from its last {self.samples} requests)")
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A request the client cut at its budget.
+
+    Args:
+        by: ``"tokens"`` (a stream went past its budget) or ``"deadline"`` (a whole request
+            outlasted it).
+        budget: the request's ``max_tokens``.
+        elapsed_s: seconds from sending it to the cut.
+        deadline_s: the deadline it had (whole requests).
+        writing: the writing speed the deadline assumed, tokens per second.
+        written: the answer's tokens counted when it was cut (streams).
+    """
+
+    by: str
+    budget: int
+    elapsed_s: float
+    deadline_s: float | None = None
+    writing: float | None = None
+    written: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"by": self.by, "budget": self.budget, "elapsed_s": round(self.elapsed_s, 2)}
+        if self.deadline_s is not None:
+            out["deadline_s"] = round(self.deadline_s, 2)
+        if self.writing is not None:
+            out["writing"] = round(self.writing, 1)
+        if self.written is not None:
+            out["written"] = self.written
+        return out
+
+    def describe(self) -> str:
+        """What the trace and the log say of it."""
+        if self.by == "tokens":
+            return f"cut after {self.written} tokens of a {self.budget}-token budget, {self.elapsed_s:.1f} s in"
+        return (f"cut at its {self.deadline_s:.1f} s deadline ({self.budget} tokens at {self.writing:.0f} tokens/s "
+                f"and the prompt), {self.elapsed_s:.1f} s in")
+
+
+class Overran(Exception):  # noqa: N818 - a signal between the sender and the client, not an error
+    """A request was cut at its budget (:class:`Cut`); the client answers it as a ``length`` finish."""
+
+    def __init__(self, cut: Cut, content: str = "", calls: list[Any] | None = None) -> None:
+        super().__init__(cut.describe())
+        self.cut = cut
+        self.content = content
+        self.calls = calls or []
+
+
+@dataclass(slots=True)
+class Bound:
+    """What one request may take, and when it ran (monotonic seconds).
+
+    Args:
+        budget: its ``max_tokens``.
+        deadline_s: seconds it may take when sent whole.
+        speed: what the deadline was computed from.
+        prompt_tokens: the request's prompt (:func:`prompt_size`).
+        kind: with tools or without (:data:`KINDS`).
+    """
+
+    budget: int
+    deadline_s: float
+    speed: Speed = field(default_factory=Speed)
+    prompt_tokens: int = 0
+    kind: str = "text"
+    started: float | None = None
+    first: float | None = None
+    ended: float | None = None
+
+    def start(self) -> None:
+        self.started, self.first, self.ended = time.monotonic(), None, None
+
+    def end(self) -> None:
+        self.ended = time.monotonic()
+
+    @property
+    def elapsed_s(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.ended or time.monotonic()) - self.started
+
+    def deadline_cut(self) -> Cut:
+        return Cut("deadline", self.budget, self.elapsed_s, deadline_s=self.deadline_s, writing=self.speed.writing)
+
+    async def whole(self, send: Callable[[], Any]) -> Any:
+        """``await send()`` within the deadline (started now).
+
+        Raises:
+            Overran: the deadline passed; the request was abandoned (its connection closed).
+        """
+        self.start()
+        limit = asyncio.timeout(self.deadline_s)
+        try:
+            async with limit:
+                return await send()
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            raise Overran(self.deadline_cut()) from None
+        finally:
+            self.end()
+
+
+class TokenCount:
+    """The answer of a stream counted as it comes, against its budget.
+
+    A chunk carrying text (of the answer or of a call's arguments) is at least one token, so
+    more such chunks than the budget is an answer past it. Servers that send several tokens in a
+    chunk are counted short (cut later, never early); so that one sending a token in several
+    chunks is not cut early either, the text must also come to half the budget by the token
+    estimate.
+    """
+
+    __slots__ = ("budget", "chunks", "chars")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.chunks = 0
+        self.chars = 0
+
+    def add(self, text: str) -> bool:
+        """Count one chunk of ``text``; whether the answer is now past the budget."""
+        self.chunks += 1
+        self.chars += len(text)
+        return self.chunks > self.budget and self.chars // CHARS_PER_TOKEN * 2 >= self.budget
+
+
+@dataclass(slots=True)
+class _Samples:
+    reading: list[float] = field(default_factory=list)
+    writing: list[float] = field(default_factory=list)
+    saved: float | None = None  # monotonic time of the last save
+    loaded: bool = False
+
+    def add(self, kind: str, value: float) -> None:
+        values = self.reading if kind == "reading" else self.writing
+        values.append(round(value, 3))
+        del values[:-SAMPLES]
+
+    def speed(self, overruns: bool) -> Speed:
+        writing = max(self.writing) if self.writing else DEFAULT_WRITING
+        reading = sorted(self.reading)[len(self.reading) // 4] if self.reading else DEFAULT_READING
+        return Speed(writing=writing, reading=reading, samples=max(len(self.reading), len(self.writing)),
+                     overruns=overruns)
+
+
+class Pace:
+    """The speeds of one endpoint's models, measured from its requests and remembered.
+
+    Args:
+        memory: where they are kept (the store's ``kv``).
+        endpoint: the endpoint's name in the keys (:func:`~bumblebot.llm.capabilities.endpoint_key`).
+        overruns: what the endpoint has shown of ``max_tokens``.
+    """
+
+    def __init__(self, memory: CapabilityMemory, endpoint: str, overruns: Overruns) -> None:
+        self.memory = memory
+        self.endpoint = endpoint
+        self.overruns = overruns
+        self._models: dict[tuple[str, str], _Samples] = {}
+
+    async def _samples(self, model: str, kind: str) -> _Samples:
+        samples = self._models.setdefault((model, kind), _Samples())
+        if not samples.loaded:
+            samples.loaded = True
+            try:
+                data = json.loads(await self.memory.get(speed_key(self.endpoint, model, kind)) or "{}")
+                samples.reading = [float(v) for v in data.get("reading", []) if float(v) > 0][-SAMPLES:]
+                samples.writing = [float(v) for v in data.get("writing", []) if float(v) > 0][-SAMPLES:]
+            except (ValueError, TypeError, AttributeError):
+                log.warning("endpoint %s: the remembered speeds of %s are unreadable; measuring again",
+                            self.endpoint, model)
+        return samples
+
+    async def speed(self, model: str, kind: str = "text") -> Speed:
+        """What ``model`` at this endpoint has shown of its pace with requests of ``kind``."""
+        return (await self._samples(model, kind)).speed(await self.overruns.seen(model))
+
+    async def bound(self, model: str, messages: list[dict[str, Any]], budget: int, kind: str) -> Bound:
+        """The bound of a request of ``messages`` to ``model`` with a ``budget`` of tokens."""
+        speed, prompt = await self.speed(model, kind), prompt_size(messages)
+        return Bound(budget, speed.deadline(prompt, budget), speed, prompt, kind)
+
+    async def observe(self, model: str, written: int, bound: Bound, *, streamed: bool) -> None:
+        """A request was answered (or cut by its token count): ``written`` tokens (reported, or
+        estimated), timed by ``bound``."""
+        if bound.started is None or bound.ended is None:
+            return
+        prompt_tokens = bound.prompt_tokens
+        samples = await self._samples(model, bound.kind)
+        total = bound.ended - bound.started
+        first = (bound.first - bound.started) if streamed and bound.first is not None else None
+        if first is not None:
+            if prompt_tokens >= MIN_PROMPT and first > 0:
+                samples.add("reading", prompt_tokens / first)
+            if written >= MIN_WRITTEN and total - first > 0:
+                samples.add("writing", (written - 1) / (total - first))
+        elif total > 0:
+            if prompt_tokens >= MIN_PROMPT:
+                samples.add("reading", prompt_tokens / total)
+            if written >= MIN_WRITTEN:
+                samples.add("writing", written / total)
+        now = time.monotonic()
+        if samples.saved is None or now - samples.saved >= SAVE_EVERY_S:
+            samples.saved = now
+            await self.memory.set(
+                speed_key(self.endpoint, model, bound.kind), json.dumps({"reading": samples.reading, "writing": samples.writing})
+            )
+
+
+def overrun_key(endpoint: str, model: str) -> str:
+    """The ``kv`` key recording that ``model`` at ``endpoint`` wrote past its budget: JSON
+    ``{"reason": str, "since": float}`` (epoch seconds)."""
+    return f"llm.overruns:{endpoint}|{model}"
+
+
+#: Seconds an endpoint seen writing past its budget is treated so: then it is trusted again
+#: (and caught again at its next overrun).
+OVERRUN_RETRY_S = 7 * 24 * 3600.0
+
+
+def overran(written: int, budget: int, *, estimated: bool) -> bool:
+    """Whether an answer of ``written`` tokens went past a ``budget``: by a quarter and 16
+    tokens as reported (counts differ a little between a server and its tokenizer), by double
+    as estimated."""
+    return written > (budget * 2 if estimated else budget * 1.25) + 16
+
+
+class Overruns:
+    """What one endpoint has shown of ``max_tokens``: the models seen writing past it.
+
+    Such a model gets the tight deadline (:class:`Speed`), and its tool schemas a ``maxLength``
+    on each string argument (:func:`bounded_tools`): a server that constrains calls to their
+    schema with a grammar (llama.cpp's) then stops a runaway argument itself.
+
+    Args:
+        memory: where it is remembered.
+        endpoint: the endpoint's name in the keys.
+        clock: the wall clock, epoch seconds.
+    """
+
+    def __init__(self, memory: CapabilityMemory, endpoint: str, clock: Callable[[], float] = time.time) -> None:
+        self.memory = memory
+        self.endpoint = endpoint
+        self.clock = clock
+
+    async def seen(self, model: str) -> bool:
+        """Whether ``model`` was seen writing past its budget (within :data:`OVERRUN_RETRY_S`)."""
+        raw = await self.memory.get(overrun_key(self.endpoint, model))
+        if not raw:
+            return False
+        try:
+            since = float(json.loads(raw).get("since") or 0)
+        except (ValueError, TypeError, AttributeError):
+            since = 0.0
+        if self.clock() - since >= OVERRUN_RETRY_S:
+            await self.memory.clear(overrun_key(self.endpoint, model))
+            return False
+        return True
+
+    async def reason(self, model: str) -> str | None:
+        """What it was seen doing, ``None`` when it was not."""
+        if not await self.seen(model):
+            return None
+        raw = await self.memory.get(overrun_key(self.endpoint, model))
+        try:
+            return str(json.loads(raw or "{}").get("reason") or "reason not recorded")
+        except (ValueError, AttributeError):
+            return "reason not recorded"
+
+    async def saw(self, model: str, reason: str) -> None:
+        """``model`` wrote past its budget (``reason`` says how); remembered unless it already is."""
+        if await self.seen(model):
+            return
+        value = json.dumps({"reason": reason, "since": self.clock()}, ensure_ascii=False)
+        await self.memory.set(overrun_key(self.endpoint, model), value)
+        log.warning(
+            "endpoint %s, model %s does not stop at max_tokens (%s): its requests get a tight deadline, and its "
+            "tool schemas a maxLength on string arguments", self.endpoint, model, reason,
+        )
+
+
+def bounded_tools(tools: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """``tools`` with a ``maxLength`` of the ``budget`` in characters on each string argument
+    that has no bound of its own (an enum, a pattern, a length): what the budget allows anyway,
+    in the form a schema-constrained server enforces."""
+    limit = budget * CHARS_PER_TOKEN
+    return [_bounded_tool(tool, limit) for tool in tools]
+
+
+def _bounded_tool(tool: dict[str, Any], limit: int) -> dict[str, Any]:
+    fn = tool.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("parameters"), dict):
+        return tool
+    return {**tool, "function": {**fn, "parameters": _bounded_schema(fn["parameters"], limit)}}
+
+
+def _bounded_schema(schema: Any, limit: int) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if out.get("type") == "string" and not {"enum", "const", "pattern", "maxLength", "format"} & out.keys():
+        out["maxLength"] = limit
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {name: _bounded_schema(sub, limit) for name, sub in out["properties"].items()}
+    if "items" in out:
+        out["items"] = _bounded_schema(out["items"], limit)
+    return out

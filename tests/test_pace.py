@@ -1,0 +1,314 @@
+"""Every model request bounded by its budget (bumblebot/llm/pace.py): a stream cut past it, a
+whole request at its learned deadline, the speeds measured and remembered, the models seen
+writing past ``max_tokens``. Real openai client against the fake endpoint on 127.0.0.1, real
+SQLite files for the daemon's runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from conftest import running, write_config
+from fakes.openai_server import FakeOpenAI, is_loop, text
+from support import is_adequacy_judge, judges_say_done, loop_requests, say
+
+from bumblebot.core.settings import LLMSettings
+from bumblebot.store import Store
+from bumblebot.llm import LLM, CapabilityMemory
+from bumblebot.llm import pace as pace_module
+from bumblebot.llm.pace import (
+    OVERRUN_RETRY_S,
+    Cut,
+    Overruns,
+    Pace,
+    Speed,
+    TokenCount,
+    bounded_tools,
+    overran,
+    overrun_key,
+    prompt_size,
+    speed_key,
+)
+
+SAY = {
+    "type": "function",
+    "function": {
+        "name": "say", "description": "Say something.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    },
+}
+RAMBLE = "and then the cat sat down again " * 40  # 1,280 characters: about 320 tokens
+
+
+def llm_for(server: FakeOpenAI, memory: CapabilityMemory | None = None) -> LLM:
+    return LLM(LLMSettings(model="test-model", max_retries=0, timeout_s=10), base_url=server.base_url,
+               api_key="sk-test", capabilities=memory or CapabilityMemory())
+
+
+# -- the parts -------------------------------------------------------------------------------------
+
+
+def test_a_trusted_endpoint_gets_a_loose_deadline_and_one_seen_overrunning_a_tight_one():
+    speed = Speed(writing=50.0, reading=500.0, samples=10)
+    expected = 1000 / 500.0 + 512 / 50.0  # 12.24 s to read the prompt and write the whole budget
+    assert speed.expected_s(1000, 512) == pytest.approx(expected)
+    assert speed.deadline(1000, 512) == pytest.approx(pace_module.TRUSTED_FLOOR_S + pace_module.TRUSTED_SLACK * expected)
+    tight = Speed(writing=50.0, reading=500.0, samples=10, overruns=True)
+    assert tight.deadline(1000, 512) == pytest.approx(pace_module.FLOOR_S + pace_module.SLACK * expected)
+    assert tight.deadline(1000, 512) < speed.deadline(1000, 512)
+    assert "not measured yet" in Speed().describe() and "50 tokens/s writing" in speed.describe()
+
+
+def test_a_stream_is_past_its_budget_after_more_text_chunks_than_the_budget():
+    count = TokenCount(budget=8)
+    assert not any(count.add("word") for _ in range(8))  # 8 chunks: a server that stops at 8 tokens
+    assert count.add("word")  # the ninth is past it
+    # a server sending one character per chunk is not cut at the budget's count of chunks
+    chars = TokenCount(budget=8)
+    assert not any(chars.add("a") for _ in range(15))
+    assert any(chars.add("a") for _ in range(20))  # at 16 characters, half the budget by the estimate
+
+
+def test_writing_past_the_budget_is_told_from_counts_that_differ_a_little():
+    assert not overran(530, 512, estimated=False)  # a server and its tokenizer differ a little
+    assert overran(1670, 512, estimated=False)  # llama-cpp-python inside a tool call's arguments
+    assert not overran(900, 512, estimated=True)  # the estimate is rough: only double counts
+    assert overran(1100, 512, estimated=True)
+
+
+def test_bounded_tools_put_the_budget_on_each_free_string_argument():
+    tools = [SAY, {"type": "function", "function": {"name": "pick", "parameters": {"type": "object", "properties": {
+        "colour": {"type": "string", "enum": ["red", "blue"]},
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "size": {"type": "integer"},
+        "short": {"type": "string", "maxLength": 10},
+    }}}}]
+    bounded = bounded_tools(tools, 100)
+    assert bounded[0]["function"]["parameters"]["properties"]["text"] == {"type": "string", "maxLength": 400}
+    props = bounded[1]["function"]["parameters"]["properties"]
+    assert "maxLength" not in props["colour"] and props["short"]["maxLength"] == 10
+    assert props["notes"]["items"]["maxLength"] == 400 and props["size"] == {"type": "integer"}
+    assert "maxLength" not in SAY["function"]["parameters"]["properties"]["text"]  # the schemas given stay as they were
+
+
+def test_the_prompt_size_counts_text_calls_and_images_without_making_json():
+    messages = [
+        {"role": "system", "content": "x" * 400},
+        {"role": "user", "content": [{"type": "text", "text": "y" * 40}, {"type": "image_url", "image_url": {"url": "data:…"}}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "say", "arguments": "z" * 80}}]},
+    ]
+    assert prompt_size(messages) == (400 + 40 + 4000 + 80) // 4
+
+
+async def test_speeds_are_the_fastest_writing_and_the_slow_quarter_of_reading_and_are_remembered():
+    saved: dict[str, str] = {}
+
+    async def load(key: str) -> str | None:
+        return saved.get(key)
+
+    async def save(key: str, value: str) -> None:
+        saved[key] = value
+
+    memory = CapabilityMemory(load, save)
+    pace = Pace(memory, "http://x/v1", Overruns(memory, "http://x/v1"))
+    # whole answers: writing is a lower bound (tokens over the whole time); reading too
+    for written, seconds in ((20, 10.0), (400, 10.0), (30, 1.0)):
+        bound = await pace.bound("m", [{"role": "user", "content": "p" * 4000}], 512, "tools")
+        bound.started, bound.ended = 100.0, 100.0 + seconds
+        await pace.observe("m", written, bound, streamed=False)
+    speed = await pace.speed("m", "tools")
+    assert speed.writing == pytest.approx(40.0)  # 400 tokens in 10 s: short answers do not slow it
+    assert speed.reading == pytest.approx(100.0)  # the slow quarter: 1,000 prompt tokens in 10 s
+    assert speed.samples == 3
+    assert (await pace.speed("m", "text")).samples == 0  # requests without tools are measured apart
+    # the first sample was saved at once; a new process reads it back
+    assert json.loads(saved[speed_key("http://x/v1", "m", "tools")])["writing"]
+    again = Pace(CapabilityMemory(load, save), "http://x/v1", Overruns(memory, "http://x/v1"))
+    assert (await again.speed("m", "tools")).samples >= 1
+
+
+async def test_a_stream_measures_reading_until_its_first_token_and_writing_after_it():
+    memory = CapabilityMemory()
+    pace = Pace(memory, "e", Overruns(memory, "e"))
+    bound = await pace.bound("m", [{"role": "user", "content": "p" * 2000}], 256, "text")
+    bound.started, bound.first, bound.ended = 10.0, 11.0, 13.0
+    await pace.observe("m", 201, bound, streamed=True)
+    speed = await pace.speed("m")
+    assert speed.reading == pytest.approx(500.0) and speed.writing == pytest.approx(100.0)
+
+
+async def test_an_overrun_is_remembered_for_a_week_then_trusted_again():
+    memory = CapabilityMemory()
+    now = [1000.0]
+    overruns = Overruns(memory, "e", clock=lambda: now[0])
+    assert not await overruns.seen("m")
+    await overruns.saw("m", "wrote 1670 tokens with max_tokens 512")
+    assert await overruns.seen("m") and "1670" in (await overruns.reason("m") or "")
+    assert json.loads(await memory.get(overrun_key("e", "m")) or "{}")["since"] == 1000.0
+    now[0] += OVERRUN_RETRY_S
+    assert not await overruns.seen("m") and await memory.get(overrun_key("e", "m")) is None
+
+
+def test_a_cut_says_what_it_was_cut_by():
+    by_tokens = Cut("tokens", 64, 1.234, written=65)
+    assert by_tokens.as_dict() == {"by": "tokens", "budget": 64, "elapsed_s": 1.23, "written": 65}
+    at_deadline = Cut("deadline", 512, 31.0, deadline_s=30.96, writing=48.04)
+    assert at_deadline.as_dict() == {"by": "deadline", "budget": 512, "elapsed_s": 31.0, "deadline_s": 30.96,
+                                     "writing": 48.0}
+    assert "30.96" not in at_deadline.describe() and "31.0 s deadline" in at_deadline.describe()
+
+
+# -- through the client --------------------------------------------------------------------------
+
+
+async def test_a_stream_writing_tool_arguments_past_the_budget_is_cut_and_the_server_stops():
+    async with FakeOpenAI(tokens_per_s=4000) as server:
+        reply = say(RAMBLE, end=False)
+        reply.stream_chars = 4  # a token a chunk, as llama.cpp streams
+        server.push(reply)
+        llm = llm_for(server)
+        heard: list[str] = []
+        completion = await llm.complete(
+            [{"role": "user", "content": "tell me about the cat"}], max_tokens=64, tools=[SAY],
+            on_say=lambda index, part: heard.append(part),
+        )
+        await server.stream_abandoned.wait()  # the connection was closed: the server stopped there
+        assert completion.finish_reason == "length" and completion.hit_length
+        assert completion.cut is not None and completion.cut.by == "tokens" and completion.cut.written == 65
+        assert completion.tool_calls[0].name == "say"
+        assert len(completion.tool_calls[0].arguments) == 65 * 4  # what came until the cut
+        assert "".join(heard) and RAMBLE.startswith("".join(heard))
+        assert completion.usage is not None and completion.usage.completion == 65
+        # the model is remembered as one that writes past its budget: its tool requests now carry
+        # the budget as each string argument's maxLength, for a server with a grammar to enforce
+        assert await llm.overruns.seen("test-model")
+        server.push(say("short", end=False))
+        await llm.complete([{"role": "user", "content": "again"}], max_tokens=64, tools=[SAY])
+        sent = server.requests[-1]["tools"][0]["function"]["parameters"]["properties"]["text"]
+        assert sent["maxLength"] == 256
+        await llm.aclose()
+
+
+async def test_a_stream_that_stops_at_its_budget_is_never_cut():
+    async with FakeOpenAI() as server:
+        budget = len(json.dumps({"text": "word " * 16})) // 4  # every chunk of it is one token
+        reply = say("word " * 16, end=False, usage={"completion_tokens": budget})
+        reply.stream_chars = 4
+        server.push(reply)
+        llm = llm_for(server)
+        completion = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=budget, tools=[SAY],
+                                        on_say=lambda index, part: None)
+        assert completion.cut is None and completion.finish_reason == "tool_calls"
+        assert not await llm.overruns.seen("test-model") and server.streams_abandoned == 0
+        await llm.aclose()
+
+
+async def test_a_whole_answer_four_times_its_budget_ends_at_the_learned_deadline(monkeypatch):
+    monkeypatch.setattr(pace_module, "FLOOR_S", 0.1)  # the floor for a connection: none needed on 127.0.0.1
+    budget = 40
+    async with FakeOpenAI(tokens_per_s=100) as server:
+        four_times = "x" * (budget * 4 * 4)  # a server that ignores max_tokens: 4x the budget, 1.6 s at its pace
+        llm = llm_for(server)
+        server.push(text(four_times))
+        started = time.monotonic()
+        first = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=budget)
+        assert first.cut is None and time.monotonic() - started >= 1.6  # a trusted endpoint: not cut yet
+        assert await llm.overruns.seen("test-model")  # its usage showed 160 tokens for a budget of 40
+        speed = await llm.pace.speed("test-model")
+        assert speed.overruns and 80 <= speed.writing <= 100  # learned from that answer
+        server.push(text(four_times))
+        started = time.monotonic()
+        cut = await llm.complete([{"role": "user", "content": "hi again"}], max_tokens=budget)
+        elapsed = time.monotonic() - started
+        assert cut.finish_reason == "length" and cut.content == "" and cut.cut is not None
+        assert cut.cut.by == "deadline" and cut.cut.writing == pytest.approx(speed.writing)
+        # at the budget: the deadline (the floor and 1.5 x the prompt and 40 tokens at ~90 tokens/s)
+        assert cut.cut.deadline_s < 1.2 and elapsed < 1.4 and cut.cut.elapsed_s == pytest.approx(cut.cut.deadline_s, abs=0.1)
+        assert cut.usage is not None and cut.usage.completion == budget and cut.usage.estimated
+        await llm.aclose()
+
+
+async def test_a_fast_endpoint_that_honours_max_tokens_is_never_cut():
+    async with FakeOpenAI(tokens_per_s=2000) as server:
+        llm = llm_for(server)
+        for n in range(12):
+            server.push(text("word " * 40))
+            completion = await llm.complete([{"role": "user", "content": f"question {n}"}], max_tokens=64)
+            assert completion.cut is None
+        assert not await llm.overruns.seen("test-model")
+        speed = await llm.pace.speed("test-model")
+        assert speed.samples == 12 and speed.deadline(10, 64) >= pace_module.TRUSTED_FLOOR_S
+        await llm.aclose()
+
+
+# -- a turn --------------------------------------------------------------------------------------
+
+
+def ramble_then_answer(llm: FakeOpenAI, *, stream_chars: int = 6) -> None:
+    """A model whose first step writes past any small budget in a say, then answers briefly."""
+    judges_say_done(llm)
+    first = say(RAMBLE * 2, end=False)
+    first.stream_chars = stream_chars
+    llm.push(first, when=is_loop)
+    llm.push(say("Short answer: the cat sat."), when=is_loop)
+
+
+async def test_a_turn_whose_stream_runs_past_the_budget_goes_on_and_answers(tmp_path, tg):
+    async with FakeOpenAI(tokens_per_s=4000) as llm:
+        ramble_then_answer(llm, stream_chars=4)
+        config = write_config(tmp_path, llm, tg, delivery={"streaming": "on", "stream_edit_interval_s": 0.2},
+                              cognition={"classifier": False, "debounce_s": 0, "reflex_max_tokens": 48,
+                                         "deliberate_max_tokens": 96})
+        async with running(config) as d:
+            tg.push_text("tell me about the cat", chat_id=2701)
+            await d.engine.wait_for_turns(1)
+            trace = (await d.store.recent_turns())[0]["trace"]
+        # the cut say's preview is taken back, as after any cut call: one message, the answer
+        assert tg.shown(2701) == ["Short answer: the cat sat."]
+        first, second = trace["steps"][:2]
+        assert first["finish_reason"] == "length" and first["cut"]["by"] == "tokens" and first["cut"]["budget"] == 48
+        assert not first["escalated"]  # not asked again with a larger budget: this server would only run longer
+        assert second["cut"] is None
+        requests = loop_requests(llm)
+        assert len(requests) == 2 and requests[1]["max_tokens"] == 48
+        assert llm.streams_abandoned == 1
+
+
+async def test_a_turn_whose_whole_step_outlasts_its_deadline_goes_on_and_answers(tmp_path, tg, monkeypatch, capsys):
+    from bumblebot.app.cli import main
+
+    monkeypatch.setattr(pace_module, "FLOOR_S", 0.2)
+    async with FakeOpenAI(tokens_per_s=400) as llm:
+        config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "debounce_s": 0,
+                                                            "reflex_max_tokens": 48, "deliberate_max_tokens": 96})
+        # what an earlier run learned: this model writes past its budget, at about 400 tokens/s
+        (tmp_path / "data").mkdir()
+        async with Store(tmp_path / "data" / "bumblebot.db") as store:
+            await store.set_kv(overrun_key(llm.base_url, "reflex-model"),
+                               json.dumps({"reason": "earlier", "since": time.time()}))
+            for kind in ("tools", "text"):
+                await store.set_kv(speed_key(llm.base_url, "reflex-model", kind),
+                                   json.dumps({"reading": [5000.0], "writing": [400.0]}))
+        ramble_then_answer(llm)
+        llm.push(text(RAMBLE * 2), when=is_adequacy_judge)  # the completion check rambles too
+        async with running(config) as d:
+            tg.push_text("tell me about the cat", chat_id=2702)
+            await d.engine.wait_for_turns(1)
+            trace = (await d.store.recent_turns())[0]["trace"]
+        assert tg.shown(2702) == ["Short answer: the cat sat."]
+        first = trace["steps"][0]
+        assert first["finish_reason"] == "length" and first["cut"]["by"] == "deadline"
+        assert first["cut"]["budget"] == 48 and first["cut"]["writing"] == 400.0
+        assert first["cut"]["elapsed_s"] < 2.0  # the ramble takes about 5 s at 400 tokens/s
+        loop = loop_requests(llm)
+        # each string argument carried the budget as its maxLength
+        say_tool = next(t for t in loop[0]["tools"] if t["function"]["name"] == "say")
+        assert say_tool["function"]["parameters"]["properties"]["text"]["maxLength"] == 48 * 4
+        # the judge was bounded the same way: cut at its deadline, shown with its verdict
+        [verdict] = [v for v in trace["gate"] if v.get("judge") == "adequacy"]
+        assert verdict["usage"]["cuts"][0]["by"] == "deadline"
+        assert await asyncio.to_thread(main, ["--config", str(config), "trace", "--chat", "telegram:2702"]) == 0
+        out = capsys.readouterr().out
+        assert "step 1: finish=length" in out and "cut=deadline" in out and "budget 48 tokens at 400.0 tokens/s" in out
