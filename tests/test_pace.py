@@ -18,19 +18,8 @@ from bumblebot.core.settings import LLMSettings
 from bumblebot.store import Store
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.llm import pace as pace_module
-from bumblebot.llm.pace import (
-    OVERRUN_RETRY_S,
-    Cut,
-    Overruns,
-    Pace,
-    Speed,
-    TokenCount,
-    bounded_tools,
-    overran,
-    overrun_key,
-    prompt_size,
-    speed_key,
-)
+from bumblebot.llm.overruns import OVERRUN_RETRY_S, Overruns, bounded_tools, overran, overrun_key
+from bumblebot.llm.pace import Cut, Pace, Speed, TokenCount, prompt_size, speed_key
 
 SAY = {
     "type": "function",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import sqlite3
@@ -27,6 +28,7 @@ from bumblebot.app.probing import is_local
 from bumblebot.core.config import Secrets, load_settings
 from bumblebot.core.entity import load_entity
 from bumblebot.llm import ForcingFallback, stream_key, thinking_key, tool_choice_key
+from bumblebot.llm.pace import speed_key
 from bumblebot.llm.window import LearnedWindow, window_key
 from bumblebot.store import Store
 
@@ -183,6 +185,30 @@ async def test_what_check_learns_is_remembered_so_the_first_turn_pays_nothing(tm
     assert len(server.rejected) == refused_by_check  # nothing refused: the turn started plain
     first = loop_requests(server)[-1]
     assert first["tool_choice"] == "auto" and not first.get("stream") and "reasoning_effort" not in first
+
+
+async def test_check_measures_each_endpoints_speed_and_remembers_it_for_the_daemon(tmp_path, tg, capsys):
+    """One request that writes: streamed, its writing speed is exact; it is said, and kept where
+    the daemon reads it, so that the daemon's first deadline is the endpoint's own."""
+    service_data_dir(tmp_path)
+    async with FakeOpenAI(tokens_per_s=400) as server:
+        counting = "one two " * 30  # 60 chunks of 4 characters, about a token each: within 64
+        server.default = lambda request: (
+            tool_calls(("ping", {})) if is_loop(request)
+            else Reply(message={"role": "assistant", "content": counting}, stream_chars=4)
+            if "Count from 1 to 200" in str(request["messages"]) else text("ok")
+        )
+        config = write_config(tmp_path, server, tg, delivery={"streaming": "on"})
+        problems, settings = await check(config)
+        assert problems == []
+        out = capsys.readouterr().out
+        [line] = [x for x in out.splitlines() if "speed test-model" in x]
+        writing = int(line.split(": ", 1)[1].split(" tokens/s writing")[0])
+        assert 250 <= writing <= 400, line  # 400 tokens/s, less the fake's own time
+        assert "does not stop at max_tokens" not in line
+        async with Store(settings.db_path) as store:
+            remembered = json.loads(await store.get_kv(speed_key(server.base_url, "test-model", "text")) or "{}")
+        assert remembered["writing"] and remembered["reading"]
 
 
 async def test_check_next_to_a_running_daemon_writes_what_it_learns(tmp_path, tg, capsys):

@@ -51,7 +51,8 @@ from bumblebot.llm.forcing import (
     may_refuse_forcing,
 )
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
-from bumblebot.llm.pace import Bound, Overran, Overruns, Pace, bounded_tools, overran
+from bumblebot.llm.overruns import Overruns, bounded_tools, overran
+from bumblebot.llm.pace import Bound, Overran, Pace
 from bumblebot.llm.stream import SayListener, StreamedRequests, post_whole
 from bumblebot.llm.thinking import Thinking
 from bumblebot.llm.window import Windows
@@ -166,6 +167,10 @@ class LLM:
 
     async def aclose(self) -> None:
         await self._client.close()
+        try:
+            await self.pace.flush()  # the speeds measured since their last save
+        except Exception as exc:  # a store closed first: only speeds lost, measured again
+            log.info("endpoint %s: the speeds measured last were not saved: %s", self.base_url, exc)
 
     # -- what the endpoint has shown -------------------------------------------------------------
 

@@ -30,7 +30,8 @@ or without, as a server constraining calls to their schema writes them slower; r
 Before its first requests an endpoint is assumed slow (:data:`DEFAULT_WRITING`,
 :data:`DEFAULT_READING`). The deadline is a bound, never a target: an endpoint that has always
 stopped at its budget gets :data:`TRUSTED_SLACK` times the expected time plus
-:data:`TRUSTED_FLOOR_S`; only one that has been seen writing past its budget (:class:`Overruns`)
+:data:`TRUSTED_FLOOR_S`; only one that has been seen writing past its budget
+(:class:`~bumblebot.llm.overruns.Overruns`)
 gets the tight :data:`SLACK` and :data:`FLOOR_S`.
 """
 
@@ -42,9 +43,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bumblebot.llm.capabilities import CapabilityMemory
+
+if TYPE_CHECKING:
+    from bumblebot.llm.overruns import Overruns
 
 log = logging.getLogger(__name__)
 
@@ -271,11 +275,14 @@ class _Samples:
     writing: list[float] = field(default_factory=list)
     saved: float | None = None  # monotonic time of the last save
     loaded: bool = False
+    count: int = 0  # samples added in this process
+    saved_count: int = 0  # ...of which saved
 
     def add(self, kind: str, value: float) -> None:
         values = self.reading if kind == "reading" else self.writing
         values.append(round(value, 3))
         del values[:-SAMPLES]
+        self.count += 1
 
     def speed(self, overruns: bool) -> Speed:
         writing = max(self.writing) if self.writing else DEFAULT_WRITING
@@ -330,6 +337,7 @@ class Pace:
         samples = await self._samples(model, bound.kind)
         total = bound.ended - bound.started
         first = (bound.first - bound.started) if streamed and bound.first is not None else None
+        before = samples.count
         if first is not None:
             if prompt_tokens >= MIN_PROMPT and first > 0:
                 samples.add("reading", prompt_tokens / first)
@@ -340,109 +348,16 @@ class Pace:
                 samples.add("reading", prompt_tokens / total)
             if written >= MIN_WRITTEN:
                 samples.add("writing", written / total)
-        now = time.monotonic()
-        if samples.saved is None or now - samples.saved >= SAVE_EVERY_S:
-            samples.saved = now
-            await self.memory.set(
-                speed_key(self.endpoint, model, bound.kind), json.dumps({"reading": samples.reading, "writing": samples.writing})
-            )
+        if samples.count != before and (samples.saved is None or time.monotonic() - samples.saved >= SAVE_EVERY_S):
+            await self._save(model, bound.kind, samples)
 
+    async def flush(self) -> None:
+        """Save the samples measured since the last save (the client is closing)."""
+        for (model, kind), samples in self._models.items():
+            if samples.count != samples.saved_count:
+                await self._save(model, kind, samples)
 
-def overrun_key(endpoint: str, model: str) -> str:
-    """The ``kv`` key recording that ``model`` at ``endpoint`` wrote past its budget: JSON
-    ``{"reason": str, "since": float}`` (epoch seconds)."""
-    return f"llm.overruns:{endpoint}|{model}"
-
-
-#: Seconds an endpoint seen writing past its budget is treated so: then it is trusted again
-#: (and caught again at its next overrun).
-OVERRUN_RETRY_S = 7 * 24 * 3600.0
-
-
-def overran(written: int, budget: int, *, estimated: bool) -> bool:
-    """Whether an answer of ``written`` tokens went past a ``budget``: by a quarter and 16
-    tokens as reported (counts differ a little between a server and its tokenizer), by double
-    as estimated."""
-    return written > (budget * 2 if estimated else budget * 1.25) + 16
-
-
-class Overruns:
-    """What one endpoint has shown of ``max_tokens``: the models seen writing past it.
-
-    Such a model gets the tight deadline (:class:`Speed`), and its tool schemas a ``maxLength``
-    on each string argument (:func:`bounded_tools`): a server that constrains calls to their
-    schema with a grammar (llama.cpp's) then stops a runaway argument itself.
-
-    Args:
-        memory: where it is remembered.
-        endpoint: the endpoint's name in the keys.
-        clock: the wall clock, epoch seconds.
-    """
-
-    def __init__(self, memory: CapabilityMemory, endpoint: str, clock: Callable[[], float] = time.time) -> None:
-        self.memory = memory
-        self.endpoint = endpoint
-        self.clock = clock
-
-    async def seen(self, model: str) -> bool:
-        """Whether ``model`` was seen writing past its budget (within :data:`OVERRUN_RETRY_S`)."""
-        raw = await self.memory.get(overrun_key(self.endpoint, model))
-        if not raw:
-            return False
-        try:
-            since = float(json.loads(raw).get("since") or 0)
-        except (ValueError, TypeError, AttributeError):
-            since = 0.0
-        if self.clock() - since >= OVERRUN_RETRY_S:
-            await self.memory.clear(overrun_key(self.endpoint, model))
-            return False
-        return True
-
-    async def reason(self, model: str) -> str | None:
-        """What it was seen doing, ``None`` when it was not."""
-        if not await self.seen(model):
-            return None
-        raw = await self.memory.get(overrun_key(self.endpoint, model))
-        try:
-            return str(json.loads(raw or "{}").get("reason") or "reason not recorded")
-        except (ValueError, AttributeError):
-            return "reason not recorded"
-
-    async def saw(self, model: str, reason: str) -> None:
-        """``model`` wrote past its budget (``reason`` says how); remembered unless it already is."""
-        if await self.seen(model):
-            return
-        value = json.dumps({"reason": reason, "since": self.clock()}, ensure_ascii=False)
-        await self.memory.set(overrun_key(self.endpoint, model), value)
-        log.warning(
-            "endpoint %s, model %s does not stop at max_tokens (%s): its requests get a tight deadline, and its "
-            "tool schemas a maxLength on string arguments", self.endpoint, model, reason,
-        )
-
-
-def bounded_tools(tools: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    """``tools`` with a ``maxLength`` of the ``budget`` in characters on each string argument
-    that has no bound of its own (an enum, a pattern, a length): what the budget allows anyway,
-    in the form a schema-constrained server enforces."""
-    limit = budget * CHARS_PER_TOKEN
-    return [_bounded_tool(tool, limit) for tool in tools]
-
-
-def _bounded_tool(tool: dict[str, Any], limit: int) -> dict[str, Any]:
-    fn = tool.get("function")
-    if not isinstance(fn, dict) or not isinstance(fn.get("parameters"), dict):
-        return tool
-    return {**tool, "function": {**fn, "parameters": _bounded_schema(fn["parameters"], limit)}}
-
-
-def _bounded_schema(schema: Any, limit: int) -> Any:
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    if out.get("type") == "string" and not {"enum", "const", "pattern", "maxLength", "format"} & out.keys():
-        out["maxLength"] = limit
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {name: _bounded_schema(sub, limit) for name, sub in out["properties"].items()}
-    if "items" in out:
-        out["items"] = _bounded_schema(out["items"], limit)
-    return out
+    async def _save(self, model: str, kind: str, samples: _Samples) -> None:
+        samples.saved, samples.saved_count = time.monotonic(), samples.count
+        value = json.dumps({"reading": samples.reading, "writing": samples.writing})
+        await self.memory.set(speed_key(self.endpoint, model, kind), value)

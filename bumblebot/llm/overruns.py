@@ -1,0 +1,124 @@
+"""Models that write past ``max_tokens``: :class:`Overruns`, and the schemas they are sent.
+
+A model is seen doing so when an answer's reported usage goes past its budget by a quarter
+(and 16 tokens: a server and its tokenizer count a little differently), its estimated size by
+double, or a stream is cut past its budget (:class:`~bumblebot.llm.pace.TokenCount`). That is
+remembered in ``kv`` ``llm.overruns:<endpoint>|<model>`` for :data:`OVERRUN_RETRY_S`, then the
+model is trusted again, and caught again at its next overrun. Meanwhile:
+
+* its requests get the tight deadline (:class:`~bumblebot.llm.pace.Speed`);
+* its tool schemas carry a ``maxLength`` of the budget, in characters, on each free string
+  argument (:func:`bounded_tools`): a server that constrains calls to their schema with a
+  grammar (llama.cpp, llama-cpp-python) then ends a runaway argument itself. Abandoning the
+  request would not: llama-cpp-python finishes a whole request whose client has gone, and every
+  request behind it waits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bumblebot.llm.capabilities import CapabilityMemory
+from bumblebot.llm.pace import CHARS_PER_TOKEN
+
+log = logging.getLogger(__name__)
+
+
+def overrun_key(endpoint: str, model: str) -> str:
+    """The ``kv`` key recording that ``model`` at ``endpoint`` wrote past its budget: JSON
+    ``{"reason": str, "since": float}`` (epoch seconds)."""
+    return f"llm.overruns:{endpoint}|{model}"
+
+
+#: Seconds an endpoint seen writing past its budget is treated so: then it is trusted again
+#: (and caught again at its next overrun).
+OVERRUN_RETRY_S = 7 * 24 * 3600.0
+
+
+def overran(written: int, budget: int, *, estimated: bool) -> bool:
+    """Whether an answer of ``written`` tokens went past a ``budget``: by a quarter and 16
+    tokens as reported (counts differ a little between a server and its tokenizer), by double
+    as estimated."""
+    return written > (budget * 2 if estimated else budget * 1.25) + 16
+
+
+class Overruns:
+    """What one endpoint has shown of ``max_tokens``: the models seen writing past it.
+
+    Args:
+        memory: where it is remembered.
+        endpoint: the endpoint's name in the keys.
+        clock: the wall clock, epoch seconds.
+    """
+
+    def __init__(self, memory: CapabilityMemory, endpoint: str, clock: Callable[[], float] = time.time) -> None:
+        self.memory = memory
+        self.endpoint = endpoint
+        self.clock = clock
+
+    async def seen(self, model: str) -> bool:
+        """Whether ``model`` was seen writing past its budget (within :data:`OVERRUN_RETRY_S`)."""
+        raw = await self.memory.get(overrun_key(self.endpoint, model))
+        if not raw:
+            return False
+        try:
+            since = float(json.loads(raw).get("since") or 0)
+        except (ValueError, TypeError, AttributeError):
+            since = 0.0
+        if self.clock() - since >= OVERRUN_RETRY_S:
+            await self.memory.clear(overrun_key(self.endpoint, model))
+            return False
+        return True
+
+    async def reason(self, model: str) -> str | None:
+        """What it was seen doing, ``None`` when it was not."""
+        if not await self.seen(model):
+            return None
+        raw = await self.memory.get(overrun_key(self.endpoint, model))
+        try:
+            return str(json.loads(raw or "{}").get("reason") or "reason not recorded")
+        except (ValueError, AttributeError):
+            return "reason not recorded"
+
+    async def saw(self, model: str, reason: str) -> None:
+        """``model`` wrote past its budget (``reason`` says how); remembered unless it already is."""
+        if await self.seen(model):
+            return
+        value = json.dumps({"reason": reason, "since": self.clock()}, ensure_ascii=False)
+        await self.memory.set(overrun_key(self.endpoint, model), value)
+        log.warning(
+            "endpoint %s, model %s does not stop at max_tokens (%s): its requests get a tight deadline, and its "
+            "tool schemas a maxLength on string arguments", self.endpoint, model, reason,
+        )
+
+
+def bounded_tools(tools: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """``tools`` with a ``maxLength`` of the ``budget`` in characters on each string argument
+    that has no bound of its own (an enum, a pattern, a length): what the budget allows anyway,
+    in the form a schema-constrained server enforces."""
+    limit = budget * CHARS_PER_TOKEN
+    return [_bounded_tool(tool, limit) for tool in tools]
+
+
+def _bounded_tool(tool: dict[str, Any], limit: int) -> dict[str, Any]:
+    fn = tool.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("parameters"), dict):
+        return tool
+    return {**tool, "function": {**fn, "parameters": _bounded_schema(fn["parameters"], limit)}}
+
+
+def _bounded_schema(schema: Any, limit: int) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if out.get("type") == "string" and not {"enum", "const", "pattern", "maxLength", "format"} & out.keys():
+        out["maxLength"] = limit
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {name: _bounded_schema(sub, limit) for name, sub in out["properties"].items()}
+    if "items" in out:
+        out["items"] = _bounded_schema(out["items"], limit)
+    return out
