@@ -80,6 +80,9 @@ def test_bounded_tools_put_the_budget_on_each_free_string_argument():
     assert "maxLength" not in props["colour"] and props["short"]["maxLength"] == 10
     assert props["notes"]["items"]["maxLength"] == 400 and props["size"] == {"type": "integer"}
     assert "maxLength" not in SAY["function"]["parameters"]["properties"]["text"]  # the schemas given stay as they were
+    # one bound for every budget from a reply's up: turns of either budget send the same schemas
+    assert bounded_tools(tools, 512) == bounded_tools(tools, 2048)
+    assert bounded_tools(tools, 2048)[0]["function"]["parameters"]["properties"]["text"]["maxLength"] == 2048
 
 
 def test_the_prompt_size_counts_text_calls_and_images_without_making_json():
