@@ -80,9 +80,10 @@ def test_bounded_tools_put_the_budget_on_each_free_string_argument():
     assert "maxLength" not in props["colour"] and props["short"]["maxLength"] == 10
     assert props["notes"]["items"]["maxLength"] == 400 and props["size"] == {"type": "integer"}
     assert "maxLength" not in SAY["function"]["parameters"]["properties"]["text"]  # the schemas given stay as they were
-    # one bound for every budget from a reply's up: turns of either budget send the same schemas
+    # one bound for every budget from 200 tokens up: turns of either budget send the same schemas,
+    # and none a grammar parser refuses (llama-cpp-python's server died of a maxLength of 1,024)
     assert bounded_tools(tools, 512) == bounded_tools(tools, 2048)
-    assert bounded_tools(tools, 2048)[0]["function"]["parameters"]["properties"]["text"]["maxLength"] == 2048
+    assert bounded_tools(tools, 2048)[0]["function"]["parameters"]["properties"]["text"]["maxLength"] == 800
 
 
 def test_the_prompt_size_counts_text_calls_and_images_without_making_json():
@@ -179,7 +180,7 @@ async def test_a_stream_writing_tool_arguments_past_the_budget_is_cut_and_the_se
         server.push(say("short", end=False))
         await llm.complete([{"role": "user", "content": "again"}], max_tokens=64, tools=[SAY])
         sent = server.requests[-1]["tools"][0]["function"]["parameters"]["properties"]["text"]
-        assert sent["maxLength"] == 256
+        assert sent["maxLength"] == 256  # 64 tokens of 4 characters
         await llm.aclose()
 
 
@@ -194,6 +195,23 @@ async def test_a_stream_that_stops_at_its_budget_is_never_cut():
                                         on_say=lambda index, part: None)
         assert completion.cut is None and completion.finish_reason == "tool_calls"
         assert not await llm.overruns.seen("test-model") and server.streams_abandoned == 0
+        await llm.aclose()
+
+
+async def test_reasoning_past_the_budget_is_not_taken_for_an_overrun():
+    async with FakeOpenAI() as server:
+        llm = llm_for(server)
+        # reported reasoning is left out: some servers do not count it against max_tokens
+        server.push(text("fine", usage={"completion_tokens": 900, "completion_tokens_details": {"reasoning_tokens": 880}}))
+        await llm.complete([{"role": "user", "content": "think first"}], max_tokens=64)
+        # a request that asked for thinking says nothing of overruns, whatever it reports
+        server.push(text("fine", usage={"completion_tokens": 900}))
+        await llm.complete([{"role": "user", "content": "think hard"}], max_tokens=64, thinking=True)
+        assert "reasoning_effort" in server.requests[-1]
+        assert not await llm.overruns.seen("test-model")
+        server.push(text("fine", usage={"completion_tokens": 900}))  # the same answer, not asked to think
+        await llm.complete([{"role": "user", "content": "plain"}], max_tokens=64)
+        assert await llm.overruns.seen("test-model")
         await llm.aclose()
 
 

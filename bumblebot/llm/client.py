@@ -482,27 +482,34 @@ class LLM:
         except Overran as over:
             log.warning("endpoint %s, model %s: a request was %s", self.base_url, model, over.cut.describe())
             return Completion(content="", finish_reason="length", cut=over.cut)
-        await self._timed(model, response, bound)
+        await self._timed(model, params, response, bound)
         return response
 
-    async def _timed(self, model: str, response: ChatCompletion | Completion, bound: Bound) -> None:
+    async def _timed(
+        self, model: str, params: dict[str, Any], response: ChatCompletion | Completion, bound: Bound
+    ) -> None:
         """What an answered request showed of the endpoint's pace (:class:`~bumblebot.llm.pace.Pace`),
         and whether it wrote past its budget (:class:`~bumblebot.llm.pace.Overruns`)."""
         if isinstance(response, Completion):
-            written, streamed = response.completion_tokens, True
-            text = response.content + "".join(c.arguments for c in response.tool_calls)
+            counts, streamed = {"completion_tokens": response.completion_tokens,
+                                "reasoning_tokens": response.reasoning_tokens}, True
         else:
-            written, streamed = usage_counts(getattr(response, "usage", None))["completion_tokens"], False
-            text = _whole_text(response)
+            counts, streamed = usage_counts(getattr(response, "usage", None)), False
+        written = counts["completion_tokens"]
         estimated = written is None
-        tokens = estimate_text_tokens(text) if written is None else written
+        if written is None:
+            text = (response.content + "".join(c.arguments for c in response.tool_calls)
+                    if isinstance(response, Completion) else _whole_text(response))
+            written = estimate_text_tokens(text)
         if isinstance(response, Completion) and response.cut is not None:
-            tokens, estimated = response.cut.written or tokens, False  # counted chunk by chunk
+            written = response.cut.written or written  # counted chunk by chunk
             await self.overruns.saw(model, f"a stream went past its budget of {bound.budget} tokens")
-        elif overran(tokens, bound.budget, estimated=estimated):
+        elif not self._thinking.asked(params) and overran(written - (counts["reasoning_tokens"] or 0), bound.budget,
+                                                    estimated=estimated):
+            # reasoning is left out: some servers do not count it against max_tokens
             how = "about " if estimated else ""
-            await self.overruns.saw(model, f"wrote {how}{tokens} tokens with max_tokens {bound.budget}")
-        await self.pace.observe(model, tokens, bound, streamed=streamed)
+            await self.overruns.saw(model, f"wrote {how}{written} tokens with max_tokens {bound.budget}")
+        await self.pace.observe(model, written, bound, streamed=streamed)
 
     def _translate(self, exc: openai.APIError) -> ModelError:
         return translate(exc, base_url=self.base_url, timeout_s=self.settings.timeout_s, clock=self._clock)

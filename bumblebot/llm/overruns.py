@@ -7,7 +7,7 @@ remembered in ``kv`` ``llm.overruns:<endpoint>|<model>`` for :data:`OVERRUN_RETR
 model is trusted again, and caught again at its next overrun. Meanwhile:
 
 * its requests get the tight deadline (:class:`~bumblebot.llm.pace.Speed`);
-* its tool schemas carry a ``maxLength`` of the budget (at most a reply's worth), in characters,
+* its tool schemas carry a ``maxLength`` of the budget (at most a short reply), in characters,
   on each free string argument (:func:`bounded_tools`): a server that constrains calls to their
   schema with a grammar (llama.cpp, llama-cpp-python) then ends a runaway argument itself. Abandoning the
   request would not: llama-cpp-python finishes a whole request whose client has gone, and every
@@ -96,17 +96,19 @@ class Overruns:
         )
 
 
-#: The longest string argument such a model is asked for, tokens: a reply's worth. One bound for
-#: every budget from it up, so that turns of either budget send the same schemas, and a server
-#: that renders them into the prompt (llama-cpp-python) keeps its cached prefix between them.
-MAX_STRING_TOKENS = 512
+#: The longest string argument such a model is asked for, characters: a short reply. A grammar
+#: repeats a character rule this many times, and llama.cpp's grammar parser refuses more than
+#: about a thousand (llama-cpp-python 0.3.36's server dies of 1,024: seen here). One bound for
+#: every budget from 200 tokens up, so that turns of either budget send the same schemas, and a
+#: server that renders them into the prompt (llama-cpp-python) keeps its cached prefix.
+MAX_STRING_CHARS = 800
 
 
 def bounded_tools(tools: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
     """``tools`` with a ``maxLength`` on each string argument that has no bound of its own (an
-    enum, a pattern, a length): the ``budget`` in characters, at most :data:`MAX_STRING_TOKENS`'
-    worth. A schema-constrained server enforces it; a longer text takes several calls."""
-    limit = min(budget, MAX_STRING_TOKENS) * CHARS_PER_TOKEN
+    enum, a pattern, a length): the ``budget`` in characters, at most :data:`MAX_STRING_CHARS`.
+    A schema-constrained server enforces it; a longer text takes several calls."""
+    limit = min(budget * CHARS_PER_TOKEN, MAX_STRING_CHARS)
     return [_bounded_tool(tool, limit) for tool in tools]
 
 

@@ -54,6 +54,11 @@ class Thinking:
             return dict(t.extra_body_on if thinking else t.extra_body_off)
         return {}
 
+    def asked(self, params: dict[str, Any]) -> bool:
+        """Whether a request's ``params`` ask for thinking (as :meth:`params` made them)."""
+        on = self.params(True)
+        return bool(on) and all(params.get(key) == value for key, value in on.items())
+
     async def asks(self, model: str) -> bool:
         """Whether deliberate requests to ``model`` ask for thinking: ``llm.thinking.mode``,
         and under ``auto`` whether the endpoint has not refused it (within
