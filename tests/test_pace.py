@@ -105,7 +105,7 @@ async def test_speeds_are_the_fastest_writing_and_the_slow_quarter_of_reading_an
         saved[key] = value
 
     memory = CapabilityMemory(load, save)
-    pace = Pace(memory, "http://x/v1", Overruns(memory, "http://x/v1"))
+    pace = Pace(memory, "http://x/v1")
     # whole answers: writing is a lower bound (tokens over the whole time); reading too
     for written, seconds in ((20, 10.0), (400, 10.0), (30, 1.0)):
         bound = await pace.bound("m", [{"role": "user", "content": "p" * 4000}], 512, "tools")
@@ -118,13 +118,13 @@ async def test_speeds_are_the_fastest_writing_and_the_slow_quarter_of_reading_an
     assert (await pace.speed("m", "text")).samples == 0  # requests without tools are measured apart
     # the first sample was saved at once; a new process reads it back
     assert json.loads(saved[speed_key("http://x/v1", "m", "tools")])["writing"]
-    again = Pace(CapabilityMemory(load, save), "http://x/v1", Overruns(memory, "http://x/v1"))
+    again = Pace(CapabilityMemory(load, save), "http://x/v1")
     assert (await again.speed("m", "tools")).samples >= 1
 
 
 async def test_a_stream_measures_reading_until_its_first_token_and_writing_after_it():
     memory = CapabilityMemory()
-    pace = Pace(memory, "e", Overruns(memory, "e"))
+    pace = Pace(memory, "e")
     bound = await pace.bound("m", [{"role": "user", "content": "p" * 2000}], 256, "text")
     bound.started, bound.first, bound.ended = 10.0, 11.0, 13.0
     await pace.observe("m", 201, bound, streamed=True)
@@ -226,8 +226,8 @@ async def test_a_whole_answer_four_times_its_budget_ends_at_the_learned_deadline
         first = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=budget)
         assert first.cut is None and time.monotonic() - started >= 1.6  # a trusted endpoint: not cut yet
         assert await llm.overruns.seen("test-model")  # its usage showed 160 tokens for a budget of 40
-        speed = await llm.pace.speed("test-model")
-        assert speed.overruns and 80 <= speed.writing <= 100  # learned from that answer
+        speed = await llm.pace.speed("test-model", overruns=True)
+        assert 80 <= speed.writing <= 100  # learned from that answer
         server.push(text(four_times))
         started = time.monotonic()
         cut = await llm.complete([{"role": "user", "content": "hi again"}], max_tokens=budget)

@@ -162,8 +162,9 @@ async def speed_line(llm: LLM, model: str, on_say: SayListener | None) -> str:
         [{"role": "user", "content": SPEED_PROBE.strip()}], model=model, max_tokens=SPEED_PROBE_TOKENS,
         temperature=0.0, on_say=on_say,
     )
-    line = (await llm.pace.speed(model, "text")).describe()
-    tools = await llm.pace.speed(model, "tools")
+    overruns = await llm.overruns.seen(model)
+    line = (await llm.pace.speed(model, "text", overruns=overruns)).describe()
+    tools = await llm.pace.speed(model, "tools", overruns=overruns)
     if tools.samples:
         line += f"; with tools {tools.writing:.0f} tokens/s writing, {tools.reading:.0f} reading"
     if why := await llm.overruns.reason(model):

@@ -129,7 +129,7 @@ class LLM:
         #: the models seen writing past ``max_tokens``, and each model's speed: every request is
         #: bounded by its budget (:mod:`bumblebot.llm.pace`)
         self.overruns = Overruns(self.capabilities, self.memory_key, clock)
-        self.pace = Pace(self.capabilities, self.memory_key, self.overruns)
+        self.pace = Pace(self.capabilities, self.memory_key)
         #: requests forcing a tool call go without the client's retries (:meth:`_send_forced`)
         self._once = self._client.with_options(max_retries=0)
         self._fewer_retries = self._client.with_options(max_retries=max(0, settings.max_retries - 1))
@@ -471,7 +471,10 @@ class LLM:
         whole (a ``ChatCompletion``)."""
         client = client or self._client
         model, budget = params["model"], params["max_tokens"]
-        bound = await self.pace.bound(model, params["messages"], budget, "tools" if params.get("tools") else "text")
+        bound = await self.pace.bound(
+            model, params["messages"], budget, "tools" if params.get("tools") else "text",
+            overruns=await self.overruns.seen(model),
+        )
         streamed = on_say is not None and await self.streams()
         try:
             if streamed:

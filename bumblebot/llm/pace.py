@@ -43,12 +43,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bumblebot.llm.capabilities import CapabilityMemory
-
-if TYPE_CHECKING:
-    from bumblebot.llm.overruns import Overruns
 
 log = logging.getLogger(__name__)
 
@@ -297,13 +294,11 @@ class Pace:
     Args:
         memory: where they are kept (the store's ``kv``).
         endpoint: the endpoint's name in the keys (:func:`~bumblebot.llm.capabilities.endpoint_key`).
-        overruns: what the endpoint has shown of ``max_tokens``.
     """
 
-    def __init__(self, memory: CapabilityMemory, endpoint: str, overruns: Overruns) -> None:
+    def __init__(self, memory: CapabilityMemory, endpoint: str) -> None:
         self.memory = memory
         self.endpoint = endpoint
-        self.overruns = overruns
         self._models: dict[tuple[str, str], _Samples] = {}
 
     async def _samples(self, model: str, kind: str) -> _Samples:
@@ -319,13 +314,16 @@ class Pace:
                             self.endpoint, model)
         return samples
 
-    async def speed(self, model: str, kind: str = "text") -> Speed:
-        """What ``model`` at this endpoint has shown of its pace with requests of ``kind``."""
-        return (await self._samples(model, kind)).speed(await self.overruns.seen(model))
+    async def speed(self, model: str, kind: str = "text", *, overruns: bool = False) -> Speed:
+        """What ``model`` at this endpoint has shown of its pace with requests of ``kind``;
+        ``overruns``: it was seen writing past its budget (the tight deadline)."""
+        return (await self._samples(model, kind)).speed(overruns)
 
-    async def bound(self, model: str, messages: list[dict[str, Any]], budget: int, kind: str) -> Bound:
+    async def bound(
+        self, model: str, messages: list[dict[str, Any]], budget: int, kind: str, *, overruns: bool = False
+    ) -> Bound:
         """The bound of a request of ``messages`` to ``model`` with a ``budget`` of tokens."""
-        speed, prompt = await self.speed(model, kind), prompt_size(messages)
+        speed, prompt = await self.speed(model, kind, overruns=overruns), prompt_size(messages)
         return Bound(budget, speed.deadline(prompt, budget), speed, prompt, kind)
 
     async def observe(self, model: str, written: int, bound: Bound, *, streamed: bool) -> None:

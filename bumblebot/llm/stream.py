@@ -277,13 +277,7 @@ class StreamedRequests:
         body = {**params, "stream": True}
         if usage:
             body["stream_options"] = {"include_usage": True}
-        content: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
-        finish: str | None = None
-        reported: Any = None
-        received = 0
-        count = TokenCount(bound.budget) if bound is not None else None
-        cut: Cut | None = None
+        answer = _StreamedAnswer(on_say, bound)
         async with self._slots:
             if bound is not None:
                 bound.start()
@@ -295,31 +289,14 @@ class StreamedRequests:
             )
             try:
                 async for chunk in stream:
-                    received += 1
-                    if not isinstance(chunk, dict):
-                        continue
-                    reported = chunk.get("usage") or reported
-                    for choice in chunk.get("choices") or ():
-                        delta = choice.get("delta") or {}
-                        written = delta.get("content") or ""
-                        if written:
-                            content.append(written)
-                        for part in delta.get("tool_calls") or ():
-                            written += _take_call_part(calls, part, on_say)
-                        finish = choice.get("finish_reason") or finish
-                        if written and bound is not None and count is not None:
-                            bound.first = bound.first or time.monotonic()
-                            if count.add(written):  # past the budget: closed below, the server stops
-                                cut = Cut("tokens", bound.budget, bound.elapsed_s, written=count.chunks)
-                    if cut is not None:
-                        finish = "length"
-                        break
+                    if answer.take(chunk):
+                        break  # past its budget: the stream is closed below, the server stops
             # the openai client wraps what httpx raises while a stream is read in its own
             # APITimeoutError / APIConnectionError; both are caught here, the raw ones too
             except (httpx.TimeoutException, openai.APITimeoutError) as exc:
                 raise ModelTimeout(f"the model endpoint stopped streaming for {self.settings.timeout_s:g} s") from exc
             except (httpx.HTTPError, openai.APIConnectionError) as exc:
-                if not received:
+                if not answer.received:
                     raise _StreamDropped(f"the endpoint at {self.base_url} closed the stream before any answer: {exc}") from exc
                 raise ModelUnavailable(f"the stream from the model endpoint at {self.base_url} broke off: {exc}") from exc
             except openai.APIStatusError:
@@ -335,22 +312,9 @@ class StreamedRequests:
                 await stream.close()
                 if bound is not None:
                     bound.end()
-        if not received:  # headers, then nothing: llama-cpp-python, when its handler failed
+        if not answer.received:  # headers, then nothing: llama-cpp-python, when its handler failed
             raise _StreamDropped(f"the endpoint at {self.base_url} ended the stream without sending anything")
-        tool_calls = [
-            ToolCall(
-                id=c["id"] or new_call_id(), name=c["name"], arguments="".join(c["args"]) or "{}",
-                index=index,
-            )
-            for index, c in sorted(calls.items()) if c["name"]
-        ]
-        return Completion(
-            content=strip_reasoning("".join(content)),
-            tool_calls=tool_calls,
-            finish_reason=finish or "",
-            cut=cut,
-            **usage_counts(reported if isinstance(reported, dict) else None),
-        )
+        return answer.completion()
 
     async def _failed(self, reason: str, *, at_once: bool = False) -> None:
         """A streamed request failed where a whole one was answered: streaming is switched
@@ -365,6 +329,58 @@ class StreamedRequests:
         log.warning(
             "endpoint %s: %s; replies are sent whole from now on (streaming is tried again in %s)",
             self.base_url, reason, duration(STREAM_RETRY_S),
+        )
+
+
+class _StreamedAnswer:
+    """A completion read out of a stream, chunk by chunk, counted against the budget of
+    ``bound`` (none without one)."""
+
+    def __init__(self, on_say: SayListener, bound: Bound | None) -> None:
+        self.on_say = on_say
+        self.bound = bound
+        self.count = TokenCount(bound.budget) if bound is not None else None
+        self.content: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: str | None = None
+        self.reported: Any = None
+        self.received = 0
+        self.cut: Cut | None = None
+
+    def take(self, chunk: Any) -> bool:
+        """Read one chunk; whether the answer is now past its budget (:attr:`cut`)."""
+        self.received += 1
+        if not isinstance(chunk, dict):
+            return False
+        self.reported = chunk.get("usage") or self.reported
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            written = delta.get("content") or ""
+            if written:
+                self.content.append(written)
+            for part in delta.get("tool_calls") or ():
+                written += _take_call_part(self.calls, part, self.on_say)
+            self.finish = choice.get("finish_reason") or self.finish
+            bound, count = self.bound, self.count
+            if written and bound is not None and count is not None:
+                bound.first = bound.first or time.monotonic()
+                if count.add(written):
+                    self.cut = Cut("tokens", bound.budget, bound.elapsed_s, written=count.chunks)
+                    self.finish = "length"
+                    return True
+        return False
+
+    def completion(self) -> Completion:
+        tool_calls = [
+            ToolCall(id=c["id"] or new_call_id(), name=c["name"], arguments="".join(c["args"]) or "{}", index=index)
+            for index, c in sorted(self.calls.items()) if c["name"]
+        ]
+        return Completion(
+            content=strip_reasoning("".join(self.content)),
+            tool_calls=tool_calls,
+            finish_reason=self.finish or "",
+            cut=self.cut,
+            **usage_counts(self.reported if isinstance(self.reported, dict) else None),
         )
 
 
