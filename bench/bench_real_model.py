@@ -112,7 +112,8 @@ async def amain(args: argparse.Namespace) -> int:
     async with FakeTelegram(token=TOKEN) as tg:
         config = {
             "data_dir": str(tmp / "data"),
-            "llm": {"base_url": args.base_url, "model": args.model, "timeout_s": args.request_timeout, "max_retries": 0},
+            "llm": {"base_url": args.base_url, "model": args.model, "timeout_s": args.request_timeout, "max_retries": 0,
+                    "max_concurrent_requests": args.max_concurrent_requests},
             "telegram": {"enabled": True, "base_url": tg.base_url, "base_file_url": tg.base_file_url, "poll_timeout_s": 1},
             "cognition": {"max_context_tokens": args.window},
         }
@@ -178,6 +179,8 @@ def main() -> int:
     parser.add_argument("--cap", type=int, default=4, help="the turn's message cap, for the report")
     parser.add_argument("--turn-timeout", type=float, default=600.0, help="seconds to wait for one turn")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="llm.timeout_s")
+    parser.add_argument("--max-concurrent-requests", type=int, default=64,
+                        help="llm.max_concurrent_requests (1 for a server that answers one request at a time)")
     return asyncio.run(amain(parser.parse_args()))
 
 
