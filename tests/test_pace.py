@@ -122,6 +122,18 @@ async def test_speeds_are_the_fastest_writing_and_the_slow_quarter_of_reading_an
     assert (await again.speed("m", "tools")).samples >= 1
 
 
+async def test_writing_too_short_to_time_teaches_no_speed():
+    memory = CapabilityMemory()
+    pace = Pace(memory, "e")
+    # a proxy that buffers a stream and sends it at once; an answer served from a cache
+    bound = await pace.bound("m", [{"role": "user", "content": "p" * 2000}], 256, "text")
+    bound.started, bound.first, bound.ended = 10.0, 11.0, 11.01
+    await pace.observe("m", 300, bound, streamed=True)
+    bound.started, bound.ended = 10.0, 10.05
+    await pace.observe("m", 300, bound, streamed=False)
+    assert (await pace.speed("m")).writing == pace_module.DEFAULT_WRITING
+
+
 async def test_a_stream_measures_reading_until_its_first_token_and_writing_after_it():
     memory = CapabilityMemory()
     pace = Pace(memory, "e")
@@ -241,15 +253,16 @@ async def test_a_whole_answer_four_times_its_budget_ends_at_the_learned_deadline
 
 
 async def test_a_fast_endpoint_that_honours_max_tokens_is_never_cut():
-    async with FakeOpenAI(tokens_per_s=2000) as server:
+    async with FakeOpenAI(tokens_per_s=800) as server:
         llm = llm_for(server)
-        for n in range(12):
-            server.push(text("word " * 40))
-            completion = await llm.complete([{"role": "user", "content": f"question {n}"}], max_tokens=64)
+        for n in range(5):
+            server.push(text("word " * 400))  # 500 tokens at 800 tokens/s, within a budget of 600
+            completion = await llm.complete([{"role": "user", "content": f"question {n} " * 40}], max_tokens=600)
             assert completion.cut is None
         assert not await llm.overruns.seen("test-model")
         speed = await llm.pace.speed("test-model")
-        assert speed.samples == 12 and speed.deadline(10, 64) >= pace_module.TRUSTED_FLOOR_S
+        assert speed.samples == 5 and 600 <= speed.writing <= 800
+        assert speed.deadline(10, 600) >= pace_module.TRUSTED_FLOOR_S  # far out of its way
         await llm.aclose()
 
 

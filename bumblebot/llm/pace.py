@@ -68,6 +68,9 @@ TRUSTED_FLOOR_S = 30.0
 MIN_WRITTEN = 16
 #: Prompts shorter than this (tokens) say too little of the reading speed.
 MIN_PROMPT = 64
+#: Seconds of writing shorter than this say nothing of its speed: a proxy that buffers a stream
+#: and sends it at once, or a cached answer, would teach a pace no server has.
+MIN_WRITING_S = 0.5
 #: Seconds between two saves of an endpoint's samples (each request adds one; the store is
 #: written at most this often, and a restart loses at most that much).
 SAVE_EVERY_S = 60.0
@@ -339,12 +342,12 @@ class Pace:
         if first is not None:
             if prompt_tokens >= MIN_PROMPT and first > 0:
                 samples.add("reading", prompt_tokens / first)
-            if written >= MIN_WRITTEN and total - first > 0:
+            if written >= MIN_WRITTEN and total - first >= MIN_WRITING_S:
                 samples.add("writing", (written - 1) / (total - first))
         elif total > 0:
             if prompt_tokens >= MIN_PROMPT:
                 samples.add("reading", prompt_tokens / total)
-            if written >= MIN_WRITTEN:
+            if written >= MIN_WRITTEN and total >= MIN_WRITING_S:
                 samples.add("writing", written / total)
         if samples.count != before and (samples.saved is None or time.monotonic() - samples.saved >= SAVE_EVERY_S):
             await self._save(model, bound.kind, samples)
