@@ -187,6 +187,17 @@ async def test_model_outcomes_and_latency(llm):
     assert value(samples, "bumblebot_model_request_seconds_sum") >= 0.3  # the timeout waited
 
 
+def test_requests_cut_at_their_budget_are_counted_by_how():
+    from bumblebot.core.usage import Usage
+
+    metrics = Metrics()
+    cut = {"by": "deadline", "budget": 512, "elapsed_s": 31.0}
+    metrics.model_usage("turn", Usage("http://x/v1", "m", prompt=10, completion=512, cut=cut), None, "USD")
+    metrics.model_usage("judge", Usage("http://x/v1", "m", prompt=10, completion=64), None, "USD")
+    assert b'bumblebot_model_cuts_total{by="deadline",model="m"} 1.0' in metrics.exposition()
+    assert b'by="tokens"' not in metrics.exposition()
+
+
 async def test_two_instances_keep_their_own_counts():
     """Each Metrics has its own registry: no clash, no shared values, nothing global."""
     import prometheus_client

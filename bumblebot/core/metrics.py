@@ -133,6 +133,10 @@ class Metrics:
             "bumblebot_model_cost", "What model requests cost at llm.prices, by model and kind of request",
             ["model", "kind", "currency"], registry=self.registry,
         )
+        self.model_cuts = Counter(
+            "bumblebot_model_cuts", "Model requests the client cut at their token budget, by how (tokens or "
+            "deadline) and model", ["by", "model"], registry=self.registry,
+        )
         self.audio_seconds = Counter(
             "bumblebot_audio_seconds", "Seconds of audio transcribed, by model", ["model"], registry=self.registry,
         )
@@ -194,6 +198,8 @@ class Metrics:
             self.model_cost.labels(model=usage.model, kind=kind, currency=currency).inc(max(cost, 0.0))
         if usage.seconds > 0:
             self.audio_seconds.labels(model=usage.model).inc(usage.seconds)
+        if usage.cut:
+            self.model_cuts.labels(by=str(usage.cut.get("by")), model=usage.model).inc()
 
     def delivery(self, outcome: str) -> None:
         """A delivery attempt of an outbox row ended ``sent``, ``failed`` or ``queued``."""
