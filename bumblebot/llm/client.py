@@ -26,6 +26,7 @@ Also:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -52,7 +53,6 @@ from bumblebot.llm.forcing import (
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
 from bumblebot.llm.overruns import Overruns, bounded_tools, overran
 from bumblebot.llm.pace import Bound, Overran, Pace
-from bumblebot.llm.slots import RequestSlots
 from bumblebot.llm.stream import SayListener, StreamedRequests, post_whole
 from bumblebot.llm.thinking import Thinking
 from bumblebot.llm.window import Windows
@@ -113,7 +113,7 @@ class LLM:
         )
         self.capabilities = capabilities or CapabilityMemory()
         self._clock = clock
-        self._slots = RequestSlots(settings.max_concurrent_requests)
+        self._slots = asyncio.Semaphore(settings.max_concurrent_requests)
         refusals = Refusals(self.capabilities, base_url, clock, endpoint=self.memory_key)
         self._forcing = ToolForcing(
             self.capabilities, base_url, clock, retry_requests=forcing_retry_requests, retry_s=forcing_retry_s,
