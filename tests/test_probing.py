@@ -28,6 +28,7 @@ from bumblebot.app.probing import is_local
 from bumblebot.core.config import Secrets, load_settings
 from bumblebot.core.entity import load_entity
 from bumblebot.llm import ForcingFallback, stream_key, thinking_key, tool_choice_key
+from bumblebot.llm.overruns import overrun_key
 from bumblebot.llm.pace import speed_key
 from bumblebot.llm.window import LearnedWindow, window_key
 from bumblebot.store import Store
@@ -209,6 +210,36 @@ async def test_check_measures_each_endpoints_speed_and_remembers_it_for_the_daem
         async with Store(settings.db_path) as store:
             remembered = json.loads(await store.get_kv(speed_key(server.base_url, "test-model", "text")) or "{}")
         assert remembered["writing"] and remembered["reading"]
+
+
+async def test_check_finds_a_server_that_writes_tool_arguments_past_max_tokens(tmp_path, tg, capsys):
+    """llama-cpp-python ignores max_tokens inside a call's arguments: check's one request with a
+    budget of 16 tokens shows it, and the daemon's first turn sends its string arguments bounded."""
+    service_data_dir(tmp_path)
+    async with FakeOpenAI() as server:
+        def answer(request: dict[str, Any]) -> Reply:
+            names = [t["function"]["name"] for t in request.get("tools") or ()]
+            if "note" in names:  # a runaway story, as long as the schema lets it be
+                limit = request["tools"][0]["function"]["parameters"]["properties"]["text"]["maxLength"]
+                return tool_calls(("note", {"text": "x" * limit}), usage={"completion_tokens": limit // 4})
+            return tool_calls(("ping", {})) if is_loop(request) else text("ok")
+
+        server.default = answer
+        config = write_config(tmp_path, server, tg)
+        problems, settings = await check(config)
+        assert problems == []
+        out = capsys.readouterr().out
+        assert "does not stop at max_tokens (wrote 100 tokens with max_tokens 16)" in out
+        async with Store(settings.db_path) as store:
+            assert await store.get_kv(overrun_key(server.base_url, "test-model"))
+        judges_say_done(server)
+        server.push(say("hello there"), when=is_loop)
+        async with running(config) as d:
+            tg.push_text("hi", chat_id=52)
+            await d.engine.wait_for_turns(1, timeout=20)
+    first = loop_requests(server)[-1]
+    say_tool = next(t for t in first["tools"] if t["function"]["name"] == "say")
+    assert say_tool["function"]["parameters"]["properties"]["text"]["maxLength"] == 800
 
 
 async def test_check_next_to_a_running_daemon_writes_what_it_learns(tmp_path, tg, capsys):

@@ -22,6 +22,7 @@ from typing import Any
 from bumblebot.app.probing import (
     REMEMBERED,
     forcing_line,
+    probe_overrun,
     probe_thinking,
     probe_tools,
     speed_line,
@@ -266,6 +267,8 @@ async def _check_endpoint(
         forcing = forcing_line(settings, fallback, await llm.forcing_fallback(), forced_now, kept=kept)
         await probe_thinking(llm, settings)
         windows, window = await window_lines(settings, llm, primary_window, kept)
+        for model in _models(settings):
+            await probe_overrun(llm, model, (lambda index, text: None) if streams else None)
         speed = await speed_line(llm, llm.model, (lambda index, text: None) if streams else None)
         streaming = await _streaming_line(llm, probe, streams, remembered_whole, kept)
         if probe.tool_calls:

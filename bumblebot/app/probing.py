@@ -154,6 +154,32 @@ SPEED_PROBE = "Count from 1 to 200 in words, separated by commas: one, two, thre
 SPEED_PROBE_TOKENS = 64
 
 
+#: The tool of the request that asks whether a server stops at ``max_tokens`` inside a tool
+#: call's arguments: its text is bounded by the schema, so that a server that does not stop (and
+#: constrains arguments to their schema) stops there, within seconds.
+NOTE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "note", "description": "Keep a note.",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string", "maxLength": 400}},
+                       "required": ["text"]},
+    },
+}
+#: Its budget: a server that stops there writes 16 tokens; one that does not, up to 400 characters.
+OVERRUN_PROBE_TOKENS = 16
+
+
+async def probe_overrun(llm: LLM, model: str, on_say: SayListener | None) -> None:
+    """One tool request to ``model`` with a budget of :data:`OVERRUN_PROBE_TOKENS` that asks for
+    a long argument (streamed when ``on_say`` is given, as turns are): a model that writes past
+    the budget is remembered as one (:class:`~bumblebot.llm.overruns.Overruns`) before a turn pays
+    for a runaway. llama-cpp-python ignores ``max_tokens`` inside a call's arguments."""
+    await llm.complete(
+        [{"role": "user", "content": "Call the note tool with a story of 300 words about a lighthouse."}],
+        model=model, max_tokens=OVERRUN_PROBE_TOKENS, tools=[NOTE_TOOL], on_say=on_say,
+    )
+
+
 async def speed_line(llm: LLM, model: str, on_say: SayListener | None) -> str:
     """What ``model`` at ``llm`` has shown of its speed, after one request that writes
     :data:`SPEED_PROBE_TOKENS` tokens (streamed when ``on_say`` is given and the endpoint
