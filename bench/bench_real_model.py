@@ -27,6 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -97,6 +98,20 @@ async def one_chat(tg: FakeTelegram, db: Path, chat: int, texts: list[str], time
             row.first_s = time.monotonic() - pushed
 
 
+async def check_next_to(config: Path, db: Path, env: dict[str, str], log: Any) -> None:
+    """``bumblebot check --chat-only`` once the daemon has made its database (check writes what
+    it learns there; it creates none as root)."""
+    while not db.exists():
+        await asyncio.sleep(0.2)
+    check = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bumblebot", "--config", str(config), "check", "--chat-only", env=env,
+        stdout=log, stderr=log,
+    )
+    started = time.monotonic()
+    await check.wait()
+    print(f"bumblebot check took {time.monotonic() - started:.1f} s (exit {check.returncode})")
+
+
 def pct(values: list[float], p: int) -> float | None:
     if not values:
         return None
@@ -129,6 +144,8 @@ async def amain(args: argparse.Namespace) -> int:
         )
         rows: list[Row] = []
         try:
+            if args.check:  # as an operator does: what check learns, no turn pays for
+                await check_next_to(path, tmp / "data" / "bumblebot.db", env, log)
             messages = MESSAGES[: args.messages]
             chats = [9001 + i for i in range(args.chats)]
             plan = {chat: messages[i :: args.chats] for i, chat in enumerate(chats)}
@@ -179,6 +196,7 @@ def main() -> int:
     parser.add_argument("--cap", type=int, default=4, help="the turn's message cap, for the report")
     parser.add_argument("--turn-timeout", type=float, default=600.0, help="seconds to wait for one turn")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="llm.timeout_s")
+    parser.add_argument("--check", action="store_true", help="run `bumblebot check --chat-only` first")
     parser.add_argument("--max-concurrent-requests", type=int, default=64,
                         help="llm.max_concurrent_requests (1 for a server that answers one request at a time)")
     return asyncio.run(amain(parser.parse_args()))

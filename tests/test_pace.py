@@ -14,11 +14,11 @@ from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI, is_loop, text
 from support import is_adequacy_judge, judges_say_done, loop_requests, say
 
-from bumblebot.core.settings import LLMSettings
+from bumblebot.core.settings import FallbackSettings, LLMSettings
 from bumblebot.store import Store
-from bumblebot.llm import LLM, CapabilityMemory
+from bumblebot.llm import LLM, CapabilityMemory, build_endpoints
 from bumblebot.llm import pace as pace_module
-from bumblebot.llm.overruns import OVERRUN_RETRY_S, Overruns, bounded_tools, overran, overrun_key
+from bumblebot.llm.overruns import MAX_STRING_CHARS, OVERRUN_RETRY_S, Overruns, bounded_tools, overran, overrun_key
 from bumblebot.llm.pace import Cut, Pace, Speed, TokenCount, prompt_size, speed_key
 
 SAY = {
@@ -39,25 +39,27 @@ def llm_for(server: FakeOpenAI, memory: CapabilityMemory | None = None) -> LLM:
 # -- the parts -------------------------------------------------------------------------------------
 
 
-def test_a_trusted_endpoint_gets_a_loose_deadline_and_one_seen_overrunning_a_tight_one():
+def test_only_a_model_seen_overrunning_gets_a_deadline_from_its_speed():
     speed = Speed(writing=50.0, reading=500.0, samples=10)
     expected = 1000 / 500.0 + 512 / 50.0  # 12.24 s to read the prompt and write the whole budget
     assert speed.expected_s(1000, 512) == pytest.approx(expected)
-    assert speed.deadline(1000, 512) == pytest.approx(pace_module.TRUSTED_FLOOR_S + pace_module.TRUSTED_SLACK * expected)
+    assert speed.deadline(1000, 512) is None  # llm.timeout_s bounds it: a hang is an outage
     tight = Speed(writing=50.0, reading=500.0, samples=10, overruns=True)
     assert tight.deadline(1000, 512) == pytest.approx(pace_module.FLOOR_S + pace_module.SLACK * expected)
-    assert tight.deadline(1000, 512) < speed.deadline(1000, 512)
     assert "not measured yet" in Speed().describe() and "50 tokens/s writing" in speed.describe()
 
 
-def test_a_stream_is_past_its_budget_after_more_text_chunks_than_the_budget():
-    count = TokenCount(budget=8)
-    assert not any(count.add("word") for _ in range(8))  # 8 chunks: a server that stops at 8 tokens
-    assert count.add("word")  # the ninth is past it
-    # a server sending one character per chunk is not cut at the budget's count of chunks
+def test_a_stream_is_past_its_budget_when_both_its_chunks_and_its_text_are():
+    count = TokenCount(budget=8)  # past it: more than 8 x 1.25 + 16 = 26 tokens by either count
+    assert not any(count.add("word") for _ in range(26))  # a server whose count differs a little
+    assert count.add("word")  # the 27th token of 4 characters is past it
+    # a server sending a token in several chunks is cut by neither count early
     chars = TokenCount(budget=8)
-    assert not any(chars.add("a") for _ in range(15))
-    assert any(chars.add("a") for _ in range(20))  # at 16 characters, half the budget by the estimate
+    assert not any(chars.add("a") for _ in range(107))
+    assert chars.add("a")  # 108 characters: 27 tokens by the estimate
+    # nor one writing long tokens (a line of dashes is a token or two, not 4 characters each)
+    dashes = TokenCount(budget=8)
+    assert not any(dashes.add("-" * 64) for _ in range(26))
 
 
 def test_writing_past_the_budget_is_told_from_counts_that_differ_a_little():
@@ -181,11 +183,12 @@ async def test_a_stream_writing_tool_arguments_past_the_budget_is_cut_and_the_se
         )
         await server.stream_abandoned.wait()  # the connection was closed: the server stopped there
         assert completion.finish_reason == "length" and completion.hit_length
-        assert completion.cut is not None and completion.cut.by == "tokens" and completion.cut.written == 65
+        # past it: more than 64 x 1.25 + 16 = 96 tokens, by the chunks and by the text
+        assert completion.cut is not None and completion.cut.by == "tokens" and completion.cut.written == 97
         assert completion.tool_calls[0].name == "say"
-        assert len(completion.tool_calls[0].arguments) == 65 * 4  # what came until the cut
+        assert len(completion.tool_calls[0].arguments) == 97 * 4  # what came until the cut
         assert "".join(heard) and RAMBLE.startswith("".join(heard))
-        assert completion.usage is not None and completion.usage.completion == 65
+        assert completion.usage is not None and completion.usage.completion == 97
         # the model is remembered as one that writes past its budget: its tool requests now carry
         # the budget as each string argument's maxLength, for a server with a grammar to enforce
         assert await llm.overruns.seen("test-model")
@@ -262,8 +265,89 @@ async def test_a_fast_endpoint_that_honours_max_tokens_is_never_cut():
         assert not await llm.overruns.seen("test-model")
         speed = await llm.pace.speed("test-model")
         assert speed.samples == 5 and 600 <= speed.writing <= 800
-        assert speed.deadline(10, 600) >= pace_module.TRUSTED_FLOOR_S  # far out of its way
+        assert speed.deadline(10, 600) is None  # it never wrote past its budget: no deadline of ours
         await llm.aclose()
+
+
+async def seed(llm: LLM, writing: float, reading: float = 100000.0, model: str = "test-model") -> None:
+    """What an earlier run measured of ``model`` (both kinds of request)."""
+    for kind in ("text", "tools"):
+        await llm.capabilities.set(speed_key(llm.memory_key, model, kind),
+                                   json.dumps({"reading": [reading], "writing": [writing]}))
+
+
+async def test_an_honest_stream_of_two_chunks_a_token_is_never_cut():
+    async with FakeOpenAI() as server:
+        budget = len(json.dumps({"text": "word " * 16})) // 4  # 23 tokens of 4 characters
+        reply = say("word " * 16, end=False, usage={"completion_tokens": budget})
+        reply.stream_chars = 2  # each token in two chunks
+        server.push(reply)
+        llm = llm_for(server)
+        completion = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=budget, tools=[SAY],
+                                        on_say=lambda index, part: None)
+        assert completion.cut is None and not await llm.overruns.seen("test-model")
+        await llm.aclose()
+
+
+async def test_a_hung_endpoint_times_out_and_fails_over_rather_than_being_cut():
+    release = asyncio.Event()
+
+    async def hang(body: dict) -> object:
+        await release.wait()
+        return text("too late")
+
+    async with FakeOpenAI() as primary, FakeOpenAI(models=("big-fallback",)) as fallback:
+        settings = LLMSettings(model="test-model", max_retries=0, timeout_s=2,
+                               fallbacks=[FallbackSettings(base_url=fallback.base_url, model="big-fallback")])
+        endpoints = build_endpoints(settings, base_url=primary.base_url, api_key="sk", key_of=lambda name: None)
+        await seed(endpoints.primary, writing=200.0)  # a fast hosted endpoint, measured: its deadline < 2 s
+        primary.push(hang)
+        fallback.default = lambda body: text("answered by the fallback")
+        try:
+            answer = await endpoints.complete([{"role": "user", "content": "hello"}], max_tokens=64)
+        finally:
+            release.set()
+            await endpoints.aclose()
+        # a model never seen overrunning has no deadline of ours: a timeout, and the fallback answers
+        assert answer.content == "answered by the fallback" and answer.cut is None
+
+
+async def test_honest_requests_queued_at_a_one_slot_server_are_not_cut(monkeypatch):
+    monkeypatch.setattr(pace_module, "FLOOR_S", 0.1)
+    budget = 40
+    slot = asyncio.Lock()
+
+    async def one_at_a_time(body: dict) -> object:
+        async with slot:  # llama.cpp --parallel 1, Ollama with one slot: the server queues
+            await asyncio.sleep(0.2)  # writes its whole budget at 200 tokens/s, and stops there
+            return text("w" * 10, usage={"completion_tokens": budget})
+
+    async with FakeOpenAI() as server:
+        llm = llm_for(server)
+        await seed(llm, writing=200.0)  # a model seen overrunning once: tight deadlines of 0.4 s
+        await llm.overruns.saw("test-model", "earlier")
+        server.default = one_at_a_time
+        answers = await asyncio.gather(*(
+            llm.complete([{"role": "user", "content": f"q{n}"}], max_tokens=budget) for n in range(6)))
+        await llm.aclose()
+        # each request in flight ahead of one stretches its deadline: none is cut
+        assert [a.cut for a in answers if a.cut is not None] == []
+
+
+def test_bounded_tools_keep_every_string_under_what_llama_cpp_python_survives():
+    from tools.registry import Registry
+    from tools.sending import SENDING_TOOLS
+
+    [send_file] = Registry(SENDING_TOOLS).schemas()
+    # a grammar repeating a character 1,024 times kills llama-cpp-python 0.3.36's server
+    assert send_file["function"]["parameters"]["properties"]["caption"]["maxLength"] <= 1000
+    [bounded] = bounded_tools([send_file], 512)
+    assert bounded["function"]["parameters"]["properties"]["caption"]["maxLength"] == MAX_STRING_CHARS
+    optional = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "maybe": {"type": ["string", "null"]}, "either": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    }}}}
+    props = bounded_tools([optional], 16)[0]["function"]["parameters"]["properties"]
+    assert props["maybe"]["maxLength"] == 64 and props["either"]["anyOf"][0]["maxLength"] == 64
 
 
 # -- a turn --------------------------------------------------------------------------------------

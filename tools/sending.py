@@ -28,8 +28,11 @@ from .files import PathError, resolve_in_workspace
 
 __all__ = ["SENDING_TOOLS", "send_file"]
 
-#: Longest caption, characters (Telegram's caption limit; Discord's message limit is 2000).
-MAX_CAPTION_CHARS = 1024
+#: Longest caption, characters: under Telegram's caption limit (1,024; Discord's message limit is
+#: 2,000), and under what a server that constrains calls to their schema accepts: llama.cpp's
+#: grammar parser refuses to repeat a character much more than a thousand times, and
+#: llama-cpp-python 0.3.36's server dies of a maxLength of 1,024.
+MAX_CAPTION_CHARS = 1000
 
 
 @tool(kind=ToolKind.WORK, brief="Send a workspace file to the chat (images as photos).")

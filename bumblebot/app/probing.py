@@ -174,20 +174,26 @@ async def probe_overrun(llm: LLM, model: str, on_say: SayListener | None) -> Non
     a long argument (streamed when ``on_say`` is given, as turns are): a model that writes past
     the budget is remembered as one (:class:`~bumblebot.llm.overruns.Overruns`) before a turn pays
     for a runaway. llama-cpp-python ignores ``max_tokens`` inside a call's arguments."""
-    await llm.complete(
-        [{"role": "user", "content": "Call the note tool with a story of 300 words about a lighthouse."}],
-        model=model, max_tokens=OVERRUN_PROBE_TOKENS, tools=[NOTE_TOOL], on_say=on_say,
-    )
+    try:
+        await llm.complete(
+            [{"role": "user", "content": "Call the note tool with a story of 300 words about a lighthouse."}],
+            model=model, max_tokens=OVERRUN_PROBE_TOKENS, tools=[NOTE_TOOL], on_say=on_say,
+        )
+    except ModelError as exc:  # found out at a turn's first overrun instead
+        log.info("check: the request asking whether %s stops at max_tokens failed: %s", model, exc)
 
 
 async def speed_line(llm: LLM, model: str, on_say: SayListener | None) -> str:
     """What ``model`` at ``llm`` has shown of its speed, after one request that writes
     :data:`SPEED_PROBE_TOKENS` tokens (streamed when ``on_say`` is given and the endpoint
     streams: the writing speed is then exact), and whether it was seen writing past its budget."""
-    await llm.complete(
-        [{"role": "user", "content": SPEED_PROBE.strip()}], model=model, max_tokens=SPEED_PROBE_TOKENS,
-        temperature=0.0, on_say=on_say,
-    )
+    try:
+        await llm.complete(
+            [{"role": "user", "content": SPEED_PROBE.strip()}], model=model, max_tokens=SPEED_PROBE_TOKENS,
+            on_say=on_say,
+        )
+    except ModelError as exc:  # the endpoint's other lines say what is wrong with it
+        return f"not measured: {exc}"
     overruns = await llm.overruns.seen(model)
     line = (await llm.pace.speed(model, "text", overruns=overruns)).describe()
     tools = await llm.pace.speed(model, "tools", overruns=overruns)

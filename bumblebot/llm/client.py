@@ -471,9 +471,9 @@ class LLM:
         whole (a ``ChatCompletion``)."""
         client = client or self._client
         model, budget = params["model"], params["max_tokens"]
+        overruns = await self.overruns.seen(model)
         bound = await self.pace.bound(
-            model, params["messages"], budget, "tools" if params.get("tools") else "text",
-            overruns=await self.overruns.seen(model),
+            model, params["messages"], budget, "tools" if params.get("tools") else "text", overruns=overruns,
         )
         streamed = on_say is not None and await self.streams()
         try:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bumblebot.llm.capabilities import CapabilityMemory
-from bumblebot.llm.pace import CHARS_PER_TOKEN
+from bumblebot.llm.pace import CHARS_PER_TOKEN, past
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,9 @@ OVERRUN_RETRY_S = 7 * 24 * 3600.0
 
 def overran(written: int, budget: int, *, estimated: bool) -> bool:
     """Whether an answer of ``written`` tokens went past a ``budget``: by a quarter and 16
-    tokens as reported (counts differ a little between a server and its tokenizer), by double
-    as estimated."""
-    return written > (budget * 2 if estimated else budget * 1.25) + 16
+    tokens as reported (:func:`~bumblebot.llm.pace.past`: counts differ a little between a
+    server and its tokenizer), by double as estimated."""
+    return written > budget * 2 + 16 if estimated else past(written, budget)
 
 
 class Overruns:
@@ -105,9 +105,10 @@ MAX_STRING_CHARS = 800
 
 
 def bounded_tools(tools: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    """``tools`` with a ``maxLength`` on each string argument that has no bound of its own (an
-    enum, a pattern, a length): the ``budget`` in characters, at most :data:`MAX_STRING_CHARS`.
-    A schema-constrained server enforces it; a longer text takes several calls."""
+    """``tools`` with a ``maxLength`` on each free string argument (not an enum, a pattern or a
+    format), nested ones too: the ``budget`` in characters, at most :data:`MAX_STRING_CHARS`, or
+    the argument's own when shorter. A schema-constrained server enforces it; a longer text takes
+    several calls."""
     limit = min(budget * CHARS_PER_TOKEN, MAX_STRING_CHARS)
     return [_bounded_tool(tool, limit) for tool in tools]
 
@@ -123,10 +124,17 @@ def _bounded_schema(schema: Any, limit: int) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
-    if out.get("type") == "string" and not {"enum", "const", "pattern", "maxLength", "format"} & out.keys():
-        out["maxLength"] = limit
+    kind = out.get("type")
+    is_string = kind == "string" or (isinstance(kind, list) and "string" in kind)  # Optional[str]: ["string", "null"]
+    if is_string and not {"enum", "const", "pattern", "format"} & out.keys():
+        mine = out.get("maxLength")
+        out["maxLength"] = min(mine, limit) if isinstance(mine, int) else limit  # its own, if shorter
     if isinstance(out.get("properties"), dict):
         out["properties"] = {name: _bounded_schema(sub, limit) for name, sub in out["properties"].items()}
-    if "items" in out:
-        out["items"] = _bounded_schema(out["items"], limit)
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = _bounded_schema(out[key], limit)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [_bounded_schema(sub, limit) for sub in out[key]]
     return out

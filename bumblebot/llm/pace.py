@@ -28,11 +28,13 @@ or without, as a server constraining calls to their schema writes them slower; r
   than one it had not, and the deadline must allow for the one it had not.
 
 Before its first requests an endpoint is assumed slow (:data:`DEFAULT_WRITING`,
-:data:`DEFAULT_READING`). The deadline is a bound, never a target: an endpoint that has always
-stopped at its budget gets :data:`TRUSTED_SLACK` times the expected time plus
-:data:`TRUSTED_FLOOR_S`; only one that has been seen writing past its budget
-(:class:`~bumblebot.llm.overruns.Overruns`)
-gets the tight :data:`SLACK` and :data:`FLOOR_S`.
+:data:`DEFAULT_READING`). The deadline is a bound, never a target, and only for a model seen
+writing past its budget (:class:`~bumblebot.llm.overruns.Overruns`): :data:`SLACK` times the
+expected time plus :data:`FLOOR_S`, stretched for each request in flight ahead of it (a server
+that answers one at a time queues them). A whole request to any other model is bounded by
+``llm.timeout_s`` as before: a server that answers nothing is an outage (the failover, the
+outage notice), not a ``length`` finish, and a fast endpoint that honours ``max_tokens`` is
+never cut.
 """
 
 from __future__ import annotations
@@ -56,14 +58,10 @@ SAMPLES = 32
 DEFAULT_WRITING = 5.0
 #: Prompt tokens per second assumed before the first measurement (the same laptop).
 DEFAULT_READING = 50.0
-#: The deadline of an endpoint seen writing past its budget: this many times the expected time...
+#: The deadline of a model seen writing past its budget: this many times the expected time...
 SLACK = 1.5
 #: ...plus this many seconds (connection, a server's queue).
 FLOOR_S = 5.0
-#: The deadline of any other endpoint: a bound for a server that never overran, far out of the
-#: way of one that has a slow moment.
-TRUSTED_SLACK = 3.0
-TRUSTED_FLOOR_S = 30.0
 #: Answers shorter than this (tokens) say too little of the writing speed to be a sample.
 MIN_WRITTEN = 16
 #: Prompts shorter than this (tokens) say too little of the reading speed.
@@ -127,10 +125,12 @@ class Speed:
         """Seconds a request of ``prompt_tokens`` that writes its whole ``budget`` takes."""
         return prompt_tokens / self.reading + budget / self.writing
 
-    def deadline(self, prompt_tokens: int, budget: int) -> float:
-        """Seconds after which a whole request is aborted (the module's docstring)."""
-        slack, floor = (SLACK, FLOOR_S) if self.overruns else (TRUSTED_SLACK, TRUSTED_FLOOR_S)
-        return floor + slack * self.expected_s(prompt_tokens, budget)
+    def deadline(self, prompt_tokens: int, budget: int) -> float | None:
+        """Seconds after which a whole request is abandoned, with nothing in flight ahead of it;
+        ``None`` for a model never seen overrunning (the module's docstring)."""
+        if not self.overruns:
+            return None
+        return FLOOR_S + SLACK * self.expected_s(prompt_tokens, budget)
 
     def describe(self) -> str:
         """One line for ``bumblebot check``."""
@@ -191,30 +191,50 @@ class Overran(Exception):  # noqa: N818 - a signal between the sender and the cl
 
 
 @dataclass(slots=True)
+class InFlight:
+    """The requests in flight to one endpoint (started, not ended)."""
+
+    count: int = 0
+
+
+@dataclass(slots=True)
 class Bound:
     """What one request may take, and when it ran (monotonic seconds).
 
     Args:
         budget: its ``max_tokens``.
-        deadline_s: seconds it may take when sent whole.
+        deadline_s: seconds it may take when sent whole (``None``: ``llm.timeout_s`` bounds it).
         speed: what the deadline was computed from.
         prompt_tokens: the request's prompt (:func:`prompt_size`).
         kind: with tools or without (:data:`KINDS`).
+        flight: the endpoint's requests in flight (the deadline is stretched for each ahead).
     """
 
     budget: int
-    deadline_s: float
+    deadline_s: float | None
     speed: Speed = field(default_factory=Speed)
     prompt_tokens: int = 0
     kind: str = "text"
+    flight: InFlight | None = None
+    base_s: float | None = None  # the deadline with nothing ahead
     started: float | None = None
     first: float | None = None
     ended: float | None = None
 
     def start(self) -> None:
+        """The request is sent now. Each request already in flight to the endpoint may be
+        ahead of it at a server that answers one at a time: the deadline allows for each."""
         self.started, self.first, self.ended = time.monotonic(), None, None
+        if self.base_s is None:
+            self.base_s = self.deadline_s
+        if self.flight is not None:
+            if self.base_s is not None:
+                self.deadline_s = self.base_s * (1 + self.flight.count)
+            self.flight.count += 1
 
     def end(self) -> None:
+        if self.ended is None and self.flight is not None:
+            self.flight.count -= 1
         self.ended = time.monotonic()
 
     @property
@@ -233,6 +253,11 @@ class Bound:
             Overran: the deadline passed; the request was abandoned (its connection closed).
         """
         self.start()
+        if self.deadline_s is None:
+            try:
+                return await send()
+            finally:
+                self.end()
         limit = asyncio.timeout(self.deadline_s)
         try:
             async with limit:
@@ -248,11 +273,11 @@ class Bound:
 class TokenCount:
     """The answer of a stream counted as it comes, against its budget.
 
-    A chunk carrying text (of the answer or of a call's arguments) is at least one token, so
-    more such chunks than the budget is an answer past it. Servers that send several tokens in a
-    chunk are counted short (cut later, never early); so that one sending a token in several
-    chunks is not cut early either, the text must also come to half the budget by the token
-    estimate.
+    A chunk carrying text (of the answer or of a call's arguments) is at least one token, and
+    the token estimate (4 characters a token) is another count: the answer is past its budget
+    when both are past it by the margin :func:`past` allows a server's own count. A server that
+    sends several tokens in a chunk is cut by the estimate; one that sends a token in several
+    chunks, or long tokens (a line of dashes), is not cut early by either.
     """
 
     __slots__ = ("budget", "chunks", "chars")
@@ -266,7 +291,13 @@ class TokenCount:
         """Count one chunk of ``text``; whether the answer is now past the budget."""
         self.chunks += 1
         self.chars += len(text)
-        return self.chunks > self.budget and self.chars // CHARS_PER_TOKEN * 2 >= self.budget
+        return past(self.chunks, self.budget) and past(self.chars // CHARS_PER_TOKEN, self.budget)
+
+
+def past(tokens: int, budget: int) -> bool:
+    """Whether ``tokens`` are past a ``budget`` by more than a server's count and Bumblebot's
+    may differ: a quarter and 16 tokens."""
+    return tokens > budget * 1.25 + 16
 
 
 @dataclass(slots=True)
@@ -302,6 +333,7 @@ class Pace:
     def __init__(self, memory: CapabilityMemory, endpoint: str) -> None:
         self.memory = memory
         self.endpoint = endpoint
+        self.flight = InFlight()
         self._models: dict[tuple[str, str], _Samples] = {}
 
     async def _samples(self, model: str, kind: str) -> _Samples:
@@ -325,9 +357,10 @@ class Pace:
     async def bound(
         self, model: str, messages: list[dict[str, Any]], budget: int, kind: str, *, overruns: bool = False
     ) -> Bound:
-        """The bound of a request of ``messages`` to ``model`` with a ``budget`` of tokens."""
+        """The bound of a request of ``messages`` to ``model`` with a ``budget`` of tokens;
+        ``overruns``: the model was seen writing past its budget (it gets a deadline)."""
         speed, prompt = await self.speed(model, kind, overruns=overruns), prompt_size(messages)
-        return Bound(budget, speed.deadline(prompt, budget), speed, prompt, kind)
+        return Bound(budget, speed.deadline(prompt, budget), speed, prompt, kind, self.flight)
 
     async def observe(self, model: str, written: int, bound: Bound, *, streamed: bool) -> None:
         """A request was answered (or cut by its token count): ``written`` tokens (reported, or

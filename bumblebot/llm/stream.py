@@ -283,10 +283,15 @@ class StreamedRequests:
                 bound.start()
             # chunks come as plain dicts (``AsyncStream[object]``): building a typed object per
             # chunk doubled the CPU of a streamed turn (bench/bench_chat.py)
-            stream = await client.post(
-                "/chat/completions", cast_to=ChatCompletion, body=body, stream=True,
-                stream_cls=openai.AsyncStream[object],
-            )
+            try:
+                stream = await client.post(
+                    "/chat/completions", cast_to=ChatCompletion, body=body, stream=True,
+                    stream_cls=openai.AsyncStream[object],
+                )
+            except BaseException:
+                if bound is not None:
+                    bound.end()
+                raise
             try:
                 async for chunk in stream:
                     if answer.take(chunk):
