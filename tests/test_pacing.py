@@ -509,8 +509,12 @@ async def test_a_streamed_answer_does_not_jump_into_a_reply_that_waits_for_a_ful
     second = say("answer to the second message, streamed slowly so the preview is tried while the window is full and as it frees")
     second.stream_chars, second.stream_delay = 3, 0.1
     llm.push(second, when=lambda r: "tools" in r)
+    # the six messages are one say of about 5,000 tokens: a budget it fits (a stream past its
+    # budget is cut, as from a server that does not stop at max_tokens)
     config = write_config(tmp_path, llm, tg, delivery={"streaming": "on", "stream_edit_interval_s": 0.2},
-                          telegram={"respond_in_groups": "always"})
+                          telegram={"respond_in_groups": "always"},
+                          cognition={"classifier": False, "debounce_s": 0, "reflex_max_tokens": 8192,
+                                     "deliberate_max_tokens": 8192})
     async with running(config, pace=PaceLimits(per_chat_interval_s=0.01, group_per_minute=3)) as daemon:
         tg.push_text("write a lot", chat_id=-1420, chat_type="group")
         await daemon.engine.wait_for_turns(1, timeout=20)
