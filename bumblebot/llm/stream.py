@@ -314,9 +314,11 @@ class StreamedRequests:
                     ) from exc
                 raise ModelUnavailable(f"the model endpoint reported an error mid-stream: {exc.message}") from exc
             finally:
-                await stream.close()
-                if bound is not None:
-                    bound.end()
+                try:
+                    await stream.close()
+                finally:
+                    if bound is not None:
+                        bound.end()
         if not answer.received:  # headers, then nothing: llama-cpp-python, when its handler failed
             raise _StreamDropped(f"the endpoint at {self.base_url} ended the stream without sending anything")
         return answer.completion()
