@@ -410,30 +410,25 @@ def _step_tokens(step: dict[str, Any], currency: str) -> str:
             f"prompt_tokens={step['prompt_tokens']} (estimate {step['estimate']})"
             f" completion_tokens={step.get('completion_tokens')}"
         )
-    shown = (
+    return (
         f"prompt_tokens={usage['prompt']} (cached {usage['cached']}, estimate {step['estimate']})"
-        f" completion_tokens={usage['completion']} (reasoning {usage['reasoning']})"
+        f" completion_tokens={usage['completion']} (reasoning {usage['reasoning']})" + _usage_notes(usage, currency)
     )
-    if usage.get("estimated"):
-        shown += " [estimated]"
-    if usage.get("cost") is not None:
-        shown += f" cost={usage['cost']:.6f} {currency}"
-    for cut in usage.get("cuts") or ():
-        shown += f" {_cut_text(cut)}"
-    return shown
 
 
 def _used(usage: dict[str, Any], currency: str) -> str:
     """What a judge's, the classifier's or a compaction's requests used, as ``bumblebot trace``
     shows it."""
-    shown = f"{usage['requests']} request(s), prompt_tokens={usage['prompt']} completion_tokens={usage['completion']}"
-    if usage.get("estimated"):
-        shown += " [estimated]"
+    return (f"{usage['requests']} request(s), prompt_tokens={usage['prompt']} completion_tokens={usage['completion']}"
+            + _usage_notes(usage, currency))
+
+
+def _usage_notes(usage: dict[str, Any], currency: str) -> str:
+    """What ``bumblebot trace`` adds to a usage: ``[estimated]``, the cost, the requests cut."""
+    shown = " [estimated]" if usage.get("estimated") else ""
     if usage.get("cost") is not None:
         shown += f" cost={usage['cost']:.6f} {currency}"
-    for cut in usage.get("cuts") or ():
-        shown += f" {_cut_text(cut)}"
-    return shown
+    return shown + "".join(f" {_cut_text(cut)}" for cut in usage.get("cuts") or ())
 
 
 def _positive(value: str) -> int:
