@@ -183,11 +183,9 @@ class Cut:
 class Overran(Exception):  # noqa: N818 - a signal between the sender and the client, not an error
     """A request was cut at its budget (:class:`Cut`); the client answers it as a ``length`` finish."""
 
-    def __init__(self, cut: Cut, content: str = "", calls: list[Any] | None = None) -> None:
+    def __init__(self, cut: Cut) -> None:
         super().__init__(cut.describe())
         self.cut = cut
-        self.content = content
-        self.calls = calls or []
 
 
 @dataclass(slots=True)
