@@ -40,13 +40,15 @@ def llm_for(server: FakeOpenAI, memory: CapabilityMemory | None = None) -> LLM:
 
 
 def test_only_a_model_seen_overrunning_gets_a_deadline_from_its_speed():
-    speed = Speed(writing=50.0, reading=500.0, samples=10)
+    speed = Speed(writing=50.0, reading=500.0, samples=10, writing_measured=True)
     expected = 1000 / 500.0 + 512 / 50.0  # 12.24 s to read the prompt and write the whole budget
     assert speed.expected_s(1000, 512) == pytest.approx(expected)
     assert speed.deadline(1000, 512) is None  # llm.timeout_s bounds it: a hang is an outage
     tight = Speed(writing=50.0, reading=500.0, samples=10, overruns=True)
     assert tight.deadline(1000, 512) == pytest.approx(pace_module.FLOOR_S + pace_module.SLACK * expected)
     assert "not measured yet" in Speed().describe() and "50 tokens/s writing" in speed.describe()
+    # answers too short to time (a fast endpoint, check's 64 tokens): the assumed speed is said so
+    assert "writing not timed yet" in Speed(reading=2868.0, samples=1).describe()
 
 
 def test_a_stream_is_past_its_budget_when_both_its_chunks_and_its_text_are():
@@ -332,6 +334,77 @@ async def test_honest_requests_queued_at_a_one_slot_server_are_not_cut(monkeypat
         await llm.aclose()
         # each request in flight ahead of one stretches its deadline: none is cut
         assert [a.cut for a in answers if a.cut is not None] == []
+
+
+async def test_a_small_request_queued_behind_a_big_one_at_a_one_slot_server_is_not_cut(monkeypatch):
+    monkeypatch.setattr(pace_module, "FLOOR_S", 0.1)
+    slot = asyncio.Lock()
+
+    async def one_at_a_time(body: dict) -> object:
+        budget = body["max_tokens"]
+        async with slot:  # writes its whole budget at 1,000 tokens/s, one request at a time
+            await asyncio.sleep(budget / 1000)
+        return text("w" * 10, usage={"completion_tokens": budget})
+
+    async with FakeOpenAI() as server:
+        llm = llm_for(server)
+        await seed(llm, writing=1000.0)
+        await llm.overruns.saw("test-model", "earlier")  # tight deadlines
+        server.default = one_at_a_time
+        big = asyncio.ensure_future(llm.complete([{"role": "user", "content": "a long step"}], max_tokens=1000))
+        while llm.pace.flight.count < 1:
+            await asyncio.sleep(0)
+        # a judge's 20 tokens wait a second behind the step's 1,000: its own deadline is 0.13 s
+        small = await llm.complete([{"role": "user", "content": "judge it"}], max_tokens=20)
+        assert small.cut is None and (await big).cut is None
+        assert llm.pace.flight.count == 0 and llm.pace.flight.ahead_s == 0.0
+        await llm.aclose()
+
+
+async def test_a_deadline_past_the_timeout_ends_the_request_as_a_cut_sent_once(monkeypatch):
+    monkeypatch.setattr(pace_module, "FLOOR_S", 0.1)
+    async with FakeOpenAI(tokens_per_s=100) as server:
+        llm = LLM(LLMSettings(model="test-model", max_retries=1, timeout_s=1), base_url=server.base_url,
+                  api_key="sk-test", capabilities=CapabilityMemory())
+        await seed(llm, writing=100.0)
+        await llm.overruns.saw("test-model", "earlier")
+        server.push(text("x" * 1600))  # 400 tokens for a budget of 100: 4 s at 100 tokens/s
+        cut = await llm.complete([{"role": "user", "content": "hi"}], max_tokens=100)
+        # the deadline (0.1 + 1.5 x 1 s) ends it, not the 1 s timeout (an outage); and the client did
+        # not send the runaway again to a server still writing the first
+        assert cut.cut is not None and cut.cut.by == "deadline" and cut.cut.deadline_s > 1
+        assert len(server.requests) == 1
+        await llm.aclose()
+
+
+async def test_a_thinking_stream_teaches_no_writing_speed():
+    async with FakeOpenAI(tokens_per_s=100) as server:
+        reply = text("an answer after thinking " * 4, usage={"completion_tokens": 400,
+                                                         "completion_tokens_details": {"reasoning_tokens": 300}})
+        server.push(reply)
+        llm = llm_for(server)
+        await llm.complete([{"role": "user", "content": "think " * 100}], max_tokens=512, on_say=lambda i, t: None)
+        speed = await llm.pace.speed("test-model")
+        # 400 tokens over the answer's time alone would be a pace no server has
+        assert speed.samples == 1 and not speed.writing_measured
+        await llm.aclose()
+
+
+async def test_a_stream_whose_close_fails_keeps_no_place_in_flight(monkeypatch):
+    import openai
+
+    async with FakeOpenAI() as server:
+        server.push(text("hello there"))
+        llm = llm_for(server)
+
+        async def broken_close(self: object) -> None:
+            raise RuntimeError("reset while closing")
+
+        monkeypatch.setattr(openai.AsyncStream, "close", broken_close)
+        with pytest.raises(RuntimeError):
+            await llm.complete([{"role": "user", "content": "hi"}], max_tokens=64, on_say=lambda i, t: None)
+        assert llm.pace.flight.count == 0
+        await llm.aclose()
 
 
 def test_bounded_tools_keep_every_string_under_what_llama_cpp_python_survives():

@@ -512,7 +512,7 @@ class LLM:
             # reasoning is left out: some servers do not count it against max_tokens
             how = "about " if estimated else ""
             await self.overruns.saw(model, f"wrote {how}{written} tokens with max_tokens {bound.budget}")
-        await self.pace.observe(model, written, bound, streamed=streamed)
+        await self.pace.observe(model, written, bound, streamed=streamed, reasoned=bool(counts["reasoning_tokens"]))
 
     def _translate(self, exc: openai.APIError) -> ModelError:
         return translate(exc, base_url=self.base_url, timeout_s=self.settings.timeout_s, clock=self._clock)

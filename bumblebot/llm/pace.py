@@ -120,6 +120,7 @@ class Speed:
     reading: float = DEFAULT_READING
     samples: int = 0
     overruns: bool = False
+    writing_measured: bool = False
 
     def expected_s(self, prompt_tokens: int, budget: int) -> float:
         """Seconds a request of ``prompt_tokens`` that writes its whole ``budget`` takes."""
@@ -137,8 +138,9 @@ class Speed:
         if not self.samples:
             return (f"not measured yet; assumed {self.writing:g} tokens/s writing, "
                     f"{self.reading:g} tokens/s reading the prompt")
-        return (f"{self.writing:.0f} tokens/s writing, {self.reading:.0f} tokens/s reading the prompt "
-                f"(from its last {self.samples} requests)")
+        writing = (f"{self.writing:.0f} tokens/s writing" if self.writing_measured
+                   else f"writing not timed yet (answers too short; {self.writing:g} tokens/s assumed)")
+        return f"{writing}, {self.reading:.0f} tokens/s reading the prompt (from its last {self.samples} requests)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,9 +192,11 @@ class Overran(Exception):  # noqa: N818 - a signal between the sender and the cl
 
 @dataclass(slots=True)
 class InFlight:
-    """The requests in flight to one endpoint (started, not ended)."""
+    """The requests in flight to one endpoint (started, not ended), and the seconds a server
+    answering one at a time would take to answer them all, each writing its whole budget."""
 
     count: int = 0
+    ahead_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -214,25 +218,29 @@ class Bound:
     prompt_tokens: int = 0
     kind: str = "text"
     flight: InFlight | None = None
+    expected_s: float = 0.0  # what it takes, writing its whole budget, with nothing ahead
     base_s: float | None = None  # the deadline with nothing ahead
     started: float | None = None
     first: float | None = None
     ended: float | None = None
 
     def start(self) -> None:
-        """The request is sent now. Each request already in flight to the endpoint may be
-        ahead of it at a server that answers one at a time: the deadline allows for each."""
+        """The request is sent now. The requests already in flight to the endpoint may be
+        ahead of it at a server that answers one at a time: the deadline allows for what each
+        of them may take, writing its whole budget."""
         self.started, self.first, self.ended = time.monotonic(), None, None
         if self.base_s is None:
             self.base_s = self.deadline_s
         if self.flight is not None:
             if self.base_s is not None:
-                self.deadline_s = self.base_s * (1 + self.flight.count)
+                self.deadline_s = self.base_s + SLACK * self.flight.ahead_s
             self.flight.count += 1
+            self.flight.ahead_s += self.expected_s
 
     def end(self) -> None:
         if self.ended is None and self.flight is not None:
             self.flight.count -= 1
+            self.flight.ahead_s = max(0.0, self.flight.ahead_s - self.expected_s)
         self.ended = time.monotonic()
 
     @property
@@ -317,7 +325,7 @@ class _Samples:
         writing = max(self.writing) if self.writing else DEFAULT_WRITING
         reading = sorted(self.reading)[len(self.reading) // 4] if self.reading else DEFAULT_READING
         return Speed(writing=writing, reading=reading, samples=max(len(self.reading), len(self.writing)),
-                     overruns=overruns)
+                     overruns=overruns, writing_measured=bool(self.writing))
 
 
 class Pace:
@@ -358,11 +366,13 @@ class Pace:
         """The bound of a request of ``messages`` to ``model`` with a ``budget`` of tokens;
         ``overruns``: the model was seen writing past its budget (it gets a deadline)."""
         speed, prompt = await self.speed(model, kind, overruns=overruns), prompt_size(messages)
-        return Bound(budget, speed.deadline(prompt, budget), speed, prompt, kind, self.flight)
+        return Bound(budget, speed.deadline(prompt, budget), speed, prompt, kind, self.flight,
+                     speed.expected_s(prompt, budget))
 
-    async def observe(self, model: str, written: int, bound: Bound, *, streamed: bool) -> None:
+    async def observe(self, model: str, written: int, bound: Bound, *, streamed: bool, reasoned: bool = False) -> None:
         """A request was answered (or cut by its token count): ``written`` tokens (reported, or
-        estimated), timed by ``bound``."""
+        estimated), timed by ``bound``; ``reasoned``: reasoning tokens were reported (written
+        before the answer, unseen or apart from it: they say nothing of its writing speed)."""
         if bound.started is None or bound.ended is None:
             return
         prompt_tokens = bound.prompt_tokens
@@ -373,12 +383,12 @@ class Pace:
         if first is not None:
             if prompt_tokens >= MIN_PROMPT and first > 0:
                 samples.add("reading", prompt_tokens / first)
-            if written >= MIN_WRITTEN and total - first >= MIN_WRITING_S:
+            if written >= MIN_WRITTEN and total - first >= MIN_WRITING_S and not reasoned:
                 samples.add("writing", (written - 1) / (total - first))
         elif total > 0:
             if prompt_tokens >= MIN_PROMPT:
                 samples.add("reading", prompt_tokens / total)
-            if written >= MIN_WRITTEN and total >= MIN_WRITING_S:
+            if written >= MIN_WRITTEN and total >= MIN_WRITING_S and not reasoned:
                 samples.add("writing", written / total)
         if samples.count != before and (samples.saved is None or time.monotonic() - samples.saved >= SAVE_EVERY_S):
             await self._save(model, bound.kind, samples)

@@ -99,7 +99,19 @@ async def post_whole(
     async with slots:
         if bound is None:
             return await client.post("/chat/completions", cast_to=ChatCompletion, body=params)
-        return await bound.whole(lambda: client.post("/chat/completions", cast_to=ChatCompletion, body=params))
+        return await bound.whole(lambda: client.post(
+            "/chat/completions", cast_to=ChatCompletion, body=params, options=_within(bound, client)
+        ))
+
+
+def _within(bound: Bound, client: openai.AsyncOpenAI) -> dict[str, Any]:
+    """The client's options for a whole request with a deadline: a timeout past it, so that the
+    deadline (a ``length`` finish) ends a request that runs long, not the timeout (an outage);
+    and no retries, which would send a runaway again to a server still writing the first."""
+    if bound.deadline_s is None:
+        return {}
+    timeout = client.timeout if isinstance(client.timeout, float | int) else None
+    return {"timeout": max(float(timeout or 0.0), bound.deadline_s + 5.0), "max_retries": 0}
 
 
 class _StreamDropped(ModelUnavailable):
