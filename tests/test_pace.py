@@ -138,6 +138,19 @@ async def test_writing_too_short_to_time_teaches_no_speed():
     assert (await pace.speed("m")).writing == pace_module.DEFAULT_WRITING
 
 
+async def test_tool_requests_read_at_the_speed_measured_without_tools_until_they_measure_their_own():
+    memory = CapabilityMemory()
+    pace = Pace(memory, "e")
+    bound = await pace.bound("m", [{"role": "user", "content": "p" * 4000}], 64, "text")
+    bound.started, bound.ended = 10.0, 12.0  # bumblebot check's request: 1,000 prompt tokens in 2 s
+    await pace.observe("m", 10, bound, streamed=False)
+    assert (await pace.speed("m", "tools")).reading == pytest.approx(500.0)  # not the assumed 50
+    tools = await pace.bound("m", [{"role": "user", "content": "p" * 4000}], 64, "tools")
+    tools.started, tools.ended = 10.0, 20.0  # with tools: 1,000 in 10 s, its own from now on
+    await pace.observe("m", 10, tools, streamed=False)
+    assert (await pace.speed("m", "tools")).reading == pytest.approx(100.0)
+
+
 async def test_a_stream_measures_reading_until_its_first_token_and_writing_after_it():
     memory = CapabilityMemory()
     pace = Pace(memory, "e")

@@ -40,6 +40,7 @@ never cut.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -358,7 +359,15 @@ class Pace:
     async def speed(self, model: str, kind: str = "text", *, overruns: bool = False) -> Speed:
         """What ``model`` at this endpoint has shown of its pace with requests of ``kind``;
         ``overruns``: it was seen writing past its budget (the tight deadline)."""
-        return (await self._samples(model, kind)).speed(overruns)
+        speed = (await self._samples(model, kind)).speed(overruns)
+        if (await self._samples(model, kind)).reading:
+            return speed
+        # reading a prompt takes as long with tools as without: until requests of this kind
+        # have measured it, the other kind's measure (bumblebot check's, say) stands for it
+        other = await self._samples(model, "text" if kind == "tools" else "tools")
+        if not other.reading:
+            return speed
+        return dataclasses.replace(speed, reading=other.speed(overruns).reading)
 
     async def bound(
         self, model: str, messages: list[dict[str, Any]], budget: int, kind: str, *, overruns: bool = False
