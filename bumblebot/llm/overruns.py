@@ -16,13 +16,12 @@ model is trusted again, and caught again at its next overrun. Meanwhile:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from bumblebot.llm.capabilities import CapabilityMemory
+from bumblebot.llm.capabilities import CapabilityMemory, Refusals
 from bumblebot.llm.pace import CHARS_PER_TOKEN, past
 
 log = logging.getLogger(__name__)
@@ -58,38 +57,22 @@ class Overruns:
     def __init__(self, memory: CapabilityMemory, endpoint: str, clock: Callable[[], float] = time.time) -> None:
         self.memory = memory
         self.endpoint = endpoint
-        self.clock = clock
+        self._refusals = Refusals(memory, endpoint, clock, endpoint=endpoint)
 
     async def seen(self, model: str) -> bool:
         """Whether ``model`` was seen writing past its budget (within :data:`OVERRUN_RETRY_S`)."""
-        raw = await self.memory.get(overrun_key(self.endpoint, model))
-        if not raw:
-            return False
-        try:
-            since = float(json.loads(raw).get("since") or 0)
-        except (ValueError, TypeError, AttributeError):
-            since = 0.0
-        if self.clock() - since >= OVERRUN_RETRY_S:
-            await self.memory.clear(overrun_key(self.endpoint, model))
-            return False
-        return True
+        key = overrun_key(self.endpoint, model)
+        return await self._refusals.active(key, OVERRUN_RETRY_S, f"trusting {model} to stop at max_tokens again")
 
     async def reason(self, model: str) -> str | None:
         """What it was seen doing, ``None`` when it was not."""
-        if not await self.seen(model):
-            return None
-        raw = await self.memory.get(overrun_key(self.endpoint, model))
-        try:
-            return str(json.loads(raw or "{}").get("reason") or "reason not recorded")
-        except (ValueError, AttributeError):
-            return "reason not recorded"
+        return await self._refusals.reason(overrun_key(self.endpoint, model)) if await self.seen(model) else None
 
     async def saw(self, model: str, reason: str) -> None:
         """``model`` wrote past its budget (``reason`` says how); remembered unless it already is."""
         if await self.seen(model):
             return
-        value = json.dumps({"reason": reason, "since": self.clock()}, ensure_ascii=False)
-        await self.memory.set(overrun_key(self.endpoint, model), value)
+        await self._refusals.remember(overrun_key(self.endpoint, model), reason)
         log.warning(
             "endpoint %s, model %s does not stop at max_tokens (%s): its requests get a tight deadline, and its "
             "tool schemas a maxLength on string arguments", self.endpoint, model, reason,
