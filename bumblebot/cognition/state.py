@@ -16,6 +16,7 @@ from bumblebot.cognition.limits import REPEAT_LIMIT
 from bumblebot.core.messages import Message
 from bumblebot.core.textrules import strip_reasoning
 from bumblebot.core.toolkit import ToolKind, ToolResult
+from bumblebot.core.usage import answered
 from bumblebot.llm import ToolCall
 
 #: Characters of a work tool's result the completion check sees, and how many results.
@@ -139,6 +140,7 @@ class LoopState:
         does not count it again, in the words the model wrote before the text rules)."""
         if call_id is not None:
             self._counted.add(call_id)
+        answered()  # the person has words: the turn's next requests no longer go before other chats'
         key = repeat_key(text)
         if key not in self._delivered_keys:
             self._delivered_keys.add(key)

@@ -137,6 +137,52 @@ def rescope(**changes: object) -> Scope:
     return scope
 
 
+class _Awaited:
+    """A turn a person waits on; ``answered`` once it said something to them."""
+
+    __slots__ = ("answered",)
+
+    def __init__(self) -> None:
+        self.answered = False
+
+
+_AWAITED: contextvars.ContextVar[_Awaited | None] = contextvars.ContextVar("bumblebot_awaited", default=None)
+
+#: :func:`urgency` of the requests of a turn whose person has seen nothing of it yet
+FIRST_WORDS = 0
+#: of the other requests of people's turns, and of work outside any turn (summaries, ``check``)
+INTERACTIVE = 1
+#: of background work: automations, autonomous turns (:attr:`Scope.background`)
+BACKGROUND = 2
+
+
+@contextmanager
+def awaited() -> Iterator[None]:
+    """Run the block as a turn a person is waiting on: its requests are :data:`FIRST_WORDS` until
+    :func:`answered` is called in it."""
+    token = _AWAITED.set(_Awaited())
+    try:
+        yield
+    finally:
+        _AWAITED.reset(token)
+
+
+def answered() -> None:
+    """The running turn said something to its person (a message reached the outbox): its next
+    requests no longer go before other chats' (no-op outside :func:`awaited`)."""
+    if (turn := _AWAITED.get()) is not None:
+        turn.answered = True
+
+
+def urgency() -> int:
+    """How soon the running task's next model request should be sent when requests queue for an
+    endpoint (``bumblebot.llm.slots``): lower first."""
+    if _SCOPE.get().background:
+        return BACKGROUND
+    turn = _AWAITED.get()
+    return FIRST_WORDS if turn is not None and not turn.answered else INTERACTIVE
+
+
 #: What each request of the innermost :func:`tallied` block used, and its cost.
 Tally = list[tuple[Usage, float | None]]
 _TALLY: contextvars.ContextVar[Tally | None] = contextvars.ContextVar("bumblebot_usage_tally", default=None)

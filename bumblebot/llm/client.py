@@ -18,7 +18,8 @@ Also:
 
 * Assistant messages are always sent with ``content: ""``, never ``null``.
 * At most ``llm.max_concurrent_requests`` requests are in flight at once (turns, judges, the
-  classifier and summaries alike); nothing else caps concurrency.
+  classifier and summaries alike); nothing else caps concurrency. Waiting requests go most
+  urgent first (:mod:`bumblebot.llm.slots`).
 * Errors are translated where requests are sent, once
   (:func:`~bumblebot.llm.completion.translate`): :class:`~bumblebot.core.errors.ModelTimeout`,
   :class:`~bumblebot.core.errors.ContextTooLong` and :class:`~bumblebot.core.errors.ModelError`.
@@ -26,7 +27,6 @@ Also:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -53,6 +53,7 @@ from bumblebot.llm.forcing import (
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
 from bumblebot.llm.overruns import Overruns, bounded_tools, overran
 from bumblebot.llm.pace import Bound, Overran, Pace
+from bumblebot.llm.slots import RequestSlots
 from bumblebot.llm.stream import SayListener, StreamedRequests, post_whole
 from bumblebot.llm.thinking import Thinking
 from bumblebot.llm.window import Windows
@@ -113,7 +114,7 @@ class LLM:
         )
         self.capabilities = capabilities or CapabilityMemory()
         self._clock = clock
-        self._slots = asyncio.Semaphore(settings.max_concurrent_requests)
+        self._slots = RequestSlots(settings.max_concurrent_requests)
         refusals = Refusals(self.capabilities, base_url, clock, endpoint=self.memory_key)
         self._forcing = ToolForcing(
             self.capabilities, base_url, clock, retry_requests=forcing_retry_requests, retry_s=forcing_retry_s,
@@ -141,6 +142,11 @@ class LLM:
     @property
     def reflex_model(self) -> str:
         return self.settings.reflex_model or self.settings.model
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot under ``max_concurrent_requests``."""
+        return self._slots.waiting
 
     @property
     def forcing_retry_requests(self) -> int:

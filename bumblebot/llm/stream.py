@@ -35,7 +35,6 @@ aside for a re-check was answered, and billed, as well: it is counted too (``dis
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -60,6 +59,7 @@ from bumblebot.llm.completion import (
     usage_counts,
 )
 from bumblebot.llm.pace import Bound, Cut, TokenCount
+from bumblebot.llm.slots import RequestSlots
 from bumblebot.llm.streaming import JsonStringField
 from bumblebot.llm.window import window_in_refusal
 
@@ -85,7 +85,7 @@ STREAM_CHECKS = 3
 
 
 async def post_whole(
-    client: openai.AsyncOpenAI, slots: asyncio.Semaphore, params: dict[str, Any], bound: Bound | None = None
+    client: openai.AsyncOpenAI, slots: RequestSlots, params: dict[str, Any], bound: Bound | None = None
 ) -> ChatCompletion:
     """One request sent whole (unstreamed), through the request limiter ``slots``, within the
     deadline of ``bound`` (from when a slot was had; none without one).
@@ -133,7 +133,7 @@ class StreamedRequests:
     """
 
     def __init__(
-        self, client: openai.AsyncOpenAI, slots: asyncio.Semaphore, settings: LLMSettings, refusals: Refusals,
+        self, client: openai.AsyncOpenAI, slots: RequestSlots, settings: LLMSettings, refusals: Refusals,
         *, discarded: Callable[[Completion, dict[str, Any]], Awaitable[None]] | None = None, failover: bool = False,
     ) -> None:
         self._discarded = discarded

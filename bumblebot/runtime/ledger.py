@@ -29,7 +29,7 @@ from typing import Protocol
 
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.prices import ModelPrice, cost_of
-from bumblebot.core.usage import BACKGROUND_KINDS, Scope, Usage, scoped, tally
+from bumblebot.core.usage import BACKGROUND_KINDS, Scope, Usage, awaited, scoped, tally
 from bumblebot.store import JournalEntry, Store
 
 
@@ -109,5 +109,5 @@ def turn_scope(conversation: str, entries: Sequence[JournalEntry]) -> Iterator[S
             yield scope
         return
     sender = next((e.inbound.sender_id for e in reversed(entries) if e.inbound.source == "chat"), None)
-    with scoped(conversation=conversation, sender=sender, kind="turn", background=False) as scope:
+    with scoped(conversation=conversation, sender=sender, kind="turn", background=False) as scope, awaited():
         yield scope

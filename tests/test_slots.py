@@ -1,0 +1,148 @@
+"""The request slots of an endpoint (bumblebot/llm/slots.py): when every slot is taken, the
+request of a turn whose person has seen nothing yet is sent before the later steps of other
+chats' turns, and background work comes last. Real openai client against the fake endpoint on
+127.0.0.1, real SQLite files for the daemon's run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from conftest import running, write_config
+from fakes.openai_server import FakeOpenAI
+from support import Gate, contents, is_loop_with, judges_say_done, loop_requests, say
+
+from bumblebot.core.settings import LLMSettings
+from bumblebot.core.usage import BACKGROUND, FIRST_WORDS, INTERACTIVE, answered, awaited, scoped, urgency
+from bumblebot.llm import LLM, CapabilityMemory
+from bumblebot.llm.slots import RequestSlots
+
+
+def test_urgency_follows_the_turn_until_it_has_said_something():
+    assert urgency() == INTERACTIVE  # outside any turn: a summary, check
+    with awaited():
+        assert urgency() == FIRST_WORDS
+        answered()
+        assert urgency() == INTERACTIVE
+    with scoped(kind="automation", background=True), awaited():
+        assert urgency() == BACKGROUND
+    answered()  # outside a turn: nothing to mark
+    assert urgency() == INTERACTIVE
+
+
+async def test_a_freed_slot_goes_to_the_most_urgent_waiter_then_in_order():
+    slots, order = RequestSlots(1), []
+
+    async def request(name: str, first_words: bool, background: bool = False) -> None:
+        with scoped(background=background), awaited():
+            if not first_words:
+                answered()
+            async with slots:
+                order.append(name)
+
+    await slots.__aenter__()  # the request in flight
+    names = [("step-a", False), ("task", False, True), ("first-b", True), ("step-c", False), ("first-d", True)]
+    tasks = []
+    for args in names:
+        tasks.append(asyncio.create_task(request(*args)))
+        await asyncio.sleep(0)  # let it queue, in this order
+    assert slots.waiting == 5
+    await slots.__aexit__(None, None, None)
+    await asyncio.gather(*tasks)
+    assert order == ["first-b", "first-d", "step-a", "step-c", "task"]
+    assert slots.waiting == 0
+
+
+async def test_a_waiter_cancelled_as_it_was_given_the_slot_passes_it_on():
+    slots = RequestSlots(1)
+    await slots.__aenter__()
+    first = asyncio.create_task(slots.__aenter__())
+    second = asyncio.create_task(slots.__aenter__())
+    await asyncio.sleep(0)
+    await slots.__aexit__(None, None, None)  # given to ``first``...
+    first.cancel()  # ...which is cancelled before it runs: ``second`` gets the slot
+    await asyncio.wait_for(second, 1)
+    assert first.cancelled() and slots.waiting == 0
+    third = asyncio.create_task(slots.__aenter__())
+    await asyncio.sleep(0)
+    assert not third.done()  # one slot, held by ``second``
+    await slots.__aexit__(None, None, None)
+    await asyncio.wait_for(third, 1)
+
+
+async def test_a_cancelled_waiter_keeps_no_place():
+    slots = RequestSlots(1)
+    await slots.__aenter__()
+    gone = asyncio.create_task(slots.__aenter__())
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.gather(gone, return_exceptions=True)
+    assert slots.waiting == 0
+    await slots.__aexit__(None, None, None)
+    await asyncio.wait_for(slots.__aenter__(), 1)  # the slot was free, not given to the cancelled one
+
+
+async def test_requests_through_the_client_wait_for_the_slot_most_urgent_first():
+    hold = Gate(say("held"))
+    async with FakeOpenAI() as server:
+        server.push(hold)
+        server.push(say("one"))
+        server.push(say("two"))
+        llm = LLM(LLMSettings(model="test-model", max_retries=0, timeout_s=10, max_concurrent_requests=1),
+                  base_url=server.base_url, api_key="sk-test", capabilities=CapabilityMemory())
+
+        async def ask(text: str, first_words: bool) -> None:
+            with awaited():
+                if not first_words:
+                    answered()
+                await llm.complete([{"role": "user", "content": text}], max_tokens=64)
+
+        held = asyncio.create_task(ask("held", True))
+        await hold.entered.wait()
+        later = asyncio.create_task(ask("a later step", False))
+        await until(lambda: llm.waiting == 1)
+        new = asyncio.create_task(ask("a new message", True))
+        await until(lambda: llm.waiting == 2)
+        hold.release.set()
+        await asyncio.gather(held, later, new)
+        await llm.aclose()
+    asked = [r["messages"][-1]["content"] for r in server.requests]
+    assert asked == ["held", "a new message", "a later step"]
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``condition`` holds (the slots notify nobody: it is polled), or fail."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_new_message_goes_before_other_chats_later_steps_at_a_one_slot_server(tmp_path, tg):
+    """Chat A's turn is on its third step and chat C's first step holds the only slot when B
+    writes: B's first step is sent next, before A's third, though A's came first."""
+    a_second, c_first = Gate(say("A two", end=False)), Gate(say("C one"))
+    async with FakeOpenAI() as llm:
+        judges_say_done(llm)
+        llm.push(say("A one", end=False), when=is_loop_with("apple"))
+        llm.push(a_second, when=is_loop_with("apple"))
+        llm.push(say("A three"), when=is_loop_with("apple"))
+        llm.push(c_first, when=is_loop_with("cherry"))
+        llm.push(say("B one"), when=is_loop_with("banana"))
+        config = write_config(tmp_path, llm, tg, llm={"max_concurrent_requests": 1},
+                              cognition={"classifier": False, "debounce_s": 0})
+        async with running(config) as d:
+            endpoint = d.llm.primary
+            tg.push_text("apple", chat_id=2801)
+            await asyncio.wait_for(a_second.entered.wait(), 10)  # A said "A one"; its second step holds the slot
+            tg.push_text("cherry", chat_id=2803)
+            await until(lambda: endpoint.waiting == 1)  # C's first step waits
+            a_second.release.set()
+            await asyncio.wait_for(c_first.entered.wait(), 10)  # C's first step holds the slot
+            await until(lambda: endpoint.waiting == 1)  # A's third step waits
+            tg.push_text("banana", chat_id=2802)
+            await until(lambda: endpoint.waiting == 2)  # so does B's first
+            c_first.release.set()
+            await d.engine.wait_for_turns(3)
+    order = [next(w for w in ("apple", "banana", "cherry") if w in contents(r)) for r in loop_requests(llm)]
+    assert order == ["apple", "apple", "cherry", "banana", "apple"]
+    assert tg.shown(2802) == ["B one"] and tg.shown(2801) == ["A one", "A two", "A three"]
