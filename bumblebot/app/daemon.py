@@ -28,6 +28,7 @@ from bumblebot.cognition.gate import CompletionGate
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.loop import AgentLoop
 from bumblebot.cognition.prompt import PromptBuilder
+from bumblebot.core.activity import Activity
 from bumblebot.core.adapter import Adapter
 from bumblebot.core.config import Secrets, dotenv_unreadable, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
@@ -210,6 +211,9 @@ class Daemon:
             secrets.values() + endpoint_secrets(settings, secrets) + mcp_secret_values(settings.mcp, mcp_environ())
         )
         self.store = Store(settings.db_path, redactor=self.redactor)
+        #: what turns and the operator do, live (the web console's event streams)
+        self.activity = Activity(redact=self.redactor)
+        self.web: Any = None  # the web console (bumblebot.web.WebConsole) once started
         self._umask: int | None = None  # the process umask before :meth:`open`, restored at stop
         self.engine: Engine | None = None
         self.llm: Endpoints | None = None
@@ -398,6 +402,8 @@ class Daemon:
         engine = await self.open()
         if self.settings.metrics.listen:  # before the adapters: a port in use fails the start
             await self.metrics.serve(self.settings.metrics.listen)
+        if self.settings.web.listen:
+            await self._serve_console()
         self.adapters = self.platform_adapters(engine) if adapters is None else adapters
         if self.mcp is not None:  # resumed turns see the tools; a slow server waits mcp.startup_wait_s at most
             await self.mcp.wait_settled()
@@ -407,6 +413,32 @@ class Daemon:
             self.media.register(adapter)
             await adapter.start()
         engine.mark_ready()
+
+    async def web_token_sha256(self) -> str | None:
+        """The web console's login token as its SHA-256 (hex): ``BUMBLEBOT_WEB_TOKEN``'s, else
+        the one ``bumblebot web token`` stored; ``None``: neither."""
+        from bumblebot.web.auth import TOKEN_KEY, token_digest
+
+        if self.secrets.web_token is not None and self.secrets.web_token.get_secret_value():
+            return token_digest(self.secrets.web_token.get_secret_value())
+        return await self.store.get_kv(TOKEN_KEY) or None
+
+    async def _serve_console(self) -> None:
+        """Start the web console on ``web.listen`` (``bumblebot/web``).
+
+        Raises:
+            ConfigError: no login token, or the address cannot be bound.
+        """
+        from bumblebot.app.console import DaemonConsole
+        from bumblebot.web import WebConsole
+
+        if await self.web_token_sha256() is None:
+            raise ConfigError(
+                "config", "web.listen", "a login token for the web console: set BUMBLEBOT_WEB_TOKEN, or run "
+                "`bumblebot web token` to make one",
+            )
+        self.web = WebConsole(DaemonConsole(self), self.settings.web, self.web_token_sha256)
+        await self.web.start()
 
     async def _each_adapter(self, method: str) -> None:
         """Call ``method`` on every adapter; one failing never keeps the others running."""
@@ -421,6 +453,8 @@ class Daemon:
             return
         self._stopped = True
         try:
+            if self.web is not None:
+                await self.web.stop()  # first: no action reaches a stopping engine
             await self._each_adapter("stop_intake")
             if self.engine is not None:
                 await self.engine.stop()  # in-flight turns finish and deliver
