@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from bumblebot.web.auth import FORM, SESSION
+
 if TYPE_CHECKING:
     from bumblebot.web.server import WebConsole
 
@@ -34,7 +36,7 @@ def routes(app: web.Application, server: WebConsole) -> None:
 
 def _back(request: web.Request, default: str) -> str:
     """Where to go after the action: the form's ``back`` (a path of this site), else ``default``."""
-    back = request.get("form", {}).get("back")
+    back = request.get(FORM, {}).get("back")
     if isinstance(back, str) and back.startswith("/") and not back.startswith("//") and "\\" not in back:
         return back
     return default
@@ -42,7 +44,7 @@ def _back(request: web.Request, default: str) -> str:
 
 async def _act(server: WebConsole, handler: Callable[[WebConsole, web.Request], Awaitable[str]], request: web.Request) -> web.Response:
     form = await request.post()
-    request["form"] = {k: v for k, v in form.items() if isinstance(v, str)}
+    request[FORM] = {k: v for k, v in form.items() if isinstance(v, str)}
     key = request.match_info.get("key")
     try:
         said = await handler(server, request)
@@ -51,12 +53,12 @@ async def _act(server: WebConsole, handler: Callable[[WebConsole, web.Request], 
     except Exception as exc:  # the operator sees it failed; the log has the details
         log.exception("web console: %s failed", request.path)
         said = f"That failed: {type(exc).__name__}."
-    request["session"].flash.append(said)
+    request[SESSION].flash.append(said)
     raise web.HTTPSeeOther(_back(request, f"/c/{key}" if key else "/"))
 
 
 def _field(request: web.Request, name: str) -> str:
-    value = request["form"].get(name, "").strip()
+    value = request[FORM].get(name, "").strip()
     if not value:
         raise web.HTTPBadRequest(text=f"the form lacks {name}")
     return str(value)
@@ -79,7 +81,7 @@ async def pause(server: WebConsole, request: web.Request) -> str:
 
 
 async def resume(server: WebConsole, request: web.Request) -> str:
-    set_aside = request["form"].get("set_aside") == "1"
+    set_aside = request[FORM].get("set_aside") == "1"
     return await server.console.resume(request.match_info["key"], set_aside=set_aside)
 
 
@@ -97,5 +99,5 @@ async def unblock(server: WebConsole, request: web.Request) -> str:
 
 async def check(server: WebConsole, request: web.Request) -> str:
     lines = await server.console.check()
-    request["session"].check = lines
+    request[SESSION].check = lines
     return f"check ran: {len(lines)} lines."

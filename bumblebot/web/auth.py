@@ -24,6 +24,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -134,6 +135,17 @@ class Throttle:
 
     def succeeded(self, client: str) -> None:
         self._failures.pop(client, None)
+
+
+def _request_key(name: str, kind: type) -> Any:
+    """A key of a request's own storage (``web.RequestKey`` where aiohttp has it, else the name)."""
+    key = getattr(web, "RequestKey", None)
+    return key(name, kind) if key is not None else name
+
+
+#: the request's session (set by the server's guard) and its form's text fields (set by an action)
+SESSION: Any = _request_key("session", Session)
+FORM: Any = _request_key("form", dict)
 
 
 def client_address(request: web.Request) -> str:

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from bumblebot.core.activity import Event
 from bumblebot.web import charts
+from bumblebot.web.auth import SESSION
 
 if TYPE_CHECKING:
     from bumblebot.web.server import WebConsole
@@ -193,5 +194,5 @@ async def tools(server: WebConsole, request: web.Request) -> web.Response:
 
 async def setup(server: WebConsole, request: web.Request) -> web.Response:
     settings = yaml.safe_dump(server.console.settings_redacted(), sort_keys=False, allow_unicode=True)
-    session = request["session"]
+    session = request[SESSION]
     return server.render(request, "setup.html", title="Setup", settings=settings, check=session.check)

@@ -23,7 +23,7 @@ from aiohttp import web
 from bumblebot.core.errors import ConfigError
 from bumblebot.core.settings import WebSettings, is_loopback
 from bumblebot.web import actions, events, pages
-from bumblebot.web.auth import COOKIE, Login, Session, Sessions, Throttle, client_address, csrf_ok, same_origin
+from bumblebot.web.auth import COOKIE, SESSION, Login, Session, Sessions, Throttle, client_address, csrf_ok, same_origin
 from bumblebot.web.console import Console
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ OPEN_PATHS = ("/login", "/static/")
 def templates() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True,
-        undefined=jinja2.StrictUndefined,
+        undefined=jinja2.ChainableUndefined,
     )
     env.filters["q"] = lambda s: quote(str(s), safe="")
     env.filters.update(pages.FILTERS)
@@ -130,7 +130,7 @@ class WebConsole:
                 form = await request.post()
                 if not same_origin(request) or not csrf_ok(session, _text(form.get("csrf"))):
                     raise web.HTTPForbidden(text="refused: the form is stale or from another site; reload the page")
-            request["session"] = session
+            request[SESSION] = session
         elif request.method == "POST" and not same_origin(request):
             raise web.HTTPForbidden(text="refused: the form is from another site")
         response = await handler(request)
@@ -144,7 +144,7 @@ class WebConsole:
     # -- login ---------------------------------------------------------------------------------
 
     async def _login_page(self, request: web.Request) -> web.Response:
-        return self.render(request, "login.html", next=_safe_next(request.query.get("next")), error=None)
+        return self.render(request, "login.html", title="Log in", next=_safe_next(request.query.get("next")), error=None)
 
     async def _login_post(self, request: web.Request) -> web.Response:
         form = await request.post()
@@ -153,7 +153,7 @@ class WebConsole:
         session = await self.login.attempt(client_address(request), token)
         if session is None:
             log.warning("web console: a failed login from %s", client_address(request))
-            response = self.render(request, "login.html", next=nxt, error="That token is not right.")
+            response = self.render(request, "login.html", title="Log in", next=nxt, error="That token is not right.")
             response.set_status(401)
             return response
         response = web.HTTPSeeOther(nxt)
@@ -174,7 +174,7 @@ class WebConsole:
     def render(self, request: web.Request, name: str, **context: Any) -> web.Response:
         """Render template ``name``; a logged-in page gets the session's CSRF token and its
         flash messages (shown once)."""
-        session: Session | None = request.get("session")
+        session: Session | None = request.get(SESSION)
         flash: list[str] = []
         if session is not None:
             flash, session.flash = session.flash, []
