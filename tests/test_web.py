@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import TOKEN, running, write_config
+from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI
 from fakes.telegram_server import FakeTelegram
 

@@ -12,7 +12,7 @@ import contextlib
 import io
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bumblebot.app.reach import shown_url
 from bumblebot.cognition.knowledge import conversation_file_name
@@ -20,9 +20,6 @@ from bumblebot.core.activity import NO_ACTIVITY, Activity
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.media.names import chat_folder
 from bumblebot.store import Store
-
-if TYPE_CHECKING:
-    from bumblebot.app.daemon import Daemon
 
 REDACTED = "<redacted>"
 #: a setting whose name holds one of these is a secret, whatever its value
@@ -48,9 +45,10 @@ def redacted(value: Any, redact: Any, name: str = "") -> Any:
 
 
 class DaemonConsole:
-    """The :class:`~bumblebot.web.console.Console` of a started :class:`Daemon`."""
+    """The :class:`~bumblebot.web.console.Console` of a started ``Daemon`` (not imported: the
+    daemon builds this)."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Any) -> None:  # a started bumblebot.app.daemon.Daemon
         self.daemon = daemon
         self.store: Store = daemon.store
         self.activity: Activity = getattr(daemon, "activity", NO_ACTIVITY)

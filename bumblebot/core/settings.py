@@ -13,7 +13,6 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bumblebot.core.events import ChatRef
-from bumblebot.core.mcp_settings import MCPSettings
 from bumblebot.core.llm_settings import (  # noqa: F401  (the llm section, importable from here too)
     FallbackSettings,
     LLMSettings,
@@ -22,6 +21,7 @@ from bumblebot.core.llm_settings import (  # noqa: F401  (the llm section, impor
     off_is_text,
     on_off,
 )
+from bumblebot.core.mcp_settings import MCPSettings
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 

@@ -27,8 +27,10 @@ def bars(title: str, labels: Sequence[str], values: Sequence[float], *, unit: st
     bar = max(slot * 0.8, 1)
     plot = HEIGHT - 2 * PAD
     parts = [
-        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}" '
-        f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">',
+        (
+            f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}" '
+            f'preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">'
+        ),
         f"<title>{escape(title)}</title>",
         f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="currentColor" stroke-width="1"/>',
     ]

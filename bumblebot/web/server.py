@@ -23,7 +23,17 @@ from aiohttp import web
 from bumblebot.core.errors import ConfigError
 from bumblebot.core.settings import WebSettings, is_loopback
 from bumblebot.web import actions, events, pages
-from bumblebot.web.auth import COOKIE, SESSION, Login, Session, Sessions, Throttle, client_address, csrf_ok, same_origin
+from bumblebot.web.auth import (
+    COOKIE,
+    SESSION,
+    Login,
+    Session,
+    Sessions,
+    Throttle,
+    client_address,
+    csrf_ok,
+    same_origin,
+)
 from bumblebot.web.console import Console
 
 log = logging.getLogger(__name__)
