@@ -221,3 +221,41 @@ async def test_bumblebot_web_token_prints_a_token_that_then_logs_in(
         assert (await login(s, token)).status == 303
         async with s.get("/tools", allow_redirects=False) as r:
             assert r.status == 200
+
+
+async def test_no_secret_appears_in_any_page_or_in_the_event_stream(
+    tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import TOKEN
+    from fakes.openai_server import is_aux, is_loop, text
+    from support import say
+
+    monkeypatch.setenv("BUMBLEBOT_WEB_TOKEN", WEB_TOKEN)
+    servers = {"vault": {"command": ["true"], "env": {"VAULT_PASS": MCP_SECRET}, "headers": {}}}
+    config = web_config(tmp_path, llm, tg, **{})
+    config = write_config(
+        tmp_path, llm, tg, web={"listen": "127.0.0.1:0"}, mcp={"servers": servers, "startup_wait_s": 1},
+    )
+    llm.push(say(f"the key is {OPENAI_KEY} and the token {TOKEN}"), when=is_loop)
+    llm.push(text("DONE: answered"), when=is_aux)
+    async with running(config) as d, client(d) as s:
+        await login(s)
+        async with s.get("/events") as stream:
+            tg.push_text(f"tell me {WEB_TOKEN}", chat_id=1001)
+            await d.engine.wait_for_turns(1)
+            seen = []
+            while not any(e["event"] == "turn_ended" for e in seen):
+                seen += await read_events(stream, 1)
+        assert seen, "the stream carried the turn"
+        turns = await d.store.console_turns("telegram:1001")
+        pages = [*PAGES, "/c/telegram:1001", *(f"/turns/{t['id']}" for t in turns), "/conversations?q=1001"]
+        bodies = {}
+        for path in pages:
+            async with s.get(path, allow_redirects=False) as r:
+                assert r.status == 200, path
+                bodies[path] = await r.text()
+        assert "vault" in bodies["/setup"] and "&lt;redacted&gt;" in bodies["/setup"]
+        assert "telegram:1001" in bodies["/conversations"]
+        everything = json.dumps(seen) + "".join(bodies.values())
+        for secret in (TOKEN, OPENAI_KEY, WEB_TOKEN, MCP_SECRET):
+            assert secret not in everything
