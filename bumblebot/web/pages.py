@@ -107,12 +107,12 @@ async def conversations(server: WebConsole, request: web.Request) -> web.Respons
 
 
 def live_events(events: list[Event]) -> list[Event]:
-    """The events of the conversation's last turn still running (from its ``turn_started`` on),
-    and what came after the last turn that ended (queued messages, operator actions)."""
+    """The conversation's last turn as the live list shows it: its events from its
+    ``turn_started`` on (running or ended), and what came after (queued messages, actions)."""
     start = 0
     for i, event in enumerate(events):
-        if event.kind in ("turn_started", "turn_ended"):
-            start = i if event.kind == "turn_started" else i + 1
+        if event.kind == "turn_started":
+            start = i
     return events[start:]
 
 

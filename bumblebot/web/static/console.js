@@ -47,6 +47,8 @@
   function connect(url, onEvent) {
     if (!window.EventSource) return;
     var source = new EventSource(url);
+    source.onopen = function () { document.body.dataset.live = "open"; };
+    source.onerror = function () { document.body.dataset.live = "retrying"; };
     ["turn_started", "step", "tool_result", "said", "turn_ended", "queued", "paused", "resumed",
      "blocked", "unblocked", "action"].forEach(function (kind) {
       source.addEventListener(kind, function (message) {
