@@ -35,6 +35,8 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 #: the issue's bound: a step shows within this long of the event being published
 LIVE_S = 0.5
+#: read at import: the tests' clean environment drops BUMBLEBOT_* variables before each test
+SCREENSHOTS = os.environ.get("BUMBLEBOT_SCREENSHOTS")
 
 
 class Browser:
@@ -107,7 +109,7 @@ def journaled(tmp_path: Path, text: str) -> bool:
 
 @pytest.fixture
 def shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("BUMBLEBOT_SCREENSHOTS") or tmp_path / "screenshots")
+    where = Path(SCREENSHOTS or tmp_path / "screenshots")
     where.mkdir(parents=True, exist_ok=True)
     return where
 

@@ -22,7 +22,8 @@ def _number(value: float) -> str:
 def bars(title: str, labels: Sequence[str], values: Sequence[float], *, unit: str = "") -> Markup:
     """A bar chart of ``values`` (one bar per label), as an accessible ``<svg>``."""
     n = max(len(values), 1)
-    top = max([v for v in values if v is not None] or [0]) or 1
+    largest = max([v for v in values if v is not None] or [0])
+    top = largest or 1
     slot = (WIDTH - 2 * PAD) / n
     bar = max(slot * 0.8, 1)
     plot = HEIGHT - 2 * PAD
@@ -42,7 +43,7 @@ def bars(title: str, labels: Sequence[str], values: Sequence[float], *, unit: st
             f"<title>{escape(label)}: {escape(_number(value or 0))}{escape(unit)}</title></rect>"
         )
     parts.append(
-        f'<text x="{PAD}" y="{PAD - 5}" font-size="11" fill="currentColor">max {escape(_number(top))}{escape(unit)}</text>'
+        f'<text x="{PAD}" y="{PAD - 5}" font-size="11" fill="currentColor">max {escape(_number(largest))}{escape(unit)}</text>'
     )
     if labels:
         parts.append(f'<text x="{PAD}" y="{HEIGHT - 4}" font-size="11" fill="currentColor">{escape(labels[0])}</text>')

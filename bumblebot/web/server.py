@@ -45,7 +45,7 @@ HEADERS = {
     "connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # no-referrer would make the browser send "Origin: null" with a form
 }
 OPEN_PATHS = ("/login", "/static/")
 
