@@ -284,7 +284,7 @@ async def test_the_overview_and_the_conversation_list_answer_in_300_ms_with_a_bi
     await asyncio.to_thread(bench.fill, db, time.time())
     async with running(config, telegram_token=None, adapters=[]) as d, client(d) as s:
         await login(s)
-        for path in ("/", "/conversations", "/conversations?offset=500", "/conversations?q=1234&platform=telegram"):
+        for path in ("/", "/conversations", "/conversations?offset=500", "/conversations?q=10050&platform=telegram"):
             async with s.get(path) as r:
                 assert r.status == 200
                 assert "Chat " in await r.text() or path == "/"
@@ -294,4 +294,5 @@ async def test_the_overview_and_the_conversation_list_answer_in_300_ms_with_a_bi
                 async with s.get(path) as r:
                     await r.read()
                 took.append(time.perf_counter() - started)
+            print(path, [f"{t * 1000:.0f} ms" for t in took])
             assert sorted(took)[2] < 0.3, (path, took)
