@@ -14,9 +14,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import running, write_config
-from fakes.openai_server import FakeOpenAI
+from conftest import TOKEN, running, write_config
+from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
 from fakes.telegram_server import FakeTelegram
+from support import say
 
 from bumblebot.core.config import load_settings
 from bumblebot.core.errors import ConfigError
@@ -226,13 +227,8 @@ async def test_bumblebot_web_token_prints_a_token_that_then_logs_in(
 async def test_no_secret_appears_in_any_page_or_in_the_event_stream(
     tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from conftest import TOKEN
-    from fakes.openai_server import is_aux, is_loop, text
-    from support import say
-
     monkeypatch.setenv("BUMBLEBOT_WEB_TOKEN", WEB_TOKEN)
     servers = {"vault": {"command": ["true"], "env": {"VAULT_PASS": MCP_SECRET}, "headers": {}}}
-    config = web_config(tmp_path, llm, tg, **{})
     config = write_config(
         tmp_path, llm, tg, web={"listen": "127.0.0.1:0"}, mcp={"servers": servers, "startup_wait_s": 1},
     )
