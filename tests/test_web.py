@@ -292,3 +292,21 @@ async def test_the_overview_and_the_conversation_list_answer_in_300_ms_with_a_bi
                 took.append(time.perf_counter() - started)
             print(path, [f"{t * 1000:.0f} ms" for t in took])
             assert sorted(took)[2] < 0.3, (path, took)
+
+
+async def test_an_action_with_the_csrf_token_is_done_and_says_so(daemon: Any) -> None:
+    async with client(daemon) as s:
+        await login(s)
+        csrf = await csrf_of(s, "/c/telegram:42")
+        form = {"csrf": csrf, "platform": "telegram", "sender_id": "42", "back": "/c/telegram:42"}
+        async with s.post("/block", data={k: v for k, v in form.items() if k != "csrf"}, allow_redirects=False) as r:
+            assert r.status == 403
+        assert await daemon.store.blocked_senders() == set()
+        async with s.post("/block", data=form, allow_redirects=False) as r:
+            assert r.status == 303 and r.headers["Location"] == "/c/telegram:42"
+        assert await daemon.store.blocked_senders() == {("telegram", "42")}
+        async with s.get("/c/telegram:42") as page:
+            assert 'class="flash"' in await page.text()  # what the engine answered, shown once
+        async with s.post("/unblock", data=form, allow_redirects=False) as r:
+            assert r.status == 303
+        assert await daemon.store.blocked_senders() == set()
