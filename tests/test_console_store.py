@@ -265,19 +265,21 @@ async def test_reply_latency_without_answers_is_none_and_its_sample_is_bounded(t
     now = time.time()
     async with Store(tmp_path / "b.db") as store:
         assert (await store.console_overview(now))["latency"] == {"p50": None, "p95": None, "turns": 0}
-        done = await chat_turn(store, ALICE, "hi", "hello")
-        await store.write("UPDATE outbox SET sent_at = ? WHERE id = ?", (now + 3, done.outbox))
-        await store.write("UPDATE journal SET received_at = ? WHERE id = ?", (now, done.journal))
-        # more answered messages than the sample holds, all older than the one measured
+        old = await chat_turn(store, ALICE, "an hour ago", "hello")
+        await store.write("UPDATE journal SET received_at = ? WHERE id = ?", (now - 3600, old.journal))
+        await store.write("UPDATE outbox SET sent_at = ? WHERE id = ?", (now - 3590, old.outbox))
+        assert (await store.console_overview(now))["latency"] == {"p50": 10.0, "p95": 10.0, "turns": 1}
+        new = await chat_turn(store, BOB, "just now", "hello")
+        await store.write("UPDATE outbox SET sent_at = ? WHERE id = ?", (now + 3, new.outbox))
+        # as many newer answered messages as the sample holds, all taken by the new turn
         await store.write(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)"
             " INSERT INTO journal (platform, chat_id, message_id, sender_id, sender_name, chat_kind, text, status,"
-            " turn_id, received_at) SELECT 'telegram', '100', 'x' || i, '11', 'A', 'private', 't', 'done', ?, ? FROM n",
-            (LATENCY_SAMPLE + 10, done.turn, now - 60),
+            " turn_id, received_at) SELECT 'telegram', '200', 'x' || i, '22', 'Bob', 'private', 't', 'done', ?, ? FROM n",
+            (LATENCY_SAMPLE, new.turn, now - 60),
         )
-        latency = (await store.console_overview(now))["latency"]
-        # every measured message is one of the newest LATENCY_SAMPLE: at most 5000 waits of 63 s
-        assert latency == {"p50": pytest.approx(63.0), "p95": pytest.approx(63.0), "turns": 1}
+        # the old turn's message is past the newest LATENCY_SAMPLE: only the new turn is measured
+        assert (await store.console_overview(now))["latency"] == {"p50": pytest.approx(63.0), "p95": pytest.approx(63.0), "turns": 1}
 
 
 # -- query plans ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from bumblebot.core.events import ChatRef
 from bumblebot.store.connection import Database
 
 #: Most answered messages the overview's reply latency is measured over (the newest first).
-LATENCY_SAMPLE = 5000
+LATENCY_SAMPLE = 3000
 #: Days of the overview's usage chart (today the last), hours of its turns chart.
 CHART_DAYS = 30
 CHART_HOURS = 24

@@ -230,7 +230,9 @@ MIGRATIONS: tuple[str, ...] = (
     # an outbox row of it sent (set where the store writes those), its list's order; it starts
     # as the newest message journaled or recorded there. A session's history is read a page at
     # a time from the messages a summary does not cover, with a probe of those it covers for
-    # the compaction boundaries between them.
+    # the compaction boundaries between them. The overview's sums per day and its reply latency
+    # (messages from people that a turn took; when each turn's first row was sent) read covering
+    # indexes only.
     """
     ALTER TABLE conversations ADD COLUMN last_active_at REAL;
     UPDATE conversations SET last_active_at = MAX(
@@ -245,6 +247,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX turns_by_start ON turns (started_at);
     CREATE INDEX messages_active ON messages (conversation_id, session, id) WHERE covered_by IS NULL;
     CREATE INDEX messages_covered ON messages (conversation_id, session, id) WHERE covered_by IS NOT NULL;
+    CREATE INDEX usage_day_sums ON usage (day, requests, prompt_tokens, completion_tokens, cached_tokens, cost);
+    CREATE INDEX journal_answered ON journal (received_at, turn_id, source, background)
+        WHERE source = 'chat' AND background = 0 AND turn_id IS NOT NULL;
+    CREATE INDEX outbox_sent_by_turn ON outbox (turn_id, sent_at, status) WHERE status = 'sent';
     """,
     # 12: DUPLICATE of the engine's operator columns (``operator.py``: ``title``, ``paused_at``),
     # added here only so the console's reads run before the two branches meet; at the merge
