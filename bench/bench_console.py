@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bumblebot.store import Store  # noqa: E402
+from bumblebot.store import Store
 
 CONVERSATIONS = 1_000
 MESSAGES = 100_000
@@ -153,7 +153,7 @@ def fill(path: Path, now: float, seed: int = 28) -> dict[str, Any]:
     )
     db.execute("COMMIT")
     db.close()
-    key = lambda c: f"{c[1]}:{c[2]}" + (f":{c[3]}" if c[3] else "")  # noqa: E731
+    key = lambda c: f"{c[1]}:{c[2]}" + (f":{c[3]}" if c[3] else "")
     return {"big": key(conversations[0]), "small": key(conversations[1]), "turn": turns_total // 2}
 
 

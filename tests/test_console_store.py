@@ -187,7 +187,7 @@ async def test_tasks_are_listed_active_soonest_first_then_ended(tmp_path: Path) 
     async with Store(tmp_path / "b.db") as store:
         alice = await store.conversation(ALICE)
         bob = await store.conversation(BOB)
-        add = dict(turn_id=None, max_active=10)
+        add: dict[str, Any] = {"turn_id": None, "max_active": 10}
         late = await store.add_task(alice.id, kind="cron", spec="0 9 * * 1-5", tz="Europe/Paris", text="standup", due=3000.0, **add)
         soon = await store.add_task(bob.id, kind="every", spec="7200", tz="UTC", text="drink water", due=1000.0, **add)
         once = await store.add_task(alice.id, kind="once", spec="2026-12-24T18:00:00+01:00", tz="UTC", text="gifts", due=2000.0, **add)
@@ -291,7 +291,7 @@ def scans(sql: str, plan: list[str]) -> list[str]:
     """The plan's lines that read a big table whole, or ``conversations`` whole without a
     ``LIMIT`` (aliases read from the statement)."""
     aliases = {}
-    for table, alias in re.findall(r"\b(?:FROM|JOIN)\s+(\w+)(?:\s+(?:AS\s+)?(\w+))?", sql, re.I):
+    for table, alias in re.findall(r"\b(?:FROM|JOIN)\s+(\w+)(?:\s+(?:AS\s+)?(\w+))?", sql, re.IGNORECASE):
         aliases[table] = table
         if alias and alias.upper() not in {"WHERE", "ON", "ORDER", "GROUP", "JOIN", "LIMIT", "WITH"}:
             aliases[alias] = table
@@ -303,7 +303,7 @@ def scans(sql: str, plan: list[str]) -> list[str]:
         table = aliases[m.group(1)]
         if table in BIG_TABLES:
             bad.append(line)
-        elif table == "conversations" and "USING" not in m.group(2) and not re.search(r"\bLIMIT\b|\bLIKE\b", sql, re.I):
+        elif table == "conversations" and "USING" not in m.group(2) and not re.search(r"\bLIMIT\b|\bLIKE\b", sql, re.IGNORECASE):
             bad.append(line)  # a page reads a few rows; a search's count reads one row per chat
     return bad
 

@@ -127,8 +127,10 @@ def touch_chat(chat: ChatRef, at: float) -> tuple[str, tuple[Any, ...]]:
     """The statement that marks ``chat``'s conversation (if it has one yet) active at ``at``:
     a message journaled there (the console lists conversations by ``last_active_at``)."""
     return (
-        "UPDATE conversations SET last_active_at = MAX(COALESCE(last_active_at, 0), ?)"
-        " WHERE platform = ? AND chat_id = ? AND thread_id = ?",
+        (
+            "UPDATE conversations SET last_active_at = MAX(COALESCE(last_active_at, 0), ?)"
+            " WHERE platform = ? AND chat_id = ? AND thread_id = ?"
+        ),
         (at, chat.platform.value, chat.chat_id, chat.thread_id),
     )
 

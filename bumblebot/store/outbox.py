@@ -40,8 +40,10 @@ class OutboxTables(Database):
         (``sent`` also marks the conversation active, in the same transaction)."""
         now = time.time()
         update = (
-            "UPDATE outbox SET status=?, platform_message_ids=?, attempts=attempts+1, last_error=?,"
-            " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
+            (
+                "UPDATE outbox SET status=?, platform_message_ids=?, attempts=attempts+1, last_error=?,"
+                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?"
+            ),
             (status, json.dumps(message_ids), error, status, now, outbox_id),
         )
         if status != "sent":
@@ -77,8 +79,10 @@ def touch_sent(outbox_id: int, at: float) -> tuple[str, tuple[Any, ...]]:
     """The statement that marks the conversation of outbox row ``outbox_id`` active at ``at``
     (a row of it was sent; the console lists conversations by ``last_active_at``)."""
     return (
-        "UPDATE conversations SET last_active_at = MAX(COALESCE(last_active_at, 0), ?)"
-        " WHERE id = (SELECT conversation_id FROM outbox WHERE id = ?)",
+        (
+            "UPDATE conversations SET last_active_at = MAX(COALESCE(last_active_at, 0), ?)"
+            " WHERE id = (SELECT conversation_id FROM outbox WHERE id = ?)"
+        ),
         (at, outbox_id),
     )
 

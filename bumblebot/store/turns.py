@@ -153,10 +153,12 @@ class TurnTables(Database):
         the row's message; the conversation is marked active with it)."""
         now = time.time()
         update = (
-            "UPDATE outbox SET status=?, streaming=0, text=COALESCE(?, text), last_error=?,"
-            " platform_message_ids=CASE WHEN ?='sent' AND preview_id IS NOT NULL"
-            " THEN json_array(preview_id) ELSE platform_message_ids END,"
-            " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
+            (
+                "UPDATE outbox SET status=?, streaming=0, text=COALESCE(?, text), last_error=?,"
+                " platform_message_ids=CASE WHEN ?='sent' AND preview_id IS NOT NULL"
+                " THEN json_array(preview_id) ELSE platform_message_ids END,"
+                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?"
+            ),
             (status, text, error, status, status, now, outbox_id),
         )
         if status != "sent":
