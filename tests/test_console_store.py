@@ -349,3 +349,26 @@ def test_the_plan_check_sees_a_scan_through_an_alias() -> None:
     assert scans("SELECT COUNT(*) FROM conversations c WHERE c.title LIKE '%a%'", ["SCAN c"]) == []
     assert scans("SELECT * FROM conversations c", ["SCAN c USING INDEX conversations_by_activity"]) == []
     assert scans("SELECT * FROM messages WHERE conversation_id = 1", ["SEARCH messages USING INDEX x (conversation_id=?)"]) == []
+
+
+async def test_the_migration_starts_last_activity_at_the_newest_message_of_each_conversation(tmp_path: Path) -> None:
+    """A database of schema 10 gets ``last_active_at`` from its journal and history."""
+    import sqlite3
+
+    from bumblebot.store import MIGRATIONS
+
+    path = tmp_path / "b.db"
+    conn = sqlite3.connect(path)
+    for number, script in enumerate(MIGRATIONS[:10], start=1):
+        conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version={number};\nCOMMIT;")
+    conn.executescript(
+        "INSERT INTO conversations (id, platform, chat_id, created_at) VALUES (1, 'telegram', '100', 10), (2, 'telegram', '200', 20);"
+        "INSERT INTO messages (conversation_id, session, role, content, created_at) VALUES (1, 1, 'user', 'a', 50);"
+        "INSERT INTO journal (platform, chat_id, message_id, sender_id, sender_name, chat_kind, text, received_at)"
+        " VALUES ('telegram', '100', 'm1', '1', 'A', 'private', 'a', 70);"
+    )
+    conn.close()
+    async with Store(path) as store:
+        rows = await store._all("SELECT id, last_active_at FROM conversations ORDER BY id")
+        assert [(r[0], r[1]) for r in rows] == [(1, 70.0), (2, 20.0)]
+        assert [r["key"] for r in (await store.console_conversations())[0]] == ["telegram:100", "telegram:200"]
