@@ -26,10 +26,11 @@ class ConversationTables(Database):
         row = await self._one(sql, params)
         if row is None:
             async with self.transaction() as db:
+                now = time.time()
                 await db.execute(
-                    "INSERT OR IGNORE INTO conversations (platform, chat_id, thread_id, created_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (*params, time.time()),
+                    "INSERT OR IGNORE INTO conversations (platform, chat_id, thread_id, created_at, last_active_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (*params, now, now),
                 )
             row = await self._one(sql, params)
         assert row is not None

@@ -16,6 +16,7 @@ holds the key-value memory itself:
 * ``outbox.py``: ``outbox``, every message the engine asked to deliver, as delivery sees it.
 * ``tasks.py``: ``tasks``, scheduled tasks, and the scheduler's reads.
 * ``usage.py``: ``usage``, what model requests used per day, chat, sender, kind and model.
+* ``console.py``: the operator's web console's reads (paged, each on an index).
 * ``housekeeping.py``: retention (:meth:`Store.prune`) and outbox expiry
   (:meth:`Store.expire_outbox`), run by the engine's housekeeping.
 * here: ``kv``, small durable values (``docs/architecture.md`` lists them and their owners;
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import secrets
 
+from bumblebot.store.console import ConsoleTables
 from bumblebot.store.conversations import ConversationTables
 from bumblebot.store.history import HistoryTables
 from bumblebot.store.housekeeping import HousekeepingTables
@@ -45,7 +47,7 @@ INSTANCE_KEY = "store.instance"
 
 class Store(
     ConversationTables, HistoryTables, JournalTables, TurnTables, OutboxTables, TaskTables,
-    HousekeepingTables, UsageTables,
+    HousekeepingTables, UsageTables, ConsoleTables,
 ):
     """The daemon's database. Use ``async with Store(path) as store``.
 

@@ -17,6 +17,7 @@ import aiosqlite
 
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.store.connection import Database
+from bumblebot.store.journal import touch_chat
 from bumblebot.store.records import TaskRecord
 
 
@@ -150,6 +151,7 @@ class TaskTables(Database):
                 return None
             # ``runs`` counts the runs journaled, not the due times skipped meanwhile
             await db.execute("UPDATE tasks SET runs=runs+1 WHERE id=?", (task.id,))
+            await db.execute(*touch_chat(c, now))
             return cur.lastrowid
 
     async def active_chats(self, since: float) -> list[tuple[ChatRef, str]]:
