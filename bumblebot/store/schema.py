@@ -1,7 +1,7 @@
 """The database schema: :data:`MIGRATIONS`, applying them, and how JSON columns are written.
 
 Schema versions are applied in order from :data:`MIGRATIONS` and recorded in
-``PRAGMA user_version`` (10 now); each runs in one transaction with its version number, so a
+``PRAGMA user_version`` (11 now); each runs in one transaction with its version number, so a
 crash leaves the database at the version before or after, never between. A database newer
 than this code is refused. The tables are described in the module that writes each and in
 ``docs/architecture.md``.
@@ -224,6 +224,19 @@ MIGRATIONS: tuple[str, ...] = (
     # sent again with it in later requests so that each repeats the one before as a prefix.
     """
     ALTER TABLE messages ADD COLUMN context TEXT;
+    """,
+    # 11: the operator's hand (``operator.py``): a conversation's title as its platform names
+    # it, whether the operator paused it (and since when), and the senders the operator blocked.
+    """
+    ALTER TABLE conversations ADD COLUMN title TEXT NOT NULL DEFAULT '';
+    ALTER TABLE conversations ADD COLUMN paused_at REAL;
+    CREATE INDEX conversations_paused ON conversations (id) WHERE paused_at IS NOT NULL;
+    CREATE TABLE blocked_senders (
+        platform TEXT NOT NULL,
+        sender_id TEXT NOT NULL,
+        blocked_at REAL NOT NULL,
+        PRIMARY KEY (platform, sender_id)
+    );
     """,
 )
 
