@@ -21,7 +21,6 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.core.activity import Activity
