@@ -28,6 +28,7 @@ from bumblebot.cognition.gate import CompletionGate
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.loop import AgentLoop
 from bumblebot.cognition.prompt import PromptBuilder
+from bumblebot.core.activity import Activity
 from bumblebot.core.adapter import Adapter
 from bumblebot.core.config import Secrets, dotenv_unreadable, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
@@ -210,6 +211,8 @@ class Daemon:
             secrets.values() + endpoint_secrets(settings, secrets) + mcp_secret_values(settings.mcp, mcp_environ())
         )
         self.store = Store(settings.db_path, redactor=self.redactor)
+        #: the live event bus (turns as they happen, the operator's actions), redacted like the store
+        self.activity = Activity(self.redactor)
         self._umask: int | None = None  # the process umask before :meth:`open`, restored at stop
         self.engine: Engine | None = None
         self.llm: Endpoints | None = None
@@ -312,7 +315,7 @@ class Daemon:
         self.runner = self._runner(memory, environ)
         self.engine = Engine(
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
-            media=self.media, debounce_s=settings.cognition.debounce_s,
+            media=self.media, debounce_s=settings.cognition.debounce_s, activity=self.activity,
         )
         self.spending.reply = self.engine.reply  # limits.notify_chat is told through the outbox
         return self.engine

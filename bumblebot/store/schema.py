@@ -225,7 +225,20 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE messages ADD COLUMN context TEXT;
     """,
-    # 11: the operator's console reads (``console.py``), each a short range of an index.
+    # 11: the operator's hand (``operator.py``): a conversation's title as its platform names
+    # it, whether the operator paused it (and since when), and the senders the operator blocked.
+    """
+    ALTER TABLE conversations ADD COLUMN title TEXT NOT NULL DEFAULT '';
+    ALTER TABLE conversations ADD COLUMN paused_at REAL;
+    CREATE INDEX conversations_paused ON conversations (id) WHERE paused_at IS NOT NULL;
+    CREATE TABLE blocked_senders (
+        platform TEXT NOT NULL,
+        sender_id TEXT NOT NULL,
+        blocked_at REAL NOT NULL,
+        PRIMARY KEY (platform, sender_id)
+    );
+    """,
+    # 12: the operator's console reads (``console.py``), each a short range of an index.
     # ``last_active_at`` (epoch s) is when a message was last journaled in the conversation or
     # an outbox row of it sent (set where the store writes those), its list's order; it starts
     # as the newest message journaled or recorded there. A session's history is read a page at
@@ -251,13 +264,6 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX journal_answered ON journal (received_at, turn_id, source, background)
         WHERE source = 'chat' AND background = 0 AND turn_id IS NOT NULL;
     CREATE INDEX outbox_sent_by_turn ON outbox (turn_id, sent_at, status) WHERE status = 'sent';
-    """,
-    # 12: DUPLICATE of the engine's operator columns (``operator.py``: ``title``, ``paused_at``),
-    # added here only so the console's reads run before the two branches meet; at the merge
-    # this step goes and the engine's own step stays.
-    """
-    ALTER TABLE conversations ADD COLUMN title TEXT NOT NULL DEFAULT '';
-    ALTER TABLE conversations ADD COLUMN paused_at REAL;
     """,
 )
 
