@@ -239,6 +239,7 @@ class ConsoleAdapter(Adapter):
                     sender_name=self.user,
                     text=line,
                     chat_kind=ChatKind.PRIVATE,
+                    chat_title="terminal",
                 )
                 if line.startswith("/"):
                     await self._command(inbound, (line[1:].split() or [""])[0])

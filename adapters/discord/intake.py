@@ -275,8 +275,18 @@ class DiscordIntake:
             chat_kind=ChatKind.PRIVATE if facts.is_dm else ChatKind.GROUP,
             attachments=attachments,
             paste_part=paste_part(text),
+            chat_title=chat_title(message),
         )
 
     async def _refuse(self, inbound: Inbound) -> None:
         """One refusal per user outside the allowlist (DMs only); later messages are dropped."""
         await self.intake.refuse_once(inbound, REFUSAL_TEXT)
+
+
+def chat_title(message: discord.Message) -> str:
+    """The conversation's title: ``#channel in guild`` (a thread's name likewise), or the
+    person of a DM."""
+    if message.guild is None:
+        return message.author.display_name
+    name = getattr(message.channel, "name", None) or str(message.channel.id)
+    return f"#{name} in {message.guild.name}"

@@ -102,6 +102,7 @@ class TelegramIntake:
             quote=self._quote(message),
             background=0 if private else self.settings.group_context,
             paste_part=paste_part(text),
+            chat_title=chat.title or " ".join(filter(None, [chat.first_name, chat.last_name])),
         )
 
     def _quote(self, message: Message) -> str:

@@ -177,8 +177,8 @@ class Daemon:
             secrets.values() + endpoint_secrets(settings, secrets) + mcp_secret_values(settings.mcp, mcp_environ())
         )
         self.store = Store(settings.db_path, redactor=self.redactor)
-        #: what turns and the operator do, live (the web console's event streams)
-        self.activity = Activity(redact=self.redactor)
+        #: the live event bus (turns as they happen, the operator's actions), redacted like the store
+        self.activity = Activity(self.redactor)
         self.web: Any = None  # the web console (bumblebot.web.WebConsole) once started
         self._umask: int | None = None  # the process umask before :meth:`open`, restored at stop
         self.engine: Engine | None = None
@@ -282,7 +282,7 @@ class Daemon:
         self.runner = self._runner(memory, environ)
         self.engine = Engine(
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
-            media=self.media, debounce_s=settings.cognition.debounce_s,
+            media=self.media, debounce_s=settings.cognition.debounce_s, activity=self.activity,
         )
         self.spending.reply = self.engine.reply  # limits.notify_chat is told through the outbox
         return self.engine

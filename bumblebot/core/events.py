@@ -159,6 +159,9 @@ class Inbound:
         paste_part: the message is as long as its platform allows, or nearly: a part of a long
             paste its client cut (the adapter knows its platform's limit). The turn waits a
             little longer for the next part, and the parts are joined as one text. Not journaled.
+        chat_title: the chat's name as its platform shows it (a group's title, the person of a
+            private chat, ``#channel in guild``), ``""`` when unknown. Not journaled: the
+            engine keeps it as the conversation's title.
     """
 
     chat: ChatRef
@@ -174,6 +177,7 @@ class Inbound:
     attachments: tuple[Attachment, ...] = ()
     album: str = ""
     paste_part: bool = False
+    chat_title: str = ""
 
     @property
     def speaker(self) -> str:

@@ -110,8 +110,20 @@ class ConversationActor:
 
     @property
     def working(self) -> bool:
-        """A turn or job is running or queued (a turn suspended by an outage does not count)."""
-        return bool(self.busy or self.inbox or self._resume or self._jobs or self._recover_in)
+        """A turn or job is running or queued (a turn suspended by an outage does not count, nor
+        messages waiting in a paused conversation)."""
+        return bool(self.busy or self._takes or self._resume or self._jobs or self._recover_in)
+
+    @property
+    def _takes(self) -> bool:
+        """Messages wait and the next turn may take them (the conversation is not paused)."""
+        return bool(self.inbox) and not self.conversation.paused
+
+    def set_paused(self, paused: bool) -> None:
+        """The operator paused (or resumed) the conversation: while paused, messages wait in
+        the inbox and no turn takes them; the turn running now finishes."""
+        self.conversation.paused = paused
+        self._wake.set()
 
     def enqueue(self, entry: JournalEntry) -> None:
         self.inbox.add(entry, busy=self.busy)
@@ -180,10 +192,10 @@ class ConversationActor:
                 del self._jobs[0]  # only now: the actor counts as working while its job runs
             elif self.inbox.postponed_ready():
                 self.inbox.release_postponed()  # the file service may be back: they go first again
-            elif self.inbox and (wait := self.inbox.settle_wait()) > 0:
+            elif self._takes and (wait := self.inbox.settle_wait()) > 0:
                 if await self._sleep(wait):  # more photos of the album, or messages, may be on their way
                     return
-            elif self.inbox:
+            elif self._takes:
                 taken = self.inbox.take()
                 await self._turn(lambda: self._runner.run(conversation, taken), taken)
             elif self.inbox.postponed:  # nothing else to do: sleep until the retry, or new work
@@ -194,7 +206,7 @@ class ConversationActor:
                 try:
                     await asyncio.wait_for(self._wake.wait(), self._idle_unload_s)
                 except TimeoutError:
-                    if not self.working:
+                    if not self.working and not self.inbox:  # a paused one's messages keep it loaded
                         self.closed = True  # before any await: intake sees it at once
                         return
 

@@ -28,10 +28,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from bumblebot.cognition.compaction import CompactionOutcome, summary_message
+from bumblebot.core.activity import NO_ACTIVITY, Activity
 from bumblebot.core.events import ChatKind, ChatRef, Inbound
 from bumblebot.core.messages import Message, TurnContext
 from bumblebot.media import prepared
 from bumblebot.runtime.inbox import Inbox
+from bumblebot.runtime.turnevents import TurnEvents
 from bumblebot.runtime.turnstate import TurnState
 from bumblebot.store import (
     CompactionState,
@@ -200,6 +202,7 @@ class Turn:
         transcript: the turn's messages so far; the first is the user message.
         state: resumable state, saved with each checkpoint (route, resumes, outage facts).
         resumed: the turn was read back after a stop or a crash (rows it left open may wait).
+        activity: the live event bus, told of each checkpoint (:class:`TurnEvents`).
     """
 
     def __init__(
@@ -213,8 +216,10 @@ class Turn:
         state: TurnState,
         *,
         resumed: bool = False,
+        activity: Activity = NO_ACTIVITY,
     ) -> None:
         self._store = store
+        self.events = TurnEvents(activity, conversation.chat.key, turn_id)
         self.conversation = conversation
         self.session = session
         self.id = turn_id
@@ -268,6 +273,7 @@ class Turn:
         await self._store.record(self.conversation.id, self.session.number, self.id, [message], state=state, trace=trace)
         self._state_saved(state)
         self._append(message)
+        self.events.recorded(message, trace)
 
     async def record_all(self, messages: list[Message]) -> None:
         """Checkpoint several messages (and the state) in one transaction."""
@@ -276,6 +282,7 @@ class Turn:
         self._state_saved(state)
         for message in messages:
             self._append(message)
+            self.events.recorded(message)
 
     def _changed_state(self) -> dict[str, Any] | None:
         """The state to write with a checkpoint: ``None`` when the store has it already."""
@@ -355,6 +362,7 @@ class Turn:
         self._state_saved(state)
         if shown is not None:
             self.transcript.append(shown)
+        self.events.said(text, note=shown is not None and shown.note)
         return entry
 
     async def open_stream(self) -> OutboxEntry:
@@ -422,6 +430,7 @@ class Turn:
             state=self._changed_state(),
         )
         self.session.adopt(self.transcript)
+        self.events.ended(status, trace.get("stop_reason"))
 
 
 class Conversation:
@@ -430,8 +439,14 @@ class Conversation:
     Build it with :meth:`load`.
     """
 
-    def __init__(self, store: Store, record: ConversationRecord, session: Session, inbox: Inbox | None = None) -> None:
+    def __init__(
+        self, store: Store, record: ConversationRecord, session: Session, inbox: Inbox | None = None,
+        activity: Activity = NO_ACTIVITY,
+    ) -> None:
         self._store = store
+        self.activity = activity  # told of each turn's checkpoints
+        #: the operator paused it: no turn takes its waiting messages (the engine keeps it)
+        self.paused = False
         self.record = record
         self.session = session
         self.turn: Turn | None = None
@@ -439,10 +454,13 @@ class Conversation:
         self.inbox = inbox if inbox is not None else Inbox()
 
     @classmethod
-    async def load(cls, store: Store, chat: ChatRef, *, debounce_s: float = 0.0) -> Conversation:
+    async def load(
+        cls, store: Store, chat: ChatRef, *, debounce_s: float = 0.0, activity: Activity = NO_ACTIVITY,
+    ) -> Conversation:
         """The conversation of ``chat`` with its current session loaded."""
         record = await store.conversation(chat)
-        return cls(store, record, await Session.load(store, record, record.session), Inbox(debounce_s=debounce_s))
+        session = await Session.load(store, record, record.session)
+        return cls(store, record, session, Inbox(debounce_s=debounce_s), activity)
 
     @property
     def id(self) -> int:
@@ -491,7 +509,8 @@ class Conversation:
         state.speaker_entry = entries[-1].id  # the person the turn answers (its [Turn context])
         session = self.session
         turn_id = await self._store.begin_turn(self.id, session.number, [e.id for e in entries], user, state.as_dict())
-        self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state)
+        self.turn = Turn(self._store, self.record, session, turn_id, list(entries), [user], state, activity=self.activity)
+        self.turn.events.started(state.route, state.route_reason, len(entries))
         if self.inbox.take_stop():  # /stop came while the turn was being routed
             self.turn.stop.set()
         return self.turn
@@ -526,8 +545,10 @@ class Conversation:
             transcript = await self._store.turn_messages(running.id)
             state = TurnState.from_dict(running.state)
         self.turn = Turn(
-            self._store, self.record, session, running.id, list(running.entries), transcript, state, resumed=True
+            self._store, self.record, session, running.id, list(running.entries), transcript, state, resumed=True,
+            activity=self.activity,
         )
+        self.turn.events.started(state.route, state.route_reason, len(running.entries), resumed=True)
         if self.inbox.take_stop():  # /stop came while the turn was being read back
             self.turn.stop.set()
         return self.turn

@@ -30,17 +30,17 @@ from typing import Any
 
 from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.prompt import PromptBuilder
-from bumblebot.core.commands import BY_NAME, help_text, needs_manager
-from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform, blank
+from bumblebot.core.activity import NO_ACTIVITY, Activity
+from bumblebot.core.events import ChatRef, Inbound, Platform, blank
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.settings import EngineSettings
 from bumblebot.delivery import Delivery
 from bumblebot.media import MediaIntake
 from bumblebot.runtime.actor import ConversationActor, Progress
+from bumblebot.runtime.commands import NOT_ANSWERED_TEXT, NOT_MANAGER_TEXT, NOTHING_TO_STOP_TEXT, EngineCommands
 from bumblebot.runtime.conversation import Conversation
 from bumblebot.runtime.runner import TurnRunner
-from bumblebot.runtime.scheduler import Scheduler, TaskError
-from bumblebot.runtime.usage_report import UsageReport
+from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.store import JournalEntry, Pruned, Store
 
 log = logging.getLogger(__name__)
@@ -55,11 +55,10 @@ REFUSED_KEY = "{platform}.refused:{user_id}"
 #: platform's rate limit on them). Those left out are told when they write again.
 MAX_REFUSALS = 20
 REFUSAL_WINDOW_S = 60.0
-#: Answers to a command its sender may not run in a shared chat (see ``bumblebot/core/commands.py``).
-NOT_MANAGER_TEXT = "Only the admins of this chat can do that here."
-NOT_ANSWERED_TEXT = "Only the person I'm answering, or an admin of this chat, can stop this."
-NOTHING_TO_STOP_TEXT = "Nothing to stop: I'm not working on anything here."
-class Engine:
+__all__ = ["NOTHING_TO_STOP_TEXT", "NOT_ANSWERED_TEXT", "NOT_MANAGER_TEXT", "Engine"]
+
+
+class Engine(EngineCommands):
     """The cognition engine's front: what adapters talk to (:class:`~bumblebot.core.adapter.Intake`).
 
     Args:
@@ -75,6 +74,11 @@ class Engine:
         media: the inboxes of the files people sent (moved with a chat that changes its id).
         debounce_s: a burst of messages within this many seconds is one turn
             (``cognition.debounce_s``; :class:`~bumblebot.runtime.actor.ConversationActor`).
+        activity: the live event bus: turns' checkpoints, queued messages, the operator's
+            actions (default: :data:`~bumblebot.core.activity.NO_ACTIVITY`).
+
+    Commands, and the operator's actions (pause, block…), are its part
+    :class:`~bumblebot.runtime.commands.EngineCommands`.
     """
 
     def __init__(
@@ -89,8 +93,13 @@ class Engine:
         metrics: Metrics | None = None,
         media: MediaIntake | None = None,
         debounce_s: float = 0.0,
+        activity: Activity = NO_ACTIVITY,
     ) -> None:
         self.settings = settings
+        self.activity = activity
+        self._paused: set[str] = set()
+        self._blocked: set[tuple[str, str]] = set()
+        self._titles: dict[str, str] = {}
         self._debounce_s = debounce_s
         self._media = media
         self._scheduler = scheduler
@@ -128,6 +137,7 @@ class Engine:
         if self._accepting or self._stopped:
             raise RuntimeError("engine already started" if self._accepting else "engine was stopped")
         self._platforms = platforms
+        await self._load_operated()  # before any actor: a paused conversation stays paused
         await self.expire_outbox()  # before a resumed turn or the sweeper could send an expired row
         running = await self._store.running_turns(None if platforms is None else {p.value for p in platforms})
         if running:
@@ -333,6 +343,11 @@ class Engine:
         if not self._accepting and not self._stopped:
             return False
         inbound = _visible(inbound.storable())
+        if self.blocked(inbound):  # the operator blocked them: journaled, never answered
+            if await self._store.journal(inbound, kv=kv, status="ignored") is not None:
+                log.info("message %s in %s from blocked sender %s; not answered", inbound.message_id, inbound.chat.key,
+                         inbound.sender_id)
+            return False
         if inbound.source == "chat" and not inbound.text and not inbound.attachments:
             # only invisible characters: journaled (a redelivery stays one), never a turn, since a
             # blank user message in the history makes some endpoints refuse every later request
@@ -343,6 +358,7 @@ class Engine:
         if journal_id is None:
             log.info("duplicate message %s in %s ignored", inbound.message_id, inbound.chat.key)
             return False
+        await self._titled(inbound)
         if self._stopped:
             log.info("message %s in %s arrived while stopping; kept for the next start", inbound.message_id, inbound.chat.key)
             return True
@@ -365,7 +381,7 @@ class Engine:
         in that chat may see it as background (``Inbound.background``). ``False`` if it was a
         duplicate."""
         inbound = _visible(inbound.storable())
-        shows = bool(inbound.text or inbound.attachments)
+        shows = bool(inbound.text or inbound.attachments) and not self.blocked(inbound)
         return await self._store.journal(inbound, kv=kv, status="ignored", background=shows) is not None
 
     async def edit(self, inbound: Inbound) -> bool:
@@ -455,14 +471,19 @@ class Engine:
         await self._store.set_kv(key, value)
 
     async def _dispatch(self, entry: JournalEntry) -> None:
-        (await self._actor(entry.inbound.chat)).enqueue(entry)
+        actor = await self._actor(entry.inbound.chat)
+        actor.enqueue(entry)
+        self.activity.publish(actor.key, "queued", waiting=actor.queued)
 
     async def _actor(self, chat: ChatRef) -> ConversationActor:
         """The live actor of ``chat`` (loaded on demand)."""
         async with self._actor_lock:
             actor = self._actors.get(chat.key)
             if actor is None or actor.closed:
-                conversation = await Conversation.load(self._store, chat, debounce_s=self._debounce_s)
+                conversation = await Conversation.load(
+                    self._store, chat, debounce_s=self._debounce_s, activity=self.activity
+                )
+                conversation.paused = chat.key in self._paused
                 actor = ConversationActor(
                     conversation,
                     self._runner,
@@ -481,99 +502,6 @@ class Engine:
         if not self._stopped:
             self._spawn(self.progress.notify(), "bumblebot:notify")
 
-    # -- commands -----------------------------------------------------------------------------
-
-    async def command(
-        self, inbound: Inbound, name: str, *, kv: dict[str, str] | None = None, manager: bool = False
-    ) -> str | None:
-        """Answer a command (``/start``, ``/stop``, ``/reset``, ``/status``, ``/compact``, ``/help``,
-        ``/tasks``, ``/usage``; the arguments, like ``/tasks cancel 3``, are read from ``inbound.text``).
-
-        ``/stop`` is handled here, outside the conversation's actor: it cancels the turn running
-        there (its model call is aborted; see ``TurnRunner``), whatever the turn is waiting on.
-        In a shared chat only the person being answered and the chat's managers (``manager``:
-        the adapter found the sender to be an admin or allowlisted) may stop it.
-
-        The command message is journaled first (with ``kv``, e.g. Telegram's next offset), so a
-        redelivered command is not run twice. ``/reset`` is a fence: the running
-        turn stops and finishes in the old session, messages sent before it that no turn has
-        begun answering are set aside, and what comes after belongs to the new session
-        (:meth:`ConversationActor.reset`).
-
-        Returns the text to show (without a secret: adapters show it as it is), or ``None``
-        when this message was already handled (duplicate).
-        """
-        journal_id = await self._store.journal(inbound.storable(), kv=kv, status="ignored")
-        if journal_id is None:
-            return None
-        handler = self._commands.get(name.lower())
-        if handler is None:
-            return f"Unknown command /{name}. Try /help."
-        manager = manager or inbound.chat_kind is ChatKind.PRIVATE
-        if not manager and needs_manager(name.lower(), inbound.text):
-            return NOT_MANAGER_TEXT
-        return self._delivery.redactor.shown(await handler(inbound, journal_id, manager))
-
-    def _command_handlers(self) -> dict[str, Callable[[Inbound, int, bool], Awaitable[str]]]:
-        """Each command of :data:`~bumblebot.core.commands.COMMANDS` with its handler."""
-        handlers = {
-            "start": self._start_command, "help": self._help_command, "tasks": self._tasks_command,
-            "stop": self._stop_command, "reset": self._reset_command, "status": self._status_command,
-            "compact": self._compact_command, "usage": UsageReport(self._store).command,
-        }
-        if set(handlers) != set(BY_NAME):  # a command added to the table needs its handler here
-            raise RuntimeError(f"commands without a handler or entry: {sorted(set(handlers) ^ set(BY_NAME))}")
-        return handlers
-
-    async def _start_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
-        return self._prompts.entity.start_text()
-
-    async def _help_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
-        return help_text()
-
-    async def _stop_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
-        running = self._actors.get(inbound.chat.key)
-        if running is not None and not manager and inbound.sender_id not in running.answering():
-            return NOT_ANSWERED_TEXT if running.busy or running.waiting else NOTHING_TO_STOP_TEXT
-        if running is None or not running.stop_turn():
-            return NOTHING_TO_STOP_TEXT
-        return "Stopped."
-
-    async def _reset_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
-        stopped, aside = await (await self._actor(inbound.chat)).reset(journal_id)
-        return _reset_text(stopped, aside)
-
-    async def _status_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
-        return self._runner.status((await self._actor(inbound.chat)).conversation)
-
-    async def _compact_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
-        actor = await self._actor(inbound.chat)
-        runner, chat, conversation = self._runner, inbound.chat, actor.conversation
-
-        async def job() -> None:
-            await self.reply(chat, await runner.compact_now(conversation, inbound.sender_id))
-
-        actor.schedule(job)  # in the actor, between turns; intake is not held up meanwhile
-        return "Compacting this conversation; I'll report when it's done."
-
-    async def _tasks_command(self, inbound: Inbound, journal_id: int, manager: bool) -> str:
-        """``/tasks`` lists the conversation's tasks; ``/tasks cancel ID`` cancels one."""
-        if self._scheduler is None:
-            return "Scheduled tasks are not available."
-        args = inbound.text.split()[1:]
-        key = inbound.chat.key
-        if not args:
-            return self._scheduler.listing(await self._scheduler.tasks(key))
-        number = args[1].lstrip("#") if len(args) == 2 else ""
-        if len(args) == 2 and args[0].lower() == "cancel" and number.isascii() and number.isdigit() and len(number) < 12:
-            task_id = int(number)
-            try:
-                await self._scheduler.cancel(key, task_id)
-            except TaskError as exc:
-                return f"Not cancelled: {exc}."
-            return f"Cancelled task #{task_id}."
-        return "Use /tasks to list the scheduled tasks here, or /tasks cancel ID to cancel one."
-
 
 def _hours(seconds: float) -> str:
     """``"24 h"``, ``"1.5 h"``, ``"90 s"``: a duration for log lines."""
@@ -588,12 +516,3 @@ def _visible(inbound: Inbound) -> Inbound:
         return inbound
     return dataclasses.replace(inbound, text=text, quote=quote)
 
-
-def _reset_text(stopped: bool, aside: int) -> str:
-    """The answer to ``/reset``: what it stopped and set aside."""
-    text = "Fresh start: I've put our earlier conversation aside"
-    if stopped:
-        text += " and stopped what I was working on"
-    if aside:
-        text += f"; the {aside} message{'s' if aside > 1 else ''} you sent before it will not be answered"
-    return text + "."

@@ -131,6 +131,8 @@ class TurnIO(TurnPort):
         inbox = self._conversation.inbox
         if not (self._steer or burst) or self._turn.session is not self._conversation.session or not inbox:
             return []
+        if self._conversation.paused:
+            return []  # the operator paused the conversation: new messages wait for the resume
         if self._turn.entries and self._turn.entries[0].inbound.source != "chat":
             return []  # a scheduled or autonomous turn: what people write gets its own turn
         entries = await self._admitted(inbox.take_steering())

@@ -26,14 +26,28 @@ class ConversationTables(Database):
         row = await self._one(sql, params)
         if row is None:
             async with self.transaction() as db:
+                now = time.time()
                 await db.execute(
-                    "INSERT OR IGNORE INTO conversations (platform, chat_id, thread_id, created_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (*params, time.time()),
+                    "INSERT OR IGNORE INTO conversations (platform, chat_id, thread_id, created_at, last_active_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (*params, now, now),
                 )
             row = await self._one(sql, params)
         assert row is not None
         return ConversationRecord(id=int(row["id"]), chat=chat, session=int(row["session"]))
+
+    async def chat_of(self, key: str) -> ChatRef | None:
+        """The chat of the conversation ``key``; ``None`` when there is no such conversation
+        (or ``key`` is not a conversation key)."""
+        try:
+            chat = ChatRef.from_key(key)
+        except ValueError:
+            return None
+        row = await self._one(
+            "SELECT 1 FROM conversations WHERE platform=? AND chat_id=? AND thread_id=?",
+            (chat.platform.value, chat.chat_id, chat.thread_id),
+        )
+        return None if row is None else chat
 
     async def reset(self, conversation_id: int, *, set_aside: list[int] | None = None) -> int:
         """Start a fresh session; old rows stay but are no longer loaded. ``set_aside``:

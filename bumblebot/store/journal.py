@@ -2,7 +2,8 @@
 
 One row per message, unique per (platform, chat_id, message_id), so a platform's redelivery
 is recognised. ``status`` is ``pending`` until the turn that answers it finishes, then ``done``
-or ``failed``; ``ignored`` for messages handled without a turn. An unaddressed group message
+or ``failed``; ``ignored`` for messages handled without a turn. Journaling a message marks its
+conversation active (``conversations.last_active_at``, :func:`touch_chat`). An unaddressed group message
 is kept as ``background`` for the next turn there; ``attachments`` are the files to fetch and
 ``media`` what fetching them gave.
 
@@ -61,6 +62,8 @@ class JournalTables(Database):
                 ),
             )
             new_id = cur.lastrowid if cur.rowcount == 1 else None
+            if new_id is not None:
+                await db.execute(*touch_chat(c, now))
             for key, value in (kv or {}).items():
                 await db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
         return new_id
@@ -118,6 +121,18 @@ class JournalTables(Database):
     async def save_media(self, journal_id: int, media: dict[str, Any]) -> None:
         """Record what fetching a message's attachments gave (``JournalEntry.media``)."""
         await self.write("UPDATE journal SET media=? WHERE id=?", (to_json(media), journal_id))
+
+
+def touch_chat(chat: ChatRef, at: float) -> tuple[str, tuple[Any, ...]]:
+    """The statement that marks ``chat``'s conversation (if it has one yet) active at ``at``:
+    a message journaled there (the console lists conversations by ``last_active_at``)."""
+    return (
+        (
+            "UPDATE conversations SET last_active_at = MAX(COALESCE(last_active_at, 0), ?)"
+            " WHERE platform = ? AND chat_id = ? AND thread_id = ?"
+        ),
+        (at, chat.platform.value, chat.chat_id, chat.thread_id),
+    )
 
 
 def journal_entry_from_row(r: aiosqlite.Row) -> JournalEntry:

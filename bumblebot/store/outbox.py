@@ -3,7 +3,8 @@
 Each row holds the text (or a file), the ``say`` call it answers (``tool_call_id``), its
 status (``pending``, ``sent`` or ``failed``), the platform ids of the chunks delivered so far
 and the last error. Delivery (``bumblebot/delivery/outbox.py``) queues out-of-turn messages
-and records each attempt here, and a resumed turn reads back what it had queued. A turn
+and records each attempt here (a row sent marks its conversation active,
+``conversations.last_active_at``), and a resumed turn reads back what it had queued. A turn
 queues its own rows, and its streaming rows, through the turn writers (``turns.py``, with
 :func:`insert_outbox`); housekeeping expires the rows nobody could send
 (``housekeeping.py``, with :func:`outbox_entry_from_row`).
@@ -35,12 +36,22 @@ class OutboxTables(Database):
     async def outbox_progress(
         self, outbox_id: int, *, status: str, message_ids: list[str], error: str | None = None
     ) -> None:
-        """Record a delivery attempt: status ``pending`` (retry later), ``sent`` or ``failed``."""
-        await self.write(
-            "UPDATE outbox SET status=?, platform_message_ids=?, attempts=attempts+1, last_error=?,"
-            " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
-            (status, json.dumps(message_ids), error, status, time.time(), outbox_id),
+        """Record a delivery attempt: status ``pending`` (retry later), ``sent`` or ``failed``
+        (``sent`` also marks the conversation active, in the same transaction)."""
+        now = time.time()
+        update = (
+            (
+                "UPDATE outbox SET status=?, platform_message_ids=?, attempts=attempts+1, last_error=?,"
+                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?"
+            ),
+            (status, json.dumps(message_ids), error, status, now, outbox_id),
         )
+        if status != "sent":
+            await self.write(*update)
+            return
+        async with self.transaction() as db:
+            await db.execute(*update)
+            await db.execute(*touch_sent(outbox_id, now))
 
     async def outbox_chunks_sent(self, outbox_id: int, message_ids: list[str]) -> None:
         """Record the chunks of a message delivered so far (a retry resumes after them)."""
@@ -62,6 +73,18 @@ class OutboxTables(Database):
         """Every message a turn queued, oldest first (used to resume it after a crash)."""
         rows = await self._all("SELECT * FROM outbox WHERE turn_id=? ORDER BY id", (turn_id,))
         return [outbox_entry_from_row(r) for r in rows]
+
+
+def touch_sent(outbox_id: int, at: float) -> tuple[str, tuple[Any, ...]]:
+    """The statement that marks the conversation of outbox row ``outbox_id`` active at ``at``
+    (a row of it was sent; the console lists conversations by ``last_active_at``)."""
+    return (
+        (
+            "UPDATE conversations SET last_active_at = MAX(COALESCE(last_active_at, 0), ?)"
+            " WHERE id = (SELECT conversation_id FROM outbox WHERE id = ?)"
+        ),
+        (at, outbox_id),
+    )
 
 
 def outbox_entry_from_row(r: aiosqlite.Row) -> OutboxEntry:

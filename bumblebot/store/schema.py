@@ -1,7 +1,7 @@
 """The database schema: :data:`MIGRATIONS`, applying them, and how JSON columns are written.
 
 Schema versions are applied in order from :data:`MIGRATIONS` and recorded in
-``PRAGMA user_version`` (10 now); each runs in one transaction with its version number, so a
+``PRAGMA user_version`` (12 now); each runs in one transaction with its version number, so a
 crash leaves the database at the version before or after, never between. A database newer
 than this code is refused. The tables are described in the module that writes each and in
 ``docs/architecture.md``.
@@ -224,6 +224,46 @@ MIGRATIONS: tuple[str, ...] = (
     # sent again with it in later requests so that each repeats the one before as a prefix.
     """
     ALTER TABLE messages ADD COLUMN context TEXT;
+    """,
+    # 11: the operator's hand (``operator.py``): a conversation's title as its platform names
+    # it, whether the operator paused it (and since when), and the senders the operator blocked.
+    """
+    ALTER TABLE conversations ADD COLUMN title TEXT NOT NULL DEFAULT '';
+    ALTER TABLE conversations ADD COLUMN paused_at REAL;
+    CREATE INDEX conversations_paused ON conversations (id) WHERE paused_at IS NOT NULL;
+    CREATE TABLE blocked_senders (
+        platform TEXT NOT NULL,
+        sender_id TEXT NOT NULL,
+        blocked_at REAL NOT NULL,
+        PRIMARY KEY (platform, sender_id)
+    );
+    """,
+    # 12: the operator's console reads (``console.py``), each a short range of an index.
+    # ``last_active_at`` (epoch s) is when a message was last journaled in the conversation or
+    # an outbox row of it sent (set where the store writes those), its list's order; it starts
+    # as the newest message journaled or recorded there. A session's history is read a page at
+    # a time from the messages a summary does not cover, with a probe of those it covers for
+    # the compaction boundaries between them. The overview's sums per day and its reply latency
+    # (messages from people that a turn took; when each turn's first row was sent) read covering
+    # indexes only.
+    """
+    ALTER TABLE conversations ADD COLUMN last_active_at REAL;
+    UPDATE conversations SET last_active_at = MAX(
+        created_at,
+        COALESCE((SELECT MAX(j.received_at) FROM journal j WHERE j.platform = conversations.platform
+            AND j.chat_id = conversations.chat_id AND j.thread_id = conversations.thread_id), 0),
+        COALESCE((SELECT MAX(m.created_at) FROM messages m WHERE m.conversation_id = conversations.id), 0)
+    );
+    CREATE INDEX conversations_by_activity ON conversations (last_active_at, id);
+    CREATE INDEX turns_by_conversation ON turns (conversation_id, id);
+    CREATE INDEX turns_by_status ON turns (status, id);
+    CREATE INDEX turns_by_start ON turns (started_at);
+    CREATE INDEX messages_active ON messages (conversation_id, session, id) WHERE covered_by IS NULL;
+    CREATE INDEX messages_covered ON messages (conversation_id, session, id) WHERE covered_by IS NOT NULL;
+    CREATE INDEX usage_day_sums ON usage (day, requests, prompt_tokens, completion_tokens, cached_tokens, cost);
+    CREATE INDEX journal_answered ON journal (received_at, turn_id, source, background)
+        WHERE source = 'chat' AND background = 0 AND turn_id IS NOT NULL;
+    CREATE INDEX outbox_sent_by_turn ON outbox (turn_id, sent_at, status) WHERE status = 'sent';
     """,
 )
 

@@ -16,6 +16,8 @@ holds the key-value memory itself:
 * ``outbox.py``: ``outbox``, every message the engine asked to deliver, as delivery sees it.
 * ``tasks.py``: ``tasks``, scheduled tasks, and the scheduler's reads.
 * ``usage.py``: ``usage``, what model requests used per day, chat, sender, kind and model.
+* ``operator.py``: conversations' titles and pauses, and ``blocked_senders``: the operator's decisions.
+* ``console.py``: the operator's web console's reads (paged, each on an index).
 * ``housekeeping.py``: retention (:meth:`Store.prune`) and outbox expiry
   (:meth:`Store.expire_outbox`), run by the engine's housekeeping.
 * here: ``kv``, small durable values (``docs/architecture.md`` lists them and their owners;
@@ -31,10 +33,12 @@ from __future__ import annotations
 
 import secrets
 
+from bumblebot.store.console import ConsoleTables
 from bumblebot.store.conversations import ConversationTables
 from bumblebot.store.history import HistoryTables
 from bumblebot.store.housekeeping import HousekeepingTables
 from bumblebot.store.journal import JournalTables
+from bumblebot.store.operator import OperatorTables
 from bumblebot.store.outbox import OutboxTables
 from bumblebot.store.tasks import TaskTables
 from bumblebot.store.turns import TurnTables
@@ -45,7 +49,7 @@ INSTANCE_KEY = "store.instance"
 
 class Store(
     ConversationTables, HistoryTables, JournalTables, TurnTables, OutboxTables, TaskTables,
-    HousekeepingTables, UsageTables,
+    HousekeepingTables, UsageTables, OperatorTables, ConsoleTables,
 ):
     """The daemon's database. Use ``async with Store(path) as store``.
 

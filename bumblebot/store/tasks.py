@@ -17,6 +17,7 @@ import aiosqlite
 
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.store.connection import Database
+from bumblebot.store.journal import touch_chat
 from bumblebot.store.records import TaskRecord
 
 
@@ -84,23 +85,28 @@ class TaskTables(Database):
         return cur.rowcount == 1
 
     async def due_tasks(self, now: float) -> list[TaskRecord]:
-        """Active tasks due at or before ``now``, oldest due first."""
+        """Active tasks due at or before ``now``, oldest due first; not those of a paused
+        conversation (they fire once when it is resumed, as a task missed while the daemon was down)."""
         rows = await self._all(
             "SELECT t.*, c.platform, c.chat_id, c.thread_id FROM tasks t JOIN conversations c ON c.id = t.conversation_id"
-            " WHERE t.status='active' AND t.next_due <= ? ORDER BY t.next_due, t.id",
+            " WHERE t.status='active' AND t.next_due <= ? AND c.paused_at IS NULL ORDER BY t.next_due, t.id",
             (now,),
         )
         return [_task_from_row(r) for r in rows]
 
     async def next_task_due(self, platforms: set[str] | None = None) -> float | None:
-        """The earliest due time of any active task (of ``platforms`` only, when given)."""
+        """The earliest due time of any active task (of ``platforms`` only, when given), paused
+        conversations' left out."""
         if platforms is None:
-            row = await self._one("SELECT MIN(next_due) FROM tasks WHERE status='active'")
+            row = await self._one(
+                "SELECT MIN(t.next_due) FROM tasks t JOIN conversations c ON c.id = t.conversation_id"
+                " WHERE t.status='active' AND c.paused_at IS NULL"
+            )
         else:
             marks = ",".join("?" * len(platforms)) or "''"
             row = await self._one(
                 "SELECT MIN(t.next_due) FROM tasks t JOIN conversations c ON c.id = t.conversation_id"
-                f" WHERE t.status='active' AND c.platform IN ({marks})",
+                f" WHERE t.status='active' AND c.paused_at IS NULL AND c.platform IN ({marks})",
                 tuple(platforms),
             )
         return None if row is None or row[0] is None else float(row[0])
@@ -150,14 +156,18 @@ class TaskTables(Database):
                 return None
             # ``runs`` counts the runs journaled, not the due times skipped meanwhile
             await db.execute("UPDATE tasks SET runs=runs+1 WHERE id=?", (task.id,))
+            await db.execute(*touch_chat(c, now))
             return cur.lastrowid
 
     async def active_chats(self, since: float) -> list[tuple[ChatRef, str]]:
         """Conversations whose last message from a person that a turn answered (not a refused
-        one, a command or background) came after ``since`` (epoch s), with its chat kind."""
+        one, a command or background) came after ``since`` (epoch s), with its chat kind; not
+        the paused ones."""
         rows = await self._all(
-            "SELECT platform, chat_id, thread_id, chat_kind, MAX(received_at) AS last FROM journal"
+            "SELECT platform, chat_id, thread_id, chat_kind, MAX(received_at) AS last FROM journal j"
             " WHERE source='chat' AND background=0 AND turn_id IS NOT NULL"  # answered: not refused, not a command
+            " AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.platform=j.platform AND c.chat_id=j.chat_id"
+            " AND c.thread_id=j.thread_id AND c.paused_at IS NOT NULL)"
             " GROUP BY platform, chat_id, thread_id HAVING last >= ?",
             (since,),
         )

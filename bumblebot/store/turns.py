@@ -25,7 +25,7 @@ from bumblebot.core.messages import Message
 from bumblebot.store.connection import Database
 from bumblebot.store.history import insert_messages
 from bumblebot.store.journal import journal_entry_from_row
-from bumblebot.store.outbox import insert_outbox, outbox_insert
+from bumblebot.store.outbox import insert_outbox, outbox_insert, touch_sent
 from bumblebot.store.records import ConversationRecord, OutboxEntry, RunningTurn
 from bumblebot.store.schema import to_json
 
@@ -150,14 +150,23 @@ class TurnTables(Database):
     async def settle_stream(self, outbox_id: int, *, status: str, text: str | None = None, error: str | None = None) -> None:
         """Close a streaming row without a ``say`` to show: ``failed`` (its preview was taken
         down, or never shown) or ``sent`` (``/stop``: the ``text`` shown so far stays, as
-        the row's message)."""
-        await self.write(
-            "UPDATE outbox SET status=?, streaming=0, text=COALESCE(?, text), last_error=?,"
-            " platform_message_ids=CASE WHEN ?='sent' AND preview_id IS NOT NULL"
-            " THEN json_array(preview_id) ELSE platform_message_ids END,"
-            " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?",
-            (status, text, error, status, status, time.time(), outbox_id),
+        the row's message; the conversation is marked active with it)."""
+        now = time.time()
+        update = (
+            (
+                "UPDATE outbox SET status=?, streaming=0, text=COALESCE(?, text), last_error=?,"
+                " platform_message_ids=CASE WHEN ?='sent' AND preview_id IS NOT NULL"
+                " THEN json_array(preview_id) ELSE platform_message_ids END,"
+                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?"
+            ),
+            (status, text, error, status, status, now, outbox_id),
         )
+        if status != "sent":
+            await self.write(*update)
+            return
+        async with self.transaction() as db:
+            await db.execute(*update)
+            await db.execute(*touch_sent(outbox_id, now))
 
     async def upgrade_turn(self, conversation_id: int, session: int, turn_id: int, messages: list[Message], state: dict[str, Any]) -> None:
         """Give a legacy turn (see :meth:`running_turns`) its session, state and first messages."""
