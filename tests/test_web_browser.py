@@ -207,7 +207,7 @@ async def test_the_operator_watches_and_acts_in_a_browser(
             await b.get(path)
             await b.wait("main h1")
             await b.shot(name)
-        await b.script("window.resizeTo(390, 844)")
+        await asyncio.to_thread(b.driver.set_window_size, 390, 844)  # a phone: one column
         await b.get("/c/telegram:1001")
         await b.shot("conversation-narrow")
     print(f"screenshots in {shots}")
