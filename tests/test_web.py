@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import socket
 import time
@@ -310,3 +311,25 @@ async def test_an_action_with_the_csrf_token_is_done_and_says_so(daemon: Any) ->
         async with s.post("/unblock", data=form, allow_redirects=False) as r:
             assert r.status == 303
         assert await daemon.store.blocked_senders() == set()
+
+
+async def test_setup_runs_check_and_shows_its_lines(daemon: Any) -> None:
+    async with client(daemon) as s:
+        await login(s)
+        csrf = await csrf_of(s, "/setup")
+        async with s.post("/setup/check", data={"csrf": csrf, "back": "/setup"}) as r:
+            assert r.status == 200 and str(r.url).endswith("/setup")
+            page = await r.text()
+        assert 'id="check-lines"' in page and "config" in page
+        assert WEB_TOKEN not in page and OPENAI_KEY not in page
+
+
+async def test_a_console_on_every_address_logs_a_warning(
+    tmp_path: Path, llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("BUMBLEBOT_WEB_TOKEN", WEB_TOKEN)
+    config = write_config(tmp_path, llm, None, web={"listen": "0.0.0.0:0", "insecure_bind": True})
+    with caplog.at_level(logging.WARNING, logger="bumblebot.web.server"):
+        async with running(config, telegram_token=None, adapters=[]) as d:
+            assert d.web.address[1] > 0
+    assert any("without TLS" in r.getMessage() for r in caplog.records)
