@@ -238,6 +238,7 @@ FLOORS = {
     "tools": 6,
     "adapters/telegram": 6,
     "adapters/discord": 6,
+    "bumblebot/web": 6,
     "bumblebot/app": 7,
 }
 

@@ -29,7 +29,14 @@ from bumblebot.app.probing import (
     window_lines,
     writable_store,
 )
-from bumblebot.app.reach import get_json, model_failure, platform_failure, shown_url, token_problem, url_problem
+from bumblebot.app.reach import (
+    get_json,
+    model_failure,
+    platform_failure,
+    shown_url,
+    token_problem,
+    url_problem,
+)
 from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ModelError, StoreError
@@ -49,7 +56,6 @@ from bumblebot.llm.failover import fallback_settings, memory_keys
 from bumblebot.runtime.limits import check_lines as limits_lines
 from bumblebot.store import Store
 
-
 #: what hides the secrets in the lines of the check running (:func:`check_all` sets it)
 _redact: ContextVar[Callable[[str], str]] = ContextVar("check_redact", default=lambda text: text)
 
@@ -60,7 +66,7 @@ def _line(ok: bool, what: str, detail: str = "") -> None:
 
 def _redactor(settings: Settings, secrets: Secrets) -> Redactor:
     """The secrets no line may show: those the daemon hides (``Daemon.redactor``)."""
-    from bumblebot.app.daemon import mcp_environ
+    from bumblebot.app.environment import mcp_environ
     from bumblebot.core.mcp_settings import secret_values
 
     return Redactor(
@@ -117,7 +123,7 @@ async def _check_all(settings: Settings, secrets: Secrets, entity: Entity, *, ch
     for detail in limits_lines(settings):
         _line(True, "spending limits", detail)
     if settings.tools.shell.enabled:
-        from bumblebot.app.daemon import shell_sandbox_problem
+        from bumblebot.app.environment import shell_sandbox_problem
 
         if settings.tools.shell.sandbox == "off":
             _line(True, "shell", "WARNING: run_command runs unconfined (tools.shell.sandbox: off): as this user, with its "
@@ -131,7 +137,7 @@ async def _check_all(settings: Settings, secrets: Secrets, entity: Entity, *, ch
     for what, detail in tool_access_lines(settings):
         _line(True, what, detail)
     if settings.mcp.servers:
-        from bumblebot.app.daemon import mcp_environ
+        from bumblebot.app.environment import mcp_environ
         from tools.mcp_client import probe_servers
         from tools.mcp_records import ServerState
 

@@ -1,4 +1,4 @@
-"""Command line: ``bumblebot run | chat | check | trace | backup | service install`` and ``--version``.
+"""Command line: ``bumblebot run | chat | check | trace | usage | backup | service install | web token`` and ``--version``.
 
 This is the one module that wires ``adapters/`` and ``tools/`` to the engine. ``--config PATH``
 works before or after the subcommand; every subcommand's ``--help`` lists its options.
@@ -392,6 +392,23 @@ async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
     return 0
 
 
+async def run_web_token(settings: Settings, secrets: Secrets) -> int:
+    """``bumblebot web token``: make a login token for the web console, keep only its SHA-256
+    in the store (``kv`` ``web.token_sha256``, replacing the one before) and print it once."""
+    from bumblebot.web.auth import TOKEN_KEY, new_token, token_digest
+
+    token = new_token()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    async with Store(settings.db_path) as store:
+        await store.set_kv(TOKEN_KEY, token_digest(token))
+    print(token)
+    note = "the web console's login token; it is shown only this once (the database keeps its hash)"
+    if secrets.web_token is not None:
+        note += ". BUMBLEBOT_WEB_TOKEN is set, and wins over it while it is"
+    print(note, file=sys.stderr)
+    return EXIT_OK
+
+
 def _cut_text(cut: dict[str, Any]) -> str:
     """A step the client cut at its budget, as ``bumblebot trace`` shows it."""
     if cut.get("by") == "tokens":
@@ -495,6 +512,12 @@ def parser() -> argparse.ArgumentParser:
                       "from or closed to the service user): install into /opt (docs/running.md), or use --user.")
     i.add_argument("--user", action="store_true", help="a user unit (systemctl --user) instead of a system one")
     i.add_argument("--dry-run", action="store_true", help="print the unit and what would be done; write nothing")
+    w = sub.add_parser("web", parents=[common], help="the web console", description="The web console (docs/console.md).")
+    ws = w.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ws.add_parser("token", parents=[common], help="make the web console's login token and print it once",
+                  description="Make a random login token for the web console, store only its SHA-256 in the "
+                  "database (replacing the previous one; the running daemon takes it at the next login) and "
+                  "print it once. BUMBLEBOT_WEB_TOKEN, when set, wins over it.")
     return p
 
 
@@ -534,6 +557,8 @@ def _main(argv: list[str] | None) -> int:
             return run_backup(settings, args.path)
         if args.command == "service":
             return run_service(args, find_config(args.config), settings)
+        if args.command == "web":
+            return asyncio.run(run_web_token(settings, secrets))
     except ConfigError as exc:  # found after loading, e.g. an unusable data_dir
         print(f"bumblebot: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.telegram.pacing import PaceLimits, Pacer
+from bumblebot.app.environment import mcp_environ, shell_sandbox, shell_sandbox_problem
 from bumblebot.app.private import PRIVATE_UMASK, make_private
 from bumblebot.app.watchdog import LoopWatchdog
 from bumblebot.cognition.budget import ContextBudget
@@ -30,7 +31,7 @@ from bumblebot.cognition.loop import AgentLoop
 from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.core.activity import Activity
 from bumblebot.core.adapter import Adapter
-from bumblebot.core.config import Secrets, dotenv_unreadable, effective_base_url, endpoint_secrets
+from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ConfigError, DataDirInUse
 from bumblebot.core.logs import redact_values
@@ -45,8 +46,8 @@ from bumblebot.llm import CapabilityMemory, Endpoints, build_endpoints
 from bumblebot.llm.speech import Speech
 from bumblebot.media import MediaFiles, MediaIntake
 from bumblebot.runtime.engine import Engine
-from bumblebot.runtime.limits import SpendingLimits
 from bumblebot.runtime.ledger import Ledger
+from bumblebot.runtime.limits import SpendingLimits
 from bumblebot.runtime.runner import TurnRunner
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.store import Store
@@ -96,17 +97,6 @@ def instance_lock(data_dir: Path) -> Iterator[None]:
         handle.close()
 
 
-def mcp_environ(dotenv: Path = Path(".env")) -> dict[str, str]:
-    """Where ``${VAR}`` in ``mcp.servers`` comes from: the environment, over ``./.env``
-    (whose values are not copied into the environment)."""
-    values: dict[str, str] = {}
-    if dotenv.is_file() and dotenv_unreadable(dotenv) is None:
-        from dotenv import dotenv_values
-
-        values = {k: v for k, v in dotenv_values(dotenv).items() if v is not None}
-    return {**values, **os.environ}
-
-
 def trusted_chats(settings: Settings, is_private: Callable[[str], bool] | None = None) -> Callable[[str], bool]:
     """The ``"private"`` rule of ``allowed_chats``: the terminal and allowlisted users' private
     chats (``is_private`` tells a Discord DM's key)."""
@@ -117,30 +107,6 @@ def trusted_chats(settings: Settings, is_private: Callable[[str], bool] | None =
         telegram_user_ids=tg.allowed_user_ids, telegram_chat_ids=tg.allowed_chat_ids,
         discord_user_ids=dc.allowed_user_ids, is_private=is_private,
     )
-
-
-def shell_sandbox(settings: Settings) -> Any:
-    """The bubblewrap sandbox of ``tools.shell`` (a ``tools.Sandbox``), ``None`` for ``sandbox: off``."""
-    from tools import Sandbox
-
-    s = settings.tools.shell
-    if s.sandbox == "off":
-        return None
-    return Sandbox(
-        bwrap=s.bwrap, network=s.network, memory_mb=s.memory_mb, tmp_mb=s.tmp_mb,
-        max_processes=s.max_processes, cpu_s=s.cpu_s,
-    )  # fmt: skip
-
-
-async def shell_sandbox_problem(settings: Settings) -> str | None:
-    """Why ``run_command`` cannot be offered although ``tools.shell.enabled``: its sandbox does
-    not run here (tried once per process, ``tools.sandbox.probe``). ``None``: it can be."""
-    from tools import probe
-
-    sandbox = shell_sandbox(settings)
-    if not settings.tools.shell.enabled or sandbox is None:
-        return None
-    return await probe(sandbox, settings.workspace.resolve())
 
 
 def build_toolbox(
@@ -213,6 +179,7 @@ class Daemon:
         self.store = Store(settings.db_path, redactor=self.redactor)
         #: the live event bus (turns as they happen, the operator's actions), redacted like the store
         self.activity = Activity(self.redactor)
+        self.web: Any = None  # the web console (bumblebot.web.WebConsole) once started
         self._umask: int | None = None  # the process umask before :meth:`open`, restored at stop
         self.engine: Engine | None = None
         self.llm: Endpoints | None = None
@@ -401,6 +368,8 @@ class Daemon:
         engine = await self.open()
         if self.settings.metrics.listen:  # before the adapters: a port in use fails the start
             await self.metrics.serve(self.settings.metrics.listen)
+        if self.settings.web.listen:
+            await self._serve_console()
         self.adapters = self.platform_adapters(engine) if adapters is None else adapters
         if self.mcp is not None:  # resumed turns see the tools; a slow server waits mcp.startup_wait_s at most
             await self.mcp.wait_settled()
@@ -410,6 +379,32 @@ class Daemon:
             self.media.register(adapter)
             await adapter.start()
         engine.mark_ready()
+
+    async def web_token_sha256(self) -> str | None:
+        """The web console's login token as its SHA-256 (hex): ``BUMBLEBOT_WEB_TOKEN``'s, else
+        the one ``bumblebot web token`` stored; ``None``: neither."""
+        from bumblebot.web.auth import TOKEN_KEY, token_digest
+
+        if self.secrets.web_token is not None and self.secrets.web_token.get_secret_value():
+            return token_digest(self.secrets.web_token.get_secret_value())
+        return await self.store.get_kv(TOKEN_KEY) or None
+
+    async def _serve_console(self) -> None:
+        """Start the web console on ``web.listen`` (``bumblebot/web``).
+
+        Raises:
+            ConfigError: no login token, or the address cannot be bound.
+        """
+        from bumblebot.app.console import DaemonConsole
+        from bumblebot.web import WebConsole
+
+        if await self.web_token_sha256() is None:
+            raise ConfigError(
+                "config", "web.listen", "a login token for the web console: set BUMBLEBOT_WEB_TOKEN, or run "
+                "`bumblebot web token` to make one",
+            )
+        self.web = WebConsole(DaemonConsole(self), self.settings.web, self.web_token_sha256)
+        await self.web.start()
 
     async def _each_adapter(self, method: str) -> None:
         """Call ``method`` on every adapter; one failing never keeps the others running."""
@@ -424,6 +419,8 @@ class Daemon:
             return
         self._stopped = True
         try:
+            if self.web is not None:
+                await self.web.stop()  # first: no action reaches a stopping engine
             await self._each_adapter("stop_intake")
             if self.engine is not None:
                 await self.engine.stop()  # in-flight turns finish and deliver

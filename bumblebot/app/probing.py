@@ -28,7 +28,6 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from bumblebot.core.errors import ContextTooLong, ModelError, StoreError

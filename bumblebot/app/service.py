@@ -99,7 +99,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bumblebot.app.unit_reach import HOME_ROOTS, RUN_FIX, Need, Who, blocked_at, pythons, refusals, ways
+from bumblebot.app.unit_reach import (
+    HOME_ROOTS,
+    RUN_FIX,
+    Need,
+    Who,
+    blocked_at,
+    pythons,
+    refusals,
+    ways,
+)
 from bumblebot.core.errors import BumblebotError
 
 __all__ = [

@@ -8,7 +8,7 @@ directory (or the working directory when there is no file).
 
 Secrets never live in the YAML file: they come from the environment or a ``.env`` file next to
 the working directory, under their usual names (``TELEGRAM_BOT_TOKEN``, ``DISCORD_BOT_TOKEN``,
-``OPENAI_API_KEY``, ``OPENAI_BASE_URL``); a fallback endpoint's key under the name its
+``OPENAI_API_KEY``, ``OPENAI_BASE_URL``, ``BUMBLEBOT_WEB_TOKEN``); a fallback endpoint's key under the name its
 ``api_key_env`` gives (:meth:`Secrets.named`).
 
 Raises:
@@ -50,6 +50,8 @@ class Secrets(BaseSettings):
     discord_bot_token: SecretStr | None = Field(None, validation_alias="DISCORD_BOT_TOKEN")
     openai_api_key: SecretStr | None = Field(None, validation_alias="OPENAI_API_KEY")
     openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")
+    #: the web console's login token (else the one ``bumblebot web token`` stored as a hash)
+    web_token: SecretStr | None = Field(None, validation_alias="BUMBLEBOT_WEB_TOKEN")
 
     _dotenv: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -66,7 +68,7 @@ class Secrets(BaseSettings):
     def values(self) -> list[str]:
         """Every secret value that is set (for log redaction)."""
         out = []
-        for v in (self.telegram_bot_token, self.discord_bot_token, self.openai_api_key):
+        for v in (self.telegram_bot_token, self.discord_bot_token, self.openai_api_key, self.web_token):
             if v is not None and v.get_secret_value():
                 out.append(v.get_secret_value())
         return out
@@ -134,7 +136,7 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> Path | None:
 
 
 ENV_PREFIX = "BUMBLEBOT_"
-_ENV_NOT_KEYS = {"BUMBLEBOT_CONFIG"}
+_ENV_NOT_KEYS = {"BUMBLEBOT_CONFIG", "BUMBLEBOT_WEB_TOKEN"}  # not keys: the config file, a secret
 
 
 def _env_names(model: type[BaseModel], prefix: str) -> set[str]:
@@ -251,7 +253,7 @@ def load_settings(path: Path | None = None) -> Settings:
 
 
 #: The environment variables :class:`Secrets` reads.
-SECRET_VARIABLES = ("TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL")
+SECRET_VARIABLES = ("TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL", "BUMBLEBOT_WEB_TOKEN")
 
 
 def dotenv_unreadable(path: Path = Path(".env")) -> str | None:

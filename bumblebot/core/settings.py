@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bumblebot.core.events import ChatRef
-from bumblebot.core.mcp_settings import MCPSettings
 from bumblebot.core.llm_settings import (  # noqa: F401  (the llm section, importable from here too)
     FallbackSettings,
     LLMSettings,
@@ -22,6 +21,7 @@ from bumblebot.core.llm_settings import (  # noqa: F401  (the llm section, impor
     off_is_text,
     on_off,
 )
+from bumblebot.core.mcp_settings import MCPSettings
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 
@@ -252,7 +252,7 @@ class ShellSettings(Section):
         return off_is_text(value)
 
 
-class WebSettings(Section):
+class FetchSettings(Section):
     enabled: bool = Field(True, description="register fetch_url")
     timeout_s: float = Field(20.0, gt=0, description="request timeout, seconds")
     max_bytes: int = Field(2_000_000, ge=1024, description="maximum body read, bytes")
@@ -283,7 +283,7 @@ class ToolsSettings(Section):
         None, ge=500, description="deprecated and ignored: use cognition.max_tool_result_share"
     )
     shell: ShellSettings = Field(default_factory=ShellSettings)
-    web: WebSettings = Field(default_factory=WebSettings)
+    web: FetchSettings = Field(default_factory=FetchSettings)
     files: FilesSettings = Field(default_factory=FilesSettings)
     knowledge: ToolGroupSettings = Field(
         default_factory=ToolGroupSettings, description="remember and recall (the chat's own facts)"
@@ -359,6 +359,55 @@ class MetricsSettings(Section):
         if not host or bare_ipv6 or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"expected host:port, e.g. 127.0.0.1:9464 or [::1]:9464 (got {value!r})")
         return value.strip()
+
+
+def _listen(value: str | None, example: str) -> str | None:
+    """``host:port`` checked (``[::1]:port`` for IPv6), or ``None`` for null or empty."""
+    if value is None or not value.strip():
+        return None
+    host, _, port = value.strip().rpartition(":")
+    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if not host or bare_ipv6 or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected host:port, e.g. {example} or [::1]:{example.rpartition(':')[2]} (got {value!r})")
+    return value.strip()
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether ``host:port`` names a loopback address (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+    import ipaddress
+
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class WebSettings(Section):
+    """The operator's web console (``docs/console.md``); off unless ``listen`` is set."""
+
+    insecure_bind: bool = Field(
+        False, description="allow a listen address that is not loopback (the page is served without TLS: put a "
+        "TLS proxy in front); a warning is logged at start",
+    )
+    listen: str | None = Field(
+        None, description="host:port to serve the console on, e.g. 127.0.0.1:8790; null: no console"
+    )
+    secure_cookie: bool = Field(False, description="mark the session cookie Secure (set it when TLS is in front)")
+    session_hours: float = Field(12.0, gt=0, description="how long a login lasts, hours")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None, info: ValidationInfo) -> str | None:
+        listen = _listen(value, "127.0.0.1:8790")
+        if listen and not info.data.get("insecure_bind") and not is_loopback(listen):
+            raise ValueError(
+                f"a loopback address, e.g. 127.0.0.1:8790 (got {listen!r}): the console would be served without "
+                "TLS; listen on 127.0.0.1 behind a TLS proxy, or set web.insecure_bind: true"
+            )
+        return listen
 
 
 class LimitsSettings(Section):
@@ -465,6 +514,7 @@ class Settings(BaseSettings):
     automation: AutomationSettings = Field(default_factory=AutomationSettings)
     autonomy: AutonomySettings = Field(default_factory=AutonomySettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    web: WebSettings = Field(default_factory=WebSettings, description="the operator's web console")
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     mcp: MCPSettings = Field(default_factory=MCPSettings, description="MCP tool servers")
     engine: EngineSettings = Field(default_factory=EngineSettings)
