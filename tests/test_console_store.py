@@ -178,6 +178,11 @@ async def test_turns_are_listed_newest_first_and_one_turn_has_what_it_answered_a
         assert [(j["id"], j["text"], j["sender"], j["status"]) for j in one["inbound"]] == [(first.journal, "one", "Alice", "done")]
         assert [(o["id"], o["text"], o["status"]) for o in one["outbox"]] == [(first.outbox, "reply one", "sent")]
         assert one["outbox"][0]["sent_at"] is not None
+        # what it recorded: the user's message, the step's call with its arguments, the result, the reply
+        assert [m["role"] for m in one["messages"]] == ["user", "assistant", "tool", "assistant"]
+        call = one["messages"][1]["tool_calls"][0]["function"]
+        assert (call["name"], call["arguments"]) == ("read_file", '{"path": "a"}')
+        assert one["messages"][2]["content"].startswith("file text") and one["messages"][3]["content"] == "reply one"
         live = await store.console_turn(running)
         assert live is not None and (live["status"], live["finished_at"], live["trace"]) == ("running", None, {})
         assert await store.console_turn(9999) is None

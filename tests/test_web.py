@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from conftest import TOKEN, running, write_config
-from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text
+from fakes.openai_server import FakeOpenAI, is_aux, is_loop, text, tool_calls
 from fakes.telegram_server import FakeTelegram
 from support import say
 
@@ -258,12 +258,11 @@ async def test_no_secret_appears_in_any_page_or_in_the_event_stream(
             assert secret not in everything
 
 
-async def test_the_overview_and_the_conversation_list_answer_in_300_ms_with_a_big_store(
+async def test_the_overview_and_the_conversation_list_show_a_big_store(
     tmp_path: Path, llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """1,000 conversations and 100,000 messages (filled as ``bench/bench_console.py`` fills
-    its file): each page, rendered and sent, within 300 ms (the median of five, after a first
-    request that warms the caches)."""
+    """1,000 conversations and 100,000 messages (filled as ``bench/bench_console.py`` fills its
+    file): the pages show a page of them (how fast: ``bench/bench_console.py``)."""
     import importlib.util
 
     from bumblebot.store import Store
@@ -281,18 +280,12 @@ async def test_the_overview_and_the_conversation_list_answer_in_300_ms_with_a_bi
     await asyncio.to_thread(bench.fill, db, time.time())
     async with running(config, telegram_token=None, adapters=[]) as d, client(d) as s:
         await login(s)
-        for path in ("/", "/conversations", "/conversations?offset=500", "/conversations?q=10050&platform=telegram"):
+        for path, rows in (("/conversations", 50), ("/conversations?offset=980", 20)):
             async with s.get(path) as r:
                 assert r.status == 200
-                assert "Chat " in await r.text() or path == "/"
-            took = []
-            for _ in range(5):
-                started = time.perf_counter()
-                async with s.get(path) as r:
-                    await r.read()
-                took.append(time.perf_counter() - started)
-            print(path, [f"{t * 1000:.0f} ms" for t in took])
-            assert sorted(took)[2] < 0.3, (path, took)
+                assert (await r.text()).count('class="conversation-row"') == rows, path
+        async with s.get("/") as r:
+            assert r.status == 200 and "Tokens per day" in await r.text()
 
 
 async def test_an_action_with_the_csrf_token_is_done_and_says_so(daemon: Any) -> None:
@@ -333,3 +326,20 @@ async def test_a_console_on_every_address_logs_a_warning(
         async with running(config, telegram_token=None, adapters=[]) as d:
             assert d.web.address[1] > 0
     assert any("without TLS" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_turns_page_shows_its_tool_calls_with_arguments_and_results(daemon: Any, llm: FakeOpenAI, tg: FakeTelegram) -> None:
+    (daemon.settings.workspace / "notes.txt").write_text("the plants need water on Tuesday")
+    llm.push(tool_calls(("read_file", {"path": "notes.txt"})), when=is_loop)
+    llm.push(say("They need water on Tuesday."), when=is_loop)
+    llm.push(text("DONE: answered"), when=is_aux)
+    async with client(daemon) as s:
+        await login(s)
+        tg.push_text("when do the plants need water?", chat_id=1002)
+        await daemon.engine.wait_for_turns(1)
+        [turn] = await daemon.store.console_turns("telegram:1002")
+        async with s.get(f"/turns/{turn['id']}") as r:
+            assert r.status == 200
+            page = await r.text()
+    assert "read_file" in page and "notes.txt" in page  # the call and its arguments
+    assert "the plants need water on Tuesday" in page  # its result

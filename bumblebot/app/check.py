@@ -58,10 +58,13 @@ from bumblebot.store import Store
 
 #: what hides the secrets in the lines of the check running (:func:`check_all` sets it)
 _redact: ContextVar[Callable[[str], str]] = ContextVar("check_redact", default=lambda text: text)
+#: where the lines of the check running go: the terminal, or the web console's page (per task,
+#: so a check run from the console never takes over the process's stdout)
+_out: ContextVar[Callable[[str], None]] = ContextVar("check_out", default=print)
 
 
 def _line(ok: bool, what: str, detail: str = "") -> None:
-    print(_redact.get()(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}"))
+    _out.get()(_redact.get()(f"[{'ok' if ok else 'FAIL'}] {what}{': ' + detail if detail else ''}"))
 
 
 def _redactor(settings: Settings, secrets: Secrets) -> Redactor:
@@ -76,16 +79,22 @@ def _redactor(settings: Settings, secrets: Secrets) -> Redactor:
 
 def _note(what: str, detail: str) -> None:
     """A line about something the endpoint showed that the daemon works around, not a failure."""
-    print(_redact.get()(f"[note] {what}: {detail}"))
+    _out.get()(_redact.get()(f"[note] {what}: {detail}"))
 
 
-async def check_all(settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False) -> list[str]:
+async def check_all(
+    settings: Settings, secrets: Secrets, entity: Entity, *, chat_only: bool = False,
+    out: Callable[[str], None] | None = None,
+) -> list[str]:
     """Run every check; returns the list of problems (empty when all is well). ``chat_only``:
-    the terminal chat only (``bumblebot chat``): no platform token is needed or tried."""
+    the terminal chat only (``bumblebot chat``): no platform token is needed or tried. Each
+    line goes to ``out`` (default: printed), its secrets hidden."""
     hiding = _redact.set(_redactor(settings, secrets))
+    writing = _out.set(out or print)
     try:
         return await _check_all(settings, secrets, entity, chat_only=chat_only)
     finally:
+        _out.reset(writing)
         _redact.reset(hiding)
 
 
@@ -198,7 +207,7 @@ async def _check_all(settings: Settings, secrets: Secrets, entity: Entity, *, ch
                                                  setting="discord.api_base_url", token="DISCORD_BOT_TOKEN",
                                                  not_found_is_token=False))
     if not problems:
-        print("all checks passed")
+        _out.get()("all checks passed")
     return problems
 
 

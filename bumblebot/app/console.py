@@ -8,8 +8,6 @@ commands from the chat (sender ``operator``, source ``console``).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 from typing import Any
@@ -77,8 +75,10 @@ class DaemonConsole:
             return []
         out = []
         for endpoint in llm.all:
-            memory = getattr(endpoint.capabilities, "_cache", {})
-            learned = [f"{k}: {str(v)[:LEARNED_CHARS]}" for k, v in sorted(memory.items()) if v]
+            learned = [  # the memory is shared by the endpoints: each shows its own keys
+                f"{k}: {v[:LEARNED_CHARS]}" for k, v in sorted(endpoint.capabilities.known().items())
+                if endpoint.memory_key in k
+            ]
             cooling = llm.cooling(endpoint)
             out.append({
                 "base_url": shown_url(endpoint.base_url),
@@ -90,8 +90,7 @@ class DaemonConsole:
 
     def running(self) -> dict[str, Any]:
         engine = self._engine
-        actors = list(engine._actors.values())
-        return {"running": sorted(a.key for a in actors if a.working), "waiting": engine.queue_depth}
+        return {"running": engine.working(), "waiting": engine.queue_depth}
 
     def tools(self) -> list[dict[str, Any]]:
         from tools import TOOL_GROUPS
@@ -131,11 +130,11 @@ class DaemonConsole:
         from bumblebot.core.usage import scoped
 
         d = self.daemon
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out), scoped(kind="check"):
-            await check_all(d.settings, d.secrets, d.entity)
+        printed: list[str] = []
+        with scoped(kind="check"):
+            await check_all(d.settings, d.secrets, d.entity, out=printed.append)
         lines = []
-        for line in out.getvalue().splitlines():
+        for line in (part for text in printed for part in text.splitlines()):
             m = CHECK_LINE.match(line)
             lines.append((m.group(1), m.group(2)) if m else ("", line))
         return [(label, d.redactor(text)) for label, text in lines]

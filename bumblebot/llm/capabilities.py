@@ -69,6 +69,11 @@ class CapabilityMemory:
         if self._save:
             await self._save(key, value)
 
+    def known(self) -> dict[str, str]:
+        """What this process has read or learned so far, by key (the operator's console shows
+        it); keys never asked are not loaded for it."""
+        return {key: value for key, value in self._cache.items() if value}
+
     async def clear(self, key: str) -> None:
         self._cache[key] = None
         if self._delete:

@@ -306,6 +306,10 @@ class Engine(EngineCommands):
         Safe to read from another thread (the metrics exporter): it only copies and counts."""
         return sum(actor.queued for actor in list(self._actors.values()))
 
+    def working(self) -> list[str]:
+        """The keys of the conversations with a turn or job running now, sorted."""
+        return sorted(a.key for a in list(self._actors.values()) if a.working)
+
     @property
     def waiting(self) -> int:
         """Conversations whose turn waits out a model outage."""

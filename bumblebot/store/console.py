@@ -35,6 +35,8 @@ CHART_HOURS = 24
 #: Rows of the overview's lists of failed outbox rows and failed turns; characters of a row's text.
 RECENT_FAILURES = 10
 FAILED_TEXT_CHARS = 200
+#: a turn page's messages at most (a turn's step cap keeps it far below)
+TURN_MESSAGES = 500
 #: What ``console_conversations(state=…)`` filters on.
 STATES = ("", "active", "paused")
 
@@ -247,7 +249,9 @@ class ConsoleTables(Database):
         :meth:`console_turns` plus its ``conversation`` key and ``session``, the messages it
         answered (``inbound``: ``id``, ``sender``, ``source``, ``text``, ``received_at``,
         ``status``; while retention keeps them) and what it queued to send (``outbox``:
-        ``id``, ``text``, ``status``, ``error``, ``created_at``, ``sent_at``)."""
+        ``id``, ``text``, ``status``, ``error``, ``created_at``, ``sent_at``) and the messages it
+        recorded (``messages``: the user's, each step's tool calls with their arguments, each
+        result; shaped as :meth:`console_history`'s, without ``boundary``)."""
         row = await self._one(
             f"SELECT t.id, t.session, t.started_at, t.ended_at, t.status, t.trace, {_KEY} AS key"
             " FROM turns t JOIN conversations c ON c.id = t.conversation_id WHERE t.id = ?",
@@ -263,6 +267,11 @@ class ConsoleTables(Database):
             "SELECT id, text, status, last_error, created_at, sent_at FROM outbox WHERE turn_id = ? ORDER BY id",
             (turn_id,),
         )
+        messages = await self._all(  # at most the turn's caps of steps: its calls and results
+            "SELECT id, role, content, tool_calls, tool_call_id, pruned, created_at FROM messages"
+            " WHERE turn_id = ? ORDER BY id LIMIT ?",
+            (turn_id, TURN_MESSAGES),
+        )
         return {
             **_turn(row), "conversation": row["key"], "session": row["session"],
             "inbound": [
@@ -274,6 +283,12 @@ class ConsoleTables(Database):
                 {"id": int(o["id"]), "text": o["text"], "status": o["status"], "error": o["last_error"],
                  "created_at": float(o["created_at"]), "sent_at": o["sent_at"]}
                 for o in outbox
+            ],
+            "messages": [
+                {"id": int(m["id"]), "role": m["role"], "content": m["content"],
+                 "tool_calls": json.loads(m["tool_calls"]) if m["tool_calls"] else None,
+                 "tool_call_id": m["tool_call_id"], "pruned": bool(m["pruned"]), "at": float(m["created_at"])}
+                for m in messages
             ],
         }
 
