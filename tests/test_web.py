@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -194,6 +195,43 @@ async def test_the_daemon_refuses_to_start_without_a_login_token(tmp_path: Path,
     assert "BUMBLEBOT_WEB_TOKEN" in str(refused.value) and "bumblebot web token" in str(refused.value)
 
 
+async def test_a_short_web_token_is_refused_at_start(
+    tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BUMBLEBOT_WEB_TOKEN", "hunter2")  # guessable: the throttle alone would not save it
+    with pytest.raises(ConfigError) as refused:
+        async with running(web_config(tmp_path, llm, tg)):
+            pass
+    assert refused.value.key == "BUMBLEBOT_WEB_TOKEN" and "16 characters" in str(refused.value)
+    assert "hunter2" not in str(refused.value)
+
+
+async def test_refusals_and_redirects_carry_the_security_headers(daemon: Any) -> None:
+    async with client(daemon) as s:
+        for method, path in (("GET", "/"), ("POST", "/c/telegram:1/stop"), ("GET", "/login")):
+            async with s.request(method, path, allow_redirects=False) as r:
+                assert r.status in (200, 302, 401), (path, r.status)
+                assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"], path
+                assert r.headers["Cache-Control"] == "no-store", path
+
+
+async def test_failed_logins_past_those_held_are_refused_at_once(daemon: Any) -> None:
+    from bumblebot.web.auth import MAX_HELD
+
+    async with client(daemon) as attacker:
+        held = [asyncio.ensure_future(login(attacker, f"wrong-{n}")) for n in range(MAX_HELD)]
+        try:
+            while daemon.web.login.throttle.held("127.0.0.1") < MAX_HELD:
+                await asyncio.sleep(0.01)
+            started = time.monotonic()
+            r = await login(attacker, "one-more-wrong")
+            assert r.status == 429 and time.monotonic() - started < 1.0
+            assert int(r.headers["Retry-After"]) >= 1
+        finally:
+            for guess in held:
+                guess.cancel()
+
+
 async def test_a_port_in_use_is_a_config_error_naming_web_listen(
     tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -343,3 +381,102 @@ async def test_a_turns_page_shows_its_tool_calls_with_arguments_and_results(daem
             page = await r.text()
     assert "read_file" in page and "notes.txt" in page  # the call and its arguments
     assert "the plants need water on Tuesday" in page  # its result
+
+
+# -- found by review: open redirects, a password in a URL, concurrent checks, the throttle --------
+
+
+@pytest.mark.parametrize("nxt", ["/\t/evil.example/", "/\n/evil.example/", "/\r/evil.example/"])
+async def test_the_login_never_redirects_to_another_site(daemon: Any, nxt: str) -> None:
+    """A link ``/login?next=%2F%09%2Fevil.example`` to the real console: after the login the
+    browser stays on the console (a browser drops tabs and line breaks from a URL, so
+    ``/<TAB>/evil.example`` would be ``//evil.example``)."""
+    async with client(daemon) as s:
+        async with s.post("/login", data={"token": WEB_TOKEN, "next": nxt}, allow_redirects=False) as r:
+            assert r.status == 303
+            location = r.headers["Location"]
+    cleaned = re.sub(r"[\t\r\n]", "", location)
+    assert not cleaned.startswith("//") and "evil.example" not in cleaned, location
+
+
+async def test_an_action_back_never_leads_to_another_site(daemon: Any) -> None:
+    """The actions' ``back`` field leads back to this site only."""
+    async with client(daemon) as s:
+        await login(s)
+        csrf = await csrf_of(s, "/c/telegram:42")
+        async with s.post("/c/telegram:42/pause", data={"csrf": csrf, "back": "/\t/evil.example/"},
+                          allow_redirects=False) as r:
+            location = r.headers["Location"]
+    assert "evil.example" not in location, location
+
+
+async def test_two_checks_at_once_leave_the_daemons_stdout_alone(daemon: Any) -> None:
+    """Two clicks on "Run check" (two tabs, a double click) run check_all concurrently, each
+    inside contextlib.redirect_stdout on the shared event loop: the redirections interleave
+    and sys.stdout stays a StringIO for the rest of the daemon's life; each check's lines also
+    pick up the other's."""
+    before = sys.stdout
+    async with client(daemon) as s:
+        await login(s)
+        csrf = await csrf_of(s, "/setup")
+
+        async def run() -> int:
+            async with s.post("/setup/check", data={"csrf": csrf, "back": "/setup"}, allow_redirects=False) as r:
+                return r.status
+
+        assert await asyncio.gather(run(), run()) == [303, 303]
+        async with s.get("/setup") as r:
+            page = await r.text()
+    stuck = sys.stdout
+    sys.stdout = before  # so that the rest of the session prints
+    assert stuck is before, f"sys.stdout is now {stuck!r}"
+    lines = re.search(r'<table id="check-lines">(.*?)</table>', page, re.S)
+    assert lines is not None
+    assert lines.group(1).count("data_dir:") == 1, "one check's lines carry the other's"
+
+
+async def test_the_setup_page_hides_the_password_in_an_endpoint_url(
+    tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``llm.base_url: http://bob:PASSWORD@host/v1``: no page shows the password."""
+    password = "pw-in-the-url-0123456789"
+    monkeypatch.setenv("BUMBLEBOT_WEB_TOKEN", WEB_TOKEN)
+    url = llm.base_url.replace("http://", f"http://bob:{password}@")
+    config = write_config(tmp_path, llm, tg, web={"listen": "127.0.0.1:0"},
+                          llm={"base_url": url, "model": "test-model", "reflex_model": "reflex-model",
+                               "max_retries": 0, "timeout_s": 10})
+    async with running(config) as d, client(d) as s:
+        await login(s)
+        bodies = {}
+        for path in ("/", "/setup"):
+            async with s.get(path) as r:
+                bodies[path] = await r.text()
+    assert password not in bodies["/"]  # the overview masks it
+    assert password not in bodies["/setup"]
+
+
+async def test_the_setup_page_shows_token_limits_which_are_no_secrets(daemon: Any) -> None:
+    """Numbers named like secrets (``max_context_tokens``) are no secrets: the Setup page shows them."""
+    async with client(daemon) as s:
+        await login(s)
+        async with s.get("/setup") as r:
+            page = await r.text()
+    assert "max_context_tokens: &lt;redacted&gt;" not in page
+    assert "reflex_max_tokens: &lt;redacted&gt;" not in page
+
+
+async def test_wrong_guesses_from_one_address_do_not_lock_the_operator_out(daemon: Any) -> None:
+    """Five wrong guesses from one address are still waiting for their answers when the right
+    token comes from it (behind a proxy every client is one address): it logs in at once."""
+    import time
+
+    async with client(daemon) as attacker, client(daemon) as operator:
+        guesses = [asyncio.ensure_future(login(attacker, f"wrong-{n}")) for n in range(5)]
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        r = await login(operator)
+        waited = time.monotonic() - started
+        for g in guesses:
+            g.cancel()
+        assert r.status == 303
+    assert waited < 2.0, f"the right token waited {waited:.1f} s behind the wrong ones"

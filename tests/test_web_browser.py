@@ -4,7 +4,8 @@ chromedriver, against a daemon on the fakes.
 Selenium's calls block, and the daemon runs on this test's event loop: every browser call runs
 in a worker thread (:class:`Browser`), so the console keeps answering meanwhile.
 
-Screenshots of every page go to ``$BUMBLEBOT_SCREENSHOTS``, else ``<tmp_path>/screenshots``.
+Screenshots of every page go to ``$BUMBLEBOT_SCREENSHOTS``, else ``test-output/screenshots`` in the
+repository (kept with the test output, ignored by git).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def journaled(tmp_path: Path, text: str) -> bool:
 
 @pytest.fixture
 def shots(tmp_path: Path) -> Path:
-    where = Path(SCREENSHOTS or tmp_path / "screenshots")
+    where = Path(SCREENSHOTS or Path(__file__).resolve().parents[1] / "test-output" / "screenshots")
     where.mkdir(parents=True, exist_ok=True)
     return where
 

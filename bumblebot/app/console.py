@@ -20,8 +20,11 @@ from bumblebot.media.names import chat_folder
 from bumblebot.store import Store
 
 REDACTED = "<redacted>"
-#: a setting whose name holds one of these is a secret, whatever its value
-SECRET_NAMES = re.compile(r"key|token|secret|password", re.IGNORECASE)
+#: a text setting whose name holds one of these is a secret, whatever its value (numbers, such
+#: as ``max_context_tokens``, are not secrets)
+SECRET_NAMES = re.compile(r"key|token|secret|passw|authorization|cookie|credential", re.IGNORECASE)
+#: a URL with a user name and password in it (``http://bob:pw@host/v1``)
+URL_WITH_USER = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#]*@", re.IGNORECASE)
 #: a learned value is shown up to this many characters
 LEARNED_CHARS = 200
 #: ``check``'s lines: ``[ok] what: detail``, ``[FAIL] …``, ``[note] …``
@@ -35,11 +38,13 @@ def redacted(value: Any, redact: Any, name: str = "") -> Any:
         return {k: redacted(v, redact, str(k)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redacted(v, redact, name) for v in value]
-    if name and SECRET_NAMES.search(name) and value not in (None, "", [], {}) and not name.endswith("_env"):
+    if not isinstance(value, str) or not value:
+        return value
+    if name and SECRET_NAMES.search(name) and not name.endswith("_env"):
         return REDACTED
-    if isinstance(value, str):
-        return REDACTED if redact(value) != value else value
-    return value
+    if redact(value) != value:
+        return REDACTED
+    return shown_url(value) if URL_WITH_USER.match(value) else value
 
 
 class DaemonConsole:

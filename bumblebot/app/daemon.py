@@ -398,6 +398,14 @@ class Daemon:
         from bumblebot.app.console import DaemonConsole
         from bumblebot.web import WebConsole
 
+        from bumblebot.web.auth import MIN_TOKEN_CHARS
+
+        given = self.secrets.web_token.get_secret_value() if self.secrets.web_token is not None else ""
+        if given and len(given) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                "environment", "BUMBLEBOT_WEB_TOKEN", f"at least {MIN_TOKEN_CHARS} characters (it is {len(given)}): "
+                "`bumblebot web token` makes a strong one",
+            )
         if await self.web_token_sha256() is None:
             raise ConfigError(
                 "config", "web.listen", "a login token for the web console: set BUMBLEBOT_WEB_TOKEN, or run "

@@ -477,7 +477,7 @@ class Engine(EngineCommands):
     async def _dispatch(self, entry: JournalEntry) -> None:
         actor = await self._actor(entry.inbound.chat)
         actor.enqueue(entry)
-        self.activity.publish(actor.key, "queued", waiting=actor.queued)
+        self.activity.publish(actor.key, "queued", waiting=actor.queued, total=self.queue_depth)
 
     async def _actor(self, chat: ChatRef) -> ConversationActor:
         """The live actor of ``chat`` (loaded on demand)."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from bumblebot.web.auth import FORM, SESSION
+from bumblebot.web.auth import FORM, SESSION, local_path
 
 if TYPE_CHECKING:
     from bumblebot.web.server import WebConsole
@@ -37,9 +37,7 @@ def routes(app: web.Application, server: WebConsole) -> None:
 def _back(request: web.Request, default: str) -> str:
     """Where to go after the action: the form's ``back`` (a path of this site), else ``default``."""
     back = request.get(FORM, {}).get("back")
-    if isinstance(back, str) and back.startswith("/") and not back.startswith("//") and "\\" not in back:
-        return back
-    return default
+    return local_path(back if isinstance(back, str) else None, default)
 
 
 async def _act(server: WebConsole, handler: Callable[[WebConsole, web.Request], Awaitable[str]], request: web.Request) -> web.Response:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -36,6 +37,10 @@ FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 30.0
 #: addresses remembered at most (the oldest are forgotten first)
 MAX_CLIENTS = 10_000
+#: failed logins of one address held waiting for their answer at once; more get 429 at once
+MAX_HELD = 8
+#: the shortest ``BUMBLEBOT_WEB_TOKEN`` accepted (``bumblebot web token`` makes 43 characters)
+MIN_TOKEN_CHARS = 16
 #: a page may show this many flash messages at most
 MAX_FLASH = 5
 
@@ -103,27 +108,33 @@ class Sessions:
 
 
 class Throttle:
-    """Failed logins per client address, and the wait before each answer."""
+    """Failed logins per client address, and the wait before each one's answer.
+
+    Every attempt is checked at once: the right token logs in without waiting, however many
+    wrong ones the same address (a proxy in front serves every client from one) has in flight.
+    A wrong one is answered after a wait that doubles with each failure in a row, from
+    :data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S`; at most :data:`MAX_HELD` are held per
+    address, those past it are answered at once with 429. Guessing stays hopeless because the
+    token is long (``bumblebot web token`` makes 256 bits; a shorter ``BUMBLEBOT_WEB_TOKEN``
+    than :data:`MIN_TOKEN_CHARS` is refused at start)."""
 
     def __init__(self, first_s: float = FIRST_DELAY_S, most_s: float = MAX_DELAY_S) -> None:
         self.first_s, self.most_s = first_s, most_s
         self._failures: dict[str, int] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    def lock(self, client: str) -> asyncio.Lock:
-        """One attempt at a time per address: guesses in parallel wait for each other's delay."""
-        lock = self._locks.get(client)
-        if lock is None:
-            if len(self._locks) >= MAX_CLIENTS:
-                for old in [c for c, lk in self._locks.items() if not lk.locked()][: MAX_CLIENTS // 2]:
-                    del self._locks[old]
-            lock = self._locks[client] = asyncio.Lock()
-        return lock
+        self._held: dict[str, int] = {}
 
     def delay(self, client: str) -> float:
         """The wait before answering the next failure of ``client``."""
         n = self._failures.get(client, 0)
         return min(self.first_s * 2**n, self.most_s)
+
+    def held(self, client: str) -> int:
+        """``client``'s failures waiting for their answer now."""
+        return self._held.get(client, 0)
+
+    def full(self, client: str) -> bool:
+        """``client`` already has :data:`MAX_HELD` failures waiting for their answer."""
+        return self.held(client) >= MAX_HELD
 
     async def failed(self, client: str) -> None:
         """Count a failure and wait its delay (the answer goes after it)."""
@@ -131,7 +142,13 @@ class Throttle:
         if len(self._failures) >= MAX_CLIENTS:
             self._failures.pop(next(iter(self._failures)))
         self._failures[client] = self._failures.get(client, 0) + 1
-        await asyncio.sleep(wait)
+        self._held[client] = self._held.get(client, 0) + 1
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            self._held[client] -= 1
+            if not self._held[client]:
+                del self._held[client]
 
     def succeeded(self, client: str) -> None:
         self._failures.pop(client, None)
@@ -163,6 +180,18 @@ def same_origin(request: web.Request) -> bool:
     return origin.rstrip("/") == f"{proto}://{host}"
 
 
+def local_path(value: str | None, default: str = "/") -> str:
+    """``value`` when it is a path of this site (after a login, after an action), else
+    ``default``: never ``//host``, a URL, a backslash, or a space or control character (a
+    browser drops tabs and line breaks from a URL, so ``/<TAB>/host`` would lead to ``//host``)."""
+    if not value or not value.startswith("/") or value.startswith("//"):
+        return default
+    if any(c == "\\" or c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return default
+    parts = urlsplit(value)
+    return default if parts.scheme or parts.netloc else value
+
+
 def csrf_ok(session: Session, given: str | None) -> bool:
     return given is not None and hmac.compare_digest(session.csrf.encode(), given.encode())
 
@@ -175,10 +204,20 @@ class Login:
         self.expected, self.sessions, self.throttle = expected, sessions, throttle
 
     async def attempt(self, client: str, token: str) -> Session | None:
-        """A new session for the right token; ``None`` (after the throttle's wait) for a wrong one."""
-        async with self.throttle.lock(client):
-            if token and token_matches(token, await self.expected()):
-                self.throttle.succeeded(client)
-                return self.sessions.create()
-            await self.throttle.failed(client)
-            return None
+        """A new session for the right token; ``None`` for a wrong one (after the throttle's
+        wait, or at once when the address has too many waiting: :class:`TooMany`)."""
+        if token and token_matches(token, await self.expected()):
+            self.throttle.succeeded(client)
+            return self.sessions.create()
+        if self.throttle.full(client):
+            raise TooMany(self.throttle.delay(client))
+        await self.throttle.failed(client)
+        return None
+
+
+class TooMany(Exception):
+    """Too many failed logins from one address are waiting for their answer."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"too many failed logins; try again in {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s

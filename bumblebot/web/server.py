@@ -30,8 +30,10 @@ from bumblebot.web.auth import (
     Session,
     Sessions,
     Throttle,
+    TooMany,
     client_address,
     csrf_ok,
+    local_path,
     same_origin,
 )
 from bumblebot.web.console import Console
@@ -77,7 +79,7 @@ class WebConsole:
         self.address: tuple[str, int] | None = None  # bound host and port, once started
 
     def _app(self) -> web.Application:
-        app = web.Application(middlewares=[self._guard], client_max_size=64 * 1024)
+        app = web.Application(middlewares=[self._headers, self._guard], client_max_size=64 * 1024)
         app.router.add_get("/login", self._login_page)
         app.router.add_post("/login", self._login_post)
         app.router.add_post("/logout", self._logout)
@@ -143,24 +145,39 @@ class WebConsole:
             request[SESSION] = session
         elif request.method == "POST" and not same_origin(request):
             raise web.HTTPForbidden(text="refused: the form is from another site")
-        response = await handler(request)
-        response.headers.update(HEADERS)
-        if request.path.startswith("/static/"):
-            response.headers["Cache-Control"] = "no-cache"
-        else:
-            response.headers["Cache-Control"] = "no-store"
+        return await handler(request)
+
+    @web.middleware
+    async def _headers(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """The security headers on every answer, those raised (redirects, refusals) included."""
+        cache = "no-cache" if request.path.startswith("/static/") else "no-store"
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            exc.headers.update(HEADERS)
+            exc.headers["Cache-Control"] = cache
+            raise
+        if not response.prepared:  # an event stream sent its headers already
+            response.headers.update(HEADERS)
+            response.headers["Cache-Control"] = cache
         return response
 
     # -- login ---------------------------------------------------------------------------------
 
     async def _login_page(self, request: web.Request) -> web.Response:
-        return self.render(request, "login.html", title="Log in", next=_safe_next(request.query.get("next")), error=None)
+        return self.render(request, "login.html", title="Log in", next=local_path(request.query.get("next")), error=None)
 
     async def _login_post(self, request: web.Request) -> web.Response:
         form = await request.post()
         token = (_text(form.get("token")) or "").strip()
-        nxt = _safe_next(_text(form.get("next")))
-        session = await self.login.attempt(client_address(request), token)
+        nxt = local_path(_text(form.get("next")))
+        try:
+            session = await self.login.attempt(client_address(request), token)
+        except TooMany as exc:
+            log.warning("web console: failed logins from %s: %s", client_address(request), exc)
+            raise web.HTTPTooManyRequests(
+                text=str(exc), headers={"Retry-After": str(max(1, round(exc.retry_after_s)))}
+            ) from None
         if session is None:
             log.warning("web console: a failed login from %s", client_address(request))
             response = self.render(request, "login.html", title="Log in", next=nxt, error="That token is not right.")
@@ -199,9 +216,4 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _safe_next(value: str | None) -> str:
-    """Where to go after the login: a path of this site only (never ``//host`` or a URL)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
-        return "/"
-    return value
 

@@ -38,7 +38,7 @@
     } else if (ev.kind === "queued") {
       li.appendChild(document.createTextNode(d.waiting + " waiting"));
     } else {
-      li.appendChild(document.createTextNode(d.what || ""));
+      li.appendChild(document.createTextNode((d.what || "") + (d.result ? ": " + d.result : "")));
     }
     if (d.dropped) li.appendChild(text("span", "dropped", "(" + d.dropped + " earlier events dropped)"));
     li.dataset.shown = Date.now() / 1000;
@@ -80,7 +80,7 @@
         if (running && (ev.kind === "turn_started" || ev.kind === "turn_ended")) {
           running.textContent = Math.max(Number(running.textContent) + (ev.kind === "turn_started" ? 1 : -1), 0);
         }
-        if (waiting && ev.kind === "queued") waiting.textContent = ev.data.waiting;
+        if (waiting && ev.kind === "queued" && ev.data.total !== undefined) waiting.textContent = ev.data.total;
       });
     }
   });
