@@ -95,6 +95,13 @@ def test_a_conversation_key_reads_back_as_its_chat(key):
     assert ChatRef.from_key(key).key == key
 
 
+def test_the_terminal_key_reads_back_as_the_terminal_chat_not_a_thread():
+    # The terminal's chat id holds a colon; reading "local" as the chat and the user as a
+    # thread made the title and the pause land on a second, phantom conversation.
+    assert ChatRef.from_key("console:local:root") == ChatRef(Platform.CONSOLE, "local:root")
+    assert ChatRef.from_key("telegram:-100200:7") == ChatRef(Platform.TELEGRAM, "-100200", "7")
+
+
 def test_a_key_of_no_platform_is_refused():
     with pytest.raises(ValueError):
         ChatRef.from_key("irc:#chan")

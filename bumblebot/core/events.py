@@ -78,11 +78,14 @@ class ChatRef:
         Raises:
             ValueError: not a key of a known platform.
         """
-        platform, _, rest = key.partition(":")
-        chat_id, _, thread_id = rest.partition(":")
+        platform_name, _, rest = key.partition(":")
+        platform = Platform(platform_name)
+        # The terminal has no threads and its chat id is itself "local:<user>", so the whole
+        # rest is the chat; Telegram and Discord chat ids are numbers, never holding a colon.
+        chat_id, _, thread_id = (rest, "", "") if platform is Platform.CONSOLE else rest.partition(":")
         if not chat_id:
             raise ValueError(f"not a conversation key: {key!r}")
-        return cls(Platform(platform), chat_id, thread_id)
+        return cls(platform, chat_id, thread_id)
 
 
 class AttachmentKind(StrEnum):
