@@ -46,12 +46,7 @@ class OutboxTables(Database):
             ),
             (status, json.dumps(message_ids), error, status, now, outbox_id),
         )
-        if status != "sent":
-            await self.write(*update)
-            return
-        async with self.transaction() as db:
-            await db.execute(*update)
-            await db.execute(*touch_sent(outbox_id, now))
+        await write_status(self, update, outbox_id, status, now)
 
     async def outbox_chunks_sent(self, outbox_id: int, message_ids: list[str]) -> None:
         """Record the chunks of a message delivered so far (a retry resumes after them)."""
@@ -73,6 +68,17 @@ class OutboxTables(Database):
         """Every message a turn queued, oldest first (used to resume it after a crash)."""
         rows = await self._all("SELECT * FROM outbox WHERE turn_id=? ORDER BY id", (turn_id,))
         return [outbox_entry_from_row(r) for r in rows]
+
+
+async def write_status(db: Database, update: tuple[str, tuple[Any, ...]], outbox_id: int, status: str, at: float) -> None:
+    """Run ``update`` on outbox row ``outbox_id``; when it makes the row ``sent``, mark its
+    conversation active at ``at`` in the same transaction."""
+    if status != "sent":
+        await db.write(*update)
+        return
+    async with db.transaction() as conn:
+        await conn.execute(*update)
+        await conn.execute(*touch_sent(outbox_id, at))
 
 
 def touch_sent(outbox_id: int, at: float) -> tuple[str, tuple[Any, ...]]:

@@ -25,7 +25,7 @@ from bumblebot.core.messages import Message
 from bumblebot.store.connection import Database
 from bumblebot.store.history import insert_messages
 from bumblebot.store.journal import journal_entry_from_row
-from bumblebot.store.outbox import insert_outbox, outbox_insert, touch_sent
+from bumblebot.store.outbox import insert_outbox, outbox_insert, write_status
 from bumblebot.store.records import ConversationRecord, OutboxEntry, RunningTurn
 from bumblebot.store.schema import to_json
 
@@ -161,12 +161,7 @@ class TurnTables(Database):
             ),
             (status, text, error, status, status, now, outbox_id),
         )
-        if status != "sent":
-            await self.write(*update)
-            return
-        async with self.transaction() as db:
-            await db.execute(*update)
-            await db.execute(*touch_sent(outbox_id, now))
+        await write_status(self, update, outbox_id, status, now)
 
     async def upgrade_turn(self, conversation_id: int, session: int, turn_id: int, messages: list[Message], state: dict[str, Any]) -> None:
         """Give a legacy turn (see :meth:`running_turns`) its session, state and first messages."""
