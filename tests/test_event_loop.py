@@ -51,23 +51,49 @@ NOTES = "['[Same turn] Tool results are ready. Already told the user (do not rep
 
 def finishes(function: str, value: str, timeout: float = 5.0, *, args: str = "") -> Any:
     """``function(value, *args)`` (``"module:expression"``, the expression evaluated in the
-    module's namespace; ``args`` is Python source evaluated there too) in a child process: whether its result is truthy; fails if it has
-    not returned within ``timeout`` seconds (the child is then killed)."""
+    module's namespace; ``args`` is Python source evaluated there too) in a child process:
+    whether its result is truthy; fails if it has not returned within ``timeout`` seconds of
+    being given ``value`` (the child is then killed). The child's start-up and imports come
+    before that and are not counted: on a loaded machine importing discord.py alone can take
+    seconds."""
     module, name = function.split(":", 1)
     rest = f", *[{args}]" if args else ""
     code = (
-        f"import json, sys; from {module} import *; f = {name}; "
-        f"print(json.dumps(bool(f(sys.stdin.read(){rest}))))"
+        f"import json, sys; from {module} import *; f = {name}; print('ready', flush=True); "
+        f"print(json.dumps(bool(f(sys.stdin.read(){rest}))), flush=True)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=ROOT,
     )
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code], input=value, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{function} still running after {timeout} s on {value[:40]!r}… ({len(value)} chars)")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+        ready = _line(child, 120.0)
+        assert ready == "ready\n", f"{function}: the child did not start ({ready!r}): {child.stderr.read() if ready == '' else ''}"
+        assert child.stdin is not None
+        child.stdin.write(value)
+        child.stdin.close()
+        answer = _line(child, timeout)
+        if answer is None:
+            pytest.fail(f"{function} still running after {timeout} s on {value[:40]!r}… ({len(value)} chars)")
+        assert answer, f"{function} failed: {child.stderr.read()}"
+        return json.loads(answer)
+    finally:
+        child.kill()
+        child.wait()
+        for stream in (child.stdin, child.stdout, child.stderr):
+            if stream is not None and not stream.closed:
+                stream.close()
+
+
+def _line(child: subprocess.Popen[str], timeout: float) -> str | None:
+    """The child's next line of output ("" at its end), or None when none came within ``timeout``
+    seconds. Read in a thread: the pipe read releases the GIL, the child runs the work."""
+    got: list[str] = []
+    assert child.stdout is not None
+    reader = threading.Thread(target=lambda: got.append(child.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout)
+    return got[0] if got else None
 
 
 # -- the text rules --------------------------------------------------------------------------------
