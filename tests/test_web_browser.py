@@ -108,6 +108,19 @@ def journaled(tmp_path: Path, text: str) -> bool:
         return db.execute("SELECT COUNT(*) FROM journal WHERE text = ?", (text,)).fetchone()[0] > 0
 
 
+async def held_turn(b: Browser, llm: Any, tg: Any, text: str, answer: str) -> Gate:
+    """Open chat 1001's page with its live events, send ``text`` there on Telegram, and return
+    once the turn has started and the model holds its ``say(answer)`` at the returned gate."""
+    gate = Gate(say(answer))
+    llm.push(gate, when=is_loop)
+    await b.get("/c/telegram:1001")
+    await b.live()
+    tg.push_text(text, chat_id=1001)
+    await asyncio.wait_for(gate.entered.wait(), 10)
+    await b.wait('#live li[data-kind="turn_started"]')
+    return gate
+
+
 @pytest.fixture
 def shots(tmp_path: Path) -> Path:
     where = Path(SCREENSHOTS or Path(__file__).resolve().parents[1] / "test-output" / "screenshots")
@@ -136,13 +149,7 @@ async def test_the_operator_watches_and_acts_in_a_browser(
         await b.shot("overview")
 
         # a message on Telegram shows as a live turn, its steps within LIVE_S of happening
-        hold = Gate(say("Tomatoes are fruit, botanically."))
-        llm.push(hold, when=is_loop)
-        await b.get("/c/telegram:1001")
-        await b.live()
-        tg.push_text("is a tomato a fruit?", chat_id=1001)
-        await asyncio.wait_for(hold.entered.wait(), 10)
-        await b.wait('#live li[data-kind="turn_started"]')
+        hold = await held_turn(b, llm, tg, "is a tomato a fruit?", "Tomatoes are fruit, botanically.")
         hold.release.set()
         await b.wait('#live li[data-kind="turn_ended"]')
         lags = await b.script(
@@ -172,13 +179,7 @@ async def test_the_operator_watches_and_acts_in_a_browser(
         assert await d.scheduler.tasks("telegram:1001") == []
 
         # stop a running turn
-        stuck = Gate(say("this is never said"))
-        llm.push(stuck, when=is_loop)
-        await b.get("/c/telegram:1001")
-        await b.live()
-        tg.push_text("tell me a very long story", chat_id=1001)
-        await asyncio.wait_for(stuck.entered.wait(), 10)
-        await b.wait('#live li[data-kind="turn_started"]')
+        stuck = await held_turn(b, llm, tg, "tell me a very long story", "this is never said")
         await b.click("#action-stop")
         await b.wait(".flash")
         await b.wait('#live li[data-kind="turn_ended"]')
