@@ -14,7 +14,7 @@ import sqlite3
 from typing import Any
 
 from conftest import running, write_config
-from fakes.openai_server import Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
+from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
 from support import (
     Gate,
     contents,
@@ -119,6 +119,84 @@ async def test_past_the_message_cap_the_model_is_told_and_ends_its_turn(tmp_path
     assert [bool(r.get("dropped")) for r in results] == [False] * 4 + [True] * 2
     assert [c["rule"] for c in trace["cuts"]] == ["message_cap", "message_cap"]
     assert trace["stop_reason"] == "end_turn"
+
+
+# -- a person who has seen nothing: the next step is a say ----------------------------------------
+
+NAMED_SAY = {"type": "function", "function": {"name": "say"}}
+
+
+async def test_a_turn_ended_without_a_word_names_say_for_its_next_step(tmp_path, llm, tg):
+    """SmolLM2-135M answered "what is the capital of France?" with end_turn three times, each
+    sent back by the check, and the person's first words came from the last try without tools:
+    four requests on a slow server, 105 s."""
+    llm.push(tool_calls(("end_turn", {})), when=is_loop)
+    llm.push(say("Paris."), when=lambda r: is_loop(r) and r.get("tool_choice") == NAMED_SAY)
+    judges_say_done(llm)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("what is the capital of France?", chat_id=321)
+        trace = await finished(d)
+    assert tg.sent(321) == ["Paris."]
+    first, second = loop_requests(llm)
+    assert first["tool_choice"] != NAMED_SAY and second["tool_choice"] == NAMED_SAY
+    assert [s["tool_choice"] for s in trace["steps"]] == ["required", "say"]
+    assert trace["stop_reason"] == "end_turn" and not [r for r in llm.requests if is_last_chance(r)]
+
+
+async def test_a_person_waiting_past_first_words_s_gets_a_say_next(tmp_path, llm, tg):
+    """A slow server and a model that keeps calling tools: nothing reached the person for
+    minutes. Past cognition.first_words_s the next step is a say; once words are out, the
+    steps after it choose freely again."""
+    judges_say_done(llm)
+    config = write_config(tmp_path, llm, tg, cognition={"classifier": False, "debounce_s": 0, "first_words_s": 0.5})
+    workspace_files(config, {"a.txt": "a\n"})
+    slow = tool_calls(("read_file", {"path": "a.txt"}))
+    slow.delay = 0.6  # the first step alone outlasts first_words_s
+    llm.push(slow, when=is_loop)
+    llm.push(tool_calls(("say", {"text": "Still reading, one moment."})),
+             when=lambda r: is_loop(r) and r.get("tool_choice") == NAMED_SAY)
+    llm.push(say("a.txt says: a"), when=lambda r: is_loop(r) and r.get("tool_choice") != NAMED_SAY)
+    async with running(config) as d:
+        tg.push_text("what does a.txt say?", chat_id=322)
+        trace = await finished(d)
+    assert tg.sent(322) == ["Still reading, one moment.", "a.txt says: a"]
+    assert [s["tool_choice"] for s in trace["steps"]] == ["required", "say", "required"]
+
+
+async def test_a_quick_turn_is_never_told_to_say(tmp_path, llm, tg):
+    """The deadline is a bound, not a target: a step that calls a tool first on a fast
+    endpoint is followed by steps the model chooses."""
+    judges_say_done(llm)
+    config = write_config(tmp_path, llm, tg)
+    workspace_files(config, {"a.txt": "a\n"})
+    llm.push(tool_calls(("read_file", {"path": "a.txt"})), when=is_loop)
+    llm.push(say("a.txt says: a"), when=is_loop)
+    async with running(config) as d:
+        tg.push_text("what does a.txt say?", chat_id=323)
+        trace = await finished(d)
+    assert tg.sent(323) == ["a.txt says: a"]
+    assert all(r["tool_choice"] == "required" for r in loop_requests(llm))
+    assert len(trace["steps"]) == 2
+
+
+async def test_an_endpoint_refusing_a_named_tool_choice_gets_its_usual_one(tmp_path, tg):
+    """A server that takes only "auto", "none" or "required": the request goes again at once
+    with its usual choice, and no named one is sent again (remembered in the store)."""
+    async with FakeOpenAI(reject_named_tool_choice=400) as llm:
+        llm.push(tool_calls(("end_turn", {})), when=is_loop)
+        llm.push(say("Paris."), when=is_loop)
+        llm.push(tool_calls(("end_turn", {})), when=is_loop)
+        llm.push(say("Rome."), when=is_loop)
+        judges_say_done(llm)
+        async with running(write_config(tmp_path, llm, tg)) as d:
+            tg.push_text("what is the capital of France?", chat_id=324)
+            await d.engine.wait_for_turns(1)
+            tg.push_text("and of Italy?", chat_id=324)
+            await d.engine.wait_for_turns(2)
+            remembered = await d.store.get_kv(f"llm.named_choice:{llm.base_url}")
+        assert tg.sent(324) == ["Paris.", "Rome."]
+        assert [r.get("tool_choice") for r in llm.rejected] == [NAMED_SAY]
+        assert "HTTP 400" in json.loads(remembered)["reason"]
 
 
 # -- delivery: as the model wrote it -------------------------------------------------------------

@@ -242,6 +242,45 @@ async def test_check_finds_a_server_that_writes_tool_arguments_past_max_tokens(t
     assert say_tool["function"]["parameters"]["properties"]["text"]["maxLength"] == 800
 
 
+async def test_check_asks_again_when_the_model_ended_its_note_within_the_budget(tmp_path, tg, capsys):
+    """SmolLM2-135M on llama-cpp-python wrote a 17-token note to check's one request, so the
+    server that ignores max_tokens went unseen, and a turn's first runaway ran for minutes."""
+    service_data_dir(tmp_path)
+    notes: list[dict[str, Any]] = []
+    async with FakeOpenAI() as server:
+        def answer(request: dict[str, Any]) -> Reply:
+            names = [t["function"]["name"] for t in request.get("tools") or ()]
+            if "note" in names and request["model"] == "test-model":
+                notes.append(request)
+                if len(notes) == 1:  # a short note, ended on its own
+                    return tool_calls(("note", {"text": "one, two"}), usage={"completion_tokens": 9})
+                return tool_calls(("note", {"text": "one, " * 80}), usage={"completion_tokens": 160})
+            return tool_calls(("ping", {})) if is_loop(request) else text("ok")
+
+        server.default = answer
+        problems, settings = await check(write_config(tmp_path, server, tg))
+    assert problems == [] and len(notes) == 2
+    assert "does not stop at max_tokens (wrote 160 tokens with max_tokens 16)" in capsys.readouterr().out
+
+
+async def test_check_asks_once_of_a_server_that_stops_at_the_budget(tmp_path, tg, capsys):
+    service_data_dir(tmp_path)
+    notes: list[dict[str, Any]] = []
+    async with FakeOpenAI() as server:
+        def answer(request: dict[str, Any]) -> Reply:
+            names = [t["function"]["name"] for t in request.get("tools") or ()]
+            if "note" in names:
+                notes.append(request)  # one for each model: test-model and reflex-model
+                return tool_calls(("note", {"text": "one, two, three, four, five, six"}), finish_reason="length",
+                                  usage={"completion_tokens": 16})
+            return tool_calls(("ping", {})) if is_loop(request) else text("ok")
+
+        server.default = answer
+        problems, _ = await check(write_config(tmp_path, server, tg))
+    assert problems == [] and [r["model"] for r in notes] == ["test-model", "reflex-model"]
+    assert "does not stop at max_tokens" not in capsys.readouterr().out
+
+
 async def test_check_next_to_a_running_daemon_writes_what_it_learns(tmp_path, tg, capsys):
     """check takes no lock and writes its rows through WAL and the busy timeout while the daemon
     holds the database open; the daemon keeps running and reads them at its next start."""

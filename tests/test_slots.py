@@ -13,7 +13,9 @@ from fakes.openai_server import FakeOpenAI
 from support import Gate, contents, is_loop_with, judges_say_done, loop_requests, say
 
 from bumblebot.core.settings import LLMSettings
-from bumblebot.core.usage import BACKGROUND, FIRST_WORDS, INTERACTIVE, answered, awaited, scoped, urgency
+from bumblebot.cognition.state import LoopState
+from bumblebot.core.messages import Message
+from bumblebot.core.usage import BACKGROUND, FIRST_WORDS, INTERACTIVE, answered, awaited, scoped, unanswered, urgency
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.llm.slots import RequestSlots
 
@@ -27,6 +29,21 @@ def test_urgency_follows_the_turn_until_it_has_said_something():
     with scoped(kind="automation", background=True), awaited():
         assert urgency() == BACKGROUND
     answered()  # outside a turn: nothing to mark
+    assert urgency() == INTERACTIVE
+
+
+def test_a_message_taken_in_mid_turn_makes_the_turn_urgent_again_until_answered():
+    """A follow-up steered into a turn that had already said something waited behind every
+    other chat's steps, as if nobody were waiting for it."""
+    with awaited():
+        state = LoopState(lambda name: None)
+        state.said("Hello!")
+        assert urgency() == INTERACTIVE
+        state.on_user(Message(role="user", content="and what about tomorrow?"))
+        assert urgency() == FIRST_WORDS
+        state.said("Tomorrow is free.")
+        assert urgency() == INTERACTIVE
+    unanswered()  # outside a turn: nothing to mark
     assert urgency() == INTERACTIVE
 
 

@@ -166,20 +166,33 @@ NOTE_TOOL = {
 }
 #: Its budget: a server that stops there writes 16 tokens; one that does not, up to 400 characters.
 OVERRUN_PROBE_TOKENS = 16
+#: What it asks for: counting, which even a 135M model keeps doing once started (a story it
+#: may end after a line, and a model that stops on its own shows nothing either way).
+OVERRUN_PROBE = "Call the note tool. Its text: the numbers from one to one hundred in words, separated by commas."
+#: Requests at most: a model that ended its note on its own before the budget is asked again.
+OVERRUN_PROBES = 3
 
 
 async def probe_overrun(llm: LLM, model: str, on_say: SayListener | None) -> None:
-    """One tool request to ``model`` with a budget of :data:`OVERRUN_PROBE_TOKENS` that asks for
-    a long argument (streamed when ``on_say`` is given, as turns are): a model that writes past
+    """Tool requests to ``model`` with a budget of :data:`OVERRUN_PROBE_TOKENS` that ask for a
+    long argument (streamed when ``on_say`` is given, as turns are): a model that writes past
     the budget is remembered as one (:class:`~bumblebot.llm.overruns.Overruns`) before a turn pays
-    for a runaway. llama-cpp-python ignores ``max_tokens`` inside a call's arguments."""
-    try:
-        await llm.complete(
-            [{"role": "user", "content": "Call the note tool with a story of 300 words about a lighthouse."}],
-            model=model, max_tokens=OVERRUN_PROBE_TOKENS, tools=[NOTE_TOOL], on_say=on_say,
-        )
-    except ModelError as exc:  # found out at a turn's first overrun instead
-        log.info("check: the request asking whether %s stops at max_tokens failed: %s", model, exc)
+    for a runaway. llama-cpp-python ignores ``max_tokens`` inside a call's arguments.
+
+    One answer cut at the budget (``length``) shows a server that stops there; one past it, a
+    server that does not. An answer that ended on its own within the budget shows neither, and
+    the request is made again, at most :data:`OVERRUN_PROBES` times."""
+    for _ in range(OVERRUN_PROBES):
+        try:
+            completion = await llm.complete(
+                [{"role": "user", "content": OVERRUN_PROBE}],
+                model=model, max_tokens=OVERRUN_PROBE_TOKENS, tools=[NOTE_TOOL], on_say=on_say,
+            )
+        except ModelError as exc:  # found out at a turn's first overrun instead
+            log.info("check: the request asking whether %s stops at max_tokens failed: %s", model, exc)
+            return
+        if completion.hit_length or await llm.overruns.seen(model):
+            return
 
 
 async def speed_line(llm: LLM, model: str, on_say: SayListener | None) -> str:

@@ -40,6 +40,9 @@ class LoopLimits:
     escalate_tokens: int | None = None
     #: a scheduled or autonomous turn: it may end without a message (nothing is said for it)
     silent_ok: bool = False
+    #: seconds after which a turn whose person has seen nothing names ``say`` as the tool of
+    #: its next step (``cognition.first_words_s``; ``None``: never by time)
+    first_words_s: float | None = None
 
 
 def max_steps(rounds: int) -> int:

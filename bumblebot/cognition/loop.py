@@ -47,6 +47,8 @@ stored as if the user had written them.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from bumblebot.cognition.calls import Calls, fit_call, fit_text
@@ -88,7 +90,15 @@ from bumblebot.cognition.steps import (
     unique_id,
     unless_stopped,
 )
-from bumblebot.cognition.trace import LoopResult, LoopTrace, StepTrace, Stop, StopFlag, StopReason, step_usage
+from bumblebot.cognition.trace import (
+    LoopResult,
+    LoopTrace,
+    StepTrace,
+    Stop,
+    StopFlag,
+    StopReason,
+    step_usage,
+)
 from bumblebot.core.errors import ContextTooLong
 from bumblebot.core.events import blank, storable_text
 from bumblebot.core.messages import Message
@@ -97,12 +107,19 @@ from bumblebot.llm import Completion, Endpoints, SayListener
 
 log = logging.getLogger(__name__)
 
+#: The agency tool that talks to the user (``tools/agency.py``).
+SAY = "say"
+
 
 class AgentLoop:
     """Runs one turn. Collaborators come in through the constructor."""
 
-    def __init__(self, *, llm: Endpoints, toolbox: Toolbox, gate: CompletionGate, tool_context: ToolContext) -> None:
+    def __init__(
+        self, *, llm: Endpoints, toolbox: Toolbox, gate: CompletionGate, tool_context: ToolContext,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.llm = llm
+        self.clock = clock
         self.toolbox = toolbox
         self.calls = Calls(toolbox)
         self.gate = gate
@@ -146,6 +163,7 @@ class AgentLoop:
             stream=SayStream(port.on_say(visible.preview), state, limits, rule, visible), ctx=ctx,
             work_tools=tuple(n for n in names if self.toolbox.kind(n) is ToolKind.WORK),
             used_ids=requests.call_ids(),
+            started=self.clock(),
         )
 
     async def _step(self, run: Run) -> bool:
@@ -240,9 +258,10 @@ class AgentLoop:
         # the first completion of a turn that began at once may be asked again when the
         # burst it began with goes on (cognition.debounce_s): it has shown nothing yet
         first = not run.trace.steps and not run.restarted and not run.state.delivered
+        call = SAY if self._speak_now(run) else None
         try:
             completion, request = await unless_stopped(stop, self._complete_fitting(
-                request, run.nudge, run.requests, limits, run.stream.listener
+                request, run.nudge, run.requests, limits, run.stream.listener, call
             ), burst=run.port.burst if first else None, may_restart=lambda: not run.stream.shown)
         except Burst:
             run.restarted = True
@@ -451,17 +470,32 @@ class AgentLoop:
         requests: RequestBuilder,
         limits: LoopLimits,
         on_say: SayListener | None = None,
+        call: str | None = None,
     ) -> tuple[Completion, list[dict[str, Any]]]:
         """One completion, and the request it answers; a context-length refusal compacts (or
         prunes) and retries once."""
         try:
-            return await self._complete(request, requests.tool_schemas, limits, on_say), request
+            return await self._complete(request, requests.tool_schemas, limits, on_say, call), request
         except ContextTooLong as exc:
             # compact (or prune) and retry once; a second refusal ends the turn
             await requests.observe_refusal(exc.prompt_tokens)  # estimates were low: learn now
             await requests.shrink()
             request, _ = await requests.build(nudge)
-            return await self._complete(request, requests.tool_schemas, limits, on_say), request
+            return await self._complete(request, requests.tool_schemas, limits, on_say, call), request
+
+    def _speak_now(self, run: Run) -> bool:
+        """Whether this step must be a ``say``: the person is waiting for a chat turn that has
+        shown them nothing yet, and either the model already tried to end it so (the gate
+        sent it back) or they have waited ``first_words_s``. The model still writes the
+        words; it only may not spend another step on anything else first (a weak model that
+        ends or keeps calling tools without a word, a slow endpoint where each step takes
+        many seconds). Decided from delivery state and time, never from what was written."""
+        limits = run.limits
+        if run.state.delivered or limits.silent_ok or run.rule.undeliverable or not _offers(run, SAY):
+            return False
+        if run.unmet is not None:
+            return True
+        return limits.first_words_s is not None and self.clock() - run.started >= limits.first_words_s
 
     async def abandon(self, port: TurnPort, reason: str) -> None:
         """The turn ends without the loop (a bug stopped it mid-step, or it is given up after
@@ -472,7 +506,7 @@ class AgentLoop:
 
     async def _complete(
         self, request: list[dict[str, Any]], schemas: list[dict[str, Any]], limits: LoopLimits,
-        on_say: SayListener | None = None,
+        on_say: SayListener | None = None, call: str | None = None,
     ) -> Completion:
         return await self.llm.complete(
             request,
@@ -482,7 +516,13 @@ class AgentLoop:
             tools=schemas,
             thinking=limits.thinking,
             on_say=on_say,
+            call=call,
         )
+
+
+def _offers(run: Run, name: str) -> bool:
+    """Whether the turn's tools include ``name``."""
+    return any(s.get("function", {}).get("name") == name for s in run.requests.tool_schemas)
 
 
 def _model_words(run: Run) -> list[str]:

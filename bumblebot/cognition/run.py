@@ -43,6 +43,8 @@ class Run:
     unmet: GateDecision | None = None
     #: the first completion was asked again once, for a burst
     restarted: bool = False
+    #: when this run of the loop began (the loop's clock): how long the person has waited
+    started: float = 0.0
 
     def call_context(self, call_id: str) -> ToolContext:
         """The tool context of one call of this turn."""

@@ -16,7 +16,7 @@ from bumblebot.cognition.limits import REPEAT_LIMIT
 from bumblebot.core.messages import Message
 from bumblebot.core.textrules import strip_reasoning
 from bumblebot.core.toolkit import ToolKind, ToolResult
-from bumblebot.core.usage import answered
+from bumblebot.core.usage import answered, unanswered
 from bumblebot.llm import ToolCall
 
 #: Characters of a work tool's result the completion check sees, and how many results.
@@ -127,6 +127,7 @@ class LoopState:
 
     def on_user(self, message: Message) -> None:
         self.user_texts.append(message.content)
+        unanswered()  # a message of theirs not answered yet: the turn's requests go first again
 
     def on_assistant(self, message: Message) -> None:
         if message.note:

@@ -197,6 +197,10 @@ class CognitionSettings(Section):
     max_tool_result_share: float = Field(
         0.25, gt=0, le=1, description="cap of one tool result as a share of max_context_tokens"
     )
+    first_words_s: float = Field(
+        30.0, ge=0, description="a turn whose person has seen nothing for this long names say as the tool of its "
+        "next step, seconds (0: never by time)"
+    )
     history_compression: HistoryCompression = Field(default_factory=HistoryCompression)
 
     @property

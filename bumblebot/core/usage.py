@@ -148,7 +148,8 @@ class _Awaited:
 
 _AWAITED: contextvars.ContextVar[_Awaited | None] = contextvars.ContextVar("bumblebot_awaited", default=None)
 
-#: :func:`urgency` of the requests of a turn whose person has seen nothing of it yet
+#: :func:`urgency` of the requests of a turn whose person has seen nothing of it yet (since
+#: their latest message)
 FIRST_WORDS = 0
 #: of the other requests of people's turns, and of work outside any turn (summaries, ``check``)
 INTERACTIVE = 1
@@ -172,6 +173,13 @@ def answered() -> None:
     requests no longer go before other chats' (no-op outside :func:`awaited`)."""
     if (turn := _AWAITED.get()) is not None:
         turn.answered = True
+
+
+def unanswered() -> None:
+    """A new message of the person came into the running turn (taken in mid-turn): its next
+    requests go first again until it says something (no-op outside :func:`awaited`)."""
+    if (turn := _AWAITED.get()) is not None:
+        turn.answered = False
 
 
 def urgency() -> int:

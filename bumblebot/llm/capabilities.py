@@ -7,6 +7,8 @@ the endpoint (its name, :func:`endpoint_key`) or of one of its models:
 
 * :func:`tool_choice_key`: the endpoint gets ``tool_choice="auto"`` instead of ``"required"``
   (:mod:`bumblebot.llm.forcing`);
+* :func:`named_choice_key`: it refuses a ``tool_choice`` that names the tool to call
+  (:class:`~bumblebot.llm.forcing.NamedChoice`);
 * :func:`stream_key`: it gets whole answers instead of streams (:mod:`bumblebot.llm.stream`);
 * :func:`stream_usage_key`: its streamed requests do not ask for usage
   (``stream_options``, :mod:`bumblebot.llm.stream`);
@@ -93,6 +95,12 @@ def endpoint_key(base_url: str, model: str | None = None) -> str:
 def tool_choice_key(endpoint: str) -> str:
     """The ``kv`` key of the tool_choice fallback of ``endpoint`` (:func:`endpoint_key`)."""
     return f"llm.tool_choice:{endpoint}"
+
+
+def named_choice_key(endpoint: str) -> str:
+    """The ``kv`` key recording that ``endpoint`` (:func:`endpoint_key`) refuses a ``tool_choice``
+    naming a tool: JSON ``{"reason": str, "since": float}`` (epoch seconds)."""
+    return f"llm.named_choice:{endpoint}"
 
 
 def stream_key(endpoint: str) -> str:

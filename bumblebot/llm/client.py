@@ -47,8 +47,10 @@ from bumblebot.llm.forcing import (
     FORCING_RETRY_REQUESTS,
     FORCING_RETRY_S,
     ForcingFallback,
+    NamedChoice,
     ToolForcing,
     may_refuse_forcing,
+    named,
 )
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
 from bumblebot.llm.overruns import Overruns, bounded_tools, overran
@@ -121,6 +123,7 @@ class LLM:
             endpoint=self.memory_key,
         )
         self._thinking = Thinking(settings, refusals)
+        self._named = NamedChoice(refusals)
         self._vision = Vision(settings, refusals)
         self._streamed = StreamedRequests(
             self._client, self._slots, settings, refusals, discarded=self._discarded, failover=failover
@@ -230,6 +233,7 @@ class LLM:
         tools: list[dict[str, Any]] | None = None,
         thinking: bool = False,
         on_say: SayListener | None = None,
+        call: str | None = None,
     ) -> Completion:
         """One chat completion.
 
@@ -248,6 +252,8 @@ class LLM:
             on_say: stream the completion and report the text of each ``say`` call as it
                 grows (:data:`SayListener`); the completion returned is the same as unstreamed.
                 Ignored while the endpoint is remembered as unable to stream.
+            call: with ``tools``, the tool the model must call: the request's ``tool_choice``
+                names it (an endpoint that refuses that gets its usual tool forcing).
 
         Raises:
             ModelTimeout: no answer within ``llm.timeout_s`` (after the client's retries).
@@ -262,7 +268,7 @@ class LLM:
             try:
                 completion = await self._complete_any(
                     messages, model=model, max_tokens=max_tokens, temperature=temperature, tools=tools,
-                    thinking=thinking, on_say=on_say,
+                    thinking=thinking, on_say=on_say, call=call,
                 )
             except ContextTooLong as exc:
                 if exc.window is not None:  # later requests are sized for it
@@ -317,12 +323,13 @@ class LLM:
         tools: list[dict[str, Any]] | None,
         thinking: bool,
         on_say: SayListener | None,
+        call: str | None,
     ) -> Completion:
         """:meth:`complete` without its metrics: thinking asked for or not (``auto``: unless
         the endpoint refused it), then :meth:`_complete_seeing`."""
         model = model or self.settings.model
         kwargs: dict[str, Any] = dict(
-            model=model, max_tokens=max_tokens, temperature=temperature, tools=tools, on_say=on_say
+            model=model, max_tokens=max_tokens, temperature=temperature, tools=tools, on_say=on_say, call=call
         )
         if not thinking or self.settings.thinking.mode != "auto":
             return await self._complete_seeing(messages, thinking=thinking, **kwargs)
@@ -348,11 +355,12 @@ class LLM:
 
     async def _complete_seeing(
         self, messages: list[dict[str, Any]], *, model: str, max_tokens: int, temperature: float | None,
-        tools: list[dict[str, Any]] | None, thinking: bool, on_say: SayListener | None,
+        tools: list[dict[str, Any]] | None, thinking: bool, on_say: SayListener | None, call: str | None,
     ) -> Completion:
         """One completion with images sent, left out, or retried without."""
         kwargs: dict[str, Any] = dict(
-            model=model, max_tokens=max_tokens, temperature=temperature, tools=tools, thinking=thinking, on_say=on_say
+            model=model, max_tokens=max_tokens, temperature=temperature, tools=tools, thinking=thinking,
+            on_say=on_say, call=call,
         )
         if not has_images(messages):
             return await self._complete(messages, **kwargs)
@@ -397,10 +405,13 @@ class LLM:
         tools: list[dict[str, Any]] | None,
         thinking: bool,
         on_say: SayListener | None,
+        call: str | None = None,
     ) -> Completion:
         """One completion with tool forcing as configured or remembered: a refusal of
         ``"required"`` that may be about forcing is answered by the same request with
-        ``"auto"`` (:mod:`bumblebot.llm.forcing`)."""
+        ``"auto"`` (:mod:`bumblebot.llm.forcing`). With ``call``, the request names that tool
+        as the one to call, unless the endpoint refused that before
+        (:class:`~bumblebot.llm.forcing.NamedChoice`)."""
         params: dict[str, Any] = {
             "model": model,
             "messages": messages,
@@ -408,11 +419,16 @@ class LLM:
             "temperature": self.settings.temperature if temperature is None else temperature,
             **self._thinking.params(thinking),
         }
+        if tools:
+            params["tools"] = bounded_tools(tools, max_tokens) if await self.overruns.seen(model) else tools
+            if call is not None and await self._named.usable():
+                named_answer = await self._send_named(params, call, on_say)
+                if named_answer is not None:
+                    return named_answer
         choice: str | None = None
         probing = False
         if tools:
             choice, probing = await self._tool_choice()
-            params["tools"] = bounded_tools(tools, max_tokens) if await self.overruns.seen(model) else tools
             params["tool_choice"] = choice
         try:
             response = await (self._send_forced(params, on_say) if choice == "required" else self._create(params, on_say))
@@ -444,6 +460,25 @@ class LLM:
             streamed = response.cut is None or response.cut.by == "tokens"
             return dataclasses.replace(response, tool_choice=choice, streamed=streamed)
         return normalise(response, choice)
+
+    async def _send_named(self, params: dict[str, Any], call: str, on_say: SayListener | None) -> Completion | None:
+        """The completion of ``params`` with a tool_choice naming ``call``; ``None`` when the
+        endpoint refused that (remembered): the caller sends its usual choice instead. Sent
+        without the client's retries for the same reason as :meth:`_send_forced`."""
+        params = {**params, "tool_choice": named(call)}
+        try:
+            response = await self._send_forced(params, on_say)
+        except openai.APIStatusError as exc:
+            if not may_refuse_forcing(exc, params):
+                raise self._translate(exc) from exc
+            await self._named.refused(exc)
+            return None
+        except openai.APIError as exc:
+            raise self._translate(exc) from exc
+        if isinstance(response, Completion):
+            streamed = response.cut is None or response.cut.by == "tokens"
+            return dataclasses.replace(response, tool_choice=call, streamed=streamed)
+        return normalise(response, call)
 
     async def _tool_choice(self) -> tuple[str, bool]:
         """The tool_choice of the next tool request, and whether it re-tries ``"required"``

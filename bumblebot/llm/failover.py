@@ -288,6 +288,7 @@ class Endpoints:
         tools: list[dict[str, Any]] | None = None,
         thinking: bool = False,
         on_say: SayListener | None = None,
+        call: str | None = None,
     ) -> Completion:
         """One chat completion (:meth:`LLM.complete`), from the first endpoint that answers.
 
@@ -299,7 +300,9 @@ class Endpoints:
                 endpoint that was asked (not failed over: the next would say the same); a
                 refusal of its configuration only when every endpoint refused theirs.
         """
-        kwargs: dict[str, Any] = dict(max_tokens=max_tokens, temperature=temperature, tools=tools, thinking=thinking)
+        kwargs: dict[str, Any] = dict(
+            max_tokens=max_tokens, temperature=temperature, tools=tools, thinking=thinking, call=call
+        )
         if len(self.all) == 1:
             asked = self.model_on(self.primary, model)
             completion = await self.primary.complete(messages, model=asked, on_say=on_say, **kwargs)

@@ -1,4 +1,5 @@
-"""Tool forcing: ``tool_choice="required"``, the fallback to ``"auto"``, and its re-try.
+"""Tool forcing: ``tool_choice="required"``, the fallback to ``"auto"``, and its re-try; and
+the ``tool_choice`` that names the one tool to call (:class:`NamedChoice`).
 
 ``tool_choice="required"`` is rejected by some local servers (HTTP 400/422/500;
 llama-cpp-python answers a 500 with no message). Such a request is sent without the client's own
@@ -25,7 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bumblebot.llm.capabilities import CapabilityMemory, duration, refusal, tool_choice_key, utc
+from bumblebot.llm.capabilities import (
+    CapabilityMemory,
+    Refusals,
+    duration,
+    named_choice_key,
+    refusal,
+    tool_choice_key,
+    utc,
+)
 from bumblebot.llm.completion import is_context_error, names_optional_param
 from bumblebot.llm.images import has_images, names_images
 
@@ -49,6 +58,8 @@ FORCING_RETRY_REQUESTS = 50
 #: Seconds under the fallback before ``"required"`` is tried again, whichever comes first: a
 #: quiet bot whose endpoint had one bad evening gets forcing back the same day.
 FORCING_RETRY_S = 6 * 3600.0
+#: Seconds a refusal of a named ``tool_choice`` is remembered before one is sent again.
+NAMED_RETRY_S = 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,4 +306,48 @@ class ToolForcing:
         log.warning(
             "endpoint %s accepts tool_choice=required again; tool forcing is back (it used 'auto' since %s)",
             self.base_url, "an older version" if old is None or old.since is None else utc(old.since),
+        )
+
+
+def named(tool: str) -> dict[str, Any]:
+    """The ``tool_choice`` that makes the model call ``tool`` (OpenAI's form, which vLLM,
+    llama-cpp-python and most gateways follow)."""
+    return {"type": "function", "function": {"name": tool}}
+
+
+class NamedChoice:
+    """Whether one endpoint takes a ``tool_choice`` naming the tool to call.
+
+    Most do. One that refuses it (a 400, 422 or 500 that may be about forcing,
+    :func:`may_refuse_forcing`) gets the same request with its usual choice at once, and no
+    named choice for :data:`NAMED_RETRY_S`; the refusal is remembered under
+    :func:`~bumblebot.llm.capabilities.named_choice_key`. Servers that ignore the field
+    (Ollama; llama.cpp's server reads a tool_choice that is not a string as ``"auto"``) answer
+    as if it were not there: nothing is lost but the choice.
+
+    Args:
+        refusals: the endpoint's remembered refusals.
+    """
+
+    def __init__(self, refusals: Refusals) -> None:
+        self._refusals = refusals
+
+    def _key(self) -> str:
+        return named_choice_key(self._refusals.endpoint)
+
+    async def usable(self) -> bool:
+        """Whether the next request may name its tool."""
+        return not await self._refusals.active(self._key(), NAMED_RETRY_S, "naming the tool to call again")
+
+    async def reason(self) -> str | None:
+        """Why the endpoint gets no named choice, ``None`` when it does."""
+        return await self._refusals.reason(self._key())
+
+    async def refused(self, exc: openai.APIStatusError) -> None:
+        """A request naming its tool was refused with ``exc`` (and answered without)."""
+        reason = refusal(exc)
+        await self._refusals.remember(self._key(), reason)
+        log.warning(
+            "endpoint %s refused a tool_choice naming the tool (%s); its usual tool_choice is sent instead "
+            "for %s", self._refusals.base_url, reason, duration(NAMED_RETRY_S),
         )

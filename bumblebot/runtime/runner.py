@@ -395,6 +395,7 @@ class TurnRunner:
             tool_timeout_s=cfg.tool_timeout_s,
             max_tool_result_chars=self.budget.share_chars(cfg.max_tool_result_share),
             silent_ok=source != "chat",
+            first_words_s=cfg.first_words_s or None,
         )
 
     def _model(self, reflex: bool, source: str) -> str:

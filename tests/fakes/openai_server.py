@@ -46,6 +46,8 @@ and an OpenAI error, with a ``Retry-After`` header when given, as a server that 
 rate-limited does; scripts stay unused.
 ``reject_tool_choice_required=500`` answers ``tool_choice: "required"`` with that status and
 ``tool_choice_refusal`` as the message (``""``: a bare 500, as llama-cpp-python's).
+``reject_named_tool_choice=400`` answers a ``tool_choice`` naming a tool (an object) with that
+status, as servers that take only ``"auto"``, ``"none"`` or ``"required"`` do.
 ``FakeOpenAI(tokens_per_s=50)`` writes at that pace: a whole answer comes after its completion
 tokens at it, each streamed chunk after its own; ``streams_abandoned`` counts the streams the
 client closed before their end.
@@ -361,6 +363,7 @@ class FakeOpenAI:
 
     def __init__(self, models: Iterable[str] = ("test-model", "reflex-model"), *,
                  reject_tool_choice_required: int | None = None,
+                 reject_named_tool_choice: int | None = None,
                  reject_null_content: bool = True, validate_sequence: bool = True,
                  default: Callable[[Request], Any] | None = None,
                  reject_stream: int | None = None, reject_invalid_arguments: bool = True,
@@ -400,6 +403,7 @@ class FakeOpenAI:
         #: set each time a streamed answer has sent its first chunk
         self.stream_started = asyncio.Event()
         self.reject_tool_choice_required = reject_tool_choice_required
+        self.reject_named_tool_choice = reject_named_tool_choice
         self.reject_null_content = reject_null_content
         self.validate_sequence = validate_sequence
         self.default = default
@@ -760,6 +764,9 @@ class FakeOpenAI:
             self.rejected.append(body)
             status = self.reject_tool_choice_required
             return error(status, body=_error_body(status, self.tool_choice_refusal))
+        if self.reject_named_tool_choice and isinstance(body.get("tool_choice"), dict):
+            self.rejected.append(body)
+            return error(self.reject_named_tool_choice, "tool_choice must be one of 'auto', 'none' or 'required'")
         too_long = self._too_long(body)
         if too_long is not None:
             return too_long
