@@ -70,6 +70,23 @@ async def test_garbage_arguments_are_not_run_and_never_stored(tmp_path, llm, tg)
             assert isinstance(json.loads(call["function"]["arguments"]), dict)
 
 
+async def test_a_say_with_a_line_break_written_raw_is_delivered_and_stored_escaped(tmp_path, llm, tg):
+    """SmolLM2-135M on llama-cpp-python wrote line breaks raw inside a say's text: "Invalid
+    control character", the say not run, and the model saying it again at a minute a step."""
+    judges_say_done(llm)
+    raw = '{ "text": "Hello, I am Bob!\nHow are you?"}'  # a real line break inside the JSON string
+    llm.push(Reply(message={"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_raw", "type": "function", "function": {"name": "say", "arguments": raw}},
+        {"id": "call_end", "type": "function", "function": {"name": "end_turn", "arguments": "{}"}},
+    ]}, finish_reason="tool_calls"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("how are you today?", chat_id=92)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(92) == ["Hello, I am Bob!\nHow are you?"]
+    [(calls,)] = db(tmp_path).execute("SELECT tool_calls FROM messages WHERE tool_calls IS NOT NULL").fetchall()
+    assert json.loads(json.loads(calls)[0]["function"]["arguments"]) == {"text": "Hello, I am Bob!\nHow are you?"}
+
+
 # -- reasoning and lone surrogates in a say ----------------------------------------------------
 
 

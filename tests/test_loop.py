@@ -303,6 +303,23 @@ async def test_a_looping_turn_ends_with_an_honest_message_and_no_preview_flicker
     assert trace["stop_reason"] == "looping" and trace["told"] == "note"
 
 
+async def test_a_model_talking_on_past_the_message_cap_stops_at_its_first_refused_step(tmp_path, llm, tg):
+    """SmolLM2-135M answered "hi" with four messages, then three more steps of says that could
+    not be delivered (each a minute on a busy one-slot server) before the turn ended."""
+    judges_say_done(llm)
+    for i in range(4):
+        llm.push(tool_calls(("say", {"text": f"Hello number {i}!"})), when=is_loop)
+    for i in range(3):
+        llm.push(tool_calls(("say", {"text": f"And more {i}!"})), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hi", chat_id=330)
+        trace = await finished(d)
+    assert tg.sent(330) == [f"Hello number {i}!" for i in range(4)]
+    assert trace["stop_reason"] == "looping" and len(trace["steps"]) == 5
+    assert [c["rule"] for c in trace["cuts"]] == ["message_cap"]
+    assert llm.pending == 2  # two of the refused says never asked for
+
+
 async def test_closing_words_come_from_the_model_in_the_user_s_language(tmp_path, llm, tg):
     def model(request: dict[str, Any]) -> Reply:
         if is_last_chance(request):
@@ -706,7 +723,8 @@ async def test_a_turn_that_fills_the_window_after_answering_says_it_stopped(tmp_
 async def test_a_model_that_never_ends_its_turn_is_bounded_by_the_message_cap(tmp_path, llm, tg):
     """What the real SmolLM2 run showed: "hi" got greeting after greeting, one per step; the
     model never called end_turn. A delivered message does not end a turn, so the turn's
-    message cap bounds it: the model is told, and the turn stops when it brings nothing new."""
+    message cap bounds it: the model is told, and the turn stops at the first step after it
+    that brings nothing new."""
     judges_say_done(llm)
     greetings = iter(["Hello Alice, how are you today?", "How are you today, Alice?", "Hello again!", "Hi!"])
     llm.default = lambda r: tool_calls(("say", {"text": next(greetings, "Hi!")})) if is_loop(r) else text("DONE: fine")
@@ -716,7 +734,7 @@ async def test_a_model_that_never_ends_its_turn_is_bounded_by_the_message_cap(tm
         trace = (await d.store.recent_turns())[0]["trace"]
     greeted = ["Hello Alice, how are you today?", "How are you today, Alice?", "Hello again!", "Hi!"]
     assert tg.sent(93) == greeted  # the cap counts every message: no stop note past it
-    assert trace["stop_reason"] == "looping" and trace["told"] is None and len(loop_requests(llm)) == 7
+    assert trace["stop_reason"] == "looping" and trace["told"] is None and len(loop_requests(llm)) == 5
     assert {c["rule"] for c in trace["cuts"]} == {"exact_repeat"}
 
 

@@ -79,15 +79,17 @@ def test_bounded_tools_put_the_budget_on_each_free_string_argument():
         "short": {"type": "string", "maxLength": 10},
     }}}}]
     bounded = bounded_tools(tools, 100)
-    assert bounded[0]["function"]["parameters"]["properties"]["text"] == {"type": "string", "maxLength": 400}
+    assert bounded[0]["function"]["parameters"]["properties"]["text"] == {"type": "string", "maxLength": 100}
     props = bounded[1]["function"]["parameters"]["properties"]
     assert "maxLength" not in props["colour"] and props["short"]["maxLength"] == 10
-    assert props["notes"]["items"]["maxLength"] == 400 and props["size"] == {"type": "integer"}
+    assert props["notes"]["items"]["maxLength"] == 100 and props["size"] == {"type": "integer"}
     assert "maxLength" not in SAY["function"]["parameters"]["properties"]["text"]  # the schemas given stay as they were
-    # one bound for every budget from 200 tokens up: turns of either budget send the same schemas,
+    # one bound for every budget from 500 tokens up: turns of either budget send the same schemas,
     # and none a grammar parser refuses (llama-cpp-python's server died of a maxLength of 1,024)
     assert bounded_tools(tools, 512) == bounded_tools(tools, 2048)
-    assert bounded_tools(tools, 2048)[0]["function"]["parameters"]["properties"]["text"]["maxLength"] == 800
+    # a character a token: SmolLM2-135M ran away with 816 random characters in 770 tokens
+    # under the bound of 800 characters, on a budget of 512 tokens
+    assert bounded_tools(tools, 512)[0]["function"]["parameters"]["properties"]["text"]["maxLength"] == 500
 
 
 def test_the_prompt_size_counts_text_calls_and_images_without_making_json():
@@ -210,7 +212,7 @@ async def test_a_stream_writing_tool_arguments_past_the_budget_is_cut_and_the_se
         server.push(say("short", end=False))
         await llm.complete([{"role": "user", "content": "again"}], max_tokens=64, tools=[SAY])
         sent = server.requests[-1]["tools"][0]["function"]["parameters"]["properties"]["text"]
-        assert sent["maxLength"] == 256  # 64 tokens of 4 characters
+        assert sent["maxLength"] == 64  # a character a token
         await llm.aclose()
 
 
@@ -433,7 +435,7 @@ def test_bounded_tools_keep_every_string_under_what_llama_cpp_python_survives():
         "maybe": {"type": ["string", "null"]}, "either": {"anyOf": [{"type": "string"}, {"type": "null"}]},
     }}}}
     props = bounded_tools([optional], 16)[0]["function"]["parameters"]["properties"]
-    assert props["maybe"]["maxLength"] == 64 and props["either"]["anyOf"][0]["maxLength"] == 64
+    assert props["maybe"]["maxLength"] == 16 and props["either"]["anyOf"][0]["maxLength"] == 16
 
 
 # -- a turn --------------------------------------------------------------------------------------
@@ -498,7 +500,7 @@ async def test_a_turn_whose_whole_step_outlasts_its_deadline_goes_on_and_answers
         loop = loop_requests(llm)
         # each string argument carried the budget as its maxLength
         say_tool = next(t for t in loop[0]["tools"] if t["function"]["name"] == "say")
-        assert say_tool["function"]["parameters"]["properties"]["text"]["maxLength"] == 48 * 4
+        assert say_tool["function"]["parameters"]["properties"]["text"]["maxLength"] == 48
         # the judge was bounded the same way: cut at its deadline, shown with its verdict
         [verdict] = [v for v in trace["gate"] if v.get("judge") == "adequacy"]
         assert verdict["usage"]["cuts"][0]["by"] == "deadline"

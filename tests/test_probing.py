@@ -239,7 +239,7 @@ async def test_check_finds_a_server_that_writes_tool_arguments_past_max_tokens(t
             await d.engine.wait_for_turns(1, timeout=20)
     first = loop_requests(server)[-1]
     say_tool = next(t for t in first["tools"] if t["function"]["name"] == "say")
-    assert say_tool["function"]["parameters"]["properties"]["text"]["maxLength"] == 800
+    assert say_tool["function"]["parameters"]["properties"]["text"]["maxLength"] == 500
 
 
 async def test_check_asks_again_when_the_model_ended_its_note_within_the_budget(tmp_path, tg, capsys):

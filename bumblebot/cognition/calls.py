@@ -14,7 +14,7 @@ from bumblebot.cognition.run import Run
 from bumblebot.cognition.state import say_text
 from bumblebot.cognition.steps import UNTIMED, StepBudget, Stopped, all_or_none, unless_stopped
 from bumblebot.core.events import storable_text
-from bumblebot.core.messages import Message, json_object, json_text
+from bumblebot.core.messages import Message, json_object, json_text, loose_object
 from bumblebot.core.textrules import strip_reasoning
 from bumblebot.core.toolkit import Toolbox, ToolContext, ToolResult
 from bumblebot.llm import ToolCall
@@ -121,6 +121,9 @@ def fit_call(call: ToolCall, run: Run) -> tuple[ToolCall, str | None]:
         args = json_object(call.arguments)
     except ValueError as exc:
         problem = str(exc)
+        loose = loose_object(call.arguments)  # a line break written raw in a string: escaped
+        if loose is not None:
+            return fit_call(ToolCall(id=call.id, name=call.name, arguments=json_text(loose)), run)
     else:
         if call.name == "say" and isinstance(args.get("text"), str):
             raw = args["text"]

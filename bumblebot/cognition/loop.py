@@ -13,6 +13,10 @@ hitting the token budget (``budget``), a full window, or ``/stop``. Delivering a
 ends a turn. A turn that stops at a limit tells the user so once, in words the model is asked
 for (in the user's language), or a plain note when it cannot give them.
 
+**First words.** A chat turn that has shown its person nothing names ``say`` as the tool of its
+next step once the model tried to end it without a word, or once ``first_words_s`` have passed
+(:meth:`AgentLoop._speak_now`): the model writes the words, but spends no more steps first.
+
 **Delivery.** Every ``say`` is delivered as written, except an exact repeat (same text after
 whitespace and case normalisation) of a message already delivered in this turn, and except
 past the turn's message cap, which the model is told. Only the text rules of
@@ -36,9 +40,10 @@ function of that record, so a turn resumed after a crash rebuilds it with
 
 Limits: tool continuation rounds are clamped to [0, 16]; steps are capped at
 ``max(6, min(25, 6 + rounds))``; a work tool called in three consecutive steps is refused from
-the third (docs/cognition.md, "The agent loop"); three steps in a row that bring nothing new stop a looping
-model; after 3 consecutive length-limited completions the model is told to write long output
-to a file (or to say less at a time), and a fourth stops the turn.
+the third (docs/cognition.md, "The agent loop"); three steps in a row that bring nothing new
+stop a looping model, one such step at the message cap; after 3 consecutive length-limited
+completions the model is told to write long output to a file (or to say less at a time), and a
+fourth stops the turn.
 
 Internal nudges (post-tool, gate) live only in the request of the next step: they are never
 stored as if the user had written them.
@@ -236,7 +241,10 @@ class AgentLoop:
         """The limit the turn has reached, if any (it stops there)."""
         if run.state.steps >= run.limits.max_steps:
             return StopReason.STEP_CAP
-        if run.state.idle_steps >= IDLE_STEP_LIMIT:
+        # at its message cap nothing more can reach the person: one step that brings nothing
+        # new (a say refused there) is enough to know the model is only talking on
+        capped = len(run.state.delivered) >= run.limits.max_messages
+        if run.state.idle_steps >= (1 if capped else IDLE_STEP_LIMIT):
             return StopReason.LOOPING  # no need to wait for the step cap
         if run.length_stalls > LENGTH_STALL_LIMIT:
             return StopReason.BUDGET  # told to write less at a time, and still cut
@@ -293,7 +301,9 @@ class AgentLoop:
             limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
             run.port.restart_previews()  # the new text takes the shown messages over
             run.stream.reset()
-            completion = await unless_stopped(stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener))
+            completion = await unless_stopped(
+                stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener, call)
+            )
             step.finish_reason, step.escalated = completion.finish_reason, True
             step.endpoint, step.model = completion.endpoint, completion.model
             self._repeated(run, completion, request)  # the next request of that endpoint and model repeats this one

@@ -250,6 +250,17 @@ def json_object(arguments: str) -> dict[str, Any]:
     return value
 
 
+def loose_object(arguments: str) -> dict[str, Any] | None:
+    """``arguments`` read as a JSON object whose strings may hold raw control characters (a
+    line break written as is inside a string: small models do it, and JSON wants it escaped);
+    ``None`` when it is not one even so. Written back with :func:`json_text`, it is valid JSON."""
+    try:
+        value = json.loads(arguments, strict=False, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def valid_arguments(arguments: str) -> bool:
     """Whether ``arguments`` is a JSON object a strict endpoint (vLLM) accepts in a history."""
     try:

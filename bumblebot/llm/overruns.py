@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bumblebot.llm.capabilities import CapabilityMemory, Refusals
-from bumblebot.llm.pace import CHARS_PER_TOKEN, past
+from bumblebot.llm.pace import past
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +82,19 @@ class Overruns:
 #: The longest string argument such a model is asked for, characters: a short reply. A grammar
 #: repeats a character rule this many times, and llama.cpp's grammar parser refuses more than
 #: about a thousand (llama-cpp-python 0.3.36's server dies of 1,024: seen here). One bound for
-#: every budget from 200 tokens up, so that turns of either budget send the same schemas, and a
+#: every budget from 500 tokens up, so that turns of either budget send the same schemas, and a
 #: server that renders them into the prompt (llama-cpp-python) keeps its cached prefix.
-MAX_STRING_CHARS = 800
+MAX_STRING_CHARS = 500
 
 
 def bounded_tools(tools: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
     """``tools`` with a ``maxLength`` on each free string argument (not an enum, a pattern or a
-    format), nested ones too: the ``budget`` in characters, at most :data:`MAX_STRING_CHARS`, or
-    the argument's own when shorter. A schema-constrained server enforces it; a longer text takes
-    several calls."""
-    limit = min(budget * CHARS_PER_TOKEN, MAX_STRING_CHARS)
+    format), nested ones too: one character per token of the ``budget``, at most
+    :data:`MAX_STRING_CHARS`, or the argument's own when shorter. A schema-constrained server
+    enforces it; a longer text takes several calls. One character a token, not four: what such
+    a model writes when it runs away is often no language at all (SmolLM2-135M wrote 816
+    random characters in 770 tokens against a bound of 800), and each character is a token."""
+    limit = min(budget, MAX_STRING_CHARS)
     return [_bounded_tool(tool, limit) for tool in tools]
 
 
