@@ -53,7 +53,7 @@ from bumblebot.llm.forcing import (
     named,
 )
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
-from bumblebot.llm.overruns import Overruns, bounded_tools, overran
+from bumblebot.llm.overruns import ONE_CALL_STOP, Overruns, bounded_tools, overran
 from bumblebot.llm.pace import Bound, Overran, Pace
 from bumblebot.llm.slots import RequestSlots
 from bumblebot.llm.stream import SayListener, StreamedRequests, post_whole
@@ -420,7 +420,9 @@ class LLM:
             **self._thinking.params(thinking),
         }
         if tools:
-            params["tools"] = bounded_tools(tools, max_tokens) if await self.overruns.seen(model) else tools
+            params["tools"] = tools
+            if await self.overruns.seen(model):
+                params.update(tools=bounded_tools(tools, max_tokens), stop=[ONE_CALL_STOP])
             if call is not None and await self._named.usable():
                 named_answer = await self._send_named(params, call, on_say)
                 if named_answer is not None:

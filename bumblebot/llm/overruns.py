@@ -7,6 +7,7 @@ remembered in ``kv`` ``llm.overruns:<endpoint>|<model>`` for :data:`OVERRUN_RETR
 model is trusted again, and caught again at its next overrun. Meanwhile:
 
 * its requests get the tight deadline (:class:`~bumblebot.llm.pace.Speed`);
+* its tool requests stop after one call (:data:`ONE_CALL_STOP`);
 * its tool schemas carry a ``maxLength`` of the budget (at most a short reply), in characters,
   on each free string argument (:func:`bounded_tools`): a server that constrains calls to their
   schema with a grammar (llama.cpp, llama-cpp-python) then ends a runaway argument itself. Abandoning the
@@ -85,6 +86,14 @@ class Overruns:
 #: every budget from 500 tokens up, so that turns of either budget send the same schemas, and a
 #: server that renders them into the prompt (llama-cpp-python) keeps its cached prefix.
 MAX_STRING_CHARS = 500
+
+
+#: The stop sequence of a tool request to a model seen writing past its budget: one call per
+#: request. llama-cpp-python's ``chatml-function-calling`` writes call after call in one request
+#: while the model goes on, each bounded by its schema but their number only by the window
+#: (SmolLM2-135M filled 2,500 tokens with calls in 139 s, refused as too long at the end). Each
+#: call after the first begins with this text, which the stop ends the request at.
+ONE_CALL_STOP = "functions."
 
 
 def bounded_tools(tools: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
