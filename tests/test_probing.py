@@ -195,7 +195,10 @@ async def test_check_measures_each_endpoints_speed_and_remembers_it_for_the_daem
     async with FakeOpenAI(tokens_per_s=100) as server:
         counting = "one two " * 30  # 60 chunks of 4 characters, about a token each: within 64
         server.default = lambda request: (
-            tool_calls(("ping", {})) if is_loop(request)
+            # check's overrun probe, answered as a server that stops at max_tokens does
+            tool_calls(("note", {"text": "one"}), finish_reason="length", usage={"completion_tokens": 4})
+            if "Call the note tool" in str(request["messages"])
+            else tool_calls(("ping", {})) if is_loop(request)
             else Reply(message={"role": "assistant", "content": counting}, stream_chars=4)
             if "Count from 1 to 200" in str(request["messages"]) else text("ok")
         )
@@ -229,7 +232,7 @@ async def test_check_finds_a_server_that_writes_tool_arguments_past_max_tokens(t
         problems, settings = await check(config)
         assert problems == []
         out = capsys.readouterr().out
-        assert "does not stop at max_tokens (wrote 100 tokens with max_tokens 16)" in out
+        assert "does not stop at max_tokens (wrote 100 tokens with max_tokens 4)" in out
         async with Store(settings.db_path) as store:
             assert await store.get_kv(overrun_key(server.base_url, "test-model"))
         judges_say_done(server)
@@ -242,9 +245,26 @@ async def test_check_finds_a_server_that_writes_tool_arguments_past_max_tokens(t
     assert say_tool["function"]["parameters"]["properties"]["text"]["maxLength"] == 500
 
 
-async def test_check_asks_again_when_the_model_ended_its_note_within_the_budget(tmp_path, tg, capsys):
-    """SmolLM2-135M on llama-cpp-python wrote a 17-token note to check's one request, so the
-    server that ignores max_tokens went unseen, and a turn's first runaway ran for minutes."""
+async def test_check_finds_a_server_that_writes_a_short_call_past_a_tiny_budget(tmp_path, tg, capsys):
+    """SmolLM2-135M on llama-cpp-python wrote notes of 11 to 27 tokens to check's requests with
+    a budget of 16, within the margin turns allow: the server that ignores max_tokens went
+    unseen, and the first runaway of a turn ran 274 s. A budget of 4, and the server's own count
+    of more than twice it, give it away."""
+    service_data_dir(tmp_path)
+    async with FakeOpenAI() as server:
+        def answer(request: dict[str, Any]) -> Reply:
+            names = [t["function"]["name"] for t in request.get("tools") or ()]
+            if "note" in names:
+                return tool_calls(("note", {"text": "one, two, three"}), usage={"completion_tokens": 11})
+            return tool_calls(("ping", {})) if is_loop(request) else text("ok")
+
+        server.default = answer
+        problems, _ = await check(write_config(tmp_path, server, tg))
+    assert problems == []
+    assert "does not stop at max_tokens (wrote 11 tokens with max_tokens 4)" in capsys.readouterr().out
+
+
+async def test_check_asks_again_when_the_model_wrote_an_empty_call(tmp_path, tg, capsys):
     service_data_dir(tmp_path)
     notes: list[dict[str, Any]] = []
     async with FakeOpenAI() as server:
@@ -252,15 +272,15 @@ async def test_check_asks_again_when_the_model_ended_its_note_within_the_budget(
             names = [t["function"]["name"] for t in request.get("tools") or ()]
             if "note" in names and request["model"] == "test-model":
                 notes.append(request)
-                if len(notes) == 1:  # a short note, ended on its own
-                    return tool_calls(("note", {"text": "one, two"}), usage={"completion_tokens": 9})
+                if len(notes) == 1:  # a call with nothing in it: shows neither
+                    return tool_calls(("note", {}), usage={"completion_tokens": 2})
                 return tool_calls(("note", {"text": "one, " * 80}), usage={"completion_tokens": 160})
             return tool_calls(("ping", {})) if is_loop(request) else text("ok")
 
         server.default = answer
-        problems, settings = await check(write_config(tmp_path, server, tg))
+        problems, _ = await check(write_config(tmp_path, server, tg))
     assert problems == [] and len(notes) == 2
-    assert "does not stop at max_tokens (wrote 160 tokens with max_tokens 16)" in capsys.readouterr().out
+    assert "does not stop at max_tokens (wrote 160 tokens with max_tokens 4)" in capsys.readouterr().out
 
 
 async def test_check_asks_once_of_a_server_that_stops_at_the_budget(tmp_path, tg, capsys):
@@ -271,8 +291,8 @@ async def test_check_asks_once_of_a_server_that_stops_at_the_budget(tmp_path, tg
             names = [t["function"]["name"] for t in request.get("tools") or ()]
             if "note" in names:
                 notes.append(request)  # one for each model: test-model and reflex-model
-                return tool_calls(("note", {"text": "one, two, three, four, five, six"}), finish_reason="length",
-                                  usage={"completion_tokens": 16})
+                return tool_calls(("note", {"text": "one"}), finish_reason="length",
+                                  usage={"completion_tokens": 4})
             return tool_calls(("ping", {})) if is_loop(request) else text("ok")
 
         server.default = answer
