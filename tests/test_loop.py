@@ -199,6 +199,40 @@ async def test_an_endpoint_refusing_a_named_tool_choice_gets_its_usual_one(tmp_p
         assert "HTTP 400" in json.loads(remembered)["reason"]
 
 
+async def test_one_passing_500_on_a_named_request_does_not_turn_naming_off(tmp_path, llm, tg):
+    """An endpoint that had taken a named tool_choice failed one with a 500: named choices were
+    turned off for a day."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("end_turn", {})), when=is_loop)
+    llm.push(say("Paris."), when=lambda r: is_loop(r) and r.get("tool_choice") == NAMED_SAY)
+    llm.push(tool_calls(("end_turn", {})), when=is_loop)
+    llm.push(error(500, "upstream hiccup"), when=lambda r: is_loop(r) and r.get("tool_choice") == NAMED_SAY)
+    llm.push(say("Rome."), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("capital of France?", chat_id=325)
+        await d.engine.wait_for_turns(1)
+        tg.push_text("and of Italy?", chat_id=325)
+        await d.engine.wait_for_turns(2)
+        remembered = await d.store.get_kv(f"llm.named_choice:{llm.base_url}")
+    assert tg.sent(325) == ["Paris.", "Rome."]
+    assert remembered is None
+
+
+async def test_tool_choice_auto_in_the_config_never_names_a_tool(tmp_path, llm, tg):
+    """"llm.tool_choice: auto" means never forced, yet the say was named."""
+    judges_say_done(llm)
+    llm.push(tool_calls(("end_turn", {})), when=is_loop)
+    llm.push(say("Paris."), when=is_loop)
+    config = write_config(tmp_path, llm, tg, llm={"base_url": llm.base_url, "model": "test-model",
+                                                   "reflex_model": "reflex-model", "max_retries": 0,
+                                                   "timeout_s": 10, "tool_choice": "auto"})
+    async with running(config) as d:
+        tg.push_text("capital of France?", chat_id=326)
+        await finished(d)
+    assert tg.sent(326) == ["Paris."]
+    assert [r.get("tool_choice") for r in loop_requests(llm)] == ["auto", "auto"]
+
+
 # -- delivery: as the model wrote it -------------------------------------------------------------
 
 
@@ -318,6 +352,24 @@ async def test_a_model_talking_on_past_the_message_cap_stops_at_its_first_refuse
     assert trace["stop_reason"] == "looping" and len(trace["steps"]) == 5
     assert [c["rule"] for c in trace["cuts"]] == ["message_cap"]
     assert llm.pending == 2  # two of the refused says never asked for
+
+
+async def test_a_thought_at_the_message_cap_does_not_end_a_turn_with_work_left(tmp_path, llm, tg):
+    """Four progress messages, then a step that only thinks before the work: the turn ended as
+    looping there, and the file was never written."""
+    judges_say_done(llm)
+    for i in range(4):
+        llm.push(tool_calls(("say", {"text": f"Progress {i}"})), when=is_loop)
+    llm.push(tool_calls(("think", {"thought": "now write the file"})), when=is_loop)
+    llm.push(tool_calls(("write_file", {"path": "notes.txt", "content": "hello"})), when=is_loop)
+    llm.push(tool_calls(("end_turn", {})), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    async with running(config) as d:
+        tg.push_text("write notes.txt saying hello, and tell me how it goes", chat_id=331)
+        trace = await finished(d)
+        workspace = d.settings.workspace
+    assert (workspace / "notes.txt").read_text() == "hello", trace["stop_reason"]
+    assert trace["stop_reason"] == "end_turn"
 
 
 async def test_closing_words_come_from_the_model_in_the_user_s_language(tmp_path, llm, tg):

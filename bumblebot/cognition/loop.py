@@ -87,7 +87,7 @@ from bumblebot.cognition.resume import close_interrupted, close_open_calls
 from bumblebot.cognition.run import Run
 from bumblebot.cognition.sequence import plain_conversation
 from bumblebot.cognition.speech import DeliveryRule, SayStream, Visible
-from bumblebot.cognition.state import LoopState
+from bumblebot.cognition.state import DELIVERIES, LoopState
 from bumblebot.cognition.steps import (
     Burst,
     Stopped,
@@ -241,10 +241,9 @@ class AgentLoop:
         """The limit the turn has reached, if any (it stops there)."""
         if run.state.steps >= run.limits.max_steps:
             return StopReason.STEP_CAP
-        # at its message cap nothing more can reach the person: one step that brings nothing
-        # new (a say refused there) is enough to know the model is only talking on
-        capped = len(run.state.delivered) >= run.limits.max_messages
-        if run.state.idle_steps >= (1 if capped else IDLE_STEP_LIMIT):
+        # past the message cap nothing more reaches the person: a step that only tried to say
+        # more there shows a model talking on (one that thinks before work left is not one)
+        if run.state.idle_steps >= IDLE_STEP_LIMIT or (run.state.idle_steps and run.talked_past_cap):
             return StopReason.LOOPING  # no need to wait for the step cap
         if run.length_stalls > LENGTH_STALL_LIMIT:
             return StopReason.BUDGET  # told to write less at a time, and still cut
@@ -337,6 +336,7 @@ class AgentLoop:
         failed = await self.calls.run_step(run, plan, unusable)
         await port.settle_previews()
         state.step_done(said_before, plan, cut=run.hit_length)
+        run.talked_past_cap = said_before >= run.limits.max_messages and any(c.name in DELIVERIES for c in calls)
         if run.rule.end_requested:
             run.rule.end_requested = False
             if not run.rule.lost:  # a message that did not get out must not end the turn
@@ -352,6 +352,7 @@ class AgentLoop:
         state = run.state
         await run.port.settle_previews()  # a say streamed before an escalation asked again
         said_before = len(state.delivered)
+        run.talked_past_cap = False
         text = fit_text(run.visible(completion.content), run)
         text = "" if blank(text) else storable_text(text)
         if text and state.already_said(text):
@@ -359,6 +360,7 @@ class AgentLoop:
             text = ""
         elif text and len(state.delivered) >= run.limits.max_messages:
             run.trace.cut("message_cap", chars=len(text))
+            run.talked_past_cap = True
             text = ""
         if text and not run.rule.undeliverable:
             await self._reply(run, text)  # recorded with its outbox row; counts the step

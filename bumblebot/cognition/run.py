@@ -45,6 +45,8 @@ class Run:
     restarted: bool = False
     #: when this run of the loop began (the loop's clock): how long the person has waited
     started: float = 0.0
+    #: the last step tried to say more past the turn's message cap
+    talked_past_cap: bool = False
 
     def call_context(self, call_id: str) -> ToolContext:
         """The tool context of one call of this turn."""

@@ -53,7 +53,7 @@ from bumblebot.llm.forcing import (
     named,
 )
 from bumblebot.llm.images import Vision, about_images, has_images, read_as_text, without_images
-from bumblebot.llm.overruns import ONE_CALL_STOP, Overruns, bounded_tools, overran
+from bumblebot.llm.overruns import Overruns, bounded_tools, overran
 from bumblebot.llm.pace import Bound, Overran, Pace
 from bumblebot.llm.slots import RequestSlots
 from bumblebot.llm.stream import SayListener, StreamedRequests, post_whole
@@ -419,19 +419,29 @@ class LLM:
             "temperature": self.settings.temperature if temperature is None else temperature,
             **self._thinking.params(thinking),
         }
+        named_refusal: openai.APIStatusError | None = None
         if tools:
-            params["tools"] = tools
-            if await self.overruns.seen(model):
-                params.update(tools=bounded_tools(tools, max_tokens), stop=[ONE_CALL_STOP])
-            if call is not None and await self._named.usable():
+            params["tools"] = bounded_tools(tools, max_tokens) if await self.overruns.seen(model) else tools
+            if call is not None and self.settings.tool_choice == "required" and await self._named.usable():
                 named_answer = await self._send_named(params, call, on_say)
-                if named_answer is not None:
+                if isinstance(named_answer, Completion):
                     return named_answer
+                named_refusal = named_answer
         choice: str | None = None
         probing = False
         if tools:
             choice, probing = await self._tool_choice()
             params["tool_choice"] = choice
+        completion = await self._send_usual(params, choice, probing, on_say)
+        if named_refusal is not None:  # the same request without the name was answered: the name was refused
+            await self._named.refused(named_refusal)
+        return completion
+
+    async def _send_usual(
+        self, params: dict[str, Any], choice: str | None, probing: bool, on_say: SayListener | None
+    ) -> Completion:
+        """The completion of ``params`` with its usual tool_choice ``choice`` (``probing``: a
+        re-try of ``"required"`` under the fallback)."""
         try:
             response = await (self._send_forced(params, on_say) if choice == "required" else self._create(params, on_say))
         except openai.APIStatusError as exc:
@@ -463,20 +473,23 @@ class LLM:
             return dataclasses.replace(response, tool_choice=choice, streamed=streamed)
         return normalise(response, choice)
 
-    async def _send_named(self, params: dict[str, Any], call: str, on_say: SayListener | None) -> Completion | None:
-        """The completion of ``params`` with a tool_choice naming ``call``; ``None`` when the
-        endpoint refused that (remembered): the caller sends its usual choice instead. Sent
-        without the client's retries for the same reason as :meth:`_send_forced`."""
+    async def _send_named(
+        self, params: dict[str, Any], call: str, on_say: SayListener | None
+    ) -> Completion | openai.APIStatusError:
+        """The completion of ``params`` with a tool_choice naming ``call``, or the refusal that
+        may be about the name: the caller then sends its usual choice, and remembers the refusal
+        only once that is answered. Sent without the client's retries for the same reason as
+        :meth:`_send_forced`."""
         params = {**params, "tool_choice": named(call)}
         try:
             response = await self._send_forced(params, on_say)
         except openai.APIStatusError as exc:
             if not may_refuse_forcing(exc, params):
                 raise self._translate(exc) from exc
-            await self._named.refused(exc)
-            return None
+            return exc
         except openai.APIError as exc:
             raise self._translate(exc) from exc
+        self._named.accepted()
         if isinstance(response, Completion):
             streamed = response.cut is None or response.cut.by == "tokens"
             return dataclasses.replace(response, tool_choice=call, streamed=streamed)

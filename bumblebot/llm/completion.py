@@ -197,7 +197,7 @@ def is_context_error(exc: openai.APIError) -> bool:
 #: The parameters every chat request may carry; any other (``reasoning_effort``, an
 #: ``extra_body`` key) is optional, and an error that names one is about it.
 BASIC_PARAMS = frozenset({"model", "messages", "max_tokens", "temperature", "tools", "tool_choice", "stream",
-                          "stream_options", "stop"})
+                          "stream_options"})
 
 
 def names_optional_param(exc: openai.APIError, params: dict[str, Any]) -> bool:

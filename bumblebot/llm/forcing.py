@@ -318,10 +318,13 @@ def named(tool: str) -> dict[str, Any]:
 class NamedChoice:
     """Whether one endpoint takes a ``tool_choice`` naming the tool to call.
 
-    Most do. One that refuses it (a 400, 422 or 500 that may be about forcing,
-    :func:`may_refuse_forcing`) gets the same request with its usual choice at once, and no
-    named choice for :data:`NAMED_RETRY_S`; the refusal is remembered under
-    :func:`~bumblebot.llm.capabilities.named_choice_key`. Servers that ignore the field
+    Most do. A request refused with a 400, 422 or 500 that may be about forcing
+    (:func:`may_refuse_forcing`) is sent again at once with the usual choice. When that one is
+    answered, the refusal is remembered under
+    :func:`~bumblebot.llm.capabilities.named_choice_key`, and the endpoint gets no named choice
+    for :data:`NAMED_RETRY_S`, if it was about the name: it names ``tool_choice``, or is a 400 or
+    422, or is a 500 from an endpoint not seen accepting a named choice since the daemon started
+    (a passing 500 from one that did is an upstream's hiccup). Servers that ignore the field
     (Ollama; llama.cpp's server reads a tool_choice that is not a string as ``"auto"``) answer
     as if it were not there: nothing is lost but the choice.
 
@@ -331,6 +334,7 @@ class NamedChoice:
 
     def __init__(self, refusals: Refusals) -> None:
         self._refusals = refusals
+        self._accepted = False  # a named choice was answered, since the daemon started
 
     def _key(self) -> str:
         return named_choice_key(self._refusals.endpoint)
@@ -343,8 +347,16 @@ class NamedChoice:
         """Why the endpoint gets no named choice, ``None`` when it does."""
         return await self._refusals.reason(self._key())
 
+    def accepted(self) -> None:
+        """A request naming its tool was answered."""
+        self._accepted = True
+
     async def refused(self, exc: openai.APIStatusError) -> None:
-        """A request naming its tool was refused with ``exc`` (and answered without)."""
+        """A request naming its tool was refused with ``exc``, and answered without the name."""
+        about = bool(_CHOICE_RE.search(str(exc.message))) or exc.status_code in (400, 422)
+        if not about and self._accepted:
+            log.info("endpoint %s: a request naming its tool failed once (%s)", self._refusals.base_url, refusal(exc))
+            return
         reason = refusal(exc)
         await self._refusals.remember(self._key(), reason)
         log.warning(

@@ -7,7 +7,6 @@ remembered in ``kv`` ``llm.overruns:<endpoint>|<model>`` for :data:`OVERRUN_RETR
 model is trusted again, and caught again at its next overrun. Meanwhile:
 
 * its requests get the tight deadline (:class:`~bumblebot.llm.pace.Speed`);
-* its tool requests stop after one call (:data:`ONE_CALL_STOP`);
 * its tool schemas carry a ``maxLength`` of the budget (at most a short reply), in characters,
   on each free string argument (:func:`bounded_tools`): a server that constrains calls to their
   schema with a grammar (llama.cpp, llama-cpp-python) then ends a runaway argument itself. Abandoning the
@@ -88,21 +87,14 @@ class Overruns:
 MAX_STRING_CHARS = 500
 
 
-#: The stop sequence of a tool request to a model seen writing past its budget: one call per
-#: request. llama-cpp-python's ``chatml-function-calling`` writes call after call in one request
-#: while the model goes on, each bounded by its schema but their number only by the window
-#: (SmolLM2-135M filled 2,500 tokens with calls in 139 s, refused as too long at the end). Each
-#: call after the first begins with this text, which the stop ends the request at.
-ONE_CALL_STOP = "functions."
-
-
 def bounded_tools(tools: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
     """``tools`` with a ``maxLength`` on each free string argument (not an enum, a pattern or a
     format), nested ones too: one character per token of the ``budget``, at most
     :data:`MAX_STRING_CHARS`, or the argument's own when shorter. A schema-constrained server
-    enforces it; a longer text takes several calls. One character a token, not four: what such
-    a model writes when it runs away is often no language at all (SmolLM2-135M wrote 816
-    random characters in 770 tokens against a bound of 800), and each character is a token."""
+    enforces it; a longer text takes several calls. One character a token, not four: a runaway
+    is often no language at all, random characters of about a token each. The bound is in
+    characters, not tokens: a character outside ASCII, or a ``\\uXXXX`` escape, which the
+    grammar counts as one, costs several tokens, so it bounds such text less tightly."""
     limit = min(budget, MAX_STRING_CHARS)
     return [_bounded_tool(tool, limit) for tool in tools]
 
