@@ -112,9 +112,6 @@ from bumblebot.llm import Completion, Endpoints, SayListener
 
 log = logging.getLogger(__name__)
 
-#: The agency tool that talks to the user (``tools/agency.py``).
-SAY = "say"
-
 
 class AgentLoop:
     """Runs one turn. Collaborators come in through the constructor."""
@@ -265,7 +262,7 @@ class AgentLoop:
         # the first completion of a turn that began at once may be asked again when the
         # burst it began with goes on (cognition.debounce_s): it has shown nothing yet
         first = not run.trace.steps and not run.restarted and not run.state.delivered
-        call = SAY if self._speak_now(run) else None
+        call = "say" if self._speak_now(run) else None
         try:
             completion, request = await unless_stopped(stop, self._complete_fitting(
                 request, run.nudge, run.requests, limits, run.stream.listener, call
@@ -503,7 +500,7 @@ class AgentLoop:
         ends or keeps calling tools without a word, a slow endpoint where each step takes
         many seconds). Decided from delivery state and time, never from what was written."""
         limits = run.limits
-        if run.state.delivered or limits.silent_ok or run.rule.undeliverable or not _offers(run, SAY):
+        if run.state.delivered or limits.silent_ok or run.rule.undeliverable or "say" not in run.visible.tools:
             return False
         if run.unmet is not None:
             return True
@@ -530,11 +527,6 @@ class AgentLoop:
             on_say=on_say,
             call=call,
         )
-
-
-def _offers(run: Run, name: str) -> bool:
-    """Whether the turn's tools include ``name``."""
-    return any(s.get("function", {}).get("name") == name for s in run.requests.tool_schemas)
 
 
 def _model_words(run: Run) -> list[str]:

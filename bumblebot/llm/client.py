@@ -468,10 +468,7 @@ class LLM:
         finally:
             if probing:  # answered either way, or inconclusive (an outage): the next one decides
                 self._forcing.probe_done()
-        if isinstance(response, Completion):  # streamed, or cut at its deadline
-            streamed = response.cut is None or response.cut.by == "tokens"
-            return dataclasses.replace(response, tool_choice=choice, streamed=streamed)
-        return normalise(response, choice)
+        return _as_completion(response, choice)
 
     async def _send_named(
         self, params: dict[str, Any], call: str, on_say: SayListener | None
@@ -490,10 +487,7 @@ class LLM:
         except openai.APIError as exc:
             raise self._translate(exc) from exc
         self._named.accepted()
-        if isinstance(response, Completion):
-            streamed = response.cut is None or response.cut.by == "tokens"
-            return dataclasses.replace(response, tool_choice=call, streamed=streamed)
-        return normalise(response, call)
+        return _as_completion(response, call)
 
     async def _tool_choice(self) -> tuple[str, bool]:
         """The tool_choice of the next tool request, and whether it re-tries ``"required"``
@@ -587,3 +581,13 @@ def _whole_text(response: Any) -> str:
 def _retried(status: int) -> bool:
     """Whether the ``openai`` client retries a response with ``status`` (its own rule)."""
     return status in (408, 409, 429) or status >= 500
+
+
+def _as_completion(response: ChatCompletion | Completion, choice: str | None) -> Completion:
+    """An answer asked with tool_choice ``choice`` as a :class:`Completion`: a whole one
+    normalised, or one that is already (streamed, or cut at its deadline: ``streamed`` says
+    whether the text arrived as a stream)."""
+    if isinstance(response, Completion):
+        streamed = response.cut is None or response.cut.by == "tokens"
+        return dataclasses.replace(response, tool_choice=choice, streamed=streamed)
+    return normalise(response, choice)

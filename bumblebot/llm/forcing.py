@@ -343,10 +343,6 @@ class NamedChoice:
         """Whether the next request may name its tool."""
         return not await self._refusals.active(self._key(), NAMED_RETRY_S, "naming the tool to call again")
 
-    async def reason(self) -> str | None:
-        """Why the endpoint gets no named choice, ``None`` when it does."""
-        return await self._refusals.reason(self._key())
-
     def accepted(self) -> None:
         """A request naming its tool was answered."""
         self._accepted = True
