@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sqlite3
@@ -120,30 +121,116 @@ async def test_restart_after_compaction_sends_a_byte_identical_prompt(tmp_path, 
     assert len([r for r in llm.requests if is_summary(r)]) == 1
 
 
-async def test_summary_failure_drops_nothing_and_the_next_turn_retries(tmp_path, llm, tg):
+async def test_summary_failure_drops_nothing_and_the_retry_between_turns_does_not_flush_again(tmp_path, llm, tg):
     judges_say_done(llm)
     await seed_history(tmp_path, 24)
     llm.push(text("[]"), when=is_flush)
     llm.push(error(500, "summariser down"), when=is_summary)
     llm.push(say("answer one"), when=is_loop)
-    llm.push(text("[]"), when=is_flush)
     llm.push(text(SUMMARY), when=is_summary)
     llm.push(say("answer two"), when=is_loop)
+    llm.push(say("answer three"), when=is_loop)
     async with running(compaction_config(tmp_path, llm, tg)) as d:
+        idle = lambda: d.engine.idle
         tg.push_text("first", chat_id=CHAT)
-        await tg.wait_for("sendMessage")
         await d.engine.wait_for_turns(1)
+        await d.engine.wait_until(idle)  # its compaction between turns failed
         first = loop_requests(llm)[0]
-        assert "old question 15" in contents(first)  # the middle is still there
+        assert "old question 15" in contents(first)
         assert not any(m["content"].startswith(SUMMARY_HEADER) for m in first["messages"])
         tg.push_text("second", chat_id=CHAT)
-        await tg.wait_for("sendMessage", n=2)
         await d.engine.wait_for_turns(2)
-    second = loop_requests(llm)[1]
-    assert any(m["content"].startswith(SUMMARY_HEADER) for m in second["messages"])
+        await d.engine.wait_until(idle)  # the retry, after the second turn's first words
+        assert "old question 15" in contents(loop_requests(llm)[1])  # the middle is still there
+        tg.push_text("third", chat_id=CHAT)
+        await d.engine.wait_for_turns(3)
+    third = loop_requests(llm)[2]
+    assert any(m["content"].startswith(SUMMARY_HEADER) for m in third["messages"])
     assert len([r for r in llm.requests if is_summary(r)]) == 2
+    assert len([r for r in llm.requests if is_flush(r)]) == 1  # the failed run had flushed these messages
+    assert tg.sent(CHAT) == ["answer one", "answer two", "answer three"]
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
     assert db.execute("SELECT COUNT(*) FROM messages WHERE content LIKE 'old question%'").fetchone()[0] == 24
+
+
+async def test_a_model_that_fails_to_summarise_twice_gets_an_extractive_summary(tmp_path, llm, tg):
+    """SmolLM2-135M never wrote a usable summary: its chats kept every message and each step
+    re-read ~3,000 tokens. The second failure in a row summarises extractively, no more calls."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text("You can use a JSON array to store the data."), when=is_summary)
+    llm.push(say("answer one"), when=is_loop)
+    llm.push(text("Here is a summary of the conversation: it was nice."), when=is_summary)
+    llm.push(say("answer two"), when=is_loop)
+    llm.push(say("answer three"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        idle = lambda: d.engine.idle
+        for i, message in enumerate(["first", "second", "third"]):
+            tg.push_text(message, chat_id=CHAT)
+            await d.engine.wait_for_turns(i + 1)
+            await d.engine.wait_until(idle)
+        traces = [t["trace"] for t in await d.store.recent_turns()]
+    third = loop_requests(llm)[2]
+    summary = [m["content"] for m in third["messages"] if m["content"].startswith(SUMMARY_HEADER)]
+    assert summary and "the model could not summarise" in summary[0]
+    assert "old question 2" in summary[0] and "old question 15" not in contents(third).replace(summary[0], "")
+    assert len([r for r in llm.requests if is_summary(r)]) == 2  # the second failure's later passes ask no more
+    assert tg.sent(CHAT) == ["answer one", "answer two", "answer three"]
+    assert not llm.violations
+    assert traces  # the turns were recorded
+
+
+async def test_a_waiting_person_gets_first_words_before_the_compaction(tmp_path, llm, tg):
+    """Over the threshold but within the window: the turn's first step is sent without
+    compacting; the step after the first words compacts (a slow model's summaries took up to
+    a minute each, all before the person saw anything)."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    llm.push(say("right away", end=False), when=is_loop)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(tool_calls(("end_turn", {})), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("hello", chat_id=CHAT)
+        await d.engine.wait_for_turns(1)
+    kinds = ["flush" if is_flush(r) else "summary" if is_summary(r) else "loop" if is_loop(r) else "judge" for r in llm.requests]
+    assert kinds.index("loop") < kinds.index("flush") < kinds.index("summary")
+    second = loop_requests(llm)[1]
+    assert any(m["content"].startswith(SUMMARY_HEADER) for m in second["messages"])
+    assert tg.sent(CHAT) == ["right away"]
+
+
+async def test_a_message_interrupts_the_compaction_between_turns_and_is_answered(tmp_path, llm, tg):
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    held, asked = asyncio.Event(), asyncio.Event()
+    summaries = []
+
+    async def slow_summary(request):
+        summaries.append(request)
+        asked.set()
+        await held.wait()  # never released: the message interrupts it
+        return text(SUMMARY)
+
+    llm.push(say("one"), when=is_loop)
+    llm.push(text("[]"), when=is_flush)
+    llm.default = lambda r: slow_summary(r) if is_summary(r) else say("two") if is_loop(r) else text("DONE: ok")
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("first", chat_id=CHAT)
+        await d.engine.wait_for_turns(1)
+        await asyncio.wait_for(asked.wait(), 10)  # the compaction between turns is waiting on it
+        tg.push_text("second", chat_id=CHAT)
+        await d.engine.wait_for_turns(2)
+        held.set()  # the second turn's compaction between turns may now finish
+        await d.engine.wait_until(lambda: d.engine.idle)
+    assert tg.sent(CHAT) == ["one", "two"]
+    second = loop_requests(llm)[1]
+    assert "old question 15" in contents(second)  # nothing was dropped by the interrupted run
+    assert not any(m["content"].startswith(SUMMARY_HEADER) for m in second["messages"])
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT failures FROM compaction").fetchall() in ([], [(0,)])  # the interruption is no failure
+    assert len(summaries) == 2
 
 
 async def test_one_huge_tool_result_is_capped_and_the_session_goes_on(tmp_path, llm, tg):
@@ -388,9 +475,10 @@ async def test_compaction_learns_from_reported_prompt_tokens(tmp_path, llm, tg):
         assert not [r for r in llm.requests if is_summary(r)]  # nothing to learn from yet
         tg.push_text("second", chat_id=CHAT)
         await d.engine.wait_for_turns(2)
+        await d.engine.wait_until(lambda: d.engine.idle)
         scale = d.budget.scale
     assert scale > 1.5
-    assert [r for r in llm.requests if is_summary(r)]  # compacted in time on the second turn
+    assert [r for r in llm.requests if is_summary(r)]  # compacted in time: between the turns
     assert tg.sent(CHAT) == ["one", "two"]
 
 

@@ -539,3 +539,25 @@ def test_compact_keeps_sequences_valid_and_loses_nothing_silently(
         assert out.summary and behaviour == "ok"
     if behaviour != "ok":
         assert out.summary is None and out.covered_ids == []
+
+
+def test_an_extractive_summary_shows_what_calls_said_and_keeps_the_newest_lines():
+    """A bot that speaks through ``say`` had its every message summarised as "assistant used
+    say"; and a summary already full dropped the newest messages, not the oldest."""
+    from bumblebot.cognition.compaction import extractive_summary
+
+    call = {"id": "c1", "type": "function", "function": {"name": "say", "arguments": json.dumps({"text": "Your list has milk now"})}}
+    chunk = [
+        Message(role="user", content="ajoute du lait à ma liste"),
+        Message(role="assistant", content="", tool_calls=[call]),
+        Message(role="tool", content='{"delivered": true}', tool_call_id="c1", name="say"),
+    ]
+    text = extractive_summary(chunk, None, 2000)
+    assert "- user: ajoute du lait à ma liste" in text
+    assert "- assistant used say: Your list has milk now" in text
+    assert "delivered" not in text
+    full = extractive_summary([Message(role="user", content=f"message {i} " + "x" * 60) for i in range(40)], "OLD " * 300, 600)
+    assert len(full) <= 600
+    assert "message 39" in full and "message 0 " not in full
+    garbled = {"id": "c2", "type": "function", "function": {"name": "say", "arguments": "{not json"}}
+    assert "- assistant used say: {not json" in extractive_summary([Message(role="assistant", content="", tool_calls=[garbled])], None, 500)

@@ -27,6 +27,7 @@ while it is being summarised.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,28 +177,52 @@ def cap_tool_result(text: str, max_chars: int) -> str:
 
 
 def extractive_summary(chunk: Sequence[Message], previous: str | None, max_chars: int) -> str:
-    """A summary made without the model, when it could not make one and the conversation
-    would otherwise no longer fit: the previous summary, then the start of each message of
-    ``chunk`` (user and assistant text, the names of the tools used), in the summary's
-    headings, at most ``max_chars`` characters."""
+    """A summary made without the model, when it could not make one: the previous summary,
+    then the start of each message of ``chunk`` (user and assistant text, the tools used with
+    the start of their first text argument: what a ``say`` said), in the summary's headings,
+    at most ``max_chars`` characters. When they do not all fit, the oldest lines go first (of
+    the previous summary, then of ``chunk``): the newest messages matter most to the next turn."""
     lines = []
     for m in chunk:
         if m.role == "tool" or m.note:
             continue
         if m.tool_calls:
-            names = ", ".join(dict.fromkeys(c.get("function", {}).get("name", "?") for c in m.tool_calls))
-            lines.append(f"- assistant used {names}")
+            for call in m.tool_calls:
+                fn = call.get("function", {})
+                said = _first_text_argument(fn.get("arguments"))
+                name = fn.get("name", "?")
+                lines.append(f"- assistant used {name}: {_first_words(said, EXTRACT_CHARS)}" if said else f"- assistant used {name}")
         elif m.content.strip():
             lines.append(f"- {m.role}: {_first_words(strip_reasoning(m.content), EXTRACT_CHARS)}")
-    head = (previous.strip() + "\n\n") if previous else ""
     body = "## Progress\n(the model could not summarise these messages; their start, in order)\n"
-    text = head + body
-    for line in lines:
-        if len(text) + len(line) + 1 > max_chars:
-            text += "- …\n"
+    kept: list[str] = []
+    room = max_chars - len(body)
+    for line in reversed(lines):  # newest first, until the room is used
+        if len(line) + 1 > room:
             break
-        text += line + "\n"
-    return text.strip()
+        kept.insert(0, line)
+        room -= len(line) + 1
+    if len(kept) < len(lines):
+        kept.insert(0, "- …")
+        room -= 4
+    head = ""
+    if previous and previous.strip() and room > 2:
+        old = previous.strip()
+        head = (old if len(old) + 2 <= room else "…" + old[len(old) - room + 3:]) + "\n\n"
+    return (head + body + "\n".join(kept)).strip()
+
+
+def _first_text_argument(arguments: object) -> str:
+    """The first string value of a tool call's JSON arguments ('' when there is none)."""
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return arguments if isinstance(arguments, str) else ""
+    if isinstance(parsed, dict):
+        for value in parsed.values():
+            if isinstance(value, str) and value.strip():
+                return strip_reasoning(value)
+    return ""
 
 
 def _first_words(text: str, limit: int) -> str:
@@ -321,6 +346,7 @@ async def compact(
     min_gain_tokens: int = 0,
     request_limit: int | None = None,
     threshold_tokens: int | None = None,
+    extract_on_failure: bool = False,
 ) -> CompactionOutcome:
     """Compact ``history`` if its prompt estimate is over the threshold (or ``force``).
 
@@ -347,6 +373,10 @@ async def compact(
             window with its own reply budget.)
         threshold_tokens: the estimate above which to compact, when the caller decided it
             (``ContextBudget.threshold``); default ``max_context_tokens * threshold_ratio``.
+        extract_on_failure: when the model's summary fails, summarise extractively
+            (:func:`extractive_summary`) instead of keeping the messages; the caller sets it
+            when the previous attempt failed too (a model that cannot summarise would
+            otherwise keep every message until the window overflows).
 
     Returns:
         The outcome; ``with_summary(outcome.messages, outcome.summary, ...)`` is valid
@@ -361,6 +391,7 @@ async def compact(
         limit=max_context_tokens if request_limit is None else request_limit,
         protect_first_n=protect_first_n, protect_last_n=protect_last_n, max_passes=max_passes,
         flush=flush and knowledge is not None, force=force, min_gain_tokens=min_gain_tokens,
+        extract_on_failure=extract_on_failure,
     ).run()
 
 
@@ -371,6 +402,7 @@ class _Compaction:
         self, history: list[Message], summary: str | None, complete: Complete, knowledge: KnowledgeFile | None, *,
         fixed_tokens: int, window: int, threshold: int, target: int, limit: int, protect_first_n: int,
         protect_last_n: int, max_passes: int, flush: bool, force: bool, min_gain_tokens: int,
+        extract_on_failure: bool = False,
     ) -> None:
         self.msgs, self.summary = list(history), summary
         self.complete, self.knowledge = complete, knowledge
@@ -379,6 +411,8 @@ class _Compaction:
         )
         self.protect_first_n, self.protect_last_n, self.max_passes = protect_first_n, protect_last_n, max_passes
         self.flush, self.force, self.min_gain_tokens = flush, force, min_gain_tokens
+        self.extract_on_failure = extract_on_failure
+        self.model_failed = False  # its summary failed in this run: later passes do not ask again
         self.errors: list[str] = []
         self.out = CompactionOutcome(messages=self.msgs, summary=summary, estimate_before=self.total())
 
@@ -442,6 +476,8 @@ class _Compaction:
 
     async def _summarise(self, chunk: list[Message], budget: int, max_out: int) -> str | None:
         """The summary updated with ``chunk``; ``None`` when it failed and the messages can stay."""
+        if self.model_failed:  # an earlier pass of this run fell back: the model is not asked again
+            return extractive_summary(chunk, self.summary, budget * 4)
         try:
             text = await self.complete(summary_request(chunk, self.summary, budget), max_out, SUMMARY_TEMPERATURE)
             new = _clean_summary(text)
@@ -450,11 +486,12 @@ class _Compaction:
         except Exception as exc:  # keep the transcript: nothing is dropped unsummarised
             self.out.summary_failed = True
             self.errors.append(f"summary: {type(exc).__name__}: {exc}")
-            if self.total() <= (self.limit if self.force else self.window):
+            if not self.extract_on_failure and self.total() <= (self.limit if self.force else self.window):
                 return None  # the request can still be sent: keep every message (docs/compaction.md, "Failure policy")
-            # the prompt alone would overflow the window, or the server already refused it (a
-            # model too weak to summarise, a small window): an extractive summary keeps the
-            # conversation alive; the messages stay in the database (covered, never deleted)
-            self.out.extractive = True
+            # the model failed twice in a row, or the prompt alone would overflow the window,
+            # or the server already refused it (a model too weak to summarise, a small
+            # window): an extractive summary keeps the conversation alive and its requests
+            # small; the messages stay in the database (covered, never deleted)
+            self.out.extractive = self.model_failed = True
             return extractive_summary(chunk, self.summary, budget * 4)
         return new

@@ -3,20 +3,24 @@
 :mod:`bumblebot.cognition.compaction` plans and summarises; this module decides *when*, and the
 :class:`~bumblebot.runtime.conversation.Session` it acts on records the result (it is the only writer
 of history and compaction state). It is called before every completion of a turn (so growth
-inside a turn is compacted too) and by ``/compact`` (scheduled as a job of the conversation's
-actor). Both run inside the actor, so no turn of the conversation can write its history
+inside a turn is compacted too; not before a waiting person's first words while the request
+still fits), between turns, and by ``/compact`` (scheduled as a job of the conversation's
+actor). All run inside the actor, so no turn of the conversation can write its history
 meanwhile (a message added while the middle is being summarised would be lost with it).
 
 Failure policy: if the summary call fails nothing is dropped; the failure is recorded and the
-next request retries at once, later failures back off (60 s, 120 s, 240 s … up to an hour,
-:func:`backoff_s`). Meanwhile, when the request would overflow, old tool results are pruned
-(no LLM call) so the turn can go on.
+next request retries at once, without a second memory flush; when that retry fails too the
+messages are summarised extractively; a failure that covered nothing backs off (60 s, 120 s,
+240 s … up to an hour, :func:`backoff_s`). Meanwhile, when the request would overflow, old
+tool results are pruned (no LLM call) so the turn can go on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from bumblebot.cognition.budget import ContextBudget
@@ -56,6 +60,22 @@ def backoff_s(failures: int) -> float:
     if failures <= 1:
         return 0.0
     return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (failures - 2))
+
+
+async def _unless(interrupt: asyncio.Event | None, work: Awaitable[CompactionOutcome]) -> CompactionOutcome | None:
+    """``await work``, or ``None`` when ``interrupt`` is set first (``work`` is then cancelled:
+    :func:`~bumblebot.cognition.compaction.compact` writes nothing but flushed facts)."""
+    if interrupt is None:
+        return await work
+    task, waiter = asyncio.ensure_future(work), asyncio.ensure_future(interrupt.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 def estimate(session: History, fixed_tokens: int, turn_messages: list[Message]) -> int:
@@ -107,6 +127,8 @@ class Compactor:
         force: bool = False,
         emergency: bool = False,
         reply_tokens: int | None = None,
+        defer: bool = False,
+        interrupt: asyncio.Event | None = None,
     ) -> dict[str, Any] | None:
         """Compact when the request estimate exceeds the threshold (or ``force``).
 
@@ -115,40 +137,26 @@ class Compactor:
                 tool schemas), estimated tokens.
             turn_messages: the running turn's messages (never compacted).
             reply_tokens: the turn's completion budget (default: the largest a turn asks for).
+            defer: a person waits for the turn's first words: over the threshold, nothing runs
+                while the request still fits the window (the next request after the first
+                words compacts; docs/compaction.md, "When it runs").
+            interrupt: between turns: when it is set (a message came) before the summaries are
+                done, the run is given up and nothing is written (facts already flushed stay).
 
         Returns a trace entry when something ran, else ``None``.
         """
         if not force and (not self.cfg.enabled or estimate(session, fixed_tokens, turn_messages) <= self.budget.threshold(reply_tokens)):
             return None
+        if defer and not force and estimate(session, fixed_tokens, turn_messages) <= self.budget.limit(reply_tokens):
+            return None
         state = session.compaction
         fixed = fixed_tokens + sum(m.tokens for m in turn_messages)
         if not force and state.next_retry_at > time.time():
             return await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
-        window, limit = self.budget.window(), self.budget.limit(reply_tokens)  # limit: the reply budget left out
-        # ``emergency`` (refused, or still over the request limit after a normal pass): no
-        # protected tail, or a small window with long messages leaves no middle to summarise
-        # and the chat dies; the turn's own messages stay as they are. ``/compact`` forces a
-        # pass with the usual boundaries.
         with tallied() as used:  # its summaries' requests, for the trace
-            outcome = await compact(
-                session.history,
-                previous_summary=state.summary,
-                complete=self._complete,
-                knowledge=self.memory.of(session.key) if self.cfg.compaction_flush_to_knowledge else None,
-                fixed_tokens=fixed,
-                max_context_tokens=window,
-                threshold_ratio=self.cfg.compaction_threshold_ratio,
-                target_ratio=self._target_ratio(fixed, window, limit),
-                # the head stays: the summary is rendered right after it (``Requests``)
-                protect_first_n=self.cfg.compaction_protect_first_n,
-                protect_last_n=0 if emergency else self._protected_tail(session.history, limit),
-                max_passes=self.cfg.compaction_max_passes,
-                flush=self.cfg.compaction_flush_to_knowledge,
-                force=force,
-                min_gain_tokens=window // MIN_GAIN_DIVISOR,
-                request_limit=limit,
-                threshold_tokens=self.budget.threshold(reply_tokens),  # the one that decided to come here
-            )
+            outcome = await _unless(interrupt, self._compact(session, fixed, force, emergency, reply_tokens))
+        if outcome is None:
+            return None
         failed = outcome.summary_failed and not outcome.covered_ids
         if outcome.passes or outcome.covered_ids or outcome.pruned_ids or outcome.flushed or failed:
             # a run that changed nothing writes nothing (and keeps a summary failure's backoff)
@@ -173,6 +181,40 @@ class Compactor:
             if again is not None:
                 entry["forced"] = again
         return entry
+
+    def _compact(
+        self, session: History, fixed: int, force: bool, emergency: bool, reply_tokens: int | None
+    ) -> Awaitable[CompactionOutcome]:
+        """The :func:`~bumblebot.cognition.compaction.compact` run of :meth:`maybe_compact`
+        (``fixed``: the fixed part and the turn's messages, tokens)."""
+        state = session.compaction
+        window, limit = self.budget.window(), self.budget.limit(reply_tokens)  # limit: the reply budget left out
+        # ``emergency`` (refused, or still over the request limit after a normal pass): no
+        # protected tail, or a small window with long messages leaves no middle to summarise
+        # and the chat dies; the turn's own messages stay as they are. ``/compact`` forces a
+        # pass with the usual boundaries.
+        return compact(
+            session.history,
+            previous_summary=state.summary,
+            complete=self._complete,
+            knowledge=self.memory.of(session.key) if self.cfg.compaction_flush_to_knowledge else None,
+            fixed_tokens=fixed,
+            max_context_tokens=window,
+            threshold_ratio=self.cfg.compaction_threshold_ratio,
+            target_ratio=self._target_ratio(fixed, window, limit),
+            # the head stays: the summary is rendered right after it (``Requests``)
+            protect_first_n=self.cfg.compaction_protect_first_n,
+            protect_last_n=0 if emergency else self._protected_tail(session.history, limit),
+            max_passes=self.cfg.compaction_max_passes,
+            # a retry after a failed summary: the failed run already flushed these messages
+            flush=self.cfg.compaction_flush_to_knowledge and state.failures == 0,
+            # the model failed to summarise them before: this time its failure is final
+            extract_on_failure=state.failures > 0,
+            force=force,
+            min_gain_tokens=window // MIN_GAIN_DIVISOR,
+            request_limit=limit,
+            threshold_tokens=self.budget.threshold(reply_tokens),  # the one that decided to come here
+        )
 
     def _target_ratio(self, fixed: int, window: int, limit: int) -> float:
         """``compaction_target_ratio``, or in a small window, where the fixed part alone can

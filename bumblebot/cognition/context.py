@@ -44,6 +44,7 @@ from bumblebot.cognition.history import History, Transcript
 from bumblebot.cognition.limits import LoopLimits
 from bumblebot.cognition.sequence import InvalidSequence, repair, validate
 from bumblebot.core.messages import Message, TurnContext, estimate_text_tokens, estimate_tools
+from bumblebot.core.usage import FIRST_WORDS, urgency
 from bumblebot.media import ImageRef, MediaFiles
 
 log = logging.getLogger(__name__)
@@ -200,8 +201,10 @@ class Requests:
             self._sees = await self._sees_images(self._limits.model if self._limits else None)
         if self._compactor is not None:
             blocks, reply = self._blocks(), self.reply_tokens
+            # a person waiting for first words does not also wait for a summary the window can
+            # still do without: the request after the first words compacts
             self._note([await self._compactor.maybe_compact(
-                self.session, self._fixed(), self.transcript, reply_tokens=reply
+                self.session, self._fixed(), self.transcript, reply_tokens=reply, defer=urgency() == FIRST_WORDS
             )])
             if self._turn is not None:  # the turn's own growth, when compacting the history was not enough
                 self._note([await self._compactor.fit_turn(self.session, self._fixed(), self._turn, reply_tokens=reply)])

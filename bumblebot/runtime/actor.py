@@ -85,6 +85,11 @@ class ConversationActor:
         self._jobs: list[tuple[Callable[[], Awaitable[None]], bool]] = []
         self._resume: list[RunningTurn] = []
         self._wake = asyncio.Event()
+        #: the last turn finished: compact between turns if it left the conversation over the
+        #: threshold; ``_interrupt`` (a message came, or a stop) gives that compaction up
+        self._compact_due = False
+        self._compacting = False
+        self._interrupt = asyncio.Event()
         self._stopping = False
         self._suspended: Suspended | None = None
         self._taken: list[JournalEntry] = []  # the messages of the turn being run
@@ -112,7 +117,7 @@ class ConversationActor:
     def working(self) -> bool:
         """A turn or job is running or queued (a turn suspended by an outage does not count, nor
         messages waiting in a paused conversation)."""
-        return bool(self.busy or self._takes or self._resume or self._jobs or self._recover_in)
+        return bool(self.busy or self._takes or self._resume or self._jobs or self._recover_in or self._compact_due or self._compacting)
 
     @property
     def _takes(self) -> bool:
@@ -127,6 +132,7 @@ class ConversationActor:
 
     def enqueue(self, entry: JournalEntry) -> None:
         self.inbox.add(entry, busy=self.busy)
+        self._interrupt.set()
         self._wake.set()
 
     def queued_entry(self, message_id: str) -> JournalEntry | None:
@@ -153,6 +159,7 @@ class ConversationActor:
     def stop(self) -> None:
         """Finish the running turn, then end; waiting entries stay pending in the journal."""
         self._stopping = True
+        self._interrupt.set()
         self._wake.set()
 
     async def run(self) -> None:
@@ -190,6 +197,8 @@ class ConversationActor:
             elif self._jobs:
                 await self._job(self._jobs[0][0])
                 del self._jobs[0]  # only now: the actor counts as working while its job runs
+            elif self._compact_due and not self._takes:
+                await self._compact_idle()
             elif self.inbox.postponed_ready():
                 self.inbox.release_postponed()  # the file service may be back: they go first again
             elif self._takes and (wait := self.inbox.settle_wait()) > 0:
@@ -209,6 +218,16 @@ class ConversationActor:
                     if not self.working and not self.inbox:  # a paused one's messages keep it loaded
                         self.closed = True  # before any await: intake sees it at once
                         return
+
+    async def _compact_idle(self) -> None:
+        """Compact between turns (docs/compaction.md, "When it runs"); a message that comes
+        meanwhile interrupts it and is answered at once."""
+        self._compact_due, self._compacting = False, True
+        self._interrupt.clear()
+        try:
+            await self._job(lambda: self._runner.compact_idle(self.conversation, self._interrupt))
+        finally:
+            self._compacting = False
 
     async def _sleep(
         self, seconds: float, early: asyncio.Event | None = None, stop: asyncio.Event | None = None, *,
@@ -303,6 +322,7 @@ class ConversationActor:
         elif isinstance(outcome, Requeued):  # a burst goes on: answered with the rest of it
             self.inbox.requeue(outcome.entries)
         elif isinstance(outcome, Finished):
+            self._compact_due = True
             self._progress.turns_finished += 1
             self.inbox.requeue(outcome.rest)
         await self._progress.notify()

@@ -378,6 +378,15 @@ class TurnRunner:
                 return limit_text(refusal, time.time())
             return await self.compactor.force(conversation.session, self.between_turns(conversation).fixed_tokens)
 
+    async def compact_idle(self, conversation: Conversation, interrupt: asyncio.Event) -> None:
+        """Between turns: compact a conversation its last turn left over the threshold (its
+        first step deferred that while the person waited), unless ``interrupt`` is set first."""
+        if self.compactor is not None:
+            with scoped(conversation=conversation.key, kind="summary", background=False) as scope:
+                if self.spending is None or await self.spending.refused(scope) is None:
+                    fixed = self.between_turns(conversation).fixed_tokens
+                    await self.compactor.maybe_compact(conversation.session, fixed, [], interrupt=interrupt)
+
     def _limits(self, reflex: bool, source: str = "chat") -> LoopLimits:
         """The turn's profile (docs/cognition.md, "Routing"). The completion budget is at most
         :data:`REPLY_SHARE` of the window: servers that count prompt plus ``max_tokens``
@@ -558,13 +567,7 @@ class TurnRunner:
         await self.delivery.deliver(await turn.speak(text, shown=shown))
 
     async def _end(
-        self,
-        conversation: Conversation,
-        turn: Turn,
-        trace: dict[str, Any],
-        status: str,
-        stop: Stop,
-        note: str,
+        self, conversation: Conversation, turn: Turn, trace: dict[str, Any], status: str, stop: Stop, note: str,
         started: float | None = None,
     ) -> Outcome:
         """End a turn with one honest note. The note and the fact that it ends the turn are
@@ -574,13 +577,7 @@ class TurnRunner:
         return await self._finish(conversation, turn, dict(trace), status, stop, started or time.monotonic())
 
     async def _finish(
-        self,
-        conversation: Conversation,
-        turn: Turn,
-        trace: dict[str, Any],
-        status: str,
-        stop: Stop,
-        started: float,
+        self, conversation: Conversation, turn: Turn, trace: dict[str, Any], status: str, stop: Stop, started: float
     ) -> Outcome:
         trace["stop_reason"] = stop.reason.value
         trace["stop_flags"] = sorted(stop.flags)
