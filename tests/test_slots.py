@@ -163,3 +163,79 @@ async def test_a_new_message_goes_before_other_chats_later_steps_at_a_one_slot_s
     order = [next(w for w in ("apple", "banana", "cherry") if w in contents(r)) for r in loop_requests(llm)]
     assert order == ["apple", "apple", "cherry", "banana", "apple"]
     assert tg.shown(2802) == ["B one"] and tg.shown(2801) == ["A one", "A two", "A three"]
+
+
+async def kept_run(slots: RequestSlots, order: list[str], name: str, steps: int, *, gap: asyncio.Event | None = None,
+                   answer_after: int | None = None) -> None:
+    """A turn whose person waits: ``steps`` requests one after another (a tool between them)."""
+    with awaited():
+        for step in range(steps):
+            if answer_after is not None and step == answer_after:
+                answered()
+            async with slots:
+                order.append(f"{name}{step}")
+                await asyncio.sleep(0)
+            if gap is not None:
+                await gap.wait()
+
+
+async def test_a_one_slot_server_keeps_the_slot_for_the_next_step_of_a_waiting_turn():
+    """llama-cpp-python keeps one prompt cache: another chat's request between two steps of a
+    turn made its next step read the whole conversation again (3,087 tokens, 58 s)."""
+    slots, order = RequestSlots(1, keep_s=5), []
+    await slots.__aenter__()  # another request in flight
+    a = asyncio.create_task(kept_run(slots, order, "a", 3))
+    await until(lambda: slots.waiting == 1)
+    b = asyncio.create_task(kept_run(slots, order, "b", 1))
+    await until(lambda: slots.waiting == 2)
+    await slots.__aexit__(None, None, None)
+    await asyncio.wait_for(asyncio.gather(a, b), 2)  # well before keep_s: the turn's end released it
+    assert order == ["a0", "a1", "a2", "b0"]
+
+
+async def test_a_kept_slot_is_released_by_the_turns_end_its_answer_a_run_or_the_time():
+    ended = RequestSlots(1, keep_s=60)
+    await asyncio.wait_for(kept_run(ended, [], "a", 1), 1)
+    await asyncio.wait_for(ended.__aenter__(), 1)  # released when the turn ended, not after 60 s
+
+    lapsed, gap = RequestSlots(1, keep_s=0.05), asyncio.Event()
+    order: list[str] = []
+    a = asyncio.create_task(kept_run(lapsed, order, "a", 2, gap=gap))  # a slow tool after its first step
+    await until(lambda: order == ["a0"])
+    await asyncio.wait_for(lapsed.__aenter__(), 2)  # another chat gets it once keep_s has passed
+    gap.set()
+    await asyncio.sleep(0)
+    assert order == ["a0"]  # the turn's next step now waits for the slot like any other
+    await lapsed.__aexit__(None, None, None)
+    await asyncio.wait_for(a, 2)
+
+    answering, order = RequestSlots(1, keep_s=60), []
+    await answering.__aenter__()
+    a = asyncio.create_task(kept_run(answering, order, "a", 2, answer_after=1))  # said something after a0
+    await until(lambda: answering.waiting == 1)
+    b = asyncio.create_task(kept_run(answering, order, "b", 1))
+    await until(lambda: answering.waiting == 2)
+    await answering.__aexit__(None, None, None)
+    await asyncio.wait_for(asyncio.gather(a, b), 2)
+    assert order == ["a0", "b0", "a1"]  # once answered, a new message's first words go first
+
+    running, order = RequestSlots(1, keep_s=60), []
+    await running.__aenter__()
+    a = asyncio.create_task(kept_run(running, order, "a", 6))
+    await until(lambda: running.waiting == 1)
+    b = asyncio.create_task(kept_run(running, order, "b", 1))
+    await until(lambda: running.waiting == 2)
+    await running.__aexit__(None, None, None)
+    await asyncio.wait_for(asyncio.gather(a, b), 2)
+    assert order[:5] == ["a0", "a1", "a2", "a3", "b0"]  # KEEP_RUN requests in a row, then the other chat
+
+
+async def test_several_slots_or_background_work_keep_nothing():
+    many, order = RequestSlots(2, keep_s=60), []
+    await asyncio.wait_for(kept_run(many, order, "a", 2), 1)
+    await many.__aenter__()
+    await asyncio.wait_for(many.__aenter__(), 1)  # both free: nothing was kept
+    background = RequestSlots(1, keep_s=60)
+    with scoped(background=True):
+        await asyncio.wait_for(kept_run(background, [], "task", 1), 1)
+    await asyncio.wait_for(background.__aenter__(), 1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -138,12 +138,14 @@ def rescope(**changes: object) -> Scope:
 
 
 class _Awaited:
-    """A turn a person waits on; ``answered`` once it said something to them."""
+    """A turn a person waits on; ``answered`` once it said something to them; ``ended`` called
+    when it is over (:func:`when_ended`)."""
 
-    __slots__ = ("answered",)
+    __slots__ = ("answered", "ended")
 
     def __init__(self) -> None:
         self.answered = False
+        self.ended: list[Callable[[], None]] = []
 
 
 _AWAITED: contextvars.ContextVar[_Awaited | None] = contextvars.ContextVar("bumblebot_awaited", default=None)
@@ -161,11 +163,14 @@ BACKGROUND = 2
 def awaited() -> Iterator[None]:
     """Run the block as a turn a person is waiting on: its requests are :data:`FIRST_WORDS` until
     :func:`answered` is called in it."""
-    token = _AWAITED.set(_Awaited())
+    turn = _Awaited()
+    token = _AWAITED.set(turn)
     try:
         yield
     finally:
         _AWAITED.reset(token)
+        for callback in turn.ended:
+            callback()
 
 
 def answered() -> None:
@@ -180,6 +185,18 @@ def unanswered() -> None:
     requests go first again until it says something (no-op outside :func:`awaited`)."""
     if (turn := _AWAITED.get()) is not None:
         turn.answered = False
+
+
+def awaited_turn() -> object | None:
+    """The turn a person waits on that the running task serves (the same object for all its
+    requests), ``None`` outside one and in background work."""
+    return None if _SCOPE.get().background else _AWAITED.get()
+
+
+def when_ended(turn: object, callback: Callable[[], None]) -> None:
+    """Call ``callback`` once ``turn`` (from :func:`awaited_turn`) is over."""
+    if isinstance(turn, _Awaited):
+        turn.ended.append(callback)
 
 
 def urgency() -> int:
