@@ -191,7 +191,8 @@ def extractive_summary(chunk: Sequence[Message], previous: str | None, max_chars
                 fn = call.get("function", {})
                 said = _first_text_argument(fn.get("arguments"))
                 name = fn.get("name", "?")
-                lines.append(f"- assistant used {name}: {_first_words(said, EXTRACT_CHARS)}" if said else f"- assistant used {name}")
+                shown = f": {_first_words(said, EXTRACT_CHARS)}" if said else ""
+                lines.append(f"- assistant used {name}{shown}")
         elif m.content.strip():
             lines.append(f"- {m.role}: {_first_words(strip_reasoning(m.content), EXTRACT_CHARS)}")
     body = "## Progress\n(the model could not summarise these messages; their start, in order)\n"

@@ -117,7 +117,10 @@ class ConversationActor:
     def working(self) -> bool:
         """A turn or job is running or queued (a turn suspended by an outage does not count, nor
         messages waiting in a paused conversation)."""
-        return bool(self.busy or self._takes or self._resume or self._jobs or self._recover_in or self._compact_due or self._compacting)
+        return bool(
+            self.busy or self._takes or self._resume or self._jobs or self._recover_in
+            or self._compact_due or self._compacting
+        )
 
     @property
     def _takes(self) -> bool:

@@ -385,7 +385,9 @@ class TurnRunner:
             with scoped(conversation=conversation.key, kind="summary", background=False) as scope:
                 if self.spending is None or await self.spending.refused(scope) is None:
                     fixed = self.between_turns(conversation).fixed_tokens
-                    await self.compactor.maybe_compact(conversation.session, fixed, [], interrupt=interrupt)
+                    entry = await self.compactor.maybe_compact(conversation.session, fixed, [], interrupt=interrupt)
+                    if entry and (entry.get("passes") or entry.get("pruned") or entry.get("error")):
+                        log.info("%s compacted between turns: %s", conversation.key, entry)
 
     def _limits(self, reflex: bool, source: str = "chat") -> LoopLimits:
         """The turn's profile (docs/cognition.md, "Routing"). The completion budget is at most
