@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
 import re
 import sqlite3
 import time
@@ -131,7 +133,7 @@ async def test_summary_failure_drops_nothing_and_the_retry_between_turns_does_no
     llm.push(say("answer two"), when=is_loop)
     llm.push(say("answer three"), when=is_loop)
     async with running(compaction_config(tmp_path, llm, tg)) as d:
-        idle = lambda: d.engine.idle
+        idle = lambda: d.engine.settled
         tg.push_text("first", chat_id=CHAT)
         await d.engine.wait_for_turns(1)
         await d.engine.wait_until(idle)  # its compaction between turns failed
@@ -147,7 +149,9 @@ async def test_summary_failure_drops_nothing_and_the_retry_between_turns_does_no
     third = loop_requests(llm)[2]
     assert any(m["content"].startswith(SUMMARY_HEADER) for m in third["messages"])
     assert len([r for r in llm.requests if is_summary(r)]) == 2
-    assert len([r for r in llm.requests if is_flush(r)]) == 1  # the failed run had flushed these messages
+    first_flush, *later = [contents(r) for r in llm.requests if is_flush(r)]
+    assert "old question 3 " in first_flush
+    assert not any("old question 3 " in flush for flush in later)  # what the failed run's flush read is not read again
     assert tg.sent(CHAT) == ["answer one", "answer two", "answer three"]
     db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
     assert db.execute("SELECT COUNT(*) FROM messages WHERE content LIKE 'old question%'").fetchone()[0] == 24
@@ -165,7 +169,7 @@ async def test_a_model_that_fails_to_summarise_twice_gets_an_extractive_summary(
     llm.push(say("answer two"), when=is_loop)
     llm.push(say("answer three"), when=is_loop)
     async with running(compaction_config(tmp_path, llm, tg)) as d:
-        idle = lambda: d.engine.idle
+        idle = lambda: d.engine.settled
         for i, message in enumerate(["first", "second", "third"]):
             tg.push_text(message, chat_id=CHAT)
             await d.engine.wait_for_turns(i + 1)
@@ -179,6 +183,55 @@ async def test_a_model_that_fails_to_summarise_twice_gets_an_extractive_summary(
     assert tg.sent(CHAT) == ["answer one", "answer two", "answer three"]
     assert not llm.violations
     assert traces  # the turns were recorded
+
+
+async def test_two_rate_limited_summaries_do_not_make_an_extractive_summary(tmp_path, llm, tg):
+    """Only a model that answers with an unusable summary is taken as unable to summarise: a
+    rate limit and an outage in a row kept the messages, as any failure of the endpoint does."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    llm.push(text("[]"), when=is_flush)
+    llm.push(error(429, "rate limited, try again in 20s"), when=is_summary)  # between turns 1 and 2
+    llm.push(say("answer one"), when=is_loop)
+    llm.push(error(503, "model loading"), when=is_summary)  # between turns 2 and 3
+    llm.push(say("answer two"), when=is_loop)
+    llm.push(say("answer three"), when=is_loop)
+    llm.push(text(SUMMARY), when=is_summary)  # the endpoint is fine again
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        idle = lambda: d.engine.settled
+        for i, message in enumerate(["first", "second", "third"]):
+            tg.push_text(message, chat_id=CHAT)
+            await d.engine.wait_for_turns(i + 1)
+            await d.engine.wait_until(idle)
+    third = loop_requests(llm)[2]
+    summary = [m["content"] for m in third["messages"] if m["content"].startswith(SUMMARY_HEADER)]
+    assert not (summary and "the model could not summarise" in summary[0]), (
+        "two transient endpoint errors replaced the middle by an extractive summary:\n" + summary[0][:400]
+    )
+
+
+async def test_a_retry_after_a_run_whose_flush_failed_too_flushes(tmp_path, llm, tg):
+    """The retry skipped the flush because "the failed run flushed those messages"; but when
+    the endpoint was down, the failed run's flush had failed as well: the facts were lost."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    llm.push(error(503, "down"), when=is_flush)
+    llm.push(error(503, "down"), when=is_summary)
+    llm.push(say("answer one"), when=is_loop)
+    llm.push(text('[{"title": "Pets", "body": "The user has a cat called Miso."}]'), when=is_flush)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("answer two"), when=is_loop)
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        idle = lambda: d.engine.settled
+        for i, message in enumerate(["first", "second"]):
+            tg.push_text(message, chat_id=CHAT)
+            await d.engine.wait_for_turns(i + 1)
+            await d.engine.wait_until(idle)
+        knowledge = Memory(d.settings.data_dir).of(f"telegram:{CHAT}").path
+        saved = knowledge.read_text() if knowledge.exists() else ""
+    flushes = [r for r in llm.requests if is_flush(r)]
+    assert len(flushes) == 2, f"{len(flushes)} flush request(s): the retry did not flush after a failed flush"
+    assert "## Pets" in saved
 
 
 async def test_a_waiting_person_gets_first_words_before_the_compaction(tmp_path, llm, tg):
@@ -201,36 +254,64 @@ async def test_a_waiting_person_gets_first_words_before_the_compaction(tmp_path,
     assert tg.sent(CHAT) == ["right away"]
 
 
-async def test_a_message_interrupts_the_compaction_between_turns_and_is_answered(tmp_path, llm, tg):
+async def test_a_message_stops_the_compaction_between_turns_before_its_next_model_call(tmp_path, llm, tg):
+    """The request in flight is answered first (llama-cpp-python would go on with an abandoned
+    one anyway), then the run stops: no summary is asked before the message's turn."""
     judges_say_done(llm)
     await seed_history(tmp_path, 24)
     held, asked = asyncio.Event(), asyncio.Event()
-    summaries = []
 
-    async def slow_summary(request):
-        summaries.append(request)
+    async def slow_flush(request):
         asked.set()
-        await held.wait()  # never released: the message interrupts it
+        await held.wait()
+        return text("[]")
+
+    llm.push(say("one"), when=is_loop)
+    llm.push(slow_flush, when=is_flush)
+    llm.default = lambda r: text(SUMMARY) if is_summary(r) else text("[]") if is_flush(r) else say("two") if is_loop(r) else text("DONE: ok")
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("first", chat_id=CHAT)
+        await d.engine.wait_for_turns(1)
+        await asyncio.wait_for(asked.wait(), 10)  # the compaction between turns waits on its flush
+        tg.push_text("second", chat_id=CHAT)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        held.set()
+        await d.engine.wait_for_turns(2)
+        await d.engine.wait_until(lambda: d.engine.settled)  # the next chance compacts
+    kinds = ["flush" if is_flush(r) else "summary" if is_summary(r) else "loop" if is_loop(r) else "judge" for r in llm.requests]
+    kinds = [k for k in kinds if k != "judge"]
+    assert kinds[:3] == ["loop", "flush", "loop"]  # no summary between the flush and the message's turn
+    assert "summary" in kinds[3:]
+    assert tg.sent(CHAT) == ["one", "two"]
+    assert "old question 15" in contents(loop_requests(llm)[1])  # the stopped run dropped nothing
+    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
+    assert db.execute("SELECT failures FROM compaction").fetchall() in ([], [(0,)])  # a stop is no failure
+
+
+async def test_a_stop_of_the_engine_abandons_the_compaction_between_turns(tmp_path, llm, tg, caplog):
+    """Nobody waits for it: the shutdown does not sit out its grace for a summary."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    asked, never = asyncio.Event(), asyncio.Event()
+
+    async def endless_summary(request):
+        asked.set()
+        await never.wait()
         return text(SUMMARY)
 
     llm.push(say("one"), when=is_loop)
     llm.push(text("[]"), when=is_flush)
-    llm.default = lambda r: slow_summary(r) if is_summary(r) else say("two") if is_loop(r) else text("DONE: ok")
-    async with running(compaction_config(tmp_path, llm, tg)) as d:
+    llm.default = lambda r: endless_summary(r) if is_summary(r) else text("DONE: ok")
+    config = write_config(tmp_path, llm, tg, engine={"shutdown_grace_s": 120}, cognition={
+        "classifier": False, "max_context_tokens": 8000,
+        "history_compression": {"compaction_threshold_ratio": 0.75, "compaction_target_ratio": 0.4},
+    })
+    async with running(config) as d:
         tg.push_text("first", chat_id=CHAT)
         await d.engine.wait_for_turns(1)
-        await asyncio.wait_for(asked.wait(), 10)  # the compaction between turns is waiting on it
-        tg.push_text("second", chat_id=CHAT)
-        await d.engine.wait_for_turns(2)
-        held.set()  # the second turn's compaction between turns may now finish
-        await d.engine.wait_until(lambda: d.engine.idle)
-    assert tg.sent(CHAT) == ["one", "two"]
-    second = loop_requests(llm)[1]
-    assert "old question 15" in contents(second)  # nothing was dropped by the interrupted run
-    assert not any(m["content"].startswith(SUMMARY_HEADER) for m in second["messages"])
-    db = sqlite3.connect(tmp_path / "data" / "bumblebot.db")
-    assert db.execute("SELECT failures FROM compaction").fetchall() in ([], [(0,)])  # the interruption is no failure
-    assert len(summaries) == 2
+        await asyncio.wait_for(asked.wait(), 10)
+    assert "did not finish in time" not in caplog.text  # it ended at once, not cancelled after the grace
+    assert tg.sent(CHAT) == ["one"]
 
 
 async def test_one_huge_tool_result_is_capped_and_the_session_goes_on(tmp_path, llm, tg):
@@ -475,7 +556,7 @@ async def test_compaction_learns_from_reported_prompt_tokens(tmp_path, llm, tg):
         assert not [r for r in llm.requests if is_summary(r)]  # nothing to learn from yet
         tg.push_text("second", chat_id=CHAT)
         await d.engine.wait_for_turns(2)
-        await d.engine.wait_until(lambda: d.engine.idle)
+        await d.engine.wait_until(lambda: d.engine.settled)
         scale = d.budget.scale
     assert scale > 1.5
     assert [r for r in llm.requests if is_summary(r)]  # compacted in time: between the turns
@@ -523,3 +604,66 @@ async def test_the_turn_that_compacts_still_shows_its_speaker_platform_and_facts
             assert re.findall(r"Speaking: (\w+)", seen)[-1] == "Bob", f"turn {n}: {seen}"
             assert "Platform: telegram, group chat" in seen, f"turn {n}: {seen}"
     assert compacted >= 1  # some turn compacted on its way
+
+
+async def test_the_console_reads_the_next_line_while_the_compaction_between_turns_runs(tmp_path, llm):
+    """``bumblebot chat`` waits for the engine to be idle before it reads the next line: a
+    compaction between turns counted as work, so the prompt stayed hidden until its summary
+    was written, and nothing typed could stop it."""
+    from adapters.console import ConsoleAdapter
+    from bumblebot.app.cli import Daemon
+    from bumblebot.core.config import Secrets, load_settings
+    from bumblebot.core.entity import load_entity
+
+    config = write_config(tmp_path, llm, None, cognition={
+        "classifier": False, "max_context_tokens": 8000,
+        "history_compression": {"compaction_threshold_ratio": 0.75, "compaction_target_ratio": 0.4}})
+    chat = ChatRef(Platform.CONSOLE, "local:tester")
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:  # the seed of seed_history, in the console
+        conversation = await store.conversation(chat)
+        messages = []
+        for i in range(24):
+            messages.append(Message(role="user", content=f"old question {i} " + "q" * 400))
+            messages.append(Message(role="assistant", content=f"old answer {i} " + "a" * 400))
+        await store.import_history(conversation, messages)
+
+    held, asked = asyncio.Event(), asyncio.Event()
+
+    async def slow_flush(request):
+        asked.set()
+        await held.wait()  # a slow local model reading the conversation
+        return text("[]")
+
+    llm.push(say("one"), when=is_loop)
+    llm.push(slow_flush, when=is_flush)
+    llm.default = lambda r: text(SUMMARY) if is_summary(r) else say("two") if is_loop(r) else text("DONE: ok")
+
+    settings = load_settings(config)
+    daemon = Daemon(settings, Secrets(OPENAI_API_KEY="sk-test-key-not-real-000000"), load_entity(settings.entity, config_dir=config.parent))
+    r, w = os.pipe()
+    stdin, out = os.fdopen(r, "r"), io.StringIO()
+    try:
+        engine = await daemon.open()
+        console = ConsoleAdapter(engine, user="tester", stdin=stdin, stdout=out)
+        daemon.adapters = [console]
+        daemon.delivery.register(console)
+        await engine.start({console.platform})
+        engine.mark_ready()
+        await console.start()
+        os.write(w, b"first\n")
+        await asyncio.wait_for(asked.wait(), 10)  # "one" is out; the compaction between turns waits on the model
+        assert "one" in out.getvalue()
+        os.write(w, b"second\n")  # the person types the next message
+        try:
+            await engine.wait_until(lambda: engine.progress.accepted >= 2)  # read and taken in
+        finally:
+            held.set()  # the flush in flight is answered; the compaction stops there
+        await engine.wait_until(lambda: len(loop_requests(llm)) >= 2)
+        os.write(w, b"/quit\n")
+        await engine.wait_until(lambda: engine.idle, timeout=10)
+        assert "two" in out.getvalue()
+        asked_after = [r for r in llm.requests if is_summary(r) or is_loop(r)]
+        assert is_loop(asked_after[1])  # the line's turn came before any summary
+    finally:
+        os.close(w)
+        await daemon.stop()

@@ -556,8 +556,39 @@ def test_an_extractive_summary_shows_what_calls_said_and_keeps_the_newest_lines(
     assert "- user: ajoute du lait à ma liste" in text
     assert "- assistant used say: Your list has milk now" in text
     assert "delivered" not in text
-    full = extractive_summary([Message(role="user", content=f"message {i} " + "x" * 60) for i in range(40)], "OLD " * 300, 600)
+    full = extractive_summary([Message(role="user", content=f"message {i} " + "x" * 60) for i in range(40)], "GOAL " + "old " * 300, 600)
     assert len(full) <= 600
+    assert full.startswith("GOAL old")  # the previous summary's start, at most half the room
     assert "message 39" in full and "message 0 " not in full
     garbled = {"id": "c2", "type": "function", "function": {"name": "say", "arguments": "{not json"}}
     assert "- assistant used say: {not json" in extractive_summary([Message(role="assistant", content="", tool_calls=[garbled])], None, 500)
+
+
+#: what a working model wrote at an earlier compaction: the user's goal and constraints
+PREVIOUS = "\n".join([
+    "## Goal", "- plan the user's trip to Lisbon on 12 May for their mother's 70th birthday",
+    "## Constraints", "- budget 900 EUR; the mother uses a wheelchair; no flights before 10:00",
+    *[f"## {h}\n- " + "detail " * 25 for h in SUMMARY_HEADINGS[2:]],
+])
+
+
+async def test_the_extractive_fallback_keeps_the_goal_of_the_previous_summary():
+    """The newest lines took all the room and the previous summary, the person's goal first,
+    was cut from its start: a chatty stretch made the conversation forget what it was for."""
+    history = []
+    for i in range(90):  # a chatty stretch: short messages
+        history.append(Message(role="user", content=f"question {i}: and what about option {i}, is it nicer?", id=2 * i + 1))
+        history.append(Message(role="assistant", content=f"answer {i}: option {i} is fine, a bit further from the centre.", id=2 * i + 2))
+
+    async def cannot_summarise(messages, max_tokens, temperature):
+        return "Here is a summary of the conversation: it was nice."  # SmolLM2: no headings
+
+    out = await compact(
+        history, previous_summary=PREVIOUS, complete=cannot_summarise, knowledge=None,
+        fixed_tokens=1800, max_context_tokens=8000, threshold_ratio=0.75, target_ratio=0.4,
+        protect_first_n=2, protect_last_n=12, max_passes=3, flush=False,
+        extract_on_failure=True,  # the retry after a failed summary (state.failures > 0)
+    )
+    assert out.extractive and out.covered_ids
+    assert "Lisbon" in out.summary, "the user's goal from the previous summary was dropped"
+    assert "wheelchair" in out.summary

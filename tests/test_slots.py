@@ -239,3 +239,29 @@ async def test_several_slots_or_background_work_keep_nothing():
     with scoped(background=True):
         await asyncio.wait_for(kept_run(background, [], "task", 1), 1)
     await asyncio.wait_for(background.__aenter__(), 1)
+
+
+async def test_a_kept_run_ends_after_its_time_while_others_wait():
+    """Four steps near their deadline on a slow model would hold another chat's first words
+    for minutes: the run also ends KEEP_RUN_S after its first request ended."""
+    import bumblebot.llm.slots as slots_module
+
+    clock = [1000.0]
+    slots, order = RequestSlots(1, keep_s=60, clock=lambda: clock[0]), []
+
+    async def slow_turn() -> None:
+        with awaited():
+            for step in range(4):
+                async with slots:
+                    order.append(f"a{step}")
+                    clock[0] += slots_module.KEEP_RUN_S * 0.6  # a long step
+                await asyncio.sleep(0)
+
+    await slots.__aenter__()
+    a = asyncio.create_task(slow_turn())
+    await until(lambda: slots.waiting == 1)
+    b = asyncio.create_task(kept_run(slots, order, "b", 1))
+    await until(lambda: slots.waiting == 2)
+    await slots.__aexit__(None, None, None)
+    await asyncio.wait_for(asyncio.gather(a, b), 2)
+    assert order == ["a0", "a1", "a2", "b0", "a3"]  # a2 ended 1.2 KEEP_RUN_S after a0: no more kept

@@ -180,8 +180,8 @@ def extractive_summary(chunk: Sequence[Message], previous: str | None, max_chars
     """A summary made without the model, when it could not make one: the previous summary,
     then the start of each message of ``chunk`` (user and assistant text, the tools used with
     the start of their first text argument: what a ``say`` said), in the summary's headings,
-    at most ``max_chars`` characters. When they do not all fit, the oldest lines go first (of
-    the previous summary, then of ``chunk``): the newest messages matter most to the next turn."""
+    at most ``max_chars`` characters. The previous summary keeps at most half of them (its
+    start, where the goal is); of ``chunk``, the newest lines are kept when not all fit."""
     lines = []
     for m in chunk:
         if m.role == "tool" or m.note:
@@ -196,20 +196,21 @@ def extractive_summary(chunk: Sequence[Message], previous: str | None, max_chars
         elif m.content.strip():
             lines.append(f"- {m.role}: {_first_words(strip_reasoning(m.content), EXTRACT_CHARS)}")
     body = "## Progress\n(the model could not summarise these messages; their start, in order)\n"
+    head = ""
+    if previous and previous.strip():
+        # the previous summary goes first, whole or its start (its Goal and Constraints come
+        # first) within half the room: what the person asked for outlives the latest chatter
+        old, room = previous.strip(), max(0, max_chars - len(body)) // 2
+        head = (old if len(old) <= room else old[: max(0, room - 1)].rstrip() + "…") + "\n\n"
     kept: list[str] = []
-    room = max_chars - len(body)
-    for line in reversed(lines):  # newest first, until the room is used
+    room = max_chars - len(head) - len(body) - len("- …\n")
+    for line in reversed(lines):  # then the newest lines, as many as fit
         if len(line) + 1 > room:
             break
         kept.insert(0, line)
         room -= len(line) + 1
     if len(kept) < len(lines):
         kept.insert(0, "- …")
-        room -= 4
-    head = ""
-    if previous and previous.strip() and room > 2:
-        old = previous.strip()
-        head = (old if len(old) + 2 <= room else "…" + old[len(old) - room + 3:]) + "\n\n"
     return (head + body + "\n".join(kept)).strip()
 
 
@@ -304,6 +305,11 @@ class CompactionOutcome:
         flushed: titles appended to the knowledge file.
         summary_failed: a summary call failed or gave an unusable summary; that pass dropped
             nothing (earlier successful passes of the same call stand).
+        extractive: a pass summarised without the model (:func:`extractive_summary`).
+        flushed_through: the id of the newest message a flush call that answered has read
+            (its facts saved, or none found), ``None`` when no flush answered.
+        interrupted: the caller's ``interrupted`` held before a model call: the run stopped
+            there (earlier passes stand).
         error: what failed (flush and/or summary), ``None`` if nothing did.
         estimate_before, estimate_after: total prompt estimate (``fixed_tokens`` + history +
             summary message), tokens.
@@ -317,9 +323,15 @@ class CompactionOutcome:
     flushed: list[str] = field(default_factory=list)
     summary_failed: bool = False
     extractive: bool = False
+    flushed_through: int | None = None
+    interrupted: bool = False
     error: str | None = None
     estimate_before: int = 0
     estimate_after: int = 0
+
+
+class UnusableSummary(ValueError):
+    """The model answered, but not with a summary (too short, or without the headings asked)."""
 
 
 async def _flush(chunk: list[Message], knowledge: KnowledgeFile, complete: Complete, max_tokens: int) -> list[str]:
@@ -348,6 +360,8 @@ async def compact(
     request_limit: int | None = None,
     threshold_tokens: int | None = None,
     extract_on_failure: bool = False,
+    flushed_through: int | None = None,
+    interrupted: Callable[[], bool] | None = None,
 ) -> CompactionOutcome:
     """Compact ``history`` if its prompt estimate is over the threshold (or ``force``).
 
@@ -374,10 +388,16 @@ async def compact(
             window with its own reply budget.)
         threshold_tokens: the estimate above which to compact, when the caller decided it
             (``ContextBudget.threshold``); default ``max_context_tokens * threshold_ratio``.
-        extract_on_failure: when the model's summary fails, summarise extractively
-            (:func:`extractive_summary`) instead of keeping the messages; the caller sets it
-            when the previous attempt failed too (a model that cannot summarise would
-            otherwise keep every message until the window overflows).
+        extract_on_failure: when the model answers with an unusable summary, summarise
+            extractively (:func:`extractive_summary`) instead of keeping the messages; the
+            caller sets it when the previous attempt failed too (a model that cannot
+            summarise would otherwise keep every message until the window overflows). An
+            error of the endpoint (a rate limit, an outage) never counts: it keeps them.
+        flushed_through: messages up to this id were read by an earlier flush (a run whose
+            summary then failed): the flush reads only newer ones.
+        interrupted: checked before each model call; when it holds, the run stops there (a
+            request in flight is never abandoned: a server that answers one at a time would
+            still be busy with it).
 
     Returns:
         The outcome; ``with_summary(outcome.messages, outcome.summary, ...)`` is valid
@@ -392,7 +412,7 @@ async def compact(
         limit=max_context_tokens if request_limit is None else request_limit,
         protect_first_n=protect_first_n, protect_last_n=protect_last_n, max_passes=max_passes,
         flush=flush and knowledge is not None, force=force, min_gain_tokens=min_gain_tokens,
-        extract_on_failure=extract_on_failure,
+        extract_on_failure=extract_on_failure, flushed_through=flushed_through, interrupted=interrupted,
     ).run()
 
 
@@ -403,7 +423,8 @@ class _Compaction:
         self, history: list[Message], summary: str | None, complete: Complete, knowledge: KnowledgeFile | None, *,
         fixed_tokens: int, window: int, threshold: int, target: int, limit: int, protect_first_n: int,
         protect_last_n: int, max_passes: int, flush: bool, force: bool, min_gain_tokens: int,
-        extract_on_failure: bool = False,
+        extract_on_failure: bool = False, flushed_through: int | None = None,
+        interrupted: Callable[[], bool] | None = None,
     ) -> None:
         self.msgs, self.summary = list(history), summary
         self.complete, self.knowledge = complete, knowledge
@@ -412,7 +433,8 @@ class _Compaction:
         )
         self.protect_first_n, self.protect_last_n, self.max_passes = protect_first_n, protect_last_n, max_passes
         self.flush, self.force, self.min_gain_tokens = flush, force, min_gain_tokens
-        self.extract_on_failure = extract_on_failure
+        self.extract_on_failure, self.flushed_through = extract_on_failure, flushed_through
+        self.interrupted = interrupted
         self.model_failed = False  # its summary failed in this run: later passes do not ask again
         self.errors: list[str] = []
         self.out = CompactionOutcome(messages=self.msgs, summary=summary, estimate_before=self.total())
@@ -459,13 +481,19 @@ class _Compaction:
         room = self.window - max_out - self.summary_tokens() - PROMPT_OVERHEAD_TOKENS
         chunk = middle[: _fit_chunk(middle, room)]
         first = out.passes == 1
-        if self.flush and first and self.knowledge is not None and len(serialize(chunk)) >= MIN_FLUSH_CHARS:
+        unread = [m for m in chunk if self.flushed_through is None or m.id is None or m.id > self.flushed_through]
+        if self.flush and first and self.knowledge is not None and len(serialize(unread)) >= MIN_FLUSH_CHARS:
+            if self._stop():
+                return False
             try:
                 # its reply budget shares the window with the chunk, like the summary's
-                out.flushed = await _flush(chunk, self.knowledge, self.complete, min(FLUSH_MAX_TOKENS, max_out))
+                out.flushed = await _flush(unread, self.knowledge, self.complete, min(FLUSH_MAX_TOKENS, max_out))
+                out.flushed_through = max((m.id for m in unread if m.id is not None), default=None)
             except Exception as exc:  # best effort: record and go on
                 self.errors.append(f"flush: {type(exc).__name__}: {exc}")
         if not chunk or (self.total() <= target and not (self.force and first)):
+            return False
+        if not self.model_failed and self._stop():
             return False
         new = await self._summarise(chunk, budget, max_out)
         if new is None:
@@ -475,6 +503,12 @@ class _Compaction:
         self.msgs = self.msgs[:start] + self.msgs[start + len(chunk):]
         return True
 
+    def _stop(self) -> bool:
+        """Whether the caller asked the run to stop before its next model call."""
+        if self.interrupted is not None and self.interrupted():
+            self.out.interrupted = True
+        return self.out.interrupted
+
     async def _summarise(self, chunk: list[Message], budget: int, max_out: int) -> str | None:
         """The summary updated with ``chunk``; ``None`` when it failed and the messages can stay."""
         if self.model_failed:  # an earlier pass of this run fell back: the model is not asked again
@@ -483,13 +517,14 @@ class _Compaction:
             text = await self.complete(summary_request(chunk, self.summary, budget), max_out, SUMMARY_TEMPERATURE)
             new = _clean_summary(text)
             if not _summary_ok(new):
-                raise ValueError(f"unusable summary ({len(new)} chars): {new[:80]!r}")
+                raise UnusableSummary(f"unusable summary ({len(new)} chars): {new[:80]!r}")
         except Exception as exc:  # keep the transcript: nothing is dropped unsummarised
             self.out.summary_failed = True
             self.errors.append(f"summary: {type(exc).__name__}: {exc}")
-            if not self.extract_on_failure and self.total() <= (self.limit if self.force else self.window):
+            unable = self.extract_on_failure and isinstance(exc, UnusableSummary)
+            if not unable and self.total() <= (self.limit if self.force else self.window):
                 return None  # the request can still be sent: keep every message (docs/compaction.md, "Failure policy")
-            # the model failed twice in a row, or the prompt alone would overflow the window,
+            # the model failed to summarise twice in a row, or the prompt alone would overflow the window,
             # or the server already refused it (a model too weak to summarise, a small
             # window): an extractive summary keeps the conversation alive and its requests
             # small; the messages stay in the database (covered, never deleted)

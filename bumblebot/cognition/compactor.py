@@ -9,8 +9,9 @@ actor). All run inside the actor, so no turn of the conversation can write its h
 meanwhile (a message added while the middle is being summarised would be lost with it).
 
 Failure policy: if the summary call fails nothing is dropped; the failure is recorded and the
-next request retries at once, without a second memory flush; when that retry fails too the
-messages are summarised extractively; a failure that covered nothing backs off (60 s, 120 s,
+next request retries at once, its flush reading only messages the failed run's did not;
+when the model then answers with an unusable summary again the messages are summarised
+extractively; a failure that covered nothing backs off (60 s, 120 s,
 240 s … up to an hour, :func:`backoff_s`). Meanwhile, when the request would overflow, old
 tool results are pruned (no LLM call) so the turn can go on.
 """
@@ -62,22 +63,6 @@ def backoff_s(failures: int) -> float:
     return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (failures - 2))
 
 
-async def _unless(interrupt: asyncio.Event | None, work: Awaitable[CompactionOutcome]) -> CompactionOutcome | None:
-    """``await work``, or ``None`` when ``interrupt`` is set first (``work`` is then cancelled:
-    :func:`~bumblebot.cognition.compaction.compact` writes nothing but flushed facts)."""
-    if interrupt is None:
-        return await work
-    task, waiter = asyncio.ensure_future(work), asyncio.ensure_future(interrupt.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    return None if task.cancelled() else task.result()
-
-
 def estimate(session: History, fixed_tokens: int, turn_messages: list[Message]) -> int:
     """Estimated prompt tokens: the fixed part, the session (history and summary), the turn."""
     return fixed_tokens + session.tokens + sum(m.tokens for m in turn_messages)
@@ -100,6 +85,9 @@ class Compactor:
         self.llm = llm
         self.memory = memory
         self.budget = budget
+        #: per session key, the newest message id a flush has read (lost on restart: the next
+        #: run then flushes those messages again, and the titles dedupe what it finds)
+        self._flushed: dict[str, int] = {}
 
     async def _complete(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float) -> str:
         with scoped(kind="summary"):  # counted for the conversation as a summary, background or not
@@ -139,9 +127,10 @@ class Compactor:
             reply_tokens: the turn's completion budget (default: the largest a turn asks for).
             defer: a person waits for the turn's first words: over the threshold, nothing runs
                 while the request still fits the window (the next request after the first
-                words compacts; docs/compaction.md, "When it runs").
-            interrupt: between turns: when it is set (a message came) before the summaries are
-                done, the run is given up and nothing is written (facts already flushed stay).
+                words compacts; docs/compaction.md, "When compaction triggers").
+            interrupt: between turns: once it is set (a message came), the run stops before
+                its next model call (the one in flight is answered first) and writes nothing
+                unless an earlier pass covered messages (facts already flushed stay).
 
         Returns a trace entry when something ran, else ``None``.
         """
@@ -154,8 +143,10 @@ class Compactor:
         if not force and state.next_retry_at > time.time():
             return await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
         with tallied() as used:  # its summaries' requests, for the trace
-            outcome = await _unless(interrupt, self._compact(session, fixed, force, emergency, reply_tokens))
-        if outcome is None:
+            outcome = await self._compact(session, fixed, force, emergency, reply_tokens, interrupt)
+        if outcome.flushed_through is not None:
+            self._flushed[session.key] = outcome.flushed_through
+        if outcome.interrupted and not outcome.covered_ids:
             return None
         failed = outcome.summary_failed and not outcome.covered_ids
         if outcome.passes or outcome.covered_ids or outcome.pruned_ids or outcome.flushed or failed:
@@ -176,14 +167,16 @@ class Compactor:
             # the protected head and tail left too little to summarise: one forced pass (a
             # failed summary instead keeps every message and backs off: docs/compaction.md, "Failure policy")
             again = await self.maybe_compact(
-                session, fixed_tokens, turn_messages, force=True, emergency=True, reply_tokens=reply_tokens
+                session, fixed_tokens, turn_messages, force=True, emergency=True, reply_tokens=reply_tokens,
+                interrupt=interrupt,
             )
             if again is not None:
                 entry["forced"] = again
         return entry
 
     def _compact(
-        self, session: History, fixed: int, force: bool, emergency: bool, reply_tokens: int | None
+        self, session: History, fixed: int, force: bool, emergency: bool, reply_tokens: int | None,
+        interrupt: asyncio.Event | None,
     ) -> Awaitable[CompactionOutcome]:
         """The :func:`~bumblebot.cognition.compaction.compact` run of :meth:`maybe_compact`
         (``fixed``: the fixed part and the turn's messages, tokens)."""
@@ -206,10 +199,13 @@ class Compactor:
             protect_first_n=self.cfg.compaction_protect_first_n,
             protect_last_n=0 if emergency else self._protected_tail(session.history, limit),
             max_passes=self.cfg.compaction_max_passes,
-            # a retry after a failed summary: the failed run already flushed these messages
-            flush=self.cfg.compaction_flush_to_knowledge and state.failures == 0,
-            # the model failed to summarise them before: this time its failure is final
+            flush=self.cfg.compaction_flush_to_knowledge,
+            # what an earlier run's flush read (its summary failed, or it was interrupted) is
+            # not read again
+            flushed_through=self._flushed.get(session.key),
+            # the summary failed before: an unusable one this time is taken as final
             extract_on_failure=state.failures > 0,
+            interrupted=None if interrupt is None else interrupt.is_set,
             force=force,
             min_gain_tokens=window // MIN_GAIN_DIVISOR,
             request_limit=limit,
@@ -328,8 +324,9 @@ class Compactor:
             if entry and entry.get("summary_failed"):
                 return "Compaction failed (the summary could not be made); nothing was dropped. I'll retry later."
             return f"Nothing to compact yet (~{before} tokens in context)."
+        how = " (the model could not summarise: their start was kept)" if entry.get("extractive") else ""
         return (
-            f"Compacted: ~{before} → ~{after} tokens; {entry.get('covered', 0)} messages summarised, "
+            f"Compacted: ~{before} → ~{after} tokens; {entry.get('covered', 0)} messages summarised{how}, "
             f"{entry.get('pruned', 0)} old tool outputs cleared."
         )
 

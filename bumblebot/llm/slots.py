@@ -18,8 +18,9 @@ next step, if the person still waits (else it queues as usual, or takes the slot
 else waits), then reads only what is new, not the whole conversation again (on SmolLM2-135M on
 two cores, 3,000 tokens took 58 s to read; the step after a quick tool call reads a few dozen).
 The slot is released at once when the turn ends, after :data:`KEEP_S` when no request of
-it came (a slow tool), and after :data:`KEEP_RUN` requests of the turn in a row while others
-wait (a model calling tool after tool does not hold other chats' first words for long).
+it came (a slow tool), and, while others wait, after :data:`KEEP_RUN` requests of the turn in
+a row or :data:`KEEP_RUN_S` after the first of them ended (a model calling tool after tool does not
+hold other chats' first words for long).
 """
 
 from __future__ import annotations
@@ -27,14 +28,18 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 from bumblebot.core.usage import FIRST_WORDS, awaited_turn, urgency, when_ended
 
 #: Seconds a one-slot endpoint's slot stays kept for the next request of the turn that used it.
 KEEP_S = 1.0
-#: Requests of one turn in a row that may keep the slot while other requests wait for it.
+#: Requests of one turn in a row that may keep the slot while other requests wait for it...
 KEEP_RUN = 4
+#: ...and seconds after the first of them ended.
+KEEP_RUN_S = 30.0
 
 
 class RequestSlots:
@@ -44,16 +49,19 @@ class RequestSlots:
         size: requests in flight at most (``llm.max_concurrent_requests``).
         keep_s: with one slot, seconds it stays kept for the next request of the turn that
             used it (the module's docstring); 0: never kept.
+        clock: seconds, for :data:`KEEP_RUN_S`.
     """
 
-    def __init__(self, size: int, keep_s: float = KEEP_S) -> None:
+    def __init__(self, size: int, keep_s: float = KEEP_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._free = size
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
+        self._clock = clock
         self._keep_s = keep_s if size == 1 else 0.0
         #: the turn the slot is kept for, and the timer that releases it
         self._kept: tuple[object, asyncio.TimerHandle] | None = None
-        self._run: tuple[object | None, int] = (None, 0)  # the turn of the last requests, how many in a row
+        #: the turn of the last requests, how many in a row, when the first of them ended
+        self._run: tuple[object | None, int, float] = (None, 0, 0.0)
 
     @property
     def waiting(self) -> int:
@@ -82,11 +90,11 @@ class RequestSlots:
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
-        turn = awaited_turn()
-        run = self._run[1] + 1 if self._run[0] is turn else 1
-        self._run = (turn, run)
-        if (self._keep_s and kind is None and turn is not None and urgency() == FIRST_WORDS
-                and (run < KEEP_RUN or not self.waiting)):
+        turn, now = awaited_turn(), self._clock()
+        same = self._run[0] is turn
+        self._run = (turn, self._run[1] + 1 if same else 1, self._run[2] if same else now)
+        short = self._run[1] < KEEP_RUN and now - self._run[2] < KEEP_RUN_S
+        if self._keep_s and kind is None and turn is not None and urgency() == FIRST_WORDS and (short or not self.waiting):
             timer = asyncio.get_running_loop().call_later(self._keep_s, self._unkeep, turn)
             self._kept = (turn, timer)
             when_ended(turn, lambda: self._unkeep(turn))

@@ -90,6 +90,7 @@ class ConversationActor:
         self._compact_due = False
         self._compacting = False
         self._interrupt = asyncio.Event()
+        self._stopped = asyncio.Event()
         self._stopping = False
         self._suspended: Suspended | None = None
         self._taken: list[JournalEntry] = []  # the messages of the turn being run
@@ -117,10 +118,13 @@ class ConversationActor:
     def working(self) -> bool:
         """A turn or job is running or queued (a turn suspended by an outage does not count, nor
         messages waiting in a paused conversation)."""
-        return bool(
-            self.busy or self._takes or self._resume or self._jobs or self._recover_in
-            or self._compact_due or self._compacting
-        )
+        return bool(self.busy or self._takes or self._resume or self._jobs or self._recover_in)
+
+    @property
+    def compacting(self) -> bool:
+        """A compaction between turns is due or running (not :attr:`working`: nobody waits
+        for it, and a message stops it)."""
+        return self._compact_due or self._compacting
 
     @property
     def _takes(self) -> bool:
@@ -163,6 +167,7 @@ class ConversationActor:
         """Finish the running turn, then end; waiting entries stay pending in the journal."""
         self._stopping = True
         self._interrupt.set()
+        self._stopped.set()
         self._wake.set()
 
     async def run(self) -> None:
@@ -223,14 +228,22 @@ class ConversationActor:
                         return
 
     async def _compact_idle(self) -> None:
-        """Compact between turns (docs/compaction.md, "When it runs"); a message that comes
-        meanwhile interrupts it and is answered at once."""
+        """Compact between turns (docs/compaction.md, "When compaction triggers"); a message
+        that comes meanwhile stops it before its next model call; a stop of the actor abandons
+        it at once (nobody waits for it, and the store rolls back a write it cuts)."""
         self._compact_due, self._compacting = False, True
         self._interrupt.clear()
+        work = asyncio.ensure_future(self._job(lambda: self._runner.compact_idle(self.conversation, self._interrupt)))
+        stopped = asyncio.ensure_future(self._stopped.wait())
         try:
-            await self._job(lambda: self._runner.compact_idle(self.conversation, self._interrupt))
+            await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stopped.cancel()
+            if not work.done():
+                work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
             self._compacting = False
+        await self._progress.notify()  # now that it is over (the job's own notice came before)
 
     async def _sleep(
         self, seconds: float, early: asyncio.Event | None = None, stop: asyncio.Event | None = None, *,

@@ -321,6 +321,11 @@ class Engine(EngineCommands):
         outage does not count: it is resumed after the next start)."""
         return not any(a.working for a in self._actors.values())
 
+    @property
+    def settled(self) -> bool:
+        """:attr:`idle`, and no compaction between turns is due or running (tests)."""
+        return self.idle and not any(a.compacting for a in self._actors.values())
+
     # -- intake (bumblebot.core.adapter.Intake) ------------------------------------------------------
 
     @property
