@@ -462,6 +462,22 @@ async def test_compact_is_counted_for_and_limited_by_the_person_who_sent_it(tmp_
     assert rows == [(str(CHAT), 0, 2)]  # the flush and the summary
 
 
+async def test_compact_says_when_the_model_could_not_summarise(tmp_path, llm, tg):
+    """The report said "N messages summarised" when their summary was only their first words."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 14)
+    llm.push(text("[]"), when=is_flush)
+    llm.default = lambda r: text("You can use a JSON array to store the data.") if is_summary(r) else text("[]")
+    async with running(compaction_config(tmp_path, llm, tg)):
+        tg.push_text("/compact", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=2)
+        tg.push_text("/compact", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=4)
+    _, failed, _, extracted = tg.sent(CHAT)
+    assert failed.startswith("Compaction failed")
+    assert extracted.startswith("Compacted:") and "the model could not summarise: their start was kept" in extracted
+
+
 async def test_a_compaction_in_a_turn_shows_what_its_summaries_used_in_the_trace(tmp_path, llm, tg):
     judges_say_done(llm)
     await seed_history(tmp_path, 24, tool_every=4)
