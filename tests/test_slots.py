@@ -265,3 +265,32 @@ async def test_a_kept_run_ends_after_its_time_while_others_wait():
     await slots.__aexit__(None, None, None)
     await asyncio.wait_for(asyncio.gather(a, b), 2)
     assert order == ["a0", "a1", "a2", "b0", "a3"]  # a2 ended 1.2 KEEP_RUN_S after a0: no more kept
+
+
+async def test_a_message_for_a_running_turn_makes_its_waiting_request_urgent():
+    """A turn that had answered queued its next step behind other chats' work; a message that
+    came for it meanwhile waited behind all of them too (172 s on SmolLM2): the step that
+    takes it in was not even sent."""
+    from bumblebot.core.usage import message_came
+
+    slots, order = RequestSlots(1, keep_s=0), []
+
+    async def step(name: str, conversation: str | None, first_words: bool) -> None:
+        with awaited(conversation):
+            if not first_words:
+                answered()
+            async with slots:
+                order.append(name)
+
+    await slots.__aenter__()
+    other = asyncio.create_task(step("other-chat-step", None, False))
+    await until(lambda: slots.waiting == 1)
+    running = asyncio.create_task(step("running-turn-step", "telegram:1", False))
+    await until(lambda: slots.waiting == 2)
+    first = asyncio.create_task(step("new-message", None, True))
+    await until(lambda: slots.waiting == 3)
+    message_came("telegram:1")
+    message_came("telegram:2")  # no turn running there: nothing to do
+    await slots.__aexit__(None, None, None)
+    await asyncio.wait_for(asyncio.gather(other, running, first), 2)
+    assert order == ["running-turn-step", "new-message", "other-chat-step"]

@@ -159,18 +159,35 @@ INTERACTIVE = 1
 BACKGROUND = 2
 
 
+#: The running turn of each conversation a person waits on (:func:`awaited` with its key), for
+#: :func:`message_came`: the one place outside a turn's task that reaches it.
+_RUNNING: dict[str, _Awaited] = {}
+
+
 @contextmanager
-def awaited() -> Iterator[None]:
-    """Run the block as a turn a person is waiting on: its requests are :data:`FIRST_WORDS` until
-    :func:`answered` is called in it."""
+def awaited(conversation: str | None = None) -> Iterator[None]:
+    """Run the block as a turn a person is waiting on (in ``conversation``): its requests are
+    :data:`FIRST_WORDS` until :func:`answered` is called in it."""
     turn = _Awaited()
     token = _AWAITED.set(turn)
+    if conversation is not None:
+        _RUNNING[conversation] = turn
     try:
         yield
     finally:
         _AWAITED.reset(token)
+        if conversation is not None and _RUNNING.get(conversation) is turn:
+            del _RUNNING[conversation]
         for callback in turn.ended:
             callback()
+
+
+def message_came(conversation: str) -> None:
+    """A person's message came for ``conversation`` while its turn runs: the turn's requests go
+    first again at once, a request of it already waiting for a slot included (it takes the
+    message in at its next step; :func:`unanswered` then keeps it so)."""
+    if (turn := _RUNNING.get(conversation)) is not None:
+        turn.answered = False
 
 
 def answered() -> None:
@@ -199,13 +216,15 @@ def when_ended(turn: object, callback: Callable[[], None]) -> None:
         turn.ended.append(callback)
 
 
-def urgency() -> int:
+def urgency(turn: object | None = None) -> int:
     """How soon the running task's next model request should be sent when requests queue for an
-    endpoint (``bumblebot.llm.slots``): lower first."""
-    if _SCOPE.get().background:
-        return BACKGROUND
-    turn = _AWAITED.get()
-    return FIRST_WORDS if turn is not None and not turn.answered else INTERACTIVE
+    endpoint (``bumblebot.llm.slots``): lower first. With ``turn`` (from :func:`awaited_turn`),
+    that turn's urgency now (it changes as it answers and as messages come)."""
+    if turn is None:
+        if _SCOPE.get().background:
+            return BACKGROUND
+        turn = _AWAITED.get()
+    return FIRST_WORDS if isinstance(turn, _Awaited) and not turn.answered else INTERACTIVE
 
 
 #: What each request of the innermost :func:`tallied` block used, and its cost.

@@ -4,7 +4,9 @@ and when they are all taken, the most urgent waiting request is sent next.
 Urgency comes from the task sending the request (:func:`bumblebot.core.usage.urgency`): first the
 requests of turns whose person has seen nothing yet, then the rest of the interactive work, then
 background work (automations, autonomous turns). Requests of one urgency go in the order they
-came. On a server that answers one request at a time (llama.cpp with one slot,
+came. A turn's urgency is read when the slot frees, not when its request came: a message for a
+turn that had answered makes the step it has waiting urgent again
+(:func:`~bumblebot.core.usage.message_came`), and that step's successor takes the message in. On a server that answers one request at a time (llama.cpp with one slot,
 llama-cpp-python), with ``max_concurrent_requests: 1``, a new message's first step then waits
 for the request in flight only, not for every step that the turns of other chats queued before
 it. A turn that keeps calling tools after its first words yields to new messages; it is delayed
@@ -26,7 +28,6 @@ hold other chats' first words for long).
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import time
 from collections.abc import Callable
@@ -54,7 +55,9 @@ class RequestSlots:
 
     def __init__(self, size: int, keep_s: float = KEEP_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._free = size
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        #: (urgency when it came, order, future, its turn): a turn's urgency is read again when a
+        #: slot frees (a message that came for it makes it urgent while its request waits)
+        self._waiting: list[tuple[int, int, asyncio.Future[None], object | None]] = []
         self._order = itertools.count()
         self._clock = clock
         self._keep_s = keep_s if size == 1 else 0.0
@@ -66,7 +69,7 @@ class RequestSlots:
     @property
     def waiting(self) -> int:
         """Requests waiting for a slot."""
-        return sum(1 for _, _, given in self._waiting if not given.done())
+        return sum(1 for _, _, given, _ in self._waiting if not given.done())
 
     async def __aenter__(self) -> None:
         if self._kept is not None and self._kept[0] is awaited_turn():
@@ -79,13 +82,13 @@ class RequestSlots:
             self._free -= 1
             return
         given: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (urgency(), next(self._order), given))
+        self._waiting.append((urgency(), next(self._order), given, awaited_turn()))
         try:
             await given
         except asyncio.CancelledError:
             if given.done() and not given.cancelled():
                 self._release()  # given a slot as it was cancelled: pass it on
-            raise  # else left in the heap, done: skipped when its turn comes
+            raise  # else left in the list, done: dropped at the next release
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
@@ -109,9 +112,10 @@ class RequestSlots:
             self._release()
 
     def _release(self) -> None:
-        while self._waiting:
-            _, _, given = heapq.heappop(self._waiting)
-            if not given.done():
-                given.set_result(None)
-                return
-        self._free += 1
+        self._waiting = [w for w in self._waiting if not w[2].done()]  # cancelled waiters keep no place
+        if not self._waiting:
+            self._free += 1
+            return
+        first = min(self._waiting, key=lambda w: (w[0] if w[3] is None else urgency(w[3]), w[1]))
+        self._waiting.remove(first)
+        first[2].set_result(None)

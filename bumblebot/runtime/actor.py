@@ -17,6 +17,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from bumblebot.core.usage import message_came
 from bumblebot.runtime.conversation import Conversation
 from bumblebot.runtime.outcomes import Finished, Outcome, Postponed, Requeued, Suspended
 from bumblebot.runtime.runner import TurnRunner
@@ -139,6 +140,8 @@ class ConversationActor:
 
     def enqueue(self, entry: JournalEntry) -> None:
         self.inbox.add(entry, busy=self.busy)
+        if self.busy and entry.inbound.source == "chat" and not entry.inbound.album:
+            message_came(self.key)  # the running turn takes it in at its next step: urgent now
         self._interrupt.set()
         self._wake.set()
 

@@ -109,5 +109,6 @@ def turn_scope(conversation: str, entries: Sequence[JournalEntry]) -> Iterator[S
             yield scope
         return
     sender = next((e.inbound.sender_id for e in reversed(entries) if e.inbound.source == "chat"), None)
-    with scoped(conversation=conversation, sender=sender, kind="turn", background=False) as scope, awaited():
+    with scoped(conversation=conversation, sender=sender, kind="turn", background=False) as scope, \
+            awaited(conversation):
         yield scope
