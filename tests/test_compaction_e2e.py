@@ -38,6 +38,21 @@ def is_flush(request):
     return is_aux(request) and "durable facts" in contents(request)
 
 
+def request_kinds(llm) -> list[str]:
+    """What each request so far was: flush, summary, loop or judge."""
+    return ["flush" if is_flush(r) else "summary" if is_summary(r) else "loop" if is_loop(r) else "judge" for r in llm.requests]
+
+
+def held(reply, asked: asyncio.Event, release: asyncio.Event):
+    """A scripted answer that sets ``asked`` when its request comes, then waits for ``release``
+    (a slow local model)."""
+    async def answer(request):
+        asked.set()
+        await release.wait()
+        return reply
+    return answer
+
+
 def compaction_config(tmp_path, llm, tg, **history_compression):
     return write_config(
         tmp_path, llm, tg,
@@ -76,7 +91,7 @@ async def test_crossing_the_threshold_flushes_and_summarises_before_the_completi
         await d.engine.wait_for_turns(1)
         trace = (await d.store.recent_turns())[0]["trace"]
         knowledge = Memory(d.settings.data_dir).of(f"telegram:{CHAT}").path.read_text()  # the chat's own
-    kinds = ["flush" if is_flush(r) else "summary" if is_summary(r) else "loop" if is_loop(r) else "judge" for r in llm.requests]
+    kinds = request_kinds(llm)
     assert kinds[:3] == ["flush", "summary", "loop"]
     main = loop_requests(llm)[0]["messages"]
     summary_at = [i for i, m in enumerate(main) if m["content"].startswith(SUMMARY_HEADER)]
@@ -247,7 +262,7 @@ async def test_a_waiting_person_gets_first_words_before_the_compaction(tmp_path,
     async with running(compaction_config(tmp_path, llm, tg)) as d:
         tg.push_text("hello", chat_id=CHAT)
         await d.engine.wait_for_turns(1)
-    kinds = ["flush" if is_flush(r) else "summary" if is_summary(r) else "loop" if is_loop(r) else "judge" for r in llm.requests]
+    kinds = request_kinds(llm)
     assert kinds.index("loop") < kinds.index("flush") < kinds.index("summary")
     second = loop_requests(llm)[1]
     assert any(m["content"].startswith(SUMMARY_HEADER) for m in second["messages"])
@@ -259,15 +274,9 @@ async def test_a_message_stops_the_compaction_between_turns_before_its_next_mode
     one anyway), then the run stops: no summary is asked before the message's turn."""
     judges_say_done(llm)
     await seed_history(tmp_path, 24)
-    held, asked = asyncio.Event(), asyncio.Event()
-
-    async def slow_flush(request):
-        asked.set()
-        await held.wait()
-        return text("[]")
-
+    release, asked = asyncio.Event(), asyncio.Event()
     llm.push(say("one"), when=is_loop)
-    llm.push(slow_flush, when=is_flush)
+    llm.push(held(text("[]"), asked, release), when=is_flush)
     llm.default = lambda r: text(SUMMARY) if is_summary(r) else text("[]") if is_flush(r) else say("two") if is_loop(r) else text("DONE: ok")
     async with running(compaction_config(tmp_path, llm, tg)) as d:
         tg.push_text("first", chat_id=CHAT)
@@ -275,10 +284,10 @@ async def test_a_message_stops_the_compaction_between_turns_before_its_next_mode
         await asyncio.wait_for(asked.wait(), 10)  # the compaction between turns waits on its flush
         tg.push_text("second", chat_id=CHAT)
         await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
-        held.set()
+        release.set()
         await d.engine.wait_for_turns(2)
         await d.engine.wait_until(lambda: d.engine.settled)  # the next chance compacts
-    kinds = ["flush" if is_flush(r) else "summary" if is_summary(r) else "loop" if is_loop(r) else "judge" for r in llm.requests]
+    kinds = request_kinds(llm)
     kinds = [k for k in kinds if k != "judge"]
     assert kinds[:3] == ["loop", "flush", "loop"]  # no summary between the flush and the message's turn
     assert "summary" in kinds[3:]
@@ -293,15 +302,9 @@ async def test_a_stop_of_the_engine_abandons_the_compaction_between_turns(tmp_pa
     judges_say_done(llm)
     await seed_history(tmp_path, 24)
     asked, never = asyncio.Event(), asyncio.Event()
-
-    async def endless_summary(request):
-        asked.set()
-        await never.wait()
-        return text(SUMMARY)
-
     llm.push(say("one"), when=is_loop)
     llm.push(text("[]"), when=is_flush)
-    llm.default = lambda r: endless_summary(r) if is_summary(r) else text("DONE: ok")
+    llm.push(held(text(SUMMARY), asked, never), when=is_summary)
     config = write_config(tmp_path, llm, tg, engine={"shutdown_grace_s": 120}, cognition={
         "classifier": False, "max_context_tokens": 8000,
         "history_compression": {"compaction_threshold_ratio": 0.75, "compaction_target_ratio": 0.4},
@@ -643,15 +646,9 @@ async def test_the_console_reads_the_next_line_while_the_compaction_between_turn
             messages.append(Message(role="assistant", content=f"old answer {i} " + "a" * 400))
         await store.import_history(conversation, messages)
 
-    held, asked = asyncio.Event(), asyncio.Event()
-
-    async def slow_flush(request):
-        asked.set()
-        await held.wait()  # a slow local model reading the conversation
-        return text("[]")
-
+    release, asked = asyncio.Event(), asyncio.Event()
     llm.push(say("one"), when=is_loop)
-    llm.push(slow_flush, when=is_flush)
+    llm.push(held(text("[]"), asked, release), when=is_flush)  # a slow local model reading the conversation
     llm.default = lambda r: text(SUMMARY) if is_summary(r) else say("two") if is_loop(r) else text("DONE: ok")
 
     settings = load_settings(config)
@@ -673,7 +670,7 @@ async def test_the_console_reads_the_next_line_while_the_compaction_between_turn
         try:
             await engine.wait_until(lambda: engine.progress.accepted >= 2)  # read and taken in
         finally:
-            held.set()  # the flush in flight is answered; the compaction stops there
+            release.set()  # the flush in flight is answered; the compaction stops there
         await engine.wait_until(lambda: len(loop_requests(llm)) >= 2)
         os.write(w, b"/quit\n")
         await engine.wait_until(lambda: engine.idle, timeout=10)
