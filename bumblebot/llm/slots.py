@@ -6,7 +6,8 @@ requests of turns whose person has seen nothing yet, then the rest of the intera
 background work (automations, autonomous turns). Requests of one urgency go in the order they
 came. A turn's urgency is read when the slot frees, not when its request came: a message for a
 turn that had answered makes the step it has waiting urgent again
-(:func:`~bumblebot.core.usage.message_came`), and that step's successor takes the message in. On a server that answers one request at a time (llama.cpp with one slot,
+(:func:`~bumblebot.core.usage.message_came`), and that step's successor takes the message in.
+On a server that answers one request at a time (llama.cpp with one slot,
 llama-cpp-python), with ``max_concurrent_requests: 1``, a new message's first step then waits
 for the request in flight only, not for every step that the turns of other chats queued before
 it. A turn that keeps calling tools after its first words yields to new messages; it is delayed
@@ -21,8 +22,8 @@ else waits), then reads only what is new, not the whole conversation again (on S
 two cores, 3,000 tokens took 58 s to read; the step after a quick tool call reads a few dozen).
 The slot is released at once when the turn ends, after :data:`KEEP_S` when no request of
 it came (a slow tool), and, while others wait, after :data:`KEEP_RUN` requests of the turn in
-a row or :data:`KEEP_RUN_S` after the first of them ended (a model calling tool after tool does not
-hold other chats' first words for long).
+a row or :data:`KEEP_RUN_S` after the first of them ended (a model calling tool after tool
+does not hold other chats' first words for long).
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class RequestSlots:
         same = self._run[0] is turn
         self._run = (turn, self._run[1] + 1 if same else 1, self._run[2] if same else now)
         short = self._run[1] < KEEP_RUN and now - self._run[2] < KEEP_RUN_S
-        if self._keep_s and kind is None and turn is not None and urgency() == FIRST_WORDS and (short or not self.waiting):
+        waited_on = turn is not None and urgency() == FIRST_WORDS
+        if self._keep_s and kind is None and waited_on and (short or not self.waiting):
             timer = asyncio.get_running_loop().call_later(self._keep_s, self._unkeep, turn)
             self._kept = (turn, timer)
             when_ended(turn, lambda: self._unkeep(turn))
