@@ -297,6 +297,25 @@ async def test_a_message_stops_the_compaction_between_turns_before_its_next_mode
     assert db.execute("SELECT failures FROM compaction").fetchall() in ([], [(0,)])  # a stop is no failure
 
 
+async def test_stop_stops_the_compaction_between_turns(tmp_path, llm, tg):
+    """/stop and /reset left it summarising, the model busy, "nothing to stop" answered."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    release, asked = asyncio.Event(), asyncio.Event()
+    llm.push(say("one"), when=is_loop)
+    llm.push(held(text("[]"), asked, release), when=is_flush)
+    llm.default = lambda r: text(SUMMARY) if is_summary(r) else text("DONE: ok")
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        tg.push_text("first", chat_id=CHAT)
+        await d.engine.wait_for_turns(1)
+        await asyncio.wait_for(asked.wait(), 10)
+        tg.push_text("/stop", chat_id=CHAT)
+        await tg.wait_for("sendMessage", n=2)
+        release.set()
+        await d.engine.wait_until(lambda: d.engine.settled)
+    assert not [r for r in llm.requests if is_summary(r)]  # stopped before its summary
+
+
 async def test_a_stop_of_the_engine_abandons_the_compaction_between_turns(tmp_path, llm, tg, caplog):
     """Nobody waits for it: the shutdown does not sit out its grace for a summary."""
     judges_say_done(llm)

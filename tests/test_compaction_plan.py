@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bumblebot.cognition.compaction import (
+    extractive_summary,
     PLACEHOLDER,
     SUMMARY_HEADER,
     SUMMARY_HEADINGS,
@@ -541,9 +542,9 @@ def test_compact_keeps_sequences_valid_and_loses_nothing_silently(
         assert out.summary is None and out.covered_ids == []
 
 
-def test_an_extractive_summary_shows_what_calls_said_and_keeps_the_newest_lines():
+def test_an_extractive_summary_shows_what_calls_said_and_keeps_the_ends():
     """A bot that speaks through ``say`` had its every message summarised as "assistant used
-    say"; and a summary already full dropped the newest messages, not the oldest."""
+    say"; and a summary already full dropped the newest messages."""
     from bumblebot.cognition.compaction import extractive_summary
 
     call = {"id": "c1", "type": "function", "function": {"name": "say", "arguments": json.dumps({"text": "Your list has milk now"})}}
@@ -559,7 +560,8 @@ def test_an_extractive_summary_shows_what_calls_said_and_keeps_the_newest_lines(
     full = extractive_summary([Message(role="user", content=f"message {i} " + "x" * 60) for i in range(40)], "GOAL " + "old " * 300, 600)
     assert len(full) <= 600
     assert full.startswith("GOAL old")  # the previous summary's start, at most half the room
-    assert "message 39" in full and "message 0 " not in full
+    assert "message 39" in full and "message 0 " in full  # the newest, and the oldest: what was asked
+    assert "message 20 " not in full and "- …" in full
     garbled = {"id": "c2", "type": "function", "function": {"name": "say", "arguments": "{not json"}}
     assert "- assistant used say: {not json" in extractive_summary([Message(role="assistant", content="", tool_calls=[garbled])], None, 500)
 
@@ -592,3 +594,37 @@ async def test_the_extractive_fallback_keeps_the_goal_of_the_previous_summary():
     assert out.extractive and out.covered_ids
     assert "Lisbon" in out.summary, "the user's goal from the previous summary was dropped"
     assert "wheelchair" in out.summary
+
+
+async def test_without_a_model_summary_the_extractive_fallback_keeps_the_request():
+    """SmolLM2 never writes a usable summary, so no previous summary keeps the goal: the
+    request, just after the protected greeting, was the oldest line of the chunk and the first
+    one cut."""
+    history = [Message(role="user", content="hi", id=1), Message(role="assistant", content="Hello! How can I help?", id=2),
+               Message(role="user", content="Plan my trip to Lisbon on 12 May; budget 900 EUR; my mother uses a wheelchair.", id=3)]
+    for i in range(90):
+        history.append(Message(role="assistant", content=f"answer {i}: option {i} is fine, a bit further from the centre.", id=2 * i + 4))
+        history.append(Message(role="user", content=f"question {i}: and what about option {i}, is it nicer?", id=2 * i + 5))
+
+    async def cannot_summarise(messages, max_tokens, temperature):
+        return "Here is a summary of the conversation: it was nice."
+
+    out = await compact(
+        history, previous_summary=None, complete=cannot_summarise, knowledge=None,
+        fixed_tokens=1800, max_context_tokens=8000, threshold_ratio=0.75, target_ratio=0.4,
+        protect_first_n=2, protect_last_n=12, max_passes=3, flush=False, extract_on_failure=True,
+    )
+    assert out.extractive and out.covered_ids
+    assert "Lisbon" in out.summary and "wheelchair" in out.summary
+    assert "question 89" in "".join(m.content for m in out.messages) + out.summary
+
+
+def test_an_extractive_summary_stays_within_its_size():
+    chunk = [Message(role="user", content="please book the flight to Oslo for Tuesday")] + [
+        Message(role="assistant", content=f"line {i} " + "z" * 200) for i in range(60)]
+    for max_chars in (200, 300, 400, 1000, 4000):
+        for previous in (None, "", "G" * 10, "## Goal\n- " + "g" * 5000):
+            text = extractive_summary(chunk, previous, max_chars)
+            assert len(text) <= max_chars, (max_chars, previous and len(previous), len(text))
+            if max_chars >= 400:
+                assert "Oslo" in text

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
 from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI
 from support import Gate, contents, is_loop_with, judges_say_done, loop_requests, say
@@ -15,7 +17,7 @@ from support import Gate, contents, is_loop_with, judges_say_done, loop_requests
 from bumblebot.core.settings import LLMSettings
 from bumblebot.cognition.state import LoopState
 from bumblebot.core.messages import Message
-from bumblebot.core.usage import BACKGROUND, FIRST_WORDS, INTERACTIVE, answered, awaited, scoped, unanswered, urgency
+from bumblebot.core.usage import BACKGROUND, FIRST_WORDS, INTERACTIVE, answered, awaited, message_came, scoped, unanswered, urgency
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.llm.slots import RequestSlots
 
@@ -294,3 +296,74 @@ async def test_a_message_for_a_running_turn_makes_its_waiting_request_urgent():
     await slots.__aexit__(None, None, None)
     await asyncio.wait_for(asyncio.gather(other, running, first), 2)
     assert order == ["running-turn-step", "new-message", "other-chat-step"]
+
+
+async def test_a_request_still_waiting_for_a_slot_is_given_up_when_its_event_is_set():
+    """Between turns a compaction's summary waited for the one slot while another chat's step
+    ran; the person's message came meanwhile, and the summary was still sent (a minute on
+    SmolLM2) before the message's turn could begin."""
+    from bumblebot.core.usage import GaveUp, unless
+
+    slots, came, sent = RequestSlots(1, keep_s=0), asyncio.Event(), []
+
+    async def summary() -> None:
+        with unless(came):
+            async with slots:
+                sent.append("summary")
+
+    await slots.__aenter__()  # another chat's step is in flight
+    waiting = asyncio.create_task(summary())
+    await until(lambda: slots.waiting == 1)
+    came.set()
+    with pytest.raises(GaveUp):
+        await asyncio.wait_for(waiting, 1)
+    assert slots.waiting == 0
+    await slots.__aexit__(None, None, None)
+    await asyncio.wait_for(slots.__aenter__(), 1)  # the slot is free, not given to the summary
+    assert sent == []
+    with unless(came):  # already set, but a free slot: nothing waits, so the request is sent
+        await slots.__aexit__(None, None, None)
+        async with slots:
+            sent.append("sent")
+    assert sent == ["sent"]
+
+
+async def test_a_turn_that_answered_keeps_its_slot_rather_than_hand_it_to_background_work():
+    slots, order = RequestSlots(1, keep_s=5), []
+
+    async def background() -> None:
+        with scoped(kind="automation", background=True):
+            async with slots:
+                order.append("automation")
+
+    with awaited("telegram:1"):
+        async with slots:
+            order.append("turn-step-1")
+        task = asyncio.create_task(background())  # an automation asks meanwhile
+        await until(lambda: slots.waiting == 1)
+        answered()  # the turn said something in its first step
+        async with slots:
+            order.append("turn-step-2")
+    await asyncio.wait_for(task, 2)
+    assert order == ["turn-step-1", "turn-step-2", "automation"]
+
+
+async def test_a_turn_entered_again_is_the_same_turn_to_the_slots_and_to_message_came():
+    """TurnRunner.run and its steps each open the turn's scope: the classifier's request kept
+    the slot for the outer block, and the first step, another turn to the slots, waited KEEP_S
+    with the slot idle; after the inner block message_came no longer reached the turn."""
+    from bumblebot.core import usage
+
+    slots = RequestSlots(1, keep_s=60)
+    with awaited("telegram:1"):
+        outer = usage.awaited_turn()
+        async with slots:
+            pass  # the classifier
+        with awaited("telegram:1"):
+            assert usage.awaited_turn() is outer
+            await asyncio.wait_for(slots.__aenter__(), 1)  # the kept slot, at once
+            await slots.__aexit__(None, None, None)
+        answered()
+        message_came("telegram:1")
+        assert usage.urgency() == FIRST_WORDS
+    await asyncio.wait_for(slots.__aenter__(), 1)  # released when the turn ended

@@ -181,7 +181,8 @@ def extractive_summary(chunk: Sequence[Message], previous: str | None, max_chars
     then the start of each message of ``chunk`` (user and assistant text, the tools used with
     the start of their first text argument: what a ``say`` said), in the summary's headings,
     at most ``max_chars`` characters. The previous summary keeps at most half of them (its
-    start, where the goal is); of ``chunk``, the newest lines are kept when not all fit."""
+    start, where the goal is); when the lines of ``chunk`` do not all fit, its oldest (where
+    the person said what they wanted) take up to a third of the rest, its newest the others."""
     lines = []
     for m in chunk:
         if m.role == "tool" or m.note:
@@ -202,16 +203,22 @@ def extractive_summary(chunk: Sequence[Message], previous: str | None, max_chars
         # first) within half the room: what the person asked for outlives the latest chatter
         old, room = previous.strip(), max(0, max_chars - len(body)) // 2
         head = (old if len(old) <= room else old[: max(0, room - 1)].rstrip() + "…") + "\n\n"
-    kept: list[str] = []
     room = max_chars - len(head) - len(body) - len("- …\n")
-    for line in reversed(lines):  # then the newest lines, as many as fit
+    oldest = _fitting(lines, room // 3)  # where the conversation began: what was asked, often
+    newest = _fitting(lines[len(oldest):][::-1], room - sum(len(line) + 1 for line in oldest))[::-1]
+    kept = oldest + (["- …"] if len(oldest) + len(newest) < len(lines) else []) + newest
+    return (head + body + "\n".join(kept)).strip()
+
+
+def _fitting(lines: list[str], room: int) -> list[str]:
+    """The leading ``lines`` that fit ``room`` characters (each with its line break)."""
+    out: list[str] = []
+    for line in lines:
         if len(line) + 1 > room:
             break
-        kept.insert(0, line)
+        out.append(line)
         room -= len(line) + 1
-    if len(kept) < len(lines):
-        kept.insert(0, "- …")
-    return (head + body + "\n".join(kept)).strip()
+    return out
 
 
 def _first_text_argument(arguments: object) -> str:

@@ -39,7 +39,7 @@ from bumblebot.cognition.trace import requests_usage
 from bumblebot.core.messages import Message
 from bumblebot.core.settings import HistoryCompression
 from bumblebot.llm import Endpoints
-from bumblebot.core.usage import scoped, tallied
+from bumblebot.core.usage import GaveUp, scoped, tallied
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,10 @@ class Compactor:
                 while the request still fits the window (the next request after the first
                 words compacts; docs/compaction.md, "When compaction triggers").
             interrupt: between turns: once it is set (a message came), the run stops before
-                its next model call (the one in flight is answered first) and writes nothing
-                unless an earlier pass covered messages (facts already flushed stay).
+                its next model call (one already sent is answered first; one still waiting for
+                a slot is given up, the caller's :func:`~bumblebot.core.usage.unless`) and
+                writes nothing unless an earlier pass covered messages (facts already flushed
+                stay).
 
         Returns a trace entry when something ran, else ``None``.
         """
@@ -143,7 +145,10 @@ class Compactor:
         if not force and state.next_retry_at > time.time():
             return await self._prune_only(session, fixed_tokens, turn_messages, reply_tokens=reply_tokens)
         with tallied() as used:  # its summaries' requests, for the trace
-            outcome = await self._compact(session, fixed, force, emergency, reply_tokens, interrupt)
+            try:
+                outcome = await self._compact(session, fixed, force, emergency, reply_tokens, interrupt)
+            except GaveUp:  # its request still waited for a slot when the message came: never sent
+                return None
         if outcome.flushed_through is not None:
             self._flushed[session.key] = outcome.flushed_through
         if outcome.interrupted and not outcome.covered_ids:

@@ -15,6 +15,7 @@ the chat down. What requests used flows back up the same way where a caller asks
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import dataclasses
 from collections.abc import Callable, Iterator
@@ -168,6 +169,9 @@ _RUNNING: dict[str, _Awaited] = {}
 def awaited(conversation: str | None = None) -> Iterator[None]:
     """Run the block as a turn a person is waiting on (in ``conversation``): its requests are
     :data:`FIRST_WORDS` until :func:`answered` is called in it."""
+    if _AWAITED.get() is not None:  # the same turn, entered again (run, then its steps)
+        yield
+        return
     turn = _Awaited()
     token = _AWAITED.set(turn)
     if conversation is not None:
@@ -180,6 +184,32 @@ def awaited(conversation: str | None = None) -> Iterator[None]:
             del _RUNNING[conversation]
         for callback in turn.ended:
             callback()
+
+
+class GaveUp(asyncio.CancelledError):
+    """A request still waiting for a slot was given up (:func:`unless`): it was never sent.
+    A cancellation, so that no error handling on its way up takes it for a failure of the
+    endpoint."""
+
+
+_GIVE_UP: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("bumblebot_give_up", default=None)
+
+
+@contextmanager
+def unless(event: asyncio.Event) -> Iterator[None]:
+    """Run the block's model requests only while ``event`` is not set: one still waiting for a
+    slot when it is set raises :class:`GaveUp` (``bumblebot.llm.slots``); one already sent is
+    answered (a server answering one at a time would go on with it anyway)."""
+    token = _GIVE_UP.set(event)
+    try:
+        yield
+    finally:
+        _GIVE_UP.reset(token)
+
+
+def give_up_event() -> asyncio.Event | None:
+    """The event of the innermost :func:`unless` block, if any."""
+    return _GIVE_UP.get()
 
 
 def message_came(conversation: str) -> None:

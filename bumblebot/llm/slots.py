@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from bumblebot.core.usage import FIRST_WORDS, awaited_turn, urgency, when_ended
+from bumblebot.core.usage import FIRST_WORDS, GaveUp, awaited_turn, give_up_event, urgency, when_ended
 
 #: Seconds a one-slot endpoint's slot stays kept for the next request of the turn that used it.
 KEEP_S = 1.0
@@ -76,16 +76,16 @@ class RequestSlots:
         if self._kept is not None and self._kept[0] is awaited_turn():
             self._kept[1].cancel()  # the turn's next request: the slot it kept
             self._kept = None
-            if urgency() == FIRST_WORDS or not self.waiting:
+            if not self.waiting or self._most_urgent()[0] >= urgency():
                 return
-            self._release()  # it has said something since: the most urgent waiter goes first
+            self._release()  # it has said something since: a new message's first words go first
         if self._free > 0 and not self.waiting:
             self._free -= 1
             return
         given: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((urgency(), next(self._order), given, awaited_turn()))
         try:
-            await given
+            await self._given(given)
         except asyncio.CancelledError:
             if given.done() and not given.cancelled():
                 self._release()  # given a slot as it was cancelled: pass it on
@@ -113,11 +113,33 @@ class RequestSlots:
             self._kept = None
             self._release()
 
+    @staticmethod
+    async def _given(given: asyncio.Future[None]) -> None:
+        """Wait for the slot, unless the block's :func:`~bumblebot.core.usage.unless` event is
+        set first (then :class:`~bumblebot.core.usage.GaveUp`: the request is not sent)."""
+        give_up = give_up_event()
+        if give_up is None:
+            await given
+            return
+        waiter = asyncio.ensure_future(give_up.wait())
+        try:
+            await asyncio.wait({given, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not given.done():
+            given.cancel()  # dropped at the next release
+            raise GaveUp
+
+    def _most_urgent(self) -> tuple[int, tuple[int, int, asyncio.Future[None], object | None]]:
+        """The waiter a freed slot goes to, with its urgency now (there is one)."""
+        live = [(w[0] if w[3] is None else urgency(w[3]), w) for w in self._waiting if not w[2].done()]
+        return min(live, key=lambda u: (u[0], u[1][1]))
+
     def _release(self) -> None:
         self._waiting = [w for w in self._waiting if not w[2].done()]  # cancelled waiters keep no place
         if not self._waiting:
             self._free += 1
             return
-        first = min(self._waiting, key=lambda w: (w[0] if w[3] is None else urgency(w[3]), w[1]))
+        _, first = self._most_urgent()
         self._waiting.remove(first)
         first[2].set_result(None)

@@ -87,7 +87,8 @@ class ConversationActor:
         self._resume: list[RunningTurn] = []
         self._wake = asyncio.Event()
         #: the last turn finished: compact between turns if it left the conversation over the
-        #: threshold; ``_interrupt`` (a message came, or a stop) gives that compaction up
+        #: threshold; ``_interrupt`` (a message, /stop, /reset) stops that compaction before its
+        #: next model call, ``_stopped`` (the actor's end) abandons it
         self._compact_due = False
         self._compacting = False
         self._interrupt = asyncio.Event()
@@ -291,6 +292,7 @@ class ConversationActor:
         """``/stop``: the running turn (or the one waiting out an outage) stops at once: its
         model call is aborted, tools still running are cancelled, what it delivered stays, and
         its history records that it was stopped (``AgentLoop``). ``False`` when there is none."""
+        self._interrupt.set()  # a compaction between turns stops too (nobody waits for it)
         if self.inbox.postponed and not self.busy:
             # messages waiting for a file service: they are not answered after all (settled in
             # the actor, so a stop of the engine waits for the write)

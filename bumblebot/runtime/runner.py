@@ -57,7 +57,7 @@ from bumblebot.core.settings import (
     VoiceSettings,
 )
 from bumblebot.core.toolkit import SCHEMA_LEVELS, Toolbox
-from bumblebot.core.usage import current_scope, scoped
+from bumblebot.core.usage import current_scope, scoped, unless
 from bumblebot.delivery import Delivery
 from bumblebot.llm import Endpoints
 from bumblebot.media import MediaFiles, MediaIntake, answerable, prepared
@@ -382,7 +382,8 @@ class TurnRunner:
         """Between turns: compact a conversation its last turn left over the threshold (its
         first step deferred that while the person waited), unless ``interrupt`` is set first."""
         if self.compactor is not None:
-            with scoped(conversation=conversation.key, kind="summary", background=False) as scope:
+            with scoped(conversation=conversation.key, kind="summary", background=False) as scope, \
+                    unless(interrupt):
                 if self.spending is None or await self.spending.refused(scope) is None:
                     fixed = self.between_turns(conversation).fixed_tokens
                     entry = await self.compactor.maybe_compact(conversation.session, fixed, [], interrupt=interrupt)
