@@ -172,6 +172,28 @@ async def test_summary_failure_drops_nothing_and_the_retry_between_turns_does_no
     assert db.execute("SELECT COUNT(*) FROM messages WHERE content LIKE 'old question%'").fetchone()[0] == 24
 
 
+async def test_a_flush_answered_without_facts_is_not_asked_again_for_the_same_messages(tmp_path, llm, tg):
+    """SmolLM2 never wrote the JSON: each retry of a failed summary flushed the same messages
+    again (20 s a time on two cores)."""
+    judges_say_done(llm)
+    await seed_history(tmp_path, 24)
+    llm.push(text("I am Bob. I have no idea about what you mean."), when=is_flush)
+    llm.push(error(500, "summariser down"), when=is_summary)
+    llm.push(say("answer one"), when=is_loop)
+    llm.push(text(SUMMARY), when=is_summary)
+    llm.push(say("answer two"), when=is_loop)
+    llm.default = lambda r: text("[]") if is_flush(r) else text("DONE: ok")
+    async with running(compaction_config(tmp_path, llm, tg)) as d:
+        for i, message in enumerate(["first", "second"]):
+            tg.push_text(message, chat_id=CHAT)
+            await d.engine.wait_for_turns(i + 1)
+            await d.engine.wait_until(lambda: d.engine.settled)
+    first_flush, *later = [contents(r) for r in llm.requests if is_flush(r)]
+    assert "old question 3 " in first_flush
+    assert not any("old question 3 " in flush for flush in later)
+    assert tg.sent(CHAT) == ["answer one", "answer two"]
+
+
 async def test_a_model_that_fails_to_summarise_twice_gets_an_extractive_summary(tmp_path, llm, tg):
     """SmolLM2-135M never wrote a usable summary: its chats kept every message and each step
     re-read ~3,000 tokens. The second failure in a row summarises extractively, no more calls."""

@@ -314,7 +314,8 @@ class CompactionOutcome:
             nothing (earlier successful passes of the same call stand).
         extractive: a pass summarised without the model (:func:`extractive_summary`).
         flushed_through: the id of the newest message a flush call that answered has read
-            (its facts saved, or none found), ``None`` when no flush answered.
+            (its facts saved, none found, or an answer with no facts to read: SmolLM2 never
+            wrote the JSON), ``None`` when no flush answered.
         interrupted: the caller's ``interrupted`` held before a model call: the run stopped
             there (earlier passes stand).
         error: what failed (flush and/or summary), ``None`` if nothing did.
@@ -492,10 +493,14 @@ class _Compaction:
         if self.flush and first and self.knowledge is not None and len(serialize(unread)) >= MIN_FLUSH_CHARS:
             if self._stop():
                 return False
+            read = max((m.id for m in unread if m.id is not None), default=None)
             try:
                 # its reply budget shares the window with the chunk, like the summary's
                 out.flushed = await _flush(unread, self.knowledge, self.complete, min(FLUSH_MAX_TOKENS, max_out))
-                out.flushed_through = max((m.id for m in unread if m.id is not None), default=None)
+                out.flushed_through = read
+            except FlushParseError as exc:  # it answered, but no facts could be read: asking again reads the same
+                out.flushed_through = read
+                self.errors.append(f"flush: {type(exc).__name__}: {exc}")
             except Exception as exc:  # best effort: record and go on
                 self.errors.append(f"flush: {type(exc).__name__}: {exc}")
         if not chunk or (self.total() <= target and not (self.force and first)):
