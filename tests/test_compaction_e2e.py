@@ -53,6 +53,15 @@ def held(reply, asked: asyncio.Event, release: asyncio.Event):
     return answer
 
 
+async def turns_between_compactions(d, tg, messages: list[str]) -> None:
+    """Send ``messages`` one by one, each after the last one's turn and the compaction between
+    turns that followed it."""
+    for i, message in enumerate(messages):
+        tg.push_text(message, chat_id=CHAT)
+        await d.engine.wait_for_turns(i + 1)
+        await d.engine.wait_until(lambda: d.engine.settled)
+
+
 def compaction_config(tmp_path, llm, tg, **history_compression):
     return write_config(
         tmp_path, llm, tg,
@@ -184,10 +193,7 @@ async def test_a_flush_answered_without_facts_is_not_asked_again_for_the_same_me
     llm.push(say("answer two"), when=is_loop)
     llm.default = lambda r: text("[]") if is_flush(r) else text("DONE: ok")
     async with running(compaction_config(tmp_path, llm, tg)) as d:
-        for i, message in enumerate(["first", "second"]):
-            tg.push_text(message, chat_id=CHAT)
-            await d.engine.wait_for_turns(i + 1)
-            await d.engine.wait_until(lambda: d.engine.settled)
+        await turns_between_compactions(d, tg, ["first", "second"])
     first_flush, *later = [contents(r) for r in llm.requests if is_flush(r)]
     assert "old question 3 " in first_flush
     assert not any("old question 3 " in flush for flush in later)
@@ -206,11 +212,7 @@ async def test_a_model_that_fails_to_summarise_twice_gets_an_extractive_summary(
     llm.push(say("answer two"), when=is_loop)
     llm.push(say("answer three"), when=is_loop)
     async with running(compaction_config(tmp_path, llm, tg)) as d:
-        idle = lambda: d.engine.settled
-        for i, message in enumerate(["first", "second", "third"]):
-            tg.push_text(message, chat_id=CHAT)
-            await d.engine.wait_for_turns(i + 1)
-            await d.engine.wait_until(idle)
+        await turns_between_compactions(d, tg, ["first", "second", "third"])
         traces = [t["trace"] for t in await d.store.recent_turns()]
     third = loop_requests(llm)[2]
     summary = [m["content"] for m in third["messages"] if m["content"].startswith(SUMMARY_HEADER)]
@@ -235,11 +237,7 @@ async def test_two_rate_limited_summaries_do_not_make_an_extractive_summary(tmp_
     llm.push(say("answer three"), when=is_loop)
     llm.push(text(SUMMARY), when=is_summary)  # the endpoint is fine again
     async with running(compaction_config(tmp_path, llm, tg)) as d:
-        idle = lambda: d.engine.settled
-        for i, message in enumerate(["first", "second", "third"]):
-            tg.push_text(message, chat_id=CHAT)
-            await d.engine.wait_for_turns(i + 1)
-            await d.engine.wait_until(idle)
+        await turns_between_compactions(d, tg, ["first", "second", "third"])
     third = loop_requests(llm)[2]
     summary = [m["content"] for m in third["messages"] if m["content"].startswith(SUMMARY_HEADER)]
     assert not (summary and "the model could not summarise" in summary[0]), (
@@ -259,11 +257,7 @@ async def test_a_retry_after_a_run_whose_flush_failed_too_flushes(tmp_path, llm,
     llm.push(text(SUMMARY), when=is_summary)
     llm.push(say("answer two"), when=is_loop)
     async with running(compaction_config(tmp_path, llm, tg)) as d:
-        idle = lambda: d.engine.settled
-        for i, message in enumerate(["first", "second"]):
-            tg.push_text(message, chat_id=CHAT)
-            await d.engine.wait_for_turns(i + 1)
-            await d.engine.wait_until(idle)
+        await turns_between_compactions(d, tg, ["first", "second"])
         knowledge = Memory(d.settings.data_dir).of(f"telegram:{CHAT}").path
         saved = knowledge.read_text() if knowledge.exists() else ""
     flushes = [r for r in llm.requests if is_flush(r)]
