@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fakes.discord_server import FakeDiscord
 from fakes.openai_server import FakeOpenAI
+from fakes.postgres_server import PostgresServer
 from fakes.telegram_server import FakeTelegram
 
 TOKEN = "123456:TEST-token-for-the-fake-server-only"
@@ -34,6 +35,32 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]
     yield
     root.handlers[:] = handlers  # an in-process `bumblebot` call installs its own handler
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server per test process, started when a test first asks for it."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="bumblebot-pg-"))  # not under pytest's 0700 root folder
+    server = PostgresServer(folder)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a store test keeps its database, once per backend: a SQLite file, then a new
+    PostgreSQL database."""
+    if request.param == "sqlite":
+        return tmp_path / "db.sqlite"
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return await server.database()
 
 
 @pytest.fixture

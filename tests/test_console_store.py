@@ -63,10 +63,10 @@ def today(now: float) -> str:
     return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d")
 
 
-async def test_the_conversation_list_is_paged_by_last_activity_with_counts_of_its_rows(tmp_path: Path) -> None:
+async def test_the_conversation_list_is_paged_by_last_activity_with_counts_of_its_rows(tmp_path: Path, store_location) -> None:
     now = time.time()
     used = Usage("http://127.0.0.1:1/v1", "m", prompt=1000, cached=200, completion=50)
-    async with Store(tmp_path / "b.db") as store:
+    async with Store(store_location) as store:
         await chat_turn(store, ALICE, "hi", "hello")
         await chat_turn(store, BOB, "hey", "hello bob", tool=False)
         await chat_turn(store, TOPIC, "in a thread", "yes")
@@ -104,8 +104,8 @@ async def test_the_conversation_list_is_paged_by_last_activity_with_counts_of_it
             await store.console_conversations(state="asleep")
 
 
-async def test_last_activity_follows_journaled_messages_and_sent_rows_only(tmp_path: Path) -> None:
-    async with Store(tmp_path / "b.db") as store:
+async def test_last_activity_follows_journaled_messages_and_sent_rows_only(tmp_path: Path, store_location) -> None:
+    async with Store(store_location) as store:
         bob = await store.conversation(BOB)
         entry = await store.outbox_add(bob.id, None, BOB, "queued")
         await store.write("UPDATE conversations SET last_active_at = 5")
@@ -119,8 +119,8 @@ async def test_last_activity_follows_journaled_messages_and_sent_rows_only(tmp_p
         assert (await store._one("SELECT last_active_at FROM conversations"))[0] > 5  # type: ignore[index]
 
 
-async def test_history_pages_the_session_with_compaction_boundaries_summary_and_pruned_results(tmp_path: Path) -> None:
-    async with Store(tmp_path / "b.db") as store:
+async def test_history_pages_the_session_with_compaction_boundaries_summary_and_pruned_results(tmp_path: Path, store_location) -> None:
+    async with Store(store_location) as store:
         turns = [await chat_turn(store, ALICE, f"question {n}", f"answer {n}") for n in range(4)]
         conversation = await store.conversation(ALICE)
         ids = [r["id"] for r in await store._all("SELECT id FROM messages ORDER BY id")]
@@ -156,8 +156,8 @@ async def test_history_pages_the_session_with_compaction_boundaries_summary_and_
         assert (await store.console_history("nonsense"))["messages"] == []
 
 
-async def test_turns_are_listed_newest_first_and_one_turn_has_what_it_answered_and_sent(tmp_path: Path) -> None:
-    async with Store(tmp_path / "b.db") as store:
+async def test_turns_are_listed_newest_first_and_one_turn_has_what_it_answered_and_sent(tmp_path: Path, store_location) -> None:
+    async with Store(store_location) as store:
         first = await chat_turn(store, ALICE, "one", "reply one", trace={"route": "main", "steps": [{"n": 1}]})
         second = await chat_turn(store, ALICE, "two", "reply two", send=False)
         await chat_turn(store, BOB, "other chat", "x")
@@ -188,8 +188,8 @@ async def test_turns_are_listed_newest_first_and_one_turn_has_what_it_answered_a
         assert await store.console_turn(9999) is None
 
 
-async def test_tasks_are_listed_active_soonest_first_then_ended(tmp_path: Path) -> None:
-    async with Store(tmp_path / "b.db") as store:
+async def test_tasks_are_listed_active_soonest_first_then_ended(tmp_path: Path, store_location) -> None:
+    async with Store(store_location) as store:
         alice = await store.conversation(ALICE)
         bob = await store.conversation(BOB)
         add: dict[str, Any] = {"turn_id": None, "max_active": 10}
@@ -215,10 +215,10 @@ async def test_tasks_are_listed_active_soonest_first_then_ended(tmp_path: Path) 
         assert (await store.console_tasks(offset=4))[0] == []
 
 
-async def test_the_overview_counts_failures_usage_turns_and_reply_latency(tmp_path: Path) -> None:
+async def test_the_overview_counts_failures_usage_turns_and_reply_latency(tmp_path: Path, store_location) -> None:
     now = time.time()
     used = Usage("http://127.0.0.1:1/v1", "m", prompt=1000, cached=400, completion=100)
-    async with Store(tmp_path / "b.db") as store:
+    async with Store(store_location) as store:
         fast = await chat_turn(store, ALICE, "fast", "quick")
         slow = await chat_turn(store, BOB, "slow", "took a while")
         await chat_turn(store, ALICE, "model broke", "sorry", status="failed",
@@ -266,9 +266,9 @@ async def test_the_overview_counts_failures_usage_turns_and_reply_latency(tmp_pa
         assert o["latency"]["p95"] == pytest.approx(10.0) and 0 <= o["latency"]["p50"] < 2.0 + 1e-6
 
 
-async def test_reply_latency_without_answers_is_none_and_its_sample_is_bounded(tmp_path: Path) -> None:
+async def test_reply_latency_without_answers_is_none_and_its_sample_is_bounded(tmp_path: Path, store_location) -> None:
     now = time.time()
-    async with Store(tmp_path / "b.db") as store:
+    async with Store(store_location) as store:
         assert (await store.console_overview(now))["latency"] == {"p50": None, "p95": None, "turns": 0}
         old = await chat_turn(store, ALICE, "an hour ago", "hello")
         await store.write("UPDATE journal SET received_at = ? WHERE id = ?", (now - 3600, old.journal))

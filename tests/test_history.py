@@ -71,14 +71,14 @@ async def test_no_blank_user_text_and_no_lone_surrogate_is_ever_stored(tmp_path)
     assert rows[0][0] == NOTHING_READABLE and "\\ud800" not in rows[2][1]
 
 
-async def test_every_write_takes_a_lone_surrogate_as_u_fffd(tmp_path):
+async def test_every_write_takes_a_lone_surrogate_as_u_fffd(tmp_path, store_location):
     """SQLite takes text as UTF-8, which has no lone surrogate: a write holding one raised
     UnicodeEncodeError, and JSON columns kept it as an escape that read back raw (a transcript
     in ``journal.media`` then failed ``begin_turn`` for ever)."""
     chat = ChatRef(Platform.TELEGRAM, "33")
     document = Attachment(AttachmentKind.DOCUMENT, "file-1", name="notes\udc80.txt", mime="text/plain")
     inbound = Inbound(chat, "1", "33", "Ada", "see \ud83d this", ChatKind.PRIVATE, attachments=(document,))
-    async with Store(tmp_path / "db.sqlite") as store:
+    async with Store(store_location) as store:
         journal_id = await store.journal(inbound)
         assert journal_id is not None
         await store.save_media(journal_id, {"text": "[Voice message, transcribed]: hi \ud83d", "usable": 1})

@@ -100,8 +100,8 @@ async def column(store: Store, sql: str, *params: Any) -> list[Any]:
 # -- outbox expiry --------------------------------------------------------------------------------
 
 
-async def test_a_pending_row_past_expiry_is_marked_failed_and_never_sent(tmp_path, caplog):
-    async with engine_on(tmp_path / "bumblebot.db") as (engine, store, console):
+async def test_a_pending_row_past_expiry_is_marked_failed_and_never_sent(tmp_path, caplog, store_location):
+    async with engine_on(store_location) as (engine, store, console):
         console.down = True
         stale = await queue(store, "yesterday's answer", at=NOW)
         assert await engine.sweep_outbox() == 0  # platform down: it stays pending, with its error
@@ -126,8 +126,8 @@ async def test_a_pending_row_past_expiry_is_marked_failed_and_never_sent(tmp_pat
         assert (await store.outbox_entry(fresh)).status == "sent"  # type: ignore[union-attr]
 
 
-async def test_the_expiry_bound_is_the_configured_one(tmp_path):
-    async with engine_on(tmp_path / "bumblebot.db", outbox_expiry_s=600) as (engine, store, _):
+async def test_the_expiry_bound_is_the_configured_one(tmp_path, store_location):
+    async with engine_on(store_location, outbox_expiry_s=600) as (engine, store, _):
         old = await queue(store, "ten minutes late", at=NOW - 601)
         young = await queue(store, "nine minutes late", at=NOW - 540)
         assert await engine.expire_outbox(now=NOW) == 1
@@ -135,8 +135,8 @@ async def test_the_expiry_bound_is_the_configured_one(tmp_path):
         assert (await store.outbox_entry(old)).last_error == "expired: not delivered within 600 s of being queued"  # type: ignore[union-attr]
 
 
-async def test_start_expires_before_resumed_turns_or_the_sweeper_can_send(tmp_path):
-    path = tmp_path / "bumblebot.db"
+async def test_start_expires_before_resumed_turns_or_the_sweeper_can_send(tmp_path, store_location):
+    path = store_location
     async with Store(path) as store:
         stale = await queue(store, "from two days ago", at=NOW - 2 * DAY)
     async with engine_on(path) as (engine, store, console):
@@ -150,8 +150,8 @@ async def test_start_expires_before_resumed_turns_or_the_sweeper_can_send(tmp_pa
         assert console.sent == []
 
 
-async def test_expiry_runs_in_batches(tmp_path):
-    async with Store(tmp_path / "bumblebot.db") as store:
+async def test_expiry_runs_in_batches(tmp_path, store_location):
+    async with Store(store_location) as store:
         ids = [await queue(store, f"m{i}", at=OLD) for i in range(7)]
         expired = await store.expire_outbox(NOW, error="expired", batch=3)
         assert [entry.id for entry, _ in expired] == ids
@@ -162,8 +162,8 @@ async def test_expiry_runs_in_batches(tmp_path):
 # -- retention ------------------------------------------------------------------------------------
 
 
-async def test_retention_prunes_old_settled_rows_and_keeps_history_and_pending(tmp_path):
-    async with engine_on(tmp_path / "bumblebot.db") as (engine, store, _):
+async def test_retention_prunes_old_settled_rows_and_keeps_history_and_pending(tmp_path, store_location):
+    async with engine_on(store_location) as (engine, store, _):
         conversation = await store.conversation(CHAT)
         # journal: settled old rows go; pending old and settled recent rows stay
         gone_journal = [await journal(store, f"old-{s}", at=OLD, status=s) for s in ("done", "ignored", "failed")]
@@ -225,19 +225,19 @@ async def test_retention_prunes_old_settled_rows_and_keeps_history_and_pending(t
         assert await engine.prune(now=NOW) == Pruned()
 
 
-async def test_retention_is_configurable_and_zero_keeps_everything(tmp_path):
-    async with engine_on(tmp_path / "bumblebot.db", retention_days=0) as (engine, store, _):
+async def test_retention_is_configurable_and_zero_keeps_everything(tmp_path, store_location):
+    async with engine_on(store_location, retention_days=0) as (engine, store, _):
         await journal(store, "ancient", at=NOW - 3650 * DAY, status="done")
         assert await engine.prune(now=NOW) == Pruned()
         assert len(await column(store, "SELECT id FROM journal")) == 1
-    async with engine_on(tmp_path / "bumblebot.db", retention_days=7) as (engine, store, _):
+    async with engine_on(store_location, retention_days=7) as (engine, store, _):
         await journal(store, "last week", at=NOW - 8 * DAY, status="done")
         await journal(store, "this week", at=NOW - 6 * DAY, status="done")
         assert await engine.prune(now=NOW) == Pruned(journal=2)  # "ancient" and "last week"
         assert await column(store, "SELECT message_id FROM journal") == ["this week"]
 
 
-async def test_pruning_goes_in_short_batches_that_let_other_writers_in(tmp_path):
+async def test_pruning_goes_in_short_batches_that_let_other_writers_in(tmp_path, store_location):
     class Counting(Store):
         def __init__(self, path: Path) -> None:
             super().__init__(path)
@@ -249,7 +249,7 @@ async def test_pruning_goes_in_short_batches_that_let_other_writers_in(tmp_path)
                 yield db
             self.committed.set()
 
-    async with Counting(tmp_path / "bumblebot.db") as store:
+    async with Counting(store_location) as store:
         for i in range(10):
             await journal(store, f"m{i}", at=OLD, status="done")
         store.committed.clear()
@@ -268,7 +268,7 @@ async def test_pruning_goes_in_short_batches_that_let_other_writers_in(tmp_path)
         assert await column(store, "SELECT id FROM journal") == []
 
 
-async def test_housekeeping_prunes_as_soon_as_the_engine_is_ready(tmp_path):
+async def test_housekeeping_prunes_as_soon_as_the_engine_is_ready(tmp_path, store_location):
     class Watched(Store):
         pruned = asyncio.Event()
 
@@ -277,7 +277,7 @@ async def test_housekeeping_prunes_as_soon_as_the_engine_is_ready(tmp_path):
             self.pruned.set()
             return result
 
-    path = tmp_path / "bumblebot.db"
+    path = store_location
     async with Store(path) as store:
         await journal(store, "long ago", at=OLD, status="done")
     async with engine_on(path, store_cls=Watched) as (engine, store, _):
@@ -292,7 +292,7 @@ async def test_housekeeping_prunes_as_soon_as_the_engine_is_ready(tmp_path):
 
 
 async def test_the_retention_indexes_exist_after_migration(tmp_path):
-    async with Store(tmp_path / "bumblebot.db") as store:
+    async with Store(tmp_path / "b.db") as store:
         assert (await store._one("PRAGMA user_version"))[0] == len(MIGRATIONS)  # type: ignore[index]
         names = set(await column(store, "SELECT name FROM sqlite_master WHERE type='index'"))
         assert {"journal_by_age", "outbox_by_age", "turns_with_trace"} <= names

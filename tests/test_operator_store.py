@@ -9,8 +9,8 @@ from bumblebot.core.events import ChatRef, Platform
 from bumblebot.store import Store
 
 
-async def test_titles_pauses_and_blocks_survive_reopening(tmp_path: Path):
-    path = tmp_path / "bumblebot.db"
+async def test_titles_pauses_and_blocks_survive_reopening(tmp_path: Path, store_location):
+    path = store_location
     group = ChatRef(Platform.TELEGRAM, "-100", "7")
     async with Store(path) as store:
         await store.conversation(ChatRef(Platform.TELEGRAM, "5"))

@@ -17,9 +17,9 @@ def delivery_for(store: Store, adapter: FlakyConsole, attempts: int = 3) -> Deli
     return delivery
 
 
-async def test_retry_resumes_after_the_last_delivered_chunk(tmp_path):
+async def test_retry_resumes_after_the_last_delivered_chunk(tmp_path, store_location):
     chat = ChatRef(Platform.CONSOLE, "c")
-    async with Store(tmp_path / "db.sqlite") as store:
+    async with Store(store_location) as store:
         conversation = await store.conversation(chat)
         adapter = FlakyConsole(fail_on_call=set(), crash_on_call={3})
         delivery = delivery_for(store, adapter, attempts=1)
@@ -35,7 +35,7 @@ async def test_retry_resumes_after_the_last_delivered_chunk(tmp_path):
         assert await store.outbox_pending() == []
 
 
-async def test_sweeper_does_not_resend_a_message_being_delivered(tmp_path):
+async def test_sweeper_does_not_resend_a_message_being_delivered(tmp_path, store_location):
     chat = ChatRef(Platform.CONSOLE, "c")
     release = asyncio.Event()
 
@@ -44,7 +44,7 @@ async def test_sweeper_does_not_resend_a_message_being_delivered(tmp_path):
             await release.wait()
             return await super().send_chunk(chat, text)
 
-    async with Store(tmp_path / "db.sqlite") as store:
+    async with Store(store_location) as store:
         conversation = await store.conversation(chat)
         adapter = Slow(fail_on_call=set())
         delivery = delivery_for(store, adapter)
@@ -57,10 +57,10 @@ async def test_sweeper_does_not_resend_a_message_being_delivered(tmp_path):
         assert adapter.sent == ["hello"]
 
 
-async def test_the_sweeper_rechecks_a_row_before_sending_it(tmp_path):
+async def test_the_sweeper_rechecks_a_row_before_sending_it(tmp_path, store_location):
     """Regression: a stale list of pending rows let the sweeper resend a row sent meanwhile."""
     chat = ChatRef(Platform.CONSOLE, "c")
-    async with Store(tmp_path / "db.sqlite") as store:
+    async with Store(store_location) as store:
         conversation = await store.conversation(chat)
         adapter = FlakyConsole(fail_on_call={1})
         delivery = delivery_for(store, adapter, attempts=1)

@@ -228,13 +228,13 @@ def test_the_outage_clock_starts_at_the_earliest_failure_any_turn_recorded():
     assert watch.failed(200.0) == 200.0 and not watch.recovered.is_set()  # a new outage, a new event
 
 
-async def test_a_transaction_left_open_by_a_cancelled_write_does_not_block_every_later_write(tmp_path):
+async def test_a_transaction_left_open_by_a_cancelled_write_does_not_block_every_later_write(tmp_path, store_location):
     """A write cancelled while its BEGIN runs is rolled back: it once left the connection inside a
     transaction (the statement ran in aiosqlite's thread, the ROLLBACK never did), and every later
     write failed with "cannot start a transaction within a transaction"."""
     from bumblebot.store import Store
 
-    async with Store(tmp_path / "b.db") as store:
+    async with Store(store_location) as store:
         await store.db.execute("BEGIN IMMEDIATE")  # what the cancelled write left behind
         await store.set_kv("k", "v")  # one statement, autocommitted
         assert await store.get_kv("k") == "v"
@@ -247,14 +247,14 @@ async def test_a_transaction_left_open_by_a_cancelled_write_does_not_block_every
         assert not store.db.in_transaction
 
 
-async def test_a_lone_write_is_committed_at_once_and_seen_by_another_connection(tmp_path):
+async def test_a_lone_write_is_committed_at_once_and_seen_by_another_connection(tmp_path, store_location):
     """A single statement is written in autocommit mode (no BEGIN … COMMIT): it must still be
     durable when it returns, visible to a second connection such as ``bumblebot trace``."""
     from bumblebot.store import Store
 
-    async with Store(tmp_path / "b.db") as store:
+    async with Store(store_location) as store:
         await store.set_kv("k", "v")
-        async with Store(tmp_path / "b.db", readonly=True) as reader:
+        async with Store(store_location, readonly=True) as reader:
             assert await reader.get_kv("k") == "v"
 
 

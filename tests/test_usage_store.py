@@ -10,12 +10,12 @@ from bumblebot.core.usage import Scope, Usage
 from bumblebot.store import Store
 
 
-async def test_requests_add_to_their_days_row_and_sum_per_chat_and_sender(tmp_path: Path) -> None:
+async def test_requests_add_to_their_days_row_and_sum_per_chat_and_sender(tmp_path: Path, store_location) -> None:
     alice = Scope(conversation="telegram:1", sender="11", kind="turn")
     bob = Scope(conversation="telegram:1", sender="22", kind="turn")
     task = Scope(conversation="telegram:2", kind="automation", background=True)
     used = Usage("http://127.0.0.1:1/v1", "m", prompt=100, cached=40, completion=10, reasoning=3)
-    async with Store(tmp_path / "b.db") as store:
+    async with Store(store_location) as store:
         await store.add_usage("2026-12-01", alice, used, 0.5)
         await store.add_usage("2026-12-02", alice, used, 0.5)
         await store.add_usage("2026-12-02", alice, used, None)
@@ -32,10 +32,10 @@ async def test_requests_add_to_their_days_row_and_sum_per_chat_and_sender(tmp_pa
         assert nothing.requests == 0 and nothing.tokens == 0
 
 
-async def test_usage_by_groups_the_days_rows_costliest_first(tmp_path: Path) -> None:
+async def test_usage_by_groups_the_days_rows_costliest_first(tmp_path: Path, store_location) -> None:
     used = Usage("http://127.0.0.1:1/v1", "big", prompt=100, completion=10)
     small = Usage("http://127.0.0.1:1/v1", "small", prompt=1000, completion=10)
-    async with Store(tmp_path / "b.db") as store:
+    async with Store(store_location) as store:
         await store.add_usage("2026-11-01", Scope(conversation="telegram:1", sender="1", kind="turn"), used, 9.0)
         await store.add_usage("2026-12-01", Scope(conversation="telegram:1", sender="1", kind="turn"), used, 0.5)
         await store.add_usage("2026-12-02", Scope(conversation="telegram:2", sender="2", kind="judge"), small, None)
@@ -51,12 +51,12 @@ async def test_usage_by_groups_the_days_rows_costliest_first(tmp_path: Path) -> 
             await store.usage_by("cost; DROP TABLE usage", "2026-12-01")  # type: ignore[arg-type]
 
 
-async def test_background_and_foreground_requests_of_one_chat_and_kind_keep_their_own_rows(tmp_path: Path) -> None:
+async def test_background_and_foreground_requests_of_one_chat_and_kind_keep_their_own_rows(tmp_path: Path, store_location) -> None:
     """A compaction in a scheduled turn (background) and a ``/compact`` (not) in one chat on one
     day are both kind ``summary`` for nobody: each is counted as what it was."""
     background = Scope(conversation="telegram:5", kind="summary", background=True)
     foreground = Scope(conversation="telegram:5", kind="summary", background=False)
-    async with Store(tmp_path / "b.db") as store:
+    async with Store(store_location) as store:
         await store.add_usage("2026-12-02", background, Usage("u", "m", prompt=100), None)
         await store.add_usage("2026-12-02", foreground, Usage("u", "m", prompt=5000), None)
         await store.add_usage("2026-12-02", background, Usage("u", "m", prompt=20), None)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,6 +37,7 @@ from pydantic import BaseModel
 from bumblebot.core.events import storable_text
 from bumblebot.core.logs import bound
 from bumblebot.core.redaction import NO_SECRETS, Redactor
+from bumblebot.core.errors import STORE_FAILURES
 from bumblebot.core.settings import MIN_TOOL_RESULT_CHARS
 from bumblebot.core.toolkit import SCHEMA_LEVELS, ToolContext, ToolKind, ToolResult
 
@@ -389,7 +389,7 @@ class Registry:
             return ToolResult.error(f"{name}: {args}")
         try:
             out = await found.invoke(ctx, args)
-        except sqlite3.Error:
+        except STORE_FAILURES:
             raise  # the turn's own record failed (e.g. say): the turn recovers (bumblebot/core/errors.py)
         except Exception as exc:  # CancelledError is a BaseException and propagates
             log.warning("tool %s raised in %s", name, ctx.conversation or "-", exc_info=True)

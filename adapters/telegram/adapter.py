@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 
 from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError, TimedOut
 from telegram.ext import (
@@ -50,7 +49,7 @@ from adapters.telegram.polling import PollingRequest
 from adapters.telegram.reading import seconds
 from adapters.telegram.sending import STOP_DATA, TelegramSending
 from bumblebot.core.adapter import Adapter, Intake
-from bumblebot.core.errors import AdapterError, StoreError
+from bumblebot.core.errors import AdapterError, STORE_FAILURES, StoreError
 from bumblebot.core.events import Platform
 from bumblebot.core.settings import MediaSettings, TelegramSettings
 
@@ -267,4 +266,4 @@ def _may_pass(error: BaseException) -> bool:
     unreachable), so the update is tried again. Anything else fails the same way every time
     (an update whose fields are not what the Bot API promises): it is skipped at once, not
     after minutes of retries that hold every other chat's updates back."""
-    return isinstance(error, (StoreError, sqlite3.Error, OSError))
+    return isinstance(error, (StoreError, *STORE_FAILURES, OSError))

@@ -13,7 +13,6 @@ endpoint's. What its requests to the endpoint teach is written to the daemon's d
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -37,9 +36,9 @@ from bumblebot.app.reach import (
     token_problem,
     url_problem,
 )
-from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
+from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets, store_secrets
 from bumblebot.core.entity import Entity
-from bumblebot.core.errors import ModelError, StoreError
+from bumblebot.core.errors import ModelError, STORE_FAILURES, StoreError
 from bumblebot.core.redaction import Redactor
 from bumblebot.core.settings import Settings
 from bumblebot.llm import (
@@ -73,7 +72,8 @@ def _redactor(settings: Settings, secrets: Secrets) -> Redactor:
     from bumblebot.core.mcp_settings import secret_values
 
     return Redactor(
-        [*secrets.values(), *endpoint_secrets(settings, secrets), *secret_values(settings.mcp, mcp_environ())]
+        [*secrets.values(), *endpoint_secrets(settings, secrets), *store_secrets(settings),
+         *secret_values(settings.mcp, mcp_environ())]
     )
 
 
@@ -394,13 +394,13 @@ async def forcing_mode(settings: Settings, base_url: str, now: float | None = No
     """
     if settings.llm.tool_choice != "required":
         return f"{settings.llm.tool_choice} (llm.tool_choice in the config; never forced)", None
-    if not settings.db_path.is_file():
+    if not settings.store_exists():
         return "required", None
     try:
-        async with Store(settings.db_path, readonly=True) as store:
+        async with Store(settings.store_location, readonly=True) as store:
             raw = await store.get_kv(tool_choice_key(base_url))
-    except (StoreError, sqlite3.Error) as exc:
-        return f"unknown (cannot read {settings.db_path}: {exc})", None
+    except (StoreError, *STORE_FAILURES) as exc:
+        return f"unknown (cannot read {settings.store_shown}: {exc})", None
     fallback = ForcingFallback.parse(raw)
     if fallback is None:
         return "required", None
@@ -409,12 +409,12 @@ async def forcing_mode(settings: Settings, base_url: str, now: float | None = No
 
 async def _stored_kv(settings: Settings, key: str) -> str | None:
     """A ``kv`` value of the daemon's database, opened read-only (``None``: none, or no database)."""
-    if not settings.db_path.is_file():
+    if not settings.store_exists():
         return None
     try:
-        async with Store(settings.db_path, readonly=True) as store:
+        async with Store(settings.store_location, readonly=True) as store:
             return await store.get_kv(key)
-    except (StoreError, sqlite3.Error):
+    except (StoreError, *STORE_FAILURES):
         return None
 
 

@@ -269,6 +269,10 @@ def run_backup(settings: Settings, dest: Path) -> int:
     """``bumblebot backup PATH``: a consistent copy of the database through SQLite's online
     backup (safe while the daemon runs: it copies a snapshot, pages written meanwhile are
     copied again), checked with ``PRAGMA integrity_check`` before it is moved into place."""
+    if settings.on_postgres:
+        print(f"bumblebot: the state is in PostgreSQL ({settings.store_shown}): back it up with pg_dump "
+              "(docs/operations.md, Backups)", file=sys.stderr)
+        return EXIT_FAILURE
     source = settings.db_path
     if not source.is_file():
         print(f"bumblebot: no database at {source} yet (nothing has run here)", file=sys.stderr)
@@ -336,10 +340,10 @@ def run_service(args: argparse.Namespace, config: Path | None, settings: Setting
 
 
 async def run_trace(settings: Settings, chat: str | None, limit: int) -> int:
-    if not settings.db_path.exists():
+    if not settings.store_exists():
         print(f"bumblebot: no database at {settings.db_path} yet (nothing has run here)", file=sys.stderr)
         return 1
-    async with Store(settings.db_path, readonly=True) as store:
+    async with Store(settings.store_location, readonly=True) as store:
         conversation_id = None
         if chat:
             rows = await store._all(
@@ -399,7 +403,7 @@ async def run_web_token(settings: Settings, secrets: Secrets) -> int:
 
     token = new_token()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    async with Store(settings.db_path) as store:
+    async with Store(settings.store_location) as store:
         await store.set_kv(TOKEN_KEY, token_digest(token))
     print(token)
     note = "the web console's login token; it is shown only this once (the database keeps its hash)"

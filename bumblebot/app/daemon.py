@@ -31,7 +31,7 @@ from bumblebot.cognition.loop import AgentLoop
 from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.core.activity import Activity
 from bumblebot.core.adapter import Adapter
-from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets
+from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets, store_secrets
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ConfigError, DataDirInUse
 from bumblebot.core.logs import redact_values
@@ -174,9 +174,10 @@ class Daemon:
         self.pace = pace
         #: the secrets no chat and nothing stored may hold (the store and delivery apply it)
         self.redactor = Redactor(
-            secrets.values() + endpoint_secrets(settings, secrets) + mcp_secret_values(settings.mcp, mcp_environ())
+            secrets.values() + endpoint_secrets(settings, secrets) + store_secrets(settings)
+            + mcp_secret_values(settings.mcp, mcp_environ())
         )
-        self.store = Store(settings.db_path, redactor=self.redactor)
+        self.store = Store(settings.store_location, redactor=self.redactor)
         #: the live event bus (turns as they happen, the operator's actions), redacted like the store
         self.activity = Activity(self.redactor)
         self.web: Any = None  # the web console (bumblebot.web.WebConsole) once started
@@ -306,7 +307,7 @@ class Daemon:
             tool_context=ToolContext(workspace=settings.workspace.resolve(), data_dir=settings.data_dir),
         )
         secrets = [
-            *self.secrets.values(), *endpoint_secrets(settings, self.secrets), *mcp_secret_values(settings.mcp, environ)
+            *self.secrets.values(), *endpoint_secrets(settings, self.secrets), *store_secrets(settings), *mcp_secret_values(settings.mcp, environ)
         ]
         return TurnRunner(
             cognition=cognition,

@@ -25,12 +25,11 @@ import asyncio
 import ipaddress
 import logging
 import os
-import sqlite3
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bumblebot.core.errors import ContextTooLong, ModelError, StoreError
+from bumblebot.core.errors import ContextTooLong, ModelError, STORE_FAILURES, StoreError
 from bumblebot.core.settings import Settings
 from bumblebot.llm import LLM, Completion, ForcingFallback, SayListener
 from bumblebot.llm.window import LearnedWindow
@@ -71,7 +70,15 @@ async def writable_store(settings: Settings) -> tuple[Store | None, str]:
     user can open it: by the user ``check`` runs as when the directory is that user's, or, as
     root, for the user the directory belongs to (``service install`` gave it to the service
     user). In a directory of root's own, root creates none: the directory may not have been
-    given to the service user yet, and the daemon's first start creates the database then."""
+    given to the service user yet, and the daemon's first start creates the database then.
+    PostgreSQL (``store.url``) is opened as the daemon opens it."""
+    if settings.on_postgres:
+        store = Store(settings.store_location)
+        try:
+            await store.open()
+        except StoreError as exc:
+            return None, f"{settings.store_shown} cannot be opened for writing ({exc})"
+        return store, ""
     path = settings.db_path
     if os.geteuid() == 0 and path.is_symlink():  # root would create or write whatever it points at
         return None, f"{path} is a symbolic link: check, run as root, writes nothing through it"
@@ -82,7 +89,7 @@ async def writable_store(settings: Settings) -> tuple[Store | None, str]:
     store = Store(path)
     try:
         await store.open()
-    except (StoreError, sqlite3.Error, OSError) as exc:
+    except (StoreError, *STORE_FAILURES, OSError) as exc:
         log.warning("check cannot write what it learns to %s (%s)", path, exc)
         return None, f"{path} cannot be opened for writing ({exc})"
     return store, ""

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bumblebot.core.errors import DatabaseError
 from bumblebot.core.settings import Settings
 from bumblebot.runtime.limits import money
 from bumblebot.runtime.usage_report import PERIODS, since_day
@@ -109,12 +110,12 @@ async def report(settings: Settings, days: int, now: float | None = None) -> Rep
 
     Raises:
         StoreError: the database cannot be opened.
-        sqlite3.Error: it has no ``usage`` table (written by an older Bumblebot).
+        sqlite3.Error, DatabaseError: it has no ``usage`` table (written by an older Bumblebot).
     """
     now = time.time() if now is None else now
     periods = list(PERIODS) + ([(f"last {days} days", days)] if days not in (d for _, d in PERIODS) else [])
     since = since_day(now, days)
-    async with Store(settings.db_path, readonly=True) as store:
+    async with Store(settings.store_location, readonly=True) as store:
         totals = [(name, since_day(now, n), await store.usage_totals(since_day(now, n))) for name, n in periods]
         chats = await store.usage_by("conversation", since, limit=TOP_CHATS)
         models = await store.usage_by("model", since, limit=MAX_ROWS)
@@ -124,13 +125,13 @@ async def report(settings: Settings, days: int, now: float | None = None) -> Rep
 
 async def run_usage(settings: Settings, days: int, as_json: bool) -> int:
     """``bumblebot usage [--days N] [--json]``; 1 when there is no database to read."""
-    if not settings.db_path.exists():
+    if not settings.store_exists():
         print(f"bumblebot: no database at {settings.db_path} yet (nothing has run here)", file=sys.stderr)
         return 1
     try:
         data = await report(settings, days)
-    except sqlite3.OperationalError as exc:
-        print(f"bumblebot: no usage recorded in {settings.db_path} yet ({exc}); start the daemon once", file=sys.stderr)
+    except (sqlite3.OperationalError, DatabaseError) as exc:
+        print(f"bumblebot: no usage recorded in {settings.store_shown} yet ({exc}); start the daemon once", file=sys.stderr)
         return 1
     print(json.dumps(data.as_json(), indent=2) if as_json else data.text())
     return 0

@@ -52,6 +52,8 @@ class Secrets(BaseSettings):
     openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")
     #: the web console's login token (else the one ``bumblebot web token`` stored as a hash)
     web_token: SecretStr | None = Field(None, validation_alias="BUMBLEBOT_WEB_TOKEN")
+    #: the PostgreSQL password (``store.url``), as libpq and asyncpg name it
+    pg_password: SecretStr | None = Field(None, validation_alias="PGPASSWORD")
 
     _dotenv: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -68,7 +70,7 @@ class Secrets(BaseSettings):
     def values(self) -> list[str]:
         """Every secret value that is set (for log redaction)."""
         out = []
-        for v in (self.telegram_bot_token, self.discord_bot_token, self.openai_api_key, self.web_token):
+        for v in (self.telegram_bot_token, self.discord_bot_token, self.openai_api_key, self.web_token, self.pg_password):
             if v is not None and v.get_secret_value():
                 out.append(v.get_secret_value())
         return out
@@ -253,7 +255,9 @@ def load_settings(path: Path | None = None) -> Settings:
 
 
 #: The environment variables :class:`Secrets` reads.
-SECRET_VARIABLES = ("TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL", "BUMBLEBOT_WEB_TOKEN")
+SECRET_VARIABLES = (
+    "TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL", "BUMBLEBOT_WEB_TOKEN", "PGPASSWORD",
+)
 
 
 def dotenv_unreadable(path: Path = Path(".env")) -> str | None:
@@ -270,8 +274,22 @@ def dotenv_unreadable(path: Path = Path(".env")) -> str | None:
 
 def load_secrets(*, read_dotenv: bool = True, path: Path = Path(".env")) -> Secrets:
     """Secrets from the environment and the ``.env`` at ``path`` (not the file when
-    ``read_dotenv`` is false)."""
-    return Secrets(_env_file=path) if read_dotenv else Secrets(_env_file=None)
+    ``read_dotenv`` is false).
+
+    A ``PGPASSWORD`` only the ``.env`` holds is put in this process's environment, where the
+    PostgreSQL client (asyncpg, like libpq) reads it."""
+    secrets = Secrets(_env_file=path) if read_dotenv else Secrets(_env_file=None)
+    if secrets.pg_password is not None and "PGPASSWORD" not in os.environ:
+        os.environ["PGPASSWORD"] = secrets.pg_password.get_secret_value()
+    return secrets
+
+
+def store_secrets(settings: Settings) -> list[str]:
+    """A password written into ``store.url`` itself: a secret no log or stored text may hold."""
+    from urllib.parse import urlsplit
+
+    password = urlsplit(settings.store.url).password if settings.store.url and settings.on_postgres else None
+    return [password] if password else []
 
 
 def effective_base_url(settings: Settings, secrets: Secrets) -> str:

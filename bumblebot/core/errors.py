@@ -12,6 +12,7 @@
     ├── AdapterError           a platform call failed
     │   └── DeliveryFailed     a message could not be delivered; ``retryable`` says if it may work later
     ├── StoreError             the database could not be opened or migrated
+    ├── DatabaseError          a PostgreSQL statement or connection failed (SQLite's are ``sqlite3.Error``)
     ├── DataDirInUse           another process holds the data directory's lock
     └── MediaError             a file sent could not be fetched, read or transcribed (text for the user)
 
@@ -19,13 +20,16 @@ Foreign errors (``openai``, ``telegram``, ``discord``) are translated into these
 place per dependency and chained with ``from``: ``bumblebot/llm/completion.py`` (chat completions),
 ``bumblebot/llm/speech.py`` (transcription and speech), each adapter.
 
-``sqlite3.Error`` from the store during a turn is deliberately *not* translated or caught on
+A database error from the store during a turn (:data:`STORE_FAILURES`: ``sqlite3.Error`` on
+SQLite, :class:`DatabaseError` on PostgreSQL) is deliberately *not* translated or caught on
 the way: it means the turn's own record could not be written (a locked or failing database),
 so it is never turned into a tool result or a crash note. It propagates out of the turn, and
 the conversation's actor reads the conversation back and resumes it (``actor._recover``).
 """
 
 from __future__ import annotations
+
+import sqlite3
 
 
 class BumblebotError(Exception):
@@ -142,7 +146,16 @@ class DeliveryFailed(AdapterError):
 
 
 class StoreError(BumblebotError):
-    """The SQLite database could not be opened, locked or migrated."""
+    """The database could not be opened, locked or migrated."""
+
+
+class DatabaseError(BumblebotError):
+    """A statement failed on PostgreSQL, or its connection did (``bumblebot/store/postgres.py``
+    translates asyncpg's errors; SQLite's stay ``sqlite3.Error``)."""
+
+
+#: what a store write can raise on either database: caught where a write may fail
+STORE_FAILURES: tuple[type[Exception], ...] = (sqlite3.Error, DatabaseError)
 
 
 class DataDirInUse(BumblebotError):

@@ -489,6 +489,22 @@ class EngineSettings(Section):
     )
 
 
+class StoreSettings(Section):
+    url: str | None = Field(
+        None,
+        description="the database: null for <data_dir>/bumblebot.db (SQLite), a SQLite file, or "
+        "postgresql://user@host:port/database (its password in PGPASSWORD or ~/.pgpass, not here)",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, value: str | None) -> str | None:
+        scheme = value.split("://", 1)[0] if value and "://" in value else ""
+        if scheme and scheme not in ("postgresql", "postgres"):
+            raise ValueError(f"{scheme}:// is not a database Bumblebot knows: a SQLite file path or postgresql://…")
+        return value
+
+
 class Settings(BaseSettings):
     """The whole configuration. See ``docs/configuration.md`` for every key."""
 
@@ -522,6 +538,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     mcp: MCPSettings = Field(default_factory=MCPSettings, description="MCP tool servers")
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings, description="where the state is kept")
 
     @classmethod
     def settings_customise_sources(
@@ -546,8 +563,33 @@ class Settings(BaseSettings):
         return self.data_dir / "media"
 
     @property
+    def on_postgres(self) -> bool:
+        """Whether the state is in PostgreSQL (``store.url``), not a SQLite file."""
+        return (self.store.url or "").startswith(("postgresql://", "postgres://"))
+
+    @property
     def db_path(self) -> Path:
-        return self.data_dir / "bumblebot.db"
+        """The SQLite file: ``store.url`` when it is a path, else ``<data_dir>/bumblebot.db``."""
+        return Path(self.store.url) if self.store.url and not self.on_postgres else self.data_dir / "bumblebot.db"
+
+    @property
+    def store_location(self) -> Path | str:
+        """What :class:`~bumblebot.store.Store` opens: the PostgreSQL URL, or the SQLite file."""
+        return self.store.url if self.store.url and self.on_postgres else self.db_path
+
+    @property
+    def store_shown(self) -> str:
+        """The database, to name in messages (a URL without its password)."""
+        if not self.store.url or not self.on_postgres:
+            return str(self.db_path)
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.store.url)
+        return self.store.url if parts.password is None else self.store.url.replace(f":{parts.password}@", ":***@", 1)
+
+    def store_exists(self) -> bool:
+        """Whether there is a database to read (a PostgreSQL server is taken to have one)."""
+        return self.on_postgres or self.db_path.exists()
 
     @property
     def knowledge_path(self) -> Path:

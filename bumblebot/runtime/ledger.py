@@ -8,7 +8,7 @@ at ``llm.prices`` (:mod:`bumblebot.core.prices`); and counted in the Prometheus 
 ``bumblebot_model_tokens_total``, ``bumblebot_model_cost_total`` and
 ``bumblebot_audio_seconds_total`` (labelled by model and kind, never by conversation).
 
-The write is part of the turn like any other: a ``sqlite3.Error`` is not caught here. It
+The write is part of the turn like any other: a database error is not caught here. It
 propagates out of the turn, and the conversation's actor reads the conversation back and
 resumes it, as after any failed write of a turn (``bumblebot/core/errors.py``).
 
@@ -84,7 +84,7 @@ class Ledger:
         (``None``: its model has no price).
 
         Raises:
-            sqlite3.Error: the row could not be written.
+            sqlite3.Error, DatabaseError: the row could not be written.
         """
         cost = cost_of(self.prices, usage)
         self.metrics.model_usage(scope.kind, usage, cost, self.currency)

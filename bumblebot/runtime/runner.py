@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import sqlite3
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -41,7 +40,7 @@ from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.cognition.router import Route
 from bumblebot.cognition.trace import LoopTrace, Stop, StopReason
 from bumblebot.core.adapter import Typing
-from bumblebot.core.errors import ContextTooLong, ModelError, ModelUnavailable, SpendingLimitReached
+from bumblebot.core.errors import ContextTooLong, ModelError, ModelUnavailable, SpendingLimitReached, STORE_FAILURES
 from bumblebot.core.logs import bind
 from bumblebot.core.messages import (
     MESSAGE_OVERHEAD_TOKENS,
@@ -464,7 +463,7 @@ class TurnRunner:
             log.warning("turn %s in %s failed: %s", turn.id, conversation.key, exc)
             note = too_long(turn) if isinstance(exc, ContextTooLong) else MODEL_REFUSED.format(error=exc.status or "error")
             return await self._end(conversation, turn, snapshot(error=str(exc)), "failed", Stop(StopReason.MODEL_ERROR), note, started)
-        except sqlite3.Error:
+        except STORE_FAILURES:
             raise  # a write of the turn failed: the actor reads it back and resumes it
         except Exception:
             error_id = uuid.uuid4().hex[:8]

@@ -1,4 +1,8 @@
-"""The one SQLite connection of a store: opening it, write transactions and reads.
+"""The one connection of a store: opening it, write transactions and reads.
+
+The store is a SQLite file (aiosqlite), or a PostgreSQL database when its location is a
+``postgresql://`` URL (``store.url``; :mod:`bumblebot.store.postgres`, which takes the same
+statements).
 
 :class:`Database` is the base of :class:`bumblebot.store.Store` and of each table module's
 class: they all read through :meth:`Database._one` and :meth:`Database._all` and write through
@@ -26,12 +30,16 @@ from typing import Any, Self
 
 import aiosqlite
 
-from bumblebot.core.errors import StoreError
+from bumblebot.core.errors import DatabaseError, StoreError
 from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.events import storable_text
+from bumblebot.store import postgres
 from bumblebot.store.schema import migrate
 
 log = logging.getLogger(__name__)
+
+#: a ``kv`` value written over the one there (``INSERT OR REPLACE`` in SQLite alone)
+SET_KV = "INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
 
 def storable(params: Sequence[Any], redactor: Redactor = NO_SECRETS) -> Any:
@@ -45,30 +53,39 @@ class Writes:
     storable text without secrets (:func:`storable`); anything else is the aiosqlite
     connection's own."""
 
-    def __init__(self, db: aiosqlite.Connection, redactor: Redactor) -> None:
+    def __init__(self, db: Any, redactor: Redactor) -> None:
         self._db = db
         self._redactor = redactor
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self._db.execute(sql, storable(params, self._redactor))
 
-    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> aiosqlite.Cursor:
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
         return await self._db.executemany(sql, [storable(r, self._redactor) for r in rows])
+
+    async def insert(self, sql: str, params: Sequence[Any] = ()) -> int | None:
+        """Run an ``INSERT`` and return the new row's ``id`` (``None`` when an ``ON CONFLICT DO
+        NOTHING`` skipped it): ``RETURNING id``, one trip on either database."""
+        rows = await self._db.execute_fetchall(f"{sql} RETURNING id", storable(params, self._redactor))
+        return int(rows[0][0]) if rows else None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._db, name)
 
 
 class Database:
-    """An aiosqlite connection to one file, opened with ``async with`` (see :class:`Store`).
+    """A connection to one database, opened with ``async with`` (see :class:`Store`).
 
-    ``redactor``: the secrets no text written or matched may hold (default: none)."""
+    ``location``: a SQLite file, or a ``postgresql://`` URL. ``redactor``: the secrets no text
+    written or matched may hold (default: none)."""
 
-    def __init__(self, path: Path, *, readonly: bool = False, redactor: Redactor = NO_SECRETS) -> None:
-        self.path = path
+    def __init__(self, location: Path | str, *, readonly: bool = False, redactor: Redactor = NO_SECRETS) -> None:
+        self.postgres = postgres.is_url(location)
+        self.path = Path(location) if not self.postgres else Path()
+        self.url = str(location) if self.postgres else ""
         self.readonly = readonly
         self.redactor = redactor
-        self._db: aiosqlite.Connection | None = None
+        self._db: Any = None  # aiosqlite.Connection, or postgres.Connection
         self._write_lock = asyncio.Lock()
 
     async def __aenter__(self) -> Self:
@@ -78,9 +95,17 @@ class Database:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    @property
+    def shown(self) -> str:
+        """Where the database is, to name in messages (a URL without its password)."""
+        return postgres.shown(self.url) if self.postgres else str(self.path)
+
     async def open(self) -> None:
         if self._db is not None:
             raise RuntimeError("store is already open")
+        if self.postgres:
+            await self._open_postgres()
+            return
         try:
             if self.readonly:
                 self._db = await aiosqlite.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
@@ -98,13 +123,26 @@ class Database:
             await self.close()
             raise StoreError(f"cannot open database {self.path}: {exc}") from exc
 
+    async def _open_postgres(self) -> None:
+        db = postgres.Connection(self.url, readonly=self.readonly)
+        try:
+            await db.connect()
+            await migrate(db, readonly=self.readonly)
+        except BaseException as exc:
+            await db.close()
+            if isinstance(exc, DatabaseError):
+                raise StoreError(f"cannot open database {self.shown}: {exc}") from exc
+            raise
+        self._db = db
+
     async def close(self) -> None:
         if self._db is not None:
             db, self._db = self._db, None
             await db.close()
 
     @property
-    def db(self) -> aiosqlite.Connection:
+    def db(self) -> Any:
+        """The open connection (aiosqlite's, or :class:`bumblebot.store.postgres.Connection`)."""
         if self._db is None:
             raise RuntimeError("store is not open")
         return self._db
@@ -123,13 +161,20 @@ class Database:
             else:
                 await self.db.execute("COMMIT")
 
-    async def write(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Cursor:
+    async def write(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         """One write statement, serialised with the transactions. In autocommit mode SQLite
         makes a lone statement a transaction of its own, so this is one trip to aiosqlite's
         thread where ``BEGIN`` … ``COMMIT`` would be three."""
         async with self._write_lock:
             await self._end_left_open()
             return await self.db.execute(sql, storable(params, self.redactor))
+
+    async def insert(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        """One ``INSERT`` (as :meth:`write`); returns the new row's ``id``."""
+        async with self._write_lock:
+            await self._end_left_open()
+            rows = await self.db.execute_fetchall(f"{sql} RETURNING id", storable(params, self.redactor))
+        return int(rows[0][0])
 
     async def _begin(self) -> None:
         """``BEGIN IMMEDIATE``, never left open: a task cancelled while the statement waits in
@@ -153,10 +198,10 @@ class Database:
             log.warning("a transaction was left open by a cancelled write; rolling it back")
             await self.db.execute("ROLLBACK")
 
-    async def _one(self, sql: str, params: tuple[Any, ...] = ()) -> aiosqlite.Row | None:
+    async def _one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         """The first row of a query that returns at most a few (one trip to aiosqlite's thread)."""
         rows = await self.db.execute_fetchall(sql, storable(params, self.redactor))
         return next(iter(rows), None)
 
-    async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[aiosqlite.Row]:
+    async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         return list(await self.db.execute_fetchall(sql, storable(params, self.redactor)))

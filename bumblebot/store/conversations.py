@@ -28,8 +28,8 @@ class ConversationTables(Database):
             async with self.transaction() as db:
                 now = time.time()
                 await db.execute(
-                    "INSERT OR IGNORE INTO conversations (platform, chat_id, thread_id, created_at, last_active_at)"
-                    " VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO conversations (platform, chat_id, thread_id, created_at, last_active_at)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (*params, now, now),
                 )
             row = await self._one(sql, params)

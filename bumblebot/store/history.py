@@ -53,12 +53,11 @@ class HistoryTables(Database):
         """
         now = time.time()
         async with self.transaction() as db:
-            cur = await db.execute(
+            turn_id = await db.insert(
                 "INSERT INTO turns (conversation_id, session, status, started_at, ended_at, trace)"
                 " VALUES (?, ?, 'done', ?, ?, '{}')",
                 (conversation.id, conversation.session, now, now),
             )
-            turn_id = cur.lastrowid
             assert turn_id is not None
             await insert_messages(db, conversation.id, conversation.session, turn_id, messages)
         return turn_id
@@ -108,7 +107,7 @@ class HistoryTables(Database):
         now = time.time()
         async with self.transaction() as db:
             await db.execute(
-                "INSERT OR IGNORE INTO compaction (conversation_id, session, updated_at) VALUES (?, ?, ?)",
+                "INSERT INTO compaction (conversation_id, session, updated_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                 (conversation_id, session, now),
             )
             if failed:
@@ -210,7 +209,7 @@ async def insert_messages(
     now = time.time()
     for m in messages:
         m.make_storable()
-        cur = await db.execute(
+        m.id = await db.insert(
             "INSERT INTO messages (conversation_id, session, turn_id, role, content, tool_calls,"
             " tool_call_id, name, ok, note, created_at, images, context)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -222,4 +221,3 @@ async def insert_messages(
                 json_text(m.context.to_json()) if m.context is not None else None,
             ),
         )
-        m.id = cur.lastrowid

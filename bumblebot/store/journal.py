@@ -23,7 +23,7 @@ from typing import Any
 import aiosqlite
 
 from bumblebot.core.events import Attachment, ChatKind, ChatRef, Inbound, Platform
-from bumblebot.store.connection import Database
+from bumblebot.store.connection import SET_KV, Database
 from bumblebot.store.records import JournalEntry
 from bumblebot.store.schema import to_json
 
@@ -49,10 +49,11 @@ class JournalTables(Database):
         inbound = inbound.storable()
         now = time.time()
         async with self.transaction() as db:
-            cur = await db.execute(
-                "INSERT OR IGNORE INTO journal (platform, chat_id, thread_id, message_id, update_id,"
+            new_id = await db.insert(
+                "INSERT INTO journal (platform, chat_id, thread_id, message_id, update_id,"
                 " sender_id, sender_name, chat_kind, source, text, quote, background, context_limit, status,"
-                " received_at, done_at, attachments, paste_part) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " received_at, done_at, attachments, paste_part) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
                 (
                     c.platform.value, c.chat_id, c.thread_id, inbound.message_id, inbound.update_id,
                     inbound.sender_id, inbound.sender_name, inbound.chat_kind.value, inbound.source,
@@ -61,11 +62,10 @@ class JournalTables(Database):
                     int(inbound.paste_part),
                 ),
             )
-            new_id = cur.lastrowid if cur.rowcount == 1 else None
             if new_id is not None:
                 await db.execute(*touch_chat(c, now))
             for key, value in (kv or {}).items():
-                await db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+                await db.execute(SET_KV, (key, value))
         return new_id
 
     async def pending_inbound(self) -> list[JournalEntry]:

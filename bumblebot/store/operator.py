@@ -34,7 +34,7 @@ class OperatorTables(Database):
         await self.write(
             "INSERT INTO conversations (platform, chat_id, thread_id, created_at, title) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (platform, chat_id, thread_id) DO UPDATE SET title = excluded.title"
-            " WHERE title != excluded.title",
+            " WHERE conversations.title != excluded.title",
             (*_chat(key), time.time(), title),
         )
 
@@ -42,7 +42,7 @@ class OperatorTables(Database):
         """Pause (keeping the time it was first paused) or resume the conversation ``key``;
         ``False`` when it has no row."""
         cur = await self.write(
-            "UPDATE conversations SET paused_at = CASE WHEN ? THEN COALESCE(paused_at, ?) ELSE NULL END"
+            "UPDATE conversations SET paused_at = CASE WHEN ? = 1 THEN COALESCE(paused_at, ?) ELSE NULL END"
             f" WHERE {_WHERE_CHAT}",
             (int(paused), time.time(), *_chat(key)),
         )
@@ -58,7 +58,7 @@ class OperatorTables(Database):
     async def block_sender(self, platform: str, sender_id: str) -> bool:
         """Block ``sender_id`` on ``platform``; ``False`` when already blocked."""
         cur = await self.write(
-            "INSERT OR IGNORE INTO blocked_senders (platform, sender_id, blocked_at) VALUES (?, ?, ?)",
+            "INSERT INTO blocked_senders (platform, sender_id, blocked_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
             (platform, sender_id, time.time()),
         )
         return cur.rowcount == 1

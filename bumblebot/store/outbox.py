@@ -29,9 +29,8 @@ class OutboxTables(Database):
 
     async def outbox_add(self, conversation_id: int, turn_id: int | None, chat: ChatRef, text: str) -> OutboxEntry:
         """Queue an out-of-turn message (a command's answer, a refusal) for delivery."""
-        cur = await self.write(*outbox_insert(conversation_id, turn_id, chat, text, None))
-        assert cur.lastrowid is not None
-        return OutboxEntry(cur.lastrowid, conversation_id, turn_id, chat, text, "pending", [], 0, None)
+        row_id = await self.insert(*outbox_insert(conversation_id, turn_id, chat, text, None))
+        return OutboxEntry(row_id, conversation_id, turn_id, chat, text, "pending", [], 0, None)
 
     async def outbox_progress(
         self, outbox_id: int, *, status: str, message_ids: list[str], error: str | None = None
@@ -117,9 +116,9 @@ async def insert_outbox(
     tool_call_id: str | None, attachment: dict[str, Any] | None = None,
 ) -> int:
     """Queue a message inside the caller's transaction ``db``; returns the row id."""
-    cur = await db.execute(*outbox_insert(conversation_id, turn_id, chat, text, tool_call_id, attachment))
-    assert cur.lastrowid is not None
-    return cur.lastrowid
+    row_id = await db.insert(*outbox_insert(conversation_id, turn_id, chat, text, tool_call_id, attachment))
+    assert row_id is not None
+    return row_id
 
 
 def outbox_insert(

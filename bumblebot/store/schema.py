@@ -1,7 +1,7 @@
 """The database schema: :data:`MIGRATIONS`, applying them, and how JSON columns are written.
 
 Schema versions are applied in order from :data:`MIGRATIONS` and recorded in
-``PRAGMA user_version`` (12 now); each runs in one transaction with its version number, so a
+``PRAGMA user_version`` (12 now; on PostgreSQL, the ``schema_version`` table); each runs in one transaction with its version number, so a
 crash leaves the database at the version before or after, never between. A database newer
 than this code is refused. The tables are described in the module that writes each and in
 ``docs/architecture.md``.
@@ -15,6 +15,7 @@ import aiosqlite
 
 from bumblebot.core.errors import StoreError
 from bumblebot.core.messages import json_text
+from bumblebot.store import dialect
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: initial schema
@@ -268,24 +269,64 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-async def migrate(db: aiosqlite.Connection, *, readonly: bool) -> None:
-    """Bring ``db`` up to the newest schema (only check it when ``readonly``).
+#: PostgreSQL's record of the schema version (SQLite's is ``PRAGMA user_version``)
+_PG_VERSION = "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)"
+#: the advisory lock that lets one process of several migrate at a time (any fixed number)
+_PG_MIGRATION_LOCK = 0x62756D62
+
+
+async def migrate(db: Any, *, readonly: bool) -> None:
+    """Bring ``db`` (an aiosqlite connection, or :class:`bumblebot.store.postgres.Connection`)
+    up to the newest schema (only check it when ``readonly``).
+
+    On PostgreSQL each migration is :func:`bumblebot.store.dialect.schema` of the same script,
+    run holding an advisory lock, so that of several workers starting at once one migrates and
+    the others find the version done.
 
     Raises:
         StoreError: the database's schema is newer than this code.
     """
-    async with db.execute("PRAGMA user_version") as cur:
-        row = await cur.fetchone()
-    version = int(row[0]) if row else 0
+    if isinstance(db, aiosqlite.Connection):
+        async with db.execute("PRAGMA user_version") as cur:
+            row = await cur.fetchone()
+        version = _checked(int(row[0]) if row else 0)
+        if readonly:
+            return
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version={number};\nCOMMIT;")
+        return
+    if readonly:
+        exists = (await db.execute_fetchall("SELECT to_regclass('schema_version') IS NOT NULL"))[0][0]
+        if exists:
+            _checked(int((await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM schema_version"))[0][0]))
+        return
+    await db.executescript(
+        f"BEGIN; SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK}); {_PG_VERSION};"
+        " INSERT INTO schema_version SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM schema_version); COMMIT;"
+    )
+    while True:
+        await db.execute("BEGIN")
+        try:
+            await db.execute(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})")
+            version = _checked(int((await db.execute_fetchall("SELECT version FROM schema_version"))[0][0]))
+            if version == len(MIGRATIONS):
+                await db.execute("COMMIT")
+                return
+            await db.executescript(f"{dialect.schema(MIGRATIONS[version])}\nUPDATE schema_version SET version = {version + 1};")
+            await db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                await db.execute("ROLLBACK")
+            raise
+
+
+def _checked(version: int) -> int:
     if version > len(MIGRATIONS):
         raise StoreError(
             f"database schema version {version} is newer than this Bumblebot "
             f"(knows {len(MIGRATIONS)}); upgrade Bumblebot"
         )
-    if readonly:
-        return
-    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-        await db.executescript(f"BEGIN;\n{script}\nPRAGMA user_version={number};\nCOMMIT;")
+    return version
 
 
 def to_json(value: Any) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import secrets
 
+from bumblebot.store.connection import SET_KV
 from bumblebot.store.console import ConsoleTables
 from bumblebot.store.conversations import ConversationTables
 from bumblebot.store.history import HistoryTables
@@ -71,7 +72,7 @@ class Store(
         return None if row is None else str(row[0])
 
     async def set_kv(self, key: str, value: str) -> None:
-        await self.write("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+        await self.write(SET_KV, (key, value))
 
     async def delete_kv(self, key: str) -> None:
         """Forget ``key`` (nothing happens when it is absent)."""
@@ -81,7 +82,7 @@ class Store(
         """A random id of this database, made on first use (idempotency keys of sends)."""
         value = await self.get_kv(INSTANCE_KEY)
         if value is None:
-            await self.write("INSERT OR IGNORE INTO kv (key, value) VALUES (?, ?)", (INSTANCE_KEY, secrets.token_hex(4)))
+            await self.write("INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING", (INSTANCE_KEY, secrets.token_hex(4)))
             value = await self.get_kv(INSTANCE_KEY)
         assert value is not None
         return value

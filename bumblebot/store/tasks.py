@@ -52,13 +52,13 @@ class TaskTables(Database):
                 row = await cur.fetchone()
             if row is not None and int(row[0]) >= max_active:
                 raise TooManyTasks(f"this chat has {row[0]} scheduled tasks, the most it may have ({max_active})")
-            cur = await db.execute(
+            task_id = await db.insert(
                 "INSERT INTO tasks (conversation_id, kind, spec, tz, text, created_at, turn_id, next_due)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, kind, spec, tz, text, time.time(), turn_id, due),
             )
-            assert cur.lastrowid is not None
-            return cur.lastrowid
+            assert task_id is not None
+            return task_id
 
     async def tasks(self, conversation_id: int | None = None, *, active: bool = True) -> list[TaskRecord]:
         """Tasks of a conversation (every conversation's when ``None``), by next due time."""
@@ -145,19 +145,19 @@ class TaskTables(Database):
             async with db.execute(_PENDING_RUN, (c.platform.value, c.chat_id, c.thread_id, len(prefix), prefix)) as pending:
                 if await pending.fetchone() is not None:
                     return None  # its last run is still waiting (an outage, a long turn): no pile-up
-            cur = await db.execute(
-                "INSERT OR IGNORE INTO journal (platform, chat_id, thread_id, message_id, update_id, sender_id,"
+            journal_id = await db.insert(
+                "INSERT INTO journal (platform, chat_id, thread_id, message_id, update_id, sender_id,"
                 " sender_name, chat_kind, source, text, quote, background, context_limit, status, received_at)"
-                " VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, '', 0, 0, 'pending', ?)",
+                " VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, '', 0, 0, 'pending', ?) ON CONFLICT DO NOTHING",
                 (c.platform.value, c.chat_id, c.thread_id, inbound.message_id, inbound.sender_id, inbound.sender_name,
                  inbound.chat_kind.value, inbound.source, inbound.text, now),
             )
-            if cur.rowcount != 1:
+            if journal_id is None:
                 return None
             # ``runs`` counts the runs journaled, not the due times skipped meanwhile
             await db.execute("UPDATE tasks SET runs=runs+1 WHERE id=?", (task.id,))
             await db.execute(*touch_chat(c, now))
-            return cur.lastrowid
+            return journal_id
 
     async def active_chats(self, since: float) -> list[tuple[ChatRef, str]]:
         """Conversations whose last message from a person that a turn answered (not a refused

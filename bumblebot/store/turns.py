@@ -44,12 +44,11 @@ class TurnTables(Database):
         """Open a turn: its row (``running``), its user message, and the journal entries' turn id
         (they stay ``pending`` until it finishes), in one transaction. Returns the turn id."""
         async with self.transaction() as db:
-            cur = await db.execute(
+            turn_id = await db.insert(
                 "INSERT INTO turns (conversation_id, session, status, started_at, state)"
                 " VALUES (?, ?, 'running', ?, ?)",
                 (conversation_id, session, time.time(), to_json(state)),
             )
-            turn_id = cur.lastrowid
             assert turn_id is not None
             await insert_messages(db, conversation_id, session, turn_id, [user_message])
             await db.executemany("UPDATE journal SET turn_id=? WHERE id=?", [(turn_id, j) for j in journal_ids])
@@ -106,10 +105,9 @@ class TurnTables(Database):
         it was written: it becomes the message (its preview is edited into the final text)
         instead of a new row. ``attachment`` is a file to send with it (:attr:`OutboxEntry.attachment`)."""
         if stream is None and message is None and state is None:  # one statement: no BEGIN … COMMIT
-            cur = await self.write(*outbox_insert(conversation_id, turn_id, chat, text, tool_call_id, attachment))
-            assert cur.lastrowid is not None
+            row_id = await self.insert(*outbox_insert(conversation_id, turn_id, chat, text, tool_call_id, attachment))
             return OutboxEntry(
-                cur.lastrowid, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id, None,
+                row_id, conversation_id, turn_id, chat, text, "pending", [], 0, None, tool_call_id, None,
                 attachment=attachment,
             )
         async with self.transaction() as db:
@@ -134,13 +132,12 @@ class TurnTables(Database):
     async def open_stream(self, conversation_id: int, turn_id: int, chat: ChatRef) -> OutboxEntry:
         """A row for a ``say`` whose text is still being streamed (``streaming``, no text yet);
         :meth:`speak` with ``stream=`` turns it into the message."""
-        cur = await self.write(
+        row_id = await self.insert(
             "INSERT INTO outbox (conversation_id, turn_id, platform, chat_id, thread_id, text, streaming,"
             " created_at) VALUES (?, ?, ?, ?, ?, '', 1, ?)",
             (conversation_id, turn_id, chat.platform.value, chat.chat_id, chat.thread_id, time.time()),
         )
-        assert cur.lastrowid is not None
-        return OutboxEntry(cur.lastrowid, conversation_id, turn_id, chat, "", "pending", [], 0, None, streaming=True)
+        return OutboxEntry(row_id, conversation_id, turn_id, chat, "", "pending", [], 0, None, streaming=True)
 
     async def stream_previewed(self, outbox_id: int, preview_id: str, shown: str) -> None:
         """The platform message ``preview_id`` now shows the streaming row ``outbox_id``, with

@@ -57,12 +57,12 @@ class UsageTables(Database):
             " prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, estimated, audio_seconds,"
             " cost, priced) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (day, conversation, sender, kind, background, endpoint, model) DO UPDATE SET"
-            " requests = requests + 1, prompt_tokens = prompt_tokens + excluded.prompt_tokens,"
-            " cached_tokens = cached_tokens + excluded.cached_tokens,"
-            " completion_tokens = completion_tokens + excluded.completion_tokens,"
-            " reasoning_tokens = reasoning_tokens + excluded.reasoning_tokens,"
-            " estimated = estimated + excluded.estimated, audio_seconds = audio_seconds + excluded.audio_seconds,"
-            " cost = cost + excluded.cost, priced = priced + excluded.priced",
+            " requests = usage.requests + 1, prompt_tokens = usage.prompt_tokens + excluded.prompt_tokens,"
+            " cached_tokens = usage.cached_tokens + excluded.cached_tokens,"
+            " completion_tokens = usage.completion_tokens + excluded.completion_tokens,"
+            " reasoning_tokens = usage.reasoning_tokens + excluded.reasoning_tokens,"
+            " estimated = usage.estimated + excluded.estimated, audio_seconds = usage.audio_seconds + excluded.audio_seconds,"
+            " cost = usage.cost + excluded.cost, priced = usage.priced + excluded.priced",
             (
                 day, scope.conversation or "", scope.sender or "", scope.kind, int(scope.background),
                 usage.endpoint, usage.model, usage.prompt, usage.cached, usage.completion, usage.reasoning,
@@ -85,7 +85,7 @@ class UsageTables(Database):
             params.append(sender)
         if background is not None:
             where.append("background = ?")
-            params.append(str(int(background)))
+            params.append(int(background))
         row = await self._one(f"SELECT {_SUMS} FROM usage WHERE {' AND '.join(where)}", tuple(params))
         return UsageTotals(*row) if row is not None else UsageTotals()
 
