@@ -2,7 +2,7 @@
 
 :class:`PostgresServer` makes a throwaway cluster (``initdb``) in a folder of its own and starts
 it (``pg_ctl``) on a free port, with what makes a test server fast and nothing else
-(``fsync=off``: the data dies with the test run). :meth:`PostgresServer.database` makes a new,
+(``fsync=off``: the data dies with the test run; ``durable`` keeps fsync, for benchmarks). :meth:`PostgresServer.database` makes a new,
 empty database for each test. As root (CI), the server runs as the ``postgres`` user the
 package creates: PostgreSQL refuses to run as root.
 
@@ -46,8 +46,9 @@ def _free_port() -> int:
 class PostgresServer:
     """A PostgreSQL cluster in ``folder``, on 127.0.0.1; ``start()`` then ``stop()``."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, durable: bool = False) -> None:
         self.folder = folder
+        self.durable = durable
         self.data = folder / "data"
         self.port = _free_port()
         self.user = "bumblebot"
@@ -64,8 +65,10 @@ class PostgresServer:
 
     def start(self) -> None:
         self._run(_binary("initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "--no-sync")
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
-                   " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")  # fmt: skip
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c max_connections=200"
+        # durable (the benchmarks): what SQLite's WAL with synchronous=NORMAL is, a crash may lose
+        # the last commits but corrupts nothing; else (tests) nothing reaches the disk on purpose
+        options += " -c synchronous_commit=off" if self.durable else " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run(_binary("pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.folder / "log"), "-w", "start")
 
     def stop(self) -> None:
