@@ -239,6 +239,7 @@ FLOORS = {
     "adapters/telegram": 6,
     "adapters/discord": 6,
     "bumblebot/web": 6,
+    "bumblebot/cluster": 6,
     "bumblebot/app": 7,
 }
 

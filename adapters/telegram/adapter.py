@@ -84,9 +84,11 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
 
     def __init__(
         self, intake: Intake, settings: TelegramSettings, token: str, *, media: MediaSettings | None = None,
-        pacer: Pacer | None = None,
+        pacer: Pacer | None = None, poller_role: asyncio.Event | None = None,
     ) -> None:
         self.pacer = pacer or Pacer()
+        #: a worker of a cluster polls only while this is set (it holds ``telegram.poller``)
+        self._poller_role = poller_role
         self.intake = intake
         self.settings = settings
         self.media = media or MediaSettings()
@@ -187,6 +189,10 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         offset = int(stored) if stored else 0
         backoff = 1.0
         while True:
+            if self._poller_role is not None and not self._poller_role.is_set():
+                await self._poller_role.wait()  # another worker polls meanwhile, and moves the offset
+                stored = await self.intake.cursor(OFFSET_KEY)
+                offset = int(stored) if stored else 0
             try:
                 await self.app.bot.get_updates(  # the batch is read update by update by self._polling
                     offset=offset, timeout=self.settings.poll_timeout_s, allowed_updates=ALLOWED_UPDATES,
@@ -194,6 +200,10 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
                 )
                 backoff = 1.0
             except Conflict as exc:
+                if self._poller_role is not None:  # the last poller's request is still open: a handover
+                    log.warning("Telegram: another worker's getUpdates is still open; retrying")
+                    await asyncio.sleep(1.0)
+                    continue
                 log.error("Telegram: another process is polling this bot token (409 Conflict); stopping")
                 if not self.failure.done():
                     self.failure.set_exception(AdapterError(f"Telegram conflict: {exc.message}"))

@@ -31,6 +31,7 @@ from bumblebot.cognition.loop import AgentLoop
 from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.core.activity import Activity
 from bumblebot.core.adapter import Adapter
+from bumblebot.cluster import TELEGRAM_POLLER, Membership, default_name
 from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets, store_secrets
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ConfigError, DataDirInUse
@@ -192,6 +193,9 @@ class Daemon:
         self.watchdog = LoopWatchdog()  # logs event-loop stalls over 0.5 s
         self._stopped = False
         self._window_task: asyncio.Task[object] | None = None
+        #: a worker sharing a PostgreSQL store: its leases (``None``: alone, on SQLite)
+        self.membership: Membership | None = None
+        self._membership_task: asyncio.Task[None] | None = None
 
     def platform_adapters(self, engine: Engine) -> list[Adapter]:
         settings, secrets = self.settings, self.secrets
@@ -202,6 +206,7 @@ class Daemon:
             adapters.append(TelegramAdapter(
                 engine, settings.telegram, secrets.telegram_bot_token.get_secret_value(), media=settings.media,
                 pacer=Pacer(self.pace),
+                poller_role=self.membership.role(TELEGRAM_POLLER) if self.membership is not None else None,
             ))
         if settings.discord.enabled and secrets.discord_bot_token:
             from adapters.discord import DiscordAdapter
@@ -281,10 +286,16 @@ class Daemon:
         await asyncio.to_thread(self.media.clean_partials)  # a killed fetch left half a file
         await delivery.sweep_staged()  # copies of files no row will send
         self.runner = self._runner(memory, environ)
+        if settings.on_postgres:  # a worker: other processes may share the store
+            self.membership = Membership(store, settings.cluster.worker or default_name(), settings.cluster.lease_s)
+            delivery.fence_of = self.membership.fence
         self.engine = Engine(
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,
             media=self.media, debounce_s=settings.cognition.debounce_s, activity=self.activity,
+            ownership=self.membership,
         )
+        if self.membership is not None:
+            self.membership.bind(self.engine.collect, self.engine.drop)
         self.spending.reply = self.engine.reply  # limits.notify_chat is told through the outbox
         return self.engine
 
@@ -380,6 +391,8 @@ class Daemon:
             self.media.register(adapter)
             await adapter.start()
         engine.mark_ready()
+        if self.membership is not None:  # claims its conversations, and its roles, from now on
+            self._membership_task = asyncio.create_task(self.membership.run(), name="bumblebot:cluster")
 
     async def web_token_sha256(self) -> str | None:
         """The web console's login token as its SHA-256 (hex): ``BUMBLEBOT_WEB_TOKEN``'s, else
@@ -433,6 +446,12 @@ class Daemon:
             await self._each_adapter("stop_intake")
             if self.engine is not None:
                 await self.engine.stop()  # in-flight turns finish and deliver
+            if self._membership_task is not None:
+                self._membership_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._membership_task
+            if self.membership is not None:
+                await self.membership.leave()  # the other workers take over at once
             await self._each_adapter("stop")
             if self.mcp is not None:
                 await self.mcp.stop()  # stdio servers stop with the daemon

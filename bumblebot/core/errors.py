@@ -13,6 +13,7 @@
     │   └── DeliveryFailed     a message could not be delivered; ``retryable`` says if it may work later
     ├── StoreError             the database could not be opened or migrated
     ├── DatabaseError          a PostgreSQL statement or connection failed (SQLite's are ``sqlite3.Error``)
+    │   └── LeaseLost          a write's worker no longer holds its conversation's lease
     ├── DataDirInUse           another process holds the data directory's lock
     └── MediaError             a file sent could not be fetched, read or transcribed (text for the user)
 
@@ -152,6 +153,11 @@ class StoreError(BumblebotError):
 class DatabaseError(BumblebotError):
     """A statement failed on PostgreSQL, or its connection did (``bumblebot/store/postgres.py``
     translates asyncpg's errors; SQLite's stay ``sqlite3.Error``)."""
+
+
+class LeaseLost(DatabaseError):
+    """A write was refused: its worker no longer holds the conversation's lease with the token
+    the write carries (another worker took the conversation over; ``bumblebot/store/leases.py``)."""
 
 
 #: what a store write can raise on either database: caught where a write may fail

@@ -22,6 +22,7 @@ from bumblebot.core.llm_settings import (  # noqa: F401  (the llm section, impor
     on_off,
 )
 from bumblebot.core.mcp_settings import MCPSettings
+from bumblebot.core.store_settings import ClusterSettings, StoreSettings
 
 DEFAULT_OPENAI_BASE_URL = "https://api.openai.com/v1"
 
@@ -489,22 +490,6 @@ class EngineSettings(Section):
     )
 
 
-class StoreSettings(Section):
-    url: str | None = Field(
-        None,
-        description="the database: null for <data_dir>/bumblebot.db (SQLite), a SQLite file, or "
-        "postgresql://user@host:port/database (its password in PGPASSWORD or ~/.pgpass, not here)",
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _known_scheme(cls, value: str | None) -> str | None:
-        scheme = value.split("://", 1)[0] if value and "://" in value else ""
-        if scheme and scheme not in ("postgresql", "postgres"):
-            raise ValueError(f"{scheme}:// is not a database Bumblebot knows: a SQLite file path or postgresql://…")
-        return value
-
-
 class Settings(BaseSettings):
     """The whole configuration. See ``docs/configuration.md`` for every key."""
 
@@ -539,6 +524,7 @@ class Settings(BaseSettings):
     mcp: MCPSettings = Field(default_factory=MCPSettings, description="MCP tool servers")
     engine: EngineSettings = Field(default_factory=EngineSettings)
     store: StoreSettings = Field(default_factory=StoreSettings, description="where the state is kept")
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings, description="workers sharing a PostgreSQL store")
 
     @classmethod
     def settings_customise_sources(

@@ -38,13 +38,13 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bumblebot.core.adapter import Adapter, FileKind, Typing
-from bumblebot.core.errors import DeliveryFailed, MediaError
+from bumblebot.core.errors import DeliveryFailed, LeaseLost, MediaError
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.redaction import NO_SECRETS, Redactor
@@ -53,6 +53,7 @@ from bumblebot.core.usage import current_scope, scoped
 from bumblebot.delivery.staging import OUTGOING, StagingError, stage_file
 from bumblebot.llm.speech import Speech
 from bumblebot.store import OutboxEntry, Store
+from bumblebot.store.connection import FENCE, Fence
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,9 @@ class Delivery:
         self._adapters: dict[Platform, Adapter] = {}
         self._lock = asyncio.Lock()
         self._in_flight: set[int] = set()
+        #: a worker of a cluster: the fence of each conversation it holds (``None`` for the
+        #: others, whose rows the sweep leaves to their worker); ``None``: every row is ours
+        self.fence_of: Callable[[str], Fence | None] | None = None
         self._prefix: str | None = None
         #: messages :meth:`post` is delivering, and the last one per chat
         self.posting: set[asyncio.Task[None]] = set()
@@ -248,6 +252,7 @@ class Delivery:
         for attempt in range(attempts):
             try:
                 for index in range(len(sent), len(chunks)):
+                    await self._still_ours(entry)
                     key = f"{self._prefix}-{entry.id}.{index}"
                     part = chunks[index]
                     if isinstance(part, _File):
@@ -468,12 +473,26 @@ class Delivery:
                     continue
                 if listed.chat.key in self._waiting:
                     continue  # goes, in order, when the platform's wait is over
-                entry = await self.store.outbox_entry(listed.id)  # the list may be stale by now
-                if entry is None or entry.status != "pending" or entry.id in self._in_flight:
-                    continue
-                report = await self.deliver(entry, 1)
-                delivered += int(report.delivered)
+                fence = self.fence_of(listed.chat.key) if self.fence_of is not None else None
+                if self.fence_of is not None and fence is None:
+                    continue  # another worker's conversation: its worker sends it
+                token = FENCE.set(fence)
+                try:
+                    entry = await self.store.outbox_entry(listed.id)  # the list may be stale by now
+                    if entry is None or entry.status != "pending" or entry.id in self._in_flight:
+                        continue
+                    report = await self.deliver(entry, 1)
+                    delivered += int(report.delivered)
+                except LeaseLost:
+                    continue  # taken over meanwhile: its new worker sends it
+                finally:
+                    FENCE.reset(token)
         return delivered
+
+    async def _still_ours(self, entry: OutboxEntry) -> None:
+        """No send for a conversation another worker took over (its new worker sends the row)."""
+        if not await self.store.holds_fence():
+            raise LeaseLost(f"{entry.chat.key} was taken over; outbox row {entry.id} is its new worker's")
 
     async def _deliver_now(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
         """Send ``entry`` now (never deferred behind its chat's wait), with ``attempts``."""

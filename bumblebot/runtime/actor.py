@@ -17,6 +17,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from bumblebot.core.errors import LeaseLost
 from bumblebot.core.usage import message_came
 from bumblebot.runtime.conversation import Conversation
 from bumblebot.runtime.outcomes import Finished, Outcome, Postponed, Requeued, Suspended
@@ -325,6 +326,12 @@ class ConversationActor:
             outcome = await work()
         except asyncio.CancelledError:
             raise
+        except LeaseLost as exc:
+            # another worker holds the conversation now and resumes the turn from what was
+            # recorded: nothing more of it here
+            log.warning("%s was taken over by another worker (%s); its turn goes on there", self.key, exc)
+            self._stopping = True
+            self.closed = True
         except Exception:
             # a write under the turn failed (the database): the turn is half-recorded and
             # nothing else may run in this conversation before it is read back and resumed

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import time
@@ -39,6 +40,7 @@ from bumblebot.media import MediaIntake
 from bumblebot.runtime.actor import ConversationActor, Progress
 from bumblebot.runtime.commands import NOT_ANSWERED_TEXT, NOT_MANAGER_TEXT, NOTHING_TO_STOP_TEXT, EngineCommands
 from bumblebot.runtime.conversation import Conversation
+from bumblebot.runtime.ownership import OwnedConversations, Ownership, spawn_in
 from bumblebot.runtime.runner import TurnRunner
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.store import JournalEntry, Pruned, Store
@@ -58,7 +60,7 @@ REFUSAL_WINDOW_S = 60.0
 __all__ = ["NOTHING_TO_STOP_TEXT", "NOT_ANSWERED_TEXT", "NOT_MANAGER_TEXT", "Engine"]
 
 
-class Engine(EngineCommands):
+class Engine(EngineCommands, OwnedConversations):
     """The cognition engine's front: what adapters talk to (:class:`~bumblebot.core.adapter.Intake`).
 
     Args:
@@ -76,6 +78,8 @@ class Engine(EngineCommands):
             (``cognition.debounce_s``; :class:`~bumblebot.runtime.actor.ConversationActor`).
         activity: the live event bus: turns' checkpoints, queued messages, the operator's
             actions (default: :data:`~bumblebot.core.activity.NO_ACTIVITY`).
+        ownership: a worker of a cluster: the conversations it holds (it runs only those,
+            :mod:`~bumblebot.runtime.ownership`); ``None``: alone, it runs every one.
 
     Commands, and the operator's actions (pause, block…), are its part
     :class:`~bumblebot.runtime.commands.EngineCommands`.
@@ -94,6 +98,7 @@ class Engine(EngineCommands):
         media: MediaIntake | None = None,
         debounce_s: float = 0.0,
         activity: Activity = NO_ACTIVITY,
+        ownership: Ownership | None = None,
     ) -> None:
         self.settings = settings
         self.activity = activity
@@ -106,6 +111,8 @@ class Engine(EngineCommands):
         self._platforms: set[Platform] | None = None
         self._memory = memory
         self._store = store
+        self._ownership = ownership
+        self._dispatched: dict[int, str] = {}  # a worker's: journal ids queued here, and their chat
         self._runner = runner
         self._delivery = delivery
         self._prompts = prompts
@@ -139,6 +146,12 @@ class Engine(EngineCommands):
         self._platforms = platforms
         await self._load_operated()  # before any actor: a paused conversation stays paused
         await self.expire_outbox()  # before a resumed turn or the sweeper could send an expired row
+        if self._ownership is not None:  # a worker: its conversations come as it claims them (collect)
+            self._accepting = True
+            self._spawn(self._every(OUTBOX_SWEEP_S, self.sweep_outbox, "outbox sweep"), "bumblebot:outbox")
+            if self._scheduler is not None:
+                self._spawn(self._automations(self._scheduler), "bumblebot:automations")
+            return
         running = await self._store.running_turns(None if platforms is None else {p.value for p in platforms})
         if running:
             log.warning("%d turn(s) were cut off by the last shutdown; resuming them", len(running))
@@ -187,8 +200,8 @@ class Engine(EngineCommands):
                 await task
         await self._delivery.close()  # before the store closes: no retry may write after it
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=name)
+    def _spawn(self, coro: Any, name: str, context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, **spawn_in(context, name=name))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -368,6 +381,12 @@ class Engine(EngineCommands):
             log.info("duplicate message %s in %s ignored", inbound.message_id, inbound.chat.key)
             return False
         await self._titled(inbound)
+        if self._ownership is not None and not self._ownership.owns(inbound.chat.key) and not self._stopped:
+            if await self._ownership.claim(inbound.chat.key):
+                await self.adopt(inbound.chat)  # queues its waiting messages, this one among them
+            self.progress.accepted += 1  # else another worker holds the chat: it reads the journal
+            await self.progress.notify()
+            return True
         if self._stopped:
             log.info("message %s in %s arrived while stopping; kept for the next start", inbound.message_id, inbound.chat.key)
             return True
@@ -480,6 +499,10 @@ class Engine(EngineCommands):
         await self._store.set_kv(key, value)
 
     async def _dispatch(self, entry: JournalEntry) -> None:
+        if self._ownership is not None:  # a worker reads the journal too: each entry is queued once
+            if entry.id in self._dispatched:
+                return
+            self._dispatched[entry.id] = entry.inbound.chat.key
         actor = await self._actor(entry.inbound.chat)
         actor.enqueue(entry)
         self.activity.publish(actor.key, "queued", waiting=actor.queued, total=self.queue_depth)
@@ -501,7 +524,7 @@ class Engine(EngineCommands):
                     progress=self.progress,
                 )
                 self._actors[chat.key] = actor
-                actor.task = self._spawn(actor.run(), f"bumblebot:{chat.key}:actor")
+                actor.task = self._spawn(actor.run(), f"bumblebot:{chat.key}:actor", self._fenced(chat.key))
                 actor.task.add_done_callback(lambda _, a=actor: self._forget(a))
             return actor
 

@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Self
 
 import aiosqlite
 
-from bumblebot.core.errors import DatabaseError, StoreError
+from bumblebot.core.errors import DatabaseError, LeaseLost, StoreError
 from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.events import storable_text
 from bumblebot.store import postgres
@@ -40,6 +42,20 @@ log = logging.getLogger(__name__)
 
 #: a ``kv`` value written over the one there (``INSERT OR REPLACE`` in SQLite alone)
 SET_KV = "INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The lease the writes of a task carry: lease ``name``, held by ``owner`` with ``token``."""
+
+    name: str
+    owner: str
+    token: int
+
+
+#: the fence of the writes made in this context (a conversation's actor sets it); ``None``: none
+FENCE: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("bumblebot_fence", default=None)
+_FENCE_CHECK = "SELECT 1 FROM leases WHERE name = ? AND owner = ? AND token = ? FOR SHARE"
 
 
 def storable(params: Sequence[Any], redactor: Redactor = NO_SECRETS) -> Any:
@@ -149,11 +165,16 @@ class Database:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Writes]:
-        """Serialise a write transaction; commits on success, rolls back on error."""
+        """Serialise a write transaction; commits on success, rolls back on error.
+
+        On PostgreSQL, inside a :data:`FENCE` (a conversation's work on a worker), the
+        transaction first checks that the fence's lease is still held with its token, and keeps
+        that row locked until it ends (:class:`~bumblebot.core.errors.LeaseLost` if not)."""
         async with self._write_lock:
             await self._end_left_open()
             await self._begin()
             try:
+                await self._check_fence()
                 yield Writes(self.db, self.redactor)
             except BaseException:
                 await self.db.execute("ROLLBACK")
@@ -164,17 +185,42 @@ class Database:
     async def write(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         """One write statement, serialised with the transactions. In autocommit mode SQLite
         makes a lone statement a transaction of its own, so this is one trip to aiosqlite's
-        thread where ``BEGIN`` … ``COMMIT`` would be three."""
+        thread where ``BEGIN`` … ``COMMIT`` would be three (a fenced one is a transaction)."""
+        if self.postgres and FENCE.get() is not None:
+            async with self.transaction() as db:
+                return await db.execute(sql, params)
         async with self._write_lock:
             await self._end_left_open()
             return await self.db.execute(sql, storable(params, self.redactor))
 
     async def insert(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         """One ``INSERT`` (as :meth:`write`); returns the new row's ``id``."""
+        if self.postgres and FENCE.get() is not None:
+            async with self.transaction() as db:
+                row_id = await db.insert(sql, params)
+            assert row_id is not None
+            return row_id
         async with self._write_lock:
             await self._end_left_open()
             rows = await self.db.execute_fetchall(f"{sql} RETURNING id", storable(params, self.redactor))
         return int(rows[0][0])
+
+    async def _check_fence(self) -> None:
+        fence = FENCE.get()
+        if fence is None or not self.postgres:
+            return
+        rows = await self.db.execute_fetchall(_FENCE_CHECK, (fence.name, fence.owner, fence.token))
+        if not rows:
+            raise LeaseLost(f"{fence.owner} no longer holds {fence.name} with token {fence.token}")
+
+    async def holds_fence(self) -> bool:
+        """Whether this context's fence (if any) is still held: asked before a platform send,
+        which no transaction covers."""
+        fence = FENCE.get()
+        if fence is None or not self.postgres:
+            return True
+        rows = await self._all("SELECT 1 FROM leases WHERE name = ? AND owner = ? AND token = ?", (fence.name, fence.owner, fence.token))
+        return bool(rows)
 
     async def _begin(self) -> None:
         """``BEGIN IMMEDIATE``, never left open: a task cancelled while the statement waits in

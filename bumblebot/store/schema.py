@@ -1,7 +1,7 @@
 """The database schema: :data:`MIGRATIONS`, applying them, and how JSON columns are written.
 
 Schema versions are applied in order from :data:`MIGRATIONS` and recorded in
-``PRAGMA user_version`` (12 now; on PostgreSQL, the ``schema_version`` table); each runs in one transaction with its version number, so a
+``PRAGMA user_version`` (13 now; on PostgreSQL, the ``schema_version`` table); each runs in one transaction with its version number, so a
 crash leaves the database at the version before or after, never between. A database newer
 than this code is refused. The tables are described in the module that writes each and in
 ``docs/architecture.md``.
@@ -265,6 +265,26 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX journal_answered ON journal (received_at, turn_id, source, background)
         WHERE source = 'chat' AND background = 0 AND turn_id IS NOT NULL;
     CREATE INDEX outbox_sent_by_turn ON outbox (turn_id, sent_at, status) WHERE status = 'sent';
+    """,
+    # 13: workers sharing one PostgreSQL (``leases.py``): who holds what, until when, under which
+    # fencing token (it grows by one at each change of holder and never goes back), and the
+    # workers seen. SQLite has one process and never writes them.
+    """
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        token INTEGER NOT NULL,
+        expires_at REAL NOT NULL,
+        acquired_at REAL NOT NULL
+    );
+    CREATE INDEX leases_by_owner ON leases (owner, name);
+    CREATE TABLE workers (
+        name TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started_at REAL NOT NULL,
+        seen_at REAL NOT NULL
+    );
     """,
 )
 

@@ -17,6 +17,7 @@ holds the key-value memory itself:
 * ``tasks.py``: ``tasks``, scheduled tasks, and the scheduler's reads.
 * ``usage.py``: ``usage``, what model requests used per day, chat, sender, kind and model.
 * ``operator.py``: conversations' titles and pauses, and ``blocked_senders``: the operator's decisions.
+* ``leases.py``: ``leases`` and ``workers``, what workers sharing a PostgreSQL store hold.
 * ``console.py``: the operator's web console's reads (paged, each on an index).
 * ``housekeeping.py``: retention (:meth:`Store.prune`) and outbox expiry
   (:meth:`Store.expire_outbox`), run by the engine's housekeeping.
@@ -39,6 +40,7 @@ from bumblebot.store.conversations import ConversationTables
 from bumblebot.store.history import HistoryTables
 from bumblebot.store.housekeeping import HousekeepingTables
 from bumblebot.store.journal import JournalTables
+from bumblebot.store.leases import LeaseTables
 from bumblebot.store.operator import OperatorTables
 from bumblebot.store.outbox import OutboxTables
 from bumblebot.store.tasks import TaskTables
@@ -50,7 +52,7 @@ INSTANCE_KEY = "store.instance"
 
 class Store(
     ConversationTables, HistoryTables, JournalTables, TurnTables, OutboxTables, TaskTables,
-    HousekeepingTables, UsageTables, OperatorTables, ConsoleTables,
+    HousekeepingTables, UsageTables, OperatorTables, ConsoleTables, LeaseTables,
 ):
     """The daemon's database. Use ``async with Store(path) as store``.
 

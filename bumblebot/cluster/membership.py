@@ -1,0 +1,160 @@
+"""This worker's place among the workers sharing one PostgreSQL store.
+
+:class:`Membership` holds the leases (``bumblebot/store/leases.py``) of the conversations this
+worker runs and of the cluster-wide roles it plays (``telegram.poller``, ``housekeeping``),
+renews them every third of ``cluster.lease_s``, and reads the journal every
+:data:`POLL_S` for work (:meth:`~bumblebot.runtime.ownership.OwnedConversations.collect`): a
+message another worker journaled for a conversation held here, a conversation nobody holds.
+A lease it fails to renew (taken over after this worker stalled, or the database unreachable
+for a whole ``lease_s``) is given up at once: the conversation is dropped, the role stops.
+On a clean stop every lease is released, so the other workers take over without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+from bumblebot.core.errors import STORE_FAILURES, StoreError
+from bumblebot.store import Store
+from bumblebot.store.connection import Fence
+
+log = logging.getLogger(__name__)
+
+#: seconds between two reads of the journal for work another worker journaled
+POLL_S = 0.25
+CONVERSATION = "conversation:"
+#: the role of the one worker that polls Telegram's getUpdates and journals for all
+TELEGRAM_POLLER = "telegram.poller"
+
+
+def default_name() -> str:
+    """``<host>-<pid>``: unique while the process lives."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Membership:
+    """The leases of worker ``name`` (the engine's :class:`~bumblebot.runtime.ownership.Ownership`).
+
+    Args:
+        store: the shared PostgreSQL store.
+        name: this worker's name (``cluster.worker``).
+        lease_s: how long a lease lasts unrenewed (``cluster.lease_s``).
+        poll_s: how often the journal is read for work.
+    """
+
+    def __init__(self, store: Store, name: str, lease_s: float, *, poll_s: float = POLL_S) -> None:
+        self.store = store
+        self.name = name
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.started_at = time.time()
+        self._held: dict[str, int] = {}  # lease name -> token
+        self._claiming: set[str] = set()
+        self._roles: dict[str, asyncio.Event] = {}  # role lease -> set while held
+        self._collect: Callable[[], Awaitable[None]] | None = None
+        self._drop: Callable[[str], Awaitable[None]] | None = None
+        self._renewed_at = time.monotonic()
+        self._share = 1  # conversations a worker may hold before it leaves new ones to others
+        self._seen: dict[str, float] = {}  # unheld conversations with work, since when
+
+    # -- the engine's Ownership --------------------------------------------------------------
+
+    def owns(self, key: str) -> bool:
+        return CONVERSATION + key in self._held
+
+    async def claim(self, key: str) -> bool:
+        name = CONVERSATION + key
+        if name in self._held or name in self._claiming or not self._fair(key):
+            return False
+        self._claiming.add(name)
+        try:
+            token = await self.store.acquire(name, self.name, self.lease_s)
+        finally:
+            self._claiming.discard(name)
+        if token is None:
+            return False
+        self._held[name] = token
+        self._seen.pop(key, None)
+        log.info("%s: now runs %s (token %d)", self.name, key, token)
+        return True
+
+    def _fair(self, key: str) -> bool:
+        """Whether to take conversation ``key`` now: while this worker holds no more than its
+        share (the conversations held, plus one, over the live workers), or once the others left
+        it unheld for a few reads of the journal (they are busier, or gone)."""
+        first = self._seen.setdefault(key, time.monotonic())
+        mine = sum(1 for name in self._held if name.startswith(CONVERSATION))
+        return mine < self._share or time.monotonic() - first > 4 * self.poll_s
+
+    def fence(self, key: str) -> Fence | None:
+        token = self._held.get(CONVERSATION + key)
+        return None if token is None else Fence(CONVERSATION + key, self.name, token)
+
+    # -- roles -------------------------------------------------------------------------------
+
+    def role(self, name: str) -> asyncio.Event:
+        """An event set while this worker holds the cluster-wide role ``name`` (one worker at
+        a time: the Telegram poller, housekeeping); taken when free at each renewal."""
+        return self._roles.setdefault(name, asyncio.Event())
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def bind(self, collect: Callable[[], Awaitable[None]], drop: Callable[[str], Awaitable[None]]) -> None:
+        """The engine's ``collect`` and ``drop``."""
+        self._collect, self._drop = collect, drop
+
+    async def run(self) -> None:
+        """Renew, take roles, read the journal for work; until cancelled."""
+        next_renewal = 0.0
+        while True:
+            now = time.monotonic()
+            try:
+                if now >= next_renewal:
+                    await self._renew()
+                    next_renewal = now + self.lease_s / 3
+                if self._collect is not None:
+                    await self._collect()
+            except (StoreError, *STORE_FAILURES) as exc:
+                log.warning("%s: the store failed (%s); retrying", self.name, exc)
+                if time.monotonic() - self._renewed_at > self.lease_s:
+                    await self._lose(list(self._held))  # held no longer for sure: others may have them
+            await asyncio.sleep(self.poll_s)
+
+    async def _renew(self) -> None:
+        await self.store.heartbeat(self.name, socket.gethostname(), os.getpid(), self.started_at)
+        kept = dict(await self.store.renew(list(self._held), self.name, self.lease_s))
+        self._renewed_at = time.monotonic()
+        live = max(1, sum(1 for w in await self.store.workers() if w.seen_ago < self.lease_s))
+        held = sum(1 for lease in await self.store.leases(CONVERSATION) if lease.expires_in > 0)
+        self._share = -(-(held + 1) // live)  # ceil
+        self._seen = {k: t for k, t in self._seen.items() if time.monotonic() - t < 60}
+        await self._lose([name for name, token in self._held.items() if kept.get(name) != token])
+        for role, held in self._roles.items():
+            if role not in self._held and (token := await self.store.acquire(role, self.name, self.lease_s)) is not None:
+                self._held[role] = token
+                log.info("%s: now the %s (token %d)", self.name, role, token)
+                held.set()
+
+    async def _lose(self, names: list[str]) -> None:
+        for name in names:
+            self._held.pop(name, None)
+            if name in self._roles:
+                log.warning("%s: no longer the %s", self.name, name)
+                self._roles[name].clear()
+            elif self._drop is not None:
+                await self._drop(name.removeprefix(CONVERSATION))
+
+    async def leave(self) -> None:
+        """Release every lease (a clean stop): the other workers take over at once."""
+        for name, token in list(self._held.items()):
+            with contextlib.suppress(StoreError, *STORE_FAILURES):
+                await self.store.release(name, self.name, token)
+        self._held.clear()
+        for held in self._roles.values():
+            held.clear()

@@ -1,0 +1,124 @@
+"""Which conversations this process runs, when several workers share one PostgreSQL store.
+
+Alone (SQLite, or no cluster), the engine runs every conversation. As a worker of a cluster
+(``bumblebot/cluster/``), it runs only the conversations whose lease it holds
+(:class:`Ownership`): a message it journals for another worker's conversation stays in the
+journal for that worker, which reads it there (:meth:`OwnedConversations.collect`); a
+conversation nobody holds (new, or its worker died) is claimed by the first worker that sees
+work for it, and **adopted**: its turns cut off by the dead worker are resumed and its waiting
+messages queued, as a start does for every conversation of a single process. A conversation
+whose lease is lost is **dropped** at once: its actor is cancelled, and whatever it had under
+way stays recorded for the next holder. Every write of an adopted conversation's actor carries
+its lease's fencing token (:data:`~bumblebot.store.connection.FENCE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from typing import Any, Protocol
+
+from bumblebot.core.events import ChatRef
+from bumblebot.runtime.actor import ConversationActor
+from bumblebot.store import JournalEntry, Store
+from bumblebot.store.connection import FENCE, Fence
+
+log = logging.getLogger(__name__)
+
+
+class Ownership(Protocol):
+    """The conversations this worker holds (``bumblebot.cluster.Membership``)."""
+
+    def owns(self, key: str) -> bool:
+        """Whether this worker holds conversation ``key`` now."""
+
+    async def claim(self, key: str) -> bool:
+        """Take conversation ``key`` if nobody holds it; ``True`` when this worker now does."""
+
+    def fence(self, key: str) -> Fence | None:
+        """The fence the writes of conversation ``key`` carry (``None``: not held)."""
+
+
+class OwnedConversations:
+    """The engine's side of a cluster: adopting, dropping, and reading the journal for the
+    conversations held (part of :class:`~bumblebot.runtime.engine.Engine`)."""
+
+    _store: Store
+    _actors: dict[str, ConversationActor]
+    _ownership: Ownership | None
+    _dispatched: dict[int, str]
+    _accepting: bool
+    _stopped: bool
+
+    async def _actor(self, chat: ChatRef) -> ConversationActor: ...
+
+    async def _dispatch(self, entry: JournalEntry) -> None: ...
+
+    def _fenced(self, key: str) -> contextvars.Context | None:
+        """The context an actor's task runs in: its conversation's fence set (``None``: alone)."""
+        if self._ownership is None:
+            return None
+        context = contextvars.copy_context()
+        context.run(FENCE.set, self._ownership.fence(key))
+        return context
+
+    def _owned(self, entry: JournalEntry) -> bool:
+        return self._ownership is None or self._ownership.owns(entry.inbound.chat.key)
+
+    async def adopt(self, chat: ChatRef) -> None:
+        """Run conversation ``chat``, just claimed: resume its turns left running, queue its
+        waiting messages."""
+        if not self._accepting or self._stopped:
+            return
+        running = [t for t in await self._store.running_turns() if t.conversation.chat.key == chat.key]
+        if running:
+            log.warning("%s: taking over %d turn(s) another worker left running", chat.key, len(running))
+        for turn in running:
+            (await self._actor(chat)).resume(turn)
+        resumed = {t.id for t in running}
+        for entry in await self._store.pending_inbound():
+            if entry.inbound.chat.key == chat.key and entry.turn_id not in resumed and entry.turn_id is None:
+                await self._dispatch(entry)
+
+    async def drop(self, key: str) -> None:
+        """Stop running conversation ``key`` at once: its lease is gone (another worker may
+        hold it already). What its actor had under way stays recorded for the next holder."""
+        self._dispatched = {i: k for i, k in self._dispatched.items() if k != key}  # the next holder queues them
+        actor = self._actors.pop(key, None)
+        if actor is None or actor.task is None:
+            return
+        log.warning("%s: lease lost; this worker no longer runs it", key)
+        actor.stop()
+        actor.task.cancel()
+        with contextlib.suppress(BaseException):
+            await actor.task
+
+    async def collect(self) -> None:
+        """Read the journal for work of this worker: messages another worker journaled for a
+        conversation held here, and conversations with work that nobody holds (claimed, then
+        adopted). Called by the cluster's loop."""
+        if self._ownership is None or not self._accepting or self._stopped:
+            return
+        waiting: dict[str, list[JournalEntry]] = {}
+        queued = set(self._dispatched)  # before the read: those not pending in it are settled for good
+        for entry in await self._store.pending_inbound():
+            waiting.setdefault(entry.inbound.chat.key, []).append(entry)
+        pending = {e.id for entries in waiting.values() for e in entries}
+        for settled in queued - pending:
+            self._dispatched.pop(settled, None)
+        orphans = {t.conversation.chat.key: t.conversation.chat for t in await self._store.running_turns()}
+        for key, entries in waiting.items():
+            orphans.setdefault(key, entries[0].inbound.chat)
+        for key, chat in orphans.items():
+            if self._ownership.owns(key):
+                for entry in waiting.get(key, []):
+                    if entry.turn_id is None:
+                        await self._dispatch(entry)  # journaled by another worker (once: _dispatched)
+            elif await self._ownership.claim(key):
+                await self.adopt(chat)
+
+
+def spawn_in(context: contextvars.Context | None, **kwargs: Any) -> dict[str, Any]:
+    """``asyncio.create_task`` keywords that run a task in ``context`` (if any)."""
+    return {**kwargs, "context": context} if context is not None else kwargs

@@ -1,0 +1,94 @@
+"""Leases: which worker holds a conversation (or a cluster-wide job) until when, and the
+fencing token of its hold.
+
+Only workers sharing a PostgreSQL store take leases (``bumblebot/cluster/``). A lease is one
+row of ``leases``, named ``conversation:<chat key>``, ``telegram.poller``,
+``discord.shard:<n>`` or ``housekeeping``. Taking one that is free, expired, or the worker's
+own from before a restart gives it a new **token**, one more than the last; renewing keeps it.
+Every write of a turn checks, in its own transaction, that its worker still holds the
+conversation's lease with the token it was given (:meth:`bumblebot.store.connection.Database.fenced`),
+and locks that row while it commits: a worker whose lease was taken over cannot write, and a
+takeover waits for a write under way to commit.
+
+Times are the database server's clock (``clock_timestamp()``), so that workers on machines
+whose clocks differ agree on when a lease expires. ``workers`` holds each worker's last
+heartbeat, for ``bumblebot cluster``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bumblebot.store.connection import Database
+
+#: the database server's clock, in epoch seconds
+NOW = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    name: str
+    owner: str
+    token: int
+    expires_in: float  # seconds left (negative: expired)
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    name: str
+    host: str
+    pid: int
+    started_at: float
+    seen_ago: float  # seconds since its last heartbeat
+
+
+class LeaseTables(Database):
+    """``leases`` and ``workers`` (part of :class:`bumblebot.store.Store`); PostgreSQL only."""
+
+    async def acquire(self, name: str, owner: str, ttl_s: float) -> int | None:
+        """Take lease ``name`` for ``ttl_s`` seconds if it is free, expired, or ``owner``'s own
+        (a worker started again under its name); its new token, else ``None`` (held by another)."""
+        rows = await self._all(
+            f"INSERT INTO leases (name, owner, token, expires_at, acquired_at) VALUES (?, ?, 1, {NOW} + ?, {NOW})"
+            " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,"
+            " expires_at = excluded.expires_at, acquired_at = excluded.acquired_at"
+            f" WHERE leases.expires_at < {NOW} OR leases.owner = excluded.owner RETURNING token",
+            (name, owner, ttl_s),
+        )
+        return int(rows[0][0]) if rows else None
+
+    async def renew(self, names: list[str], owner: str, ttl_s: float) -> list[tuple[str, int]]:
+        """Extend ``owner``'s leases ``names`` by ``ttl_s`` from now; the ``(name, token)`` of
+        those still held (a lease missing from the answer was taken over)."""
+        if not names:
+            return []
+        marks = ", ".join("?" for _ in names)
+        rows = await self._all(
+            f"UPDATE leases SET expires_at = {NOW} + ? WHERE owner = ? AND name IN ({marks}) RETURNING name, token",
+            (ttl_s, owner, *names),
+        )
+        return [(str(r[0]), int(r[1])) for r in rows]
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        """Give lease ``name`` up at once (another worker may take it; the token stays)."""
+        await self.write("UPDATE leases SET expires_at = 0 WHERE name = ? AND owner = ? AND token = ?", (name, owner, token))
+
+    async def leases(self, prefix: str = "") -> list[Lease]:
+        rows = await self._all(
+            f"SELECT name, owner, token, expires_at - {NOW} FROM leases WHERE substr(name, 1, ?) = ? ORDER BY name",
+            (len(prefix), prefix),
+        )
+        return [Lease(str(r[0]), str(r[1]), int(r[2]), float(r[3])) for r in rows]
+
+    async def heartbeat(self, name: str, host: str, pid: int, started_at: float) -> None:
+        """Record that worker ``name`` is alive now."""
+        await self.write(
+            f"INSERT INTO workers (name, host, pid, started_at, seen_at) VALUES (?, ?, ?, ?, {NOW})"
+            " ON CONFLICT (name) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
+            " started_at = excluded.started_at, seen_at = excluded.seen_at",
+            (name, host, pid, started_at),
+        )
+
+    async def workers(self) -> list[Worker]:
+        rows = await self._all(f"SELECT name, host, pid, started_at, {NOW} - seen_at FROM workers ORDER BY name")
+        return [Worker(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4])) for r in rows]

@@ -1,0 +1,174 @@
+"""Workers sharing one PostgreSQL store: leases, fencing, ownership, the one Telegram poller.
+
+The workers here are daemons in this process (each its own data directory and name); the
+drill with killed processes is ``tests/test_cluster_drill.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from conftest import running, write_config
+from fakes.openai_server import Reply, is_aux, text, tool_calls
+from fakes.postgres_server import PostgresServer
+
+from bumblebot.core.errors import LeaseLost
+from bumblebot.store import Store
+from bumblebot.store.connection import FENCE, Fence
+
+# -- leases ---------------------------------------------------------------------------------
+
+
+async def test_a_lease_is_held_until_it_expires_then_taken_with_a_new_token(postgres_server: PostgresServer):
+    url = await postgres_server.database()
+    async with Store(url) as store:
+        assert await store.acquire("conversation:a", "w1", 30) == 1
+        assert await store.acquire("conversation:a", "w2", 30) is None  # held
+        assert await store.renew(["conversation:a", "conversation:b"], "w1", 30) == [("conversation:a", 1)]
+        assert await store.renew(["conversation:a"], "w2", 30) == []  # not theirs
+        await store.release("conversation:a", "w1", 1)
+        assert await store.acquire("conversation:a", "w2", 30) == 2  # released: taken at once
+        assert await store.acquire("conversation:a", "w2", 30) == 3  # its own again (a restart): new token
+        assert [(x.name, x.owner, x.token) for x in await store.leases("conversation:")] == [("conversation:a", "w2", 3)]
+        conn = await asyncpg.connect(url)
+        await conn.execute("UPDATE leases SET expires_at = expires_at - 60")  # w2 stopped renewing
+        await conn.close()
+        assert await store.renew(["conversation:a"], "w2", 30) == [("conversation:a", 3)]  # late, but nobody took it
+        await store.heartbeat("w2", "host", 42, 1.0)
+        assert [(w.name, w.pid) for w in await store.workers()] == [("w2", 42)]
+
+
+async def test_a_write_under_a_lease_taken_over_is_refused_and_changes_nothing(postgres_server: PostgresServer):
+    url = await postgres_server.database()
+    async with Store(url) as old, Store(url) as new:
+        token = await old.acquire("conversation:a", "w1", 30)
+        assert token is not None
+        FENCE.set(Fence("conversation:a", "w1", token))
+        await old.set_kv("before", "1")  # held: written
+        conn = await asyncpg.connect(url)
+        await conn.execute("UPDATE leases SET expires_at = 0")  # w1 stalled past its lease
+        await conn.close()
+        FENCE.set(None)
+        assert await new.acquire("conversation:a", "w2", 30) == token + 1
+        FENCE.set(Fence("conversation:a", "w1", token))
+        with pytest.raises(LeaseLost):
+            await old.set_kv("after", "1")
+        with pytest.raises(LeaseLost):
+            async with old.transaction() as db:
+                await db.execute("INSERT INTO kv (key, value) VALUES ('inside', '1')")
+        assert not await old.holds_fence()
+        FENCE.set(None)
+        assert await new.get_kv("before") == "1"
+        assert await new.get_kv("after") is None and await new.get_kv("inside") is None
+        assert not old.db.in_transaction
+
+
+# -- workers --------------------------------------------------------------------------------
+
+
+def echo(request: dict[str, Any]) -> Reply:
+    """Answers each turn with the texts it was asked, and judges with DONE."""
+    if is_aux(request):
+        return text("DONE: ok")
+    asked = []
+    for m in reversed(request["messages"]):
+        if m["role"] == "assistant":
+            break
+        if m["role"] == "user":
+            asked.insert(0, str(m["content"]).rsplit("\n", 1)[-1])
+    return tool_calls(("say", {"text": "re: " + " ".join(asked)}), ("end_turn", {}))
+
+
+def worker_config(tmp_path: Path, name: str, llm: Any, tg: Any, url: str, lease_s: float = 10.0) -> Path:
+    folder = tmp_path / name
+    folder.mkdir(exist_ok=True)
+    return write_config(folder, llm, tg, store={"url": url}, cluster={"worker": name, "lease_s": lease_s})
+
+
+async def owners(url: str) -> dict[str, str]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT name, owner FROM leases WHERE expires_at > EXTRACT(EPOCH FROM clock_timestamp())")
+    finally:
+        await conn.close()
+    return {r["name"]: r["owner"] for r in rows}
+
+
+async def test_two_workers_share_the_chats_one_polls_and_each_message_is_answered_once(tmp_path, llm, tg, postgres_server):
+    url = await postgres_server.database()
+    llm.default = echo
+    chats = [101, 102, 103, 104, 105, 106]
+    async with running(worker_config(tmp_path, "a", llm, tg, url)) as a, running(worker_config(tmp_path, "b", llm, tg, url)) as b:
+        for chat in chats:
+            tg.push_text(f"hello {chat}", chat_id=chat)
+        for chat in chats:
+            await tg.wait_for("sendMessage", predicate=lambda p, c=chat: p.get("chat_id") == c)
+        held = await owners(url)
+        for chat in chats:
+            tg.push_text(f"again {chat}", chat_id=chat)
+        for chat in chats:
+            await tg.wait_for("sendMessage", predicate=lambda p, c=chat: p.get("chat_id") == c and "again" in p.get("text", ""))
+        await asyncio.gather(a.engine.wait_until(lambda: a.engine.settled), b.engine.wait_until(lambda: b.engine.settled))
+    assert {chat: tg.sent(chat) for chat in chats} == {chat: [f"re: hello {chat}", f"re: again {chat}"] for chat in chats}
+    conversations = {k: v for k, v in held.items() if k.startswith("conversation:")}
+    assert len(conversations) == len(chats) and set(conversations.values()) == {"a", "b"}  # both work
+    assert list(held.values()).count("a") + list(held.values()).count("b") == len(held)
+    assert "telegram.poller" in held
+
+
+async def test_a_worker_that_stops_hands_its_chats_over_at_once(tmp_path, llm, tg, postgres_server):
+    url = await postgres_server.database()
+    llm.default = echo
+    async with running(worker_config(tmp_path, "b", llm, tg, url)) as b:
+        async with running(worker_config(tmp_path, "a", llm, tg, url)):
+            for chat in (201, 202, 203, 204):
+                tg.push_text(f"one {chat}", chat_id=chat)
+            for chat in (201, 202, 203, 204):
+                await tg.wait_for("sendMessage", predicate=lambda p, c=chat: p.get("chat_id") == c)
+            before = await owners(url)
+        for chat in (201, 202, 203, 204):
+            tg.push_text(f"two {chat}", chat_id=chat)
+        for chat in (201, 202, 203, 204):
+            await tg.wait_for("sendMessage", predicate=lambda p, c=chat: p.get("chat_id") == c and "two" in p.get("text", ""))
+        after = await owners(url)
+        await b.engine.wait_until(lambda: b.engine.settled)
+    assert "a" in before.values()
+    assert set(after.values()) == {"b"}  # everything, the poller role too
+    assert all(tg.sent(chat) == [f"re: one {chat}", f"re: two {chat}"] for chat in (201, 202, 203, 204))
+
+
+async def test_a_stalled_workers_chats_are_taken_over_and_its_late_writes_refused(tmp_path, llm, tg, postgres_server):
+    """Worker a stops renewing (its loop is stuck) while its turn waits on the model: after
+    ``lease_s`` worker b takes the chat, resumes the turn and answers; a's own late answer is
+    neither written nor sent."""
+    url = await postgres_server.database()
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_first(request: dict[str, Any]) -> Reply:
+        if not held.is_set() and not is_aux(request):
+            held.set()
+            await release.wait()  # a's turn: answered only after the takeover
+        return echo(request)
+
+    llm.default = slow_first
+    async with running(worker_config(tmp_path, "a", llm, tg, url, lease_s=1.0)) as a:
+        tg.push_text("hi there", chat_id=301)
+        await held.wait()
+        assert (await owners(url)).get("conversation:telegram:301") == "a"
+        assert a._membership_task is not None
+        a._membership_task.cancel()  # a stalls: no renewal
+        with contextlib.suppress(asyncio.CancelledError):
+            await a._membership_task
+        async with running(worker_config(tmp_path, "b", llm, tg, url, lease_s=1.0)) as b:
+            await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 301)
+            assert (await owners(url)).get("conversation:telegram:301") == "b"
+            release.set()  # a's model call returns now: its say must not get out
+            await b.engine.wait_until(lambda: b.engine.settled)
+            await a.engine.wait_until(lambda: a.engine.idle)
+    assert tg.sent(301) == ["re: hi there"]
