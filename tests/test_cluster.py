@@ -172,3 +172,55 @@ async def test_a_stalled_workers_chats_are_taken_over_and_its_late_writes_refuse
             await b.engine.wait_until(lambda: b.engine.settled)
             await a.engine.wait_until(lambda: a.engine.idle)
     assert tg.sent(301) == ["re: hi there"]
+
+
+async def test_one_worker_runs_retention_for_the_cluster_once_a_day(tmp_path, llm, tg, postgres_server):
+    url = await postgres_server.database()
+    llm.default = echo
+    async with running(worker_config(tmp_path, "a", llm, tg, url)) as a, running(worker_config(tmp_path, "b", llm, tg, url)) as b:
+        roles = {w: asyncio.ensure_future(w.membership.role("housekeeping").wait()) for w in (a, b)}
+        done, pending = await asyncio.wait(roles.values(), timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in pending:
+            waiting.cancel()
+        leader = next(w for w, waiting in roles.items() if waiting in done)
+        other = b if leader is a else a
+        assert not other.membership.leads("housekeeping")
+        await other.engine._housekeep()
+        assert await other.store.get_kv("housekeeping.last") is None
+        await leader.engine._housekeep()
+        ran = await leader.store.get_kv("housekeeping.last")
+        assert ran is not None
+        await leader.engine._housekeep()  # not due again today
+        assert await leader.store.get_kv("housekeeping.last") == ran
+
+
+async def test_bumblebot_cluster_shows_each_worker_its_chats_roles_and_backlog(tmp_path, llm, tg, postgres_server, capsys):
+    from bumblebot.app.cluster import cluster_state, run_cluster
+    from bumblebot.core.config import load_settings
+
+    url = await postgres_server.database()
+    llm.default = echo
+    config_a = worker_config(tmp_path, "a", llm, tg, url)
+    async with running(config_a) as a, running(worker_config(tmp_path, "b", llm, tg, url)) as b:
+        for chat in (401, 402, 403):
+            tg.push_text(f"hi {chat}", chat_id=chat)
+        for chat in (401, 402, 403):
+            await tg.wait_for("sendMessage", predicate=lambda p, c=chat: p.get("chat_id") == c)
+        await asyncio.gather(a.engine.wait_until(lambda: a.engine.settled), b.engine.wait_until(lambda: b.engine.settled))
+        state = await cluster_state(load_settings(config_a))
+        assert await run_cluster(load_settings(config_a), as_json=False) == 0
+    shown = {w["name"]: w for w in state["workers"]}
+    assert set(shown) == {"a", "b"} and all(w["alive"] for w in shown.values())
+    assert sum(w["conversations"] for w in shown.values()) == 3
+    assert sorted(r for w in shown.values() for r in w["roles"]) == ["housekeeping", "telegram.poller"]
+    assert all(w["waiting"] == 0 for w in shown.values()) and state["unheld"]["waiting"] == 0
+    out = capsys.readouterr().out
+    assert "telegram.poller" in out and out.count("\n  a ") + out.count("\n  b ") == 2
+
+
+async def test_bumblebot_cluster_on_sqlite_says_there_is_no_cluster(tmp_path, llm, capsys):
+    from bumblebot.app.cli import main
+
+    config = write_config(tmp_path, llm)
+    assert await asyncio.to_thread(main, ["cluster", "--config", str(config)]) == 1
+    assert "PostgreSQL store (store.url" in capsys.readouterr().err

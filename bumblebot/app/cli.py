@@ -499,6 +499,11 @@ def parser() -> argparse.ArgumentParser:
                        "then the top chats, each model and each kind of request. Safe while the daemon runs.")
     u.add_argument("--days", type=_days, default=30, help="the span of the breakdowns, days (1 to 3660; default 30)")
     u.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    k = sub.add_parser("cluster", parents=[common], help="the workers sharing the PostgreSQL store and what each holds",
+                       description="The workers sharing the PostgreSQL store (store.url): each one's host, pid, last "
+                       "heartbeat, conversations, roles and the messages waiting in its conversations; what no worker "
+                       "holds. Exit status 1 when the store is SQLite.")
+    k.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b = sub.add_parser("backup", parents=[common], help="copy the database consistently (safe while running)",
                        description="Copy <data_dir>/bumblebot.db with SQLite's online backup, safe while the daemon "
                        "runs, and check the copy. Restore: stop the daemon, put the copy in place of bumblebot.db "
@@ -559,6 +564,10 @@ def _main(argv: list[str] | None) -> int:
             return asyncio.run(run_usage(settings, args.days, args.json))
         if args.command == "backup":
             return run_backup(settings, args.path)
+        if args.command == "cluster":
+            from bumblebot.app.cluster import run_cluster
+
+            return asyncio.run(run_cluster(settings, args.json))
         if args.command == "service":
             return run_service(args, find_config(args.config), settings)
         if args.command == "web":

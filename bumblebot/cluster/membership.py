@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from bumblebot.core.errors import STORE_FAILURES, StoreError
+from bumblebot.runtime.ownership import HOUSEKEEPING_ROLE
 from bumblebot.store import Store
 from bumblebot.store.connection import Fence
 
@@ -62,6 +63,7 @@ class Membership:
         self._renewed_at = time.monotonic()
         self._share = 1  # conversations a worker may hold before it leaves new ones to others
         self._seen: dict[str, float] = {}  # unheld conversations with work, since when
+        self.role(HOUSEKEEPING_ROLE)  # every worker stands for it; one holds it
 
     # -- the engine's Ownership --------------------------------------------------------------
 
@@ -97,6 +99,9 @@ class Membership:
         return None if token is None else Fence(CONVERSATION + key, self.name, token)
 
     # -- roles -------------------------------------------------------------------------------
+
+    def leads(self, role: str) -> bool:
+        return self.role(role).is_set()
 
     def role(self, name: str) -> asyncio.Event:
         """An event set while this worker holds the cluster-wide role ``name`` (one worker at

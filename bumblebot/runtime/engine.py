@@ -40,7 +40,7 @@ from bumblebot.media import MediaIntake
 from bumblebot.runtime.actor import ConversationActor, Progress
 from bumblebot.runtime.commands import NOT_ANSWERED_TEXT, NOT_MANAGER_TEXT, NOTHING_TO_STOP_TEXT, EngineCommands
 from bumblebot.runtime.conversation import Conversation
-from bumblebot.runtime.ownership import OwnedConversations, Ownership, spawn_in
+from bumblebot.runtime.ownership import HOUSEKEEPING_ROLE, OwnedConversations, Ownership, spawn_in
 from bumblebot.runtime.runner import TurnRunner
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.store import JournalEntry, Pruned, Store
@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 OUTBOX_SWEEP_S = 30.0
 #: Seconds between two retention passes (the first runs as soon as the engine is ready).
 HOUSEKEEPING_S = 24 * 3600.0
+#: How often a worker of a cluster asks whether retention is due (one worker runs it, daily).
+HOUSEKEEPING_CHECK_S = 3600.0
+HOUSEKEEPING_KEY = "housekeeping.last"
 DAY_S = 86400.0
 REFUSED_KEY = "{platform}.refused:{user_id}"
 #: Most refusals sent to strangers in :data:`REFUSAL_WINDOW_S`, all chats together: a thousand
@@ -149,6 +152,7 @@ class Engine(EngineCommands, OwnedConversations):
         if self._ownership is not None:  # a worker: its conversations come as it claims them (collect)
             self._accepting = True
             self._spawn(self._every(OUTBOX_SWEEP_S, self.sweep_outbox, "outbox sweep"), "bumblebot:outbox")
+            self._spawn(self._every(HOUSEKEEPING_CHECK_S, self._housekeep, "housekeeping"), "bumblebot:housekeeping")
             if self._scheduler is not None:
                 self._spawn(self._automations(self._scheduler), "bumblebot:automations")
             return
@@ -235,7 +239,8 @@ class Engine(EngineCommands, OwnedConversations):
             return 0
         queued = 0
         for entry in await self._scheduler.fire_due(self._platforms):
-            await self._dispatch(entry)
+            if self._owned(entry):  # else it waits in the journal for its conversation's worker
+                await self._dispatch(entry)
             queued += 1
         for inbound in await self._scheduler.autonomous(self._platforms):
             queued += int(await self.submit(inbound))
@@ -276,6 +281,17 @@ class Engine(EngineCommands, OwnedConversations):
                 entry.id, entry.chat.key, _hours(now - created_at), entry.attempts, entry.last_error or "none",
             )
         return len(expired)
+
+    async def _housekeep(self) -> None:
+        """A worker of a cluster: retention, by the one worker holding the housekeeping role,
+        once a day across the cluster (when it last ran is in ``kv``)."""
+        assert self._ownership is not None
+        if not self._ownership.leads(HOUSEKEEPING_ROLE):
+            return
+        last = float(await self._store.get_kv(HOUSEKEEPING_KEY) or 0)
+        if time.time() - last >= HOUSEKEEPING_S:
+            await self.prune()
+            await self._store.set_kv(HOUSEKEEPING_KEY, str(time.time()))
 
     async def prune(self, now: float | None = None) -> Pruned:
         """Drop settled journal and outbox rows and finished turns' traces older than

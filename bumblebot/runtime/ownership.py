@@ -26,6 +26,9 @@ from bumblebot.store.connection import FENCE, Fence
 
 log = logging.getLogger(__name__)
 
+#: the role of the one worker that runs retention for the cluster
+HOUSEKEEPING_ROLE = "housekeeping"
+
 
 class Ownership(Protocol):
     """The conversations this worker holds (``bumblebot.cluster.Membership``)."""
@@ -38,6 +41,9 @@ class Ownership(Protocol):
 
     def fence(self, key: str) -> Fence | None:
         """The fence the writes of conversation ``key`` carry (``None``: not held)."""
+
+    def leads(self, role: str) -> bool:
+        """Whether this worker holds the cluster-wide ``role`` now (it is taken when free)."""
 
 
 class OwnedConversations:

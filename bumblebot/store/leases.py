@@ -92,3 +92,14 @@ class LeaseTables(Database):
     async def workers(self) -> list[Worker]:
         rows = await self._all(f"SELECT name, host, pid, started_at, {NOW} - seen_at FROM workers ORDER BY name")
         return [Worker(str(r[0]), str(r[1]), int(r[2]), float(r[3]), float(r[4])) for r in rows]
+
+    async def backlog(self) -> list[tuple[str | None, int, float]]:
+        """Messages waiting for a turn, by the worker holding their conversation (``None``:
+        nobody): ``(worker, how many, seconds the oldest has waited)``."""
+        rows = await self._all(
+            f"SELECT l.owner, COUNT(j.id), {NOW} - MIN(j.received_at) FROM journal j"
+            " LEFT JOIN leases l ON l.name = 'conversation:' || j.platform || ':' || j.chat_id"
+            f" || CASE WHEN j.thread_id = '' THEN '' ELSE ':' || j.thread_id END AND l.expires_at > {NOW}"
+            " WHERE j.status = 'pending' GROUP BY l.owner ORDER BY l.owner",
+        )
+        return [(None if r[0] is None else str(r[0]), int(r[1]), float(r[2])) for r in rows]
