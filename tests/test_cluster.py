@@ -224,3 +224,53 @@ async def test_bumblebot_cluster_on_sqlite_says_there_is_no_cluster(tmp_path, ll
     config = write_config(tmp_path, llm)
     assert await asyncio.to_thread(main, ["cluster", "--config", str(config)]) == 1
     assert "PostgreSQL store (store.url" in capsys.readouterr().err
+
+
+async def test_stop_status_and_an_edit_that_arrive_at_another_worker_reach_the_chats_worker(
+    tmp_path, llm, tg, postgres_server
+):
+    """A command or an edit may arrive at any worker (the Telegram poller is one of them): the
+    one holding the chat runs it, and answers in the chat."""
+    from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+
+    url = await postgres_server.database()
+    first = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_first(request: dict[str, Any]) -> Reply:
+        if not first.is_set() and not is_aux(request):
+            first.set()
+            await release.wait()  # the first turn runs until /stop cancels it
+        return echo(request)
+
+    llm.default = slow_first
+    sections = {"cognition": {"classifier": False, "debounce_s": 0, "mid_turn_messages": "queue"}}
+    configs = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        configs.append(write_config(folder, llm, tg, store={"url": url}, cluster={"worker": name}, **sections))
+    async with running(configs[0]) as a, running(configs[1]) as b:
+        tg.push_text("long one", chat_id=501)
+        await first.wait()
+        holder = a if (await owners(url)).get("conversation:telegram:501") == "a" else b
+        other = b if holder is a else a
+        chat = ChatRef(Platform.TELEGRAM, "501")
+
+        def said(text: str, message_id: str) -> Inbound:
+            return Inbound(chat, message_id, "501", "Ada", text, ChatKind.PRIVATE)
+
+        queued = said("typo", "9001")
+        assert await other.engine.submit(queued)  # waits behind the running turn, at its worker
+        await holder.engine.wait_until(lambda: holder.engine.queue_depth == 1)
+        assert await other.engine.edit(said("fixed", "9001"))
+        assert await other.engine.command(said("/status", "9002"), "status") is None  # relayed
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 501)
+        assert await other.engine.command(said("/stop", "9003"), "stop") is None
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "Stopped.")
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("text") == "re: fixed")
+        release.set()
+        await holder.engine.wait_until(lambda: holder.engine.settled)
+    texts = tg.sent(501)
+    assert texts[1:] == ["Stopped.", "re: fixed"] and "re: long one" not in texts
+    assert other.engine.loaded_conversations == 0  # nothing of the chat ran at the other worker

@@ -94,6 +94,9 @@ class Membership:
         mine = sum(1 for name in self._held if name.startswith(CONVERSATION))
         return mine < self._share or time.monotonic() - first > 4 * self.poll_s
 
+    def held(self) -> list[str]:
+        return [name.removeprefix(CONVERSATION) for name in self._held if name.startswith(CONVERSATION)]
+
     def fence(self, key: str) -> Fence | None:
         token = self._held.get(CONVERSATION + key)
         return None if token is None else Fence(CONVERSATION + key, self.name, token)

@@ -40,6 +40,9 @@ NOT_MANAGER_TEXT = "Only the admins of this chat can do that here."
 NOT_ANSWERED_TEXT = "Only the person I'm answering, or an admin of this chat, can stop this."
 NOTHING_TO_STOP_TEXT = "Nothing to stop: I'm not working on anything here."
 
+#: The commands that act on the conversation's actor: run by the worker holding the
+#: conversation (relayed there when they arrive at another, ``bumblebot/runtime/ownership.py``).
+ACTOR_COMMANDS = frozenset({"stop", "reset", "status", "compact"})
 #: The operator's actions on a conversation (:meth:`EngineCommands.operate`).
 ACTIONS = ("stop", "reset", "compact", "cancel_task", "pause", "resume", "resume_set_aside")
 #: Who the operator's actions are journaled and published as.
@@ -68,6 +71,8 @@ class EngineCommands:
     _titles: dict[str, str]
     _actor: Callable[[ChatRef], Awaitable[ConversationActor]]
     reply: Callable[[ChatRef, str], Awaitable[None]]
+    _elsewhere: Callable[[ChatRef], Awaitable[bool]]
+    relay_command: Callable[[Inbound, str, int, bool], Awaitable[None]]
     _operated = itertools.count()  # message ids of the operator's journal rows
 
     # -- commands from a chat -------------------------------------------------------------------
@@ -105,7 +110,14 @@ class EngineCommands:
         manager = manager or inbound.chat_kind is ChatKind.PRIVATE
         if not manager and needs_manager(name.lower(), inbound.text):
             return NOT_MANAGER_TEXT
-        return self._delivery.redactor.shown(await handler(inbound, journal_id, manager))
+        if name.lower() in ACTOR_COMMANDS and await self._elsewhere(inbound.chat):
+            await self.relay_command(inbound, name.lower(), journal_id, manager)  # its worker answers
+            return None
+        return await self._run_command(inbound, name.lower(), journal_id, manager)
+
+    async def _run_command(self, inbound: Inbound, name: str, journal_id: int, manager: bool) -> str:
+        """Run command ``name`` here, where its conversation's actor is; the text to show."""
+        return self._delivery.redactor.shown(await self._commands[name](inbound, journal_id, manager))
 
     def _command_handlers(self) -> dict[str, Callable[[Inbound, int, bool], Awaitable[str]]]:
         """Each command of :data:`~bumblebot.core.commands.COMMANDS` with its handler."""

@@ -435,6 +435,9 @@ class Engine(EngineCommands, OwnedConversations):
         inbox. Once a turn has taken it the edit is ignored (the answer is to what was first
         written), and so is an edit that leaves nothing visible. Returns whether it replaced
         the message."""
+        if await self._elsewhere(inbound.chat):
+            await self.relay_edit(inbound)  # the waiting message is in its worker's inbox
+            return True
         actor = self._actors.get(inbound.chat.key)
         queued = actor.queued_entry(inbound.message_id) if actor is not None and not actor.closed else None
         edited = _visible(inbound.storable())

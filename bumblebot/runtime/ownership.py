@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 from typing import Any, Protocol
 
-from bumblebot.core.events import ChatRef
-from bumblebot.runtime.actor import ConversationActor
+from bumblebot.core.events import Attachment, ChatRef, Inbound
+from bumblebot.runtime.actor import ConversationActor, Progress
 from bumblebot.store import JournalEntry, Store
 from bumblebot.store.connection import FENCE, Fence
 
@@ -45,6 +46,9 @@ class Ownership(Protocol):
     def leads(self, role: str) -> bool:
         """Whether this worker holds the cluster-wide ``role`` now (it is taken when free)."""
 
+    def held(self) -> list[str]:
+        """The keys of the conversations this worker holds."""
+
 
 class OwnedConversations:
     """The engine's side of a cluster: adopting, dropping, and reading the journal for the
@@ -56,10 +60,57 @@ class OwnedConversations:
     _dispatched: dict[int, str]
     _accepting: bool
     _stopped: bool
+    progress: Progress
 
     async def _actor(self, chat: ChatRef) -> ConversationActor: ...
 
     async def _dispatch(self, entry: JournalEntry) -> None: ...
+
+    async def reply(self, chat: ChatRef, text: str) -> None: ...
+
+    async def edit(self, inbound: Inbound) -> bool: ...
+
+    async def _run_command(self, inbound: Inbound, name: str, journal_id: int, manager: bool) -> str: ...
+
+    async def _elsewhere(self, chat: ChatRef) -> bool:
+        """Whether another worker holds ``chat`` (a command or an edit for it is relayed there);
+        a conversation nobody holds is taken here first."""
+        if self._ownership is None or self._ownership.owns(chat.key):
+            return False
+        if await self._ownership.claim(chat.key):
+            await self.adopt(chat)
+            return False
+        return True
+
+    async def relay_command(self, inbound: Inbound, name: str, journal_id: int, manager: bool) -> None:
+        """Pass a command that needs the conversation's actor to the worker holding it; its
+        answer is sent from there."""
+        await self._store.relay(inbound.chat.key, "command", {"journal_id": journal_id, "name": name, "manager": manager})
+
+    async def relay_edit(self, inbound: Inbound) -> None:
+        await self._store.relay(inbound.chat.key, "edit", {
+            "message_id": inbound.message_id, "text": inbound.text, "quote": inbound.quote,
+            "attachments": [a.to_json() for a in inbound.attachments],
+        })
+
+    async def _relayed(self) -> None:
+        """Do what other workers relayed for the conversations held here, in order."""
+        assert self._ownership is not None
+        for key, kind, payload in await self._store.take_relayed(self._ownership.held()):
+            if kind == "command":
+                entry = await self._store.journal_entry(int(payload["journal_id"]))
+                if entry is not None:
+                    answer = await self._run_command(entry.inbound, str(payload["name"]), entry.id, bool(payload["manager"]))
+                    await self.reply(entry.inbound.chat, answer)
+            elif kind == "edit":
+                chat = ChatRef.from_key(key)
+                pending = [e for e in await self._store.pending_inbound() if e.inbound.chat.key == key
+                           and e.inbound.message_id == payload["message_id"]]
+                if pending:
+                    await self.edit(dataclasses.replace(
+                        pending[0].inbound, chat=chat, text=str(payload["text"]), quote=str(payload["quote"]),
+                        attachments=[Attachment.from_json(a) for a in payload["attachments"]],
+                    ))
 
     def _fenced(self, key: str) -> contextvars.Context | None:
         """The context an actor's task runs in: its conversation's fence set (``None``: alone)."""
@@ -86,6 +137,7 @@ class OwnedConversations:
         for entry in await self._store.pending_inbound():
             if entry.inbound.chat.key == chat.key and entry.turn_id not in resumed and entry.turn_id is None:
                 await self._dispatch(entry)
+        await self.progress.notify()
 
     async def drop(self, key: str) -> None:
         """Stop running conversation ``key`` at once: its lease is gone (another worker may
@@ -106,6 +158,7 @@ class OwnedConversations:
         adopted). Called by the cluster's loop."""
         if self._ownership is None or not self._accepting or self._stopped:
             return
+        await self._relayed()
         waiting: dict[str, list[JournalEntry]] = {}
         queued = set(self._dispatched)  # before the read: those not pending in it are settled for good
         for entry in await self._store.pending_inbound():
@@ -118,9 +171,11 @@ class OwnedConversations:
             orphans.setdefault(key, entries[0].inbound.chat)
         for key, chat in orphans.items():
             if self._ownership.owns(key):
-                for entry in waiting.get(key, []):
-                    if entry.turn_id is None:
-                        await self._dispatch(entry)  # journaled by another worker (once: _dispatched)
+                fresh = [e for e in waiting.get(key, []) if e.turn_id is None and e.id not in self._dispatched]
+                for entry in fresh:
+                    await self._dispatch(entry)  # journaled by another worker
+                if fresh:
+                    await self.progress.notify()
             elif await self._ownership.claim(key):
                 await self.adopt(chat)
 

@@ -193,6 +193,13 @@ class Database:
             await self._end_left_open()
             return await self.db.execute(sql, storable(params, self.redactor))
 
+    async def write_rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """One write statement that returns rows (``RETURNING``), serialised with the
+        transactions like :meth:`write` (never run inside another task's transaction)."""
+        async with self._write_lock:
+            await self._end_left_open()
+            return list(await self.db.execute_fetchall(sql, storable(params, self.redactor)))
+
     async def insert(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         """One ``INSERT`` (as :meth:`write`); returns the new row's ``id``."""
         if self.postgres and FENCE.get() is not None:

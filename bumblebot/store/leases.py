@@ -12,13 +12,18 @@ takeover waits for a write under way to commit.
 
 Times are the database server's clock (``clock_timestamp()``), so that workers on machines
 whose clocks differ agree on when a lease expires. ``workers`` holds each worker's last
-heartbeat, for ``bumblebot cluster``.
+heartbeat, for ``bumblebot cluster``; ``relayed``, what a worker passes to the worker holding a
+conversation (a command or an edit that arrived elsewhere), taken once by that worker.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
+from typing import Any
 
+from bumblebot.core.messages import json_text
 from bumblebot.store.connection import Database
 
 #: the database server's clock, in epoch seconds
@@ -48,7 +53,7 @@ class LeaseTables(Database):
     async def acquire(self, name: str, owner: str, ttl_s: float) -> int | None:
         """Take lease ``name`` for ``ttl_s`` seconds if it is free, expired, or ``owner``'s own
         (a worker started again under its name); its new token, else ``None`` (held by another)."""
-        rows = await self._all(
+        rows = await self.write_rows(
             f"INSERT INTO leases (name, owner, token, expires_at, acquired_at) VALUES (?, ?, 1, {NOW} + ?, {NOW})"
             " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,"
             " expires_at = excluded.expires_at, acquired_at = excluded.acquired_at"
@@ -63,7 +68,7 @@ class LeaseTables(Database):
         if not names:
             return []
         marks = ", ".join("?" for _ in names)
-        rows = await self._all(
+        rows = await self.write_rows(
             f"UPDATE leases SET expires_at = {NOW} + ? WHERE owner = ? AND name IN ({marks}) RETURNING name, token",
             (ttl_s, owner, *names),
         )
@@ -103,3 +108,22 @@ class LeaseTables(Database):
             " WHERE j.status = 'pending' GROUP BY l.owner ORDER BY l.owner",
         )
         return [(None if r[0] is None else str(r[0]), int(r[1]), float(r[2])) for r in rows]
+
+    async def relay(self, conversation: str, kind: str, payload: dict[str, Any]) -> None:
+        """Pass ``kind`` (``command``, ``edit``) with ``payload`` to conversation's worker."""
+        await self.write(
+            "INSERT INTO relayed (conversation, kind, payload, created_at) VALUES (?, ?, ?, ?)",
+            (conversation, kind, json_text(payload), time.time()),
+        )
+
+    async def take_relayed(self, conversations: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+        """What was relayed to ``conversations``, oldest first, as ``(conversation, kind,
+        payload)``; taken: removed in the same statement, so a relayed thing is done once."""
+        if not conversations:
+            return []
+        marks = ", ".join("?" for _ in conversations)
+        rows = await self.write_rows(
+            f"DELETE FROM relayed WHERE conversation IN ({marks}) RETURNING id, conversation, kind, payload",
+            tuple(conversations),
+        )
+        return [(str(r[1]), str(r[2]), json.loads(r[3])) for r in sorted(rows, key=lambda r: int(r[0]))]

@@ -267,8 +267,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX outbox_sent_by_turn ON outbox (turn_id, sent_at, status) WHERE status = 'sent';
     """,
     # 13: workers sharing one PostgreSQL (``leases.py``): who holds what, until when, under which
-    # fencing token (it grows by one at each change of holder and never goes back), and the
-    # workers seen. SQLite has one process and never writes them.
+    # fencing token (it grows by one at each change of holder and never goes back), the workers
+    # seen, and what one worker passes to the worker of a conversation (a command, an edit).
+    # SQLite has one process and never writes them.
     """
     CREATE TABLE leases (
         name TEXT PRIMARY KEY,
@@ -285,6 +286,14 @@ MIGRATIONS: tuple[str, ...] = (
         started_at REAL NOT NULL,
         seen_at REAL NOT NULL
     );
+    CREATE TABLE relayed (
+        id INTEGER PRIMARY KEY,
+        conversation TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX relayed_by_conversation ON relayed (conversation, id);
     """,
 )
 
