@@ -158,9 +158,13 @@ class Connection:
         return Cursor([], _count(await conn.execute(query, *params)))
 
     async def _run(self, sql: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run ``work()`` (a use of the connection) alone on it, once the connection is free. A caller cancelled meanwhile does
-        not cut it short: asyncpg's protocol would be left mid-statement, and every later
-        statement refused (aiosqlite's thread, too, finishes a statement whose caller left)."""
+        """Run ``work()`` (a use of the connection) alone on it, once the connection is free.
+
+        A caller cancelled meanwhile does not cut it short: asyncpg's protocol would be left
+        mid-statement, and every later statement refused (aiosqlite's thread, too, finishes a
+        statement whose caller left). A connection that failed (not a statement refused by the
+        server) is dropped: the next statement connects again, or, inside a transaction, fails
+        until the caller's ``ROLLBACK``."""
         async with self._lock:
             running = asyncio.ensure_future(work())
             try:
@@ -169,7 +173,11 @@ class Connection:
                 with contextlib.suppress(Exception):
                     await running
                 raise
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except asyncpg.PostgresError as exc:
+                raise DatabaseError(f"{_first_words(sql)} failed on {shown(self.url)}: {exc}") from exc
+            except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError) as exc:
+                if self._conn is not None:
+                    self._conn.terminate()
                 raise DatabaseError(f"{_first_words(sql)} failed on {shown(self.url)}: {exc}") from exc
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Running:
