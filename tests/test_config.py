@@ -244,3 +244,31 @@ def test_a_config_path_that_is_a_directory_says_so(tmp_path):
     """``--config /tmp`` said "config file not found" about a directory that exists."""
     with pytest.raises(ConfigError, match="is a directory, not a config file"):
         find_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("url", ["postgresq://bumblebot:TopSecret77@127.0.0.1/bb", "postgresql:/bumblebot:TopSecret77@h/bb"])
+def test_a_store_url_that_is_no_database_is_refused_without_showing_it(tmp_path, url):
+    """A scheme typo was shown back in the error, password and all; one missing slash made a
+    SQLite file named like the URL."""
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text(f"store: {{url: '{url}'}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    assert caught.value.key == "store.url" and "TopSecret77" not in str(caught.value)
+
+
+def test_a_sqlite_store_url_is_relative_to_the_config_file(tmp_path, monkeypatch):
+    (tmp_path / "etc").mkdir()
+    path = tmp_path / "etc" / "bumblebot.yaml"
+    path.write_text("store: {url: state/rel.db}\n")
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(path)
+    assert settings.db_path == tmp_path / "etc" / "state" / "rel.db" and not settings.on_postgres
+
+
+def test_a_password_in_the_store_url_is_a_secret_as_written_and_decoded(tmp_path):
+    from bumblebot.core.config import store_secrets
+
+    path = tmp_path / "bumblebot.yaml"
+    path.write_text("store: {url: 'postgresql://bb:p%40ss@h/db?sslmode=require&password=Other1'}\n")
+    assert sorted(store_secrets(load_settings(path))) == ["Other1", "p%40ss", "p@ss"]

@@ -8,6 +8,11 @@ that can carry a password.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
 
 import asyncpg
 import pytest
@@ -16,8 +21,10 @@ from fakes.openai_server import is_loop
 from fakes.postgres_server import PostgresServer
 from support import judges_say_done, loop_requests, say
 
-from bumblebot.core.errors import DatabaseError, StoreError
-from bumblebot.store import Store, dialect
+from bumblebot.core.errors import STORE_FAILURES, DatabaseError, StoreError
+from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+from bumblebot.core.messages import Message
+from bumblebot.store import Store, dialect, postgres
 from bumblebot.store.schema import MIGRATIONS
 
 # -- the dialect --------------------------------------------------------------------------------
@@ -164,3 +171,109 @@ async def test_the_daemon_answers_once_and_remembers_across_a_restart_on_postgre
         assert [r[0] for r in users] == ["my name is Ada", "what's my name?"]
     finally:
         await conn.close()
+
+
+# -- what differed between the two databases (each found by a review, with its input) ---------
+
+
+async def test_autonomy_finds_the_active_chats_on_both(store_location):
+    """PostgreSQL refused ``HAVING last >= ?`` (an alias) and a column not grouped by."""
+    async with Store(store_location) as store:
+        chat = ChatRef(Platform.TELEGRAM, "42")
+        conv = await store.conversation(chat)
+        j = await store.journal(Inbound(chat, "m1", "u1", "Ann", "hi", ChatKind.GROUP))
+        assert j is not None
+        t = await store.begin_turn(conv.id, conv.session, [j], Message(role="user", content="hi"), {"a": 1})
+        await store.finish_turn(t, status="done", trace={}, journal_ids=[j])
+        assert await store.active_chats(0) == [(chat, "group")]
+        assert await store.active_chats(time.time() + 60) == []
+
+
+async def test_a_turn_in_the_last_second_of_an_hour_counts_in_that_hour(store_location):
+    """``CAST(x AS INTEGER)`` rounds on PostgreSQL, cuts on SQLite."""
+    async with Store(store_location) as store:
+        conv = await store.conversation(ChatRef(Platform.TELEGRAM, "1"))
+        now = time.time()
+        hour = int(now) // 3600 * 3600
+        t = await store.begin_turn(conv.id, 1, [], Message(role="user", content="x"), {})
+        await store.write("UPDATE turns SET started_at=? WHERE id=?", (hour - 0.3, t))
+        hours = {h["hour"]: h["turns"] for h in await store._turns_per_hour(now)}
+        assert hours[hour - 3600] == 1 and hours[hour] == 0
+
+
+async def test_a_failing_read_of_another_task_does_not_fail_an_open_write_transaction(store_location):
+    """On PostgreSQL an error aborts the transaction it runs in; a console page's read that
+    failed while a turn's transaction was open failed that turn's writes."""
+    async with Store(store_location) as store:
+        reading: asyncio.Task[object] | None = None
+        async with store.transaction() as db:
+            await db.execute("INSERT INTO kv (key, value) VALUES ('a', '1')")
+            reading = asyncio.ensure_future(store._all("SELECT no_such_column FROM kv"))
+            await asyncio.sleep(0)  # the read is under way (on PostgreSQL: waiting for the transaction)
+            await db.execute("INSERT INTO kv (key, value) VALUES ('b', '2')")
+        with pytest.raises(STORE_FAILURES):
+            await reading
+        assert await store.get_kv("a") == "1" and await store.get_kv("b") == "2"
+
+
+async def test_every_error_after_a_lost_session_is_a_database_error(postgres_server: PostgresServer):
+    """asyncpg's internal error after the server ended the session escaped the translation."""
+    url = await postgres_server.database()
+    escaped = []
+    async with Store(url) as store:
+        for i in range(20):
+            await store.set_kv("a", str(i))
+            await _end_sessions(postgres_server, url)
+            try:
+                await store.get_kv("a")
+            except DatabaseError:
+                pass
+            except Exception as exc:
+                escaped.append(type(exc).__name__)
+    assert escaped == []
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://bumblebot:ab?cdSECRET@127.0.0.1:1/bb",  # asyncpg's ValueError showed it
+    "postgresql://bumblebot@127.0.0.1:1/bb?password=QuerySecret",
+])
+async def test_a_password_is_not_shown_whatever_the_url_looks_like(url):
+    with pytest.raises(StoreError) as caught:
+        async with Store(url):
+            pass
+    assert "SECRET" not in str(caught.value).upper().replace("***", "")
+
+
+async def test_the_daemon_stops_in_time_while_postgresql_does_not_answer(tmp_path, llm, tg, monkeypatch):
+    """A frozen server (a partition): no statement ever answered, and the daemon never stopped."""
+    import tempfile
+
+    monkeypatch.setattr(postgres, "COMMAND_TIMEOUT_S", 2.0)
+    folder = tempfile.mkdtemp(prefix="bumblebot-pg-frozen-")
+    server = PostgresServer(__import__("pathlib").Path(folder))
+    server.start()
+    frozen: list[int] = []
+    try:
+        url = await server.database()
+        judges_say_done(llm)
+        llm.push(say("hello"), when=is_loop)
+        async with contextlib.AsyncExitStack() as stack:
+            daemon = await stack.enter_async_context(running(write_config(tmp_path, llm, tg, store={"url": url})))
+            tg.push_text("hi", chat_id=81)
+            await tg.wait_for("sendMessage")
+            await daemon.engine.wait_until(lambda: daemon.engine.settled)
+            postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+            children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+            frozen = [postmaster, *map(int, children)]
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            tg.push_text("are you there?", chat_id=81)
+            started = time.monotonic()
+            await asyncio.wait_for(stack.aclose(), 40)
+        assert time.monotonic() - started < 40
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        server.stop()
+        __import__("shutil").rmtree(folder, ignore_errors=True)

@@ -303,3 +303,36 @@ async def test_a_write_after_a_write_cancelled_in_aiosqlites_queue_is_committed(
         async with store.transaction() as db:  # and a transaction after it works too
             await db.execute("INSERT INTO kv (key, value) VALUES ('a', '1')")
         assert await store.get_kv("a") == "1" and not store.db.in_transaction
+
+
+async def test_a_send_whose_recording_failed_is_not_sent_again(tmp_path, llm, tg):
+    """The database failed just after the reply went out, when its row was to say so: the turn
+    was resumed and its reply sent a second time."""
+    judges_say_done(llm)
+    llm.push(say("only once"), when=is_loop)
+    llm.push(say("only once"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        failed = fail_once(d.store, "outbox_progress", lambda *a, **k: k.get("status") == "sent")
+        tg.push_text("question", chat_id=62)
+        await d.engine.wait_for_turns(1, timeout=15)
+        async with asyncio.timeout(10):  # recorded again shortly after (delivery.RECORD_RETRY_S)
+            while db(tmp_path).execute("SELECT status FROM outbox").fetchall() != [("sent",)]:
+                await asyncio.sleep(0.05)
+    assert failed and tg.sent(62) == ["only once"]
+
+
+async def test_the_automations_go_on_after_the_database_failed_between_two_runs(tmp_path, llm, tg, monkeypatch):
+    """The wait for the next due task read the database outside the loop's guard: one failure
+    there ended the automations for good, and no task fired again."""
+    from bumblebot.runtime import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "AUTOMATIONS_RETRY_S", 0.05)
+    judges_say_done(llm)
+    llm.push(say("stretch!"), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        failed = fail_once(d.store, "next_task_due")
+        await d.store.journal(Inbound(ChatRef(Platform.TELEGRAM, "63"), "1", "63", "Ann", "hi", ChatKind.PRIVATE),
+                              status="done")
+        await d.engine._scheduler.create("telegram:63", "in 1 seconds", "Remind them to stretch.")
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 63, timeout=15)
+    assert failed and tg.sent(63) == ["stretch!"]

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 
+from telegram import Update
 from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError, TimedOut
 from telegram.ext import (
     Application,
@@ -48,8 +49,9 @@ from adapters.telegram.pacing import Pacer
 from adapters.telegram.polling import PollingRequest
 from adapters.telegram.reading import seconds
 from adapters.telegram.sending import STOP_DATA, TelegramSending
+from adapters.telegram.webhook import WebhookServer, secret_problem
 from bumblebot.core.adapter import Adapter, Intake
-from bumblebot.core.errors import AdapterError, STORE_FAILURES, StoreError
+from bumblebot.core.errors import STORE_FAILURES, AdapterError, ConfigError, StoreError
 from bumblebot.core.events import Platform
 from bumblebot.core.settings import MediaSettings, TelegramSettings
 
@@ -84,11 +86,18 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
 
     def __init__(
         self, intake: Intake, settings: TelegramSettings, token: str, *, media: MediaSettings | None = None,
-        pacer: Pacer | None = None, poller_role: asyncio.Event | None = None,
+        pacer: Pacer | None = None, poller_role: asyncio.Event | None = None, webhook_secret: str | None = None,
     ) -> None:
         self.pacer = pacer or Pacer()
         #: a worker of a cluster polls only while this is set (it holds ``telegram.poller``)
         self._poller_role = poller_role
+        self._webhook: WebhookServer | None = None
+        if settings.webhook_url:  # updates come by webhook: nobody polls
+            if (problem := secret_problem(webhook_secret)) is not None:
+                raise ConfigError("environment", "TELEGRAM_WEBHOOK_SECRET", problem)
+            assert webhook_secret is not None
+            self._webhook = WebhookServer(settings.webhook_url, settings.webhook_listen, webhook_secret, self._take_update)
+            self._webhook_secret = webhook_secret
         self.intake = intake
         self.settings = settings
         self.media = media or MediaSettings()
@@ -144,13 +153,16 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
             raise AdapterError("Telegram rejected the bot token (TELEGRAM_BOT_TOKEN); get one from @BotFather") from exc
         except TelegramError as exc:
             raise AdapterError(f"cannot reach Telegram at {self.settings.base_url}: {exc.message}") from exc
-        with contextlib.suppress(TelegramError):
-            await self.app.bot.delete_webhook(drop_pending_updates=False)
         await self.app.start()
-        self._poller = asyncio.create_task(self._poll(), name="bumblebot:telegram:poll")
+        if self._webhook is not None:
+            await self._start_webhook()
+        else:
+            with contextlib.suppress(TelegramError):
+                await self.app.bot.delete_webhook(drop_pending_updates=False)
+            self._poller = asyncio.create_task(self._poll(), name="bumblebot:telegram:poll")
         # the command menu is a convenience: it goes up while the first updates are read
         self._menu = asyncio.create_task(self._set_menu(), name="bumblebot:telegram:menu")
-        log.info("Telegram: polling as @%s", self.app.bot.username)
+        log.info("Telegram: %s as @%s", "by webhook" if self._webhook else "polling", self.app.bot.username)
         if self.settings.respond_in_groups != "never" and self.app.bot.can_read_all_group_messages is False:
             log.warning(PRIVACY_NOTE, self.app.bot.username)
 
@@ -158,7 +170,42 @@ class TelegramAdapter(TelegramIntake, TelegramCommands, TelegramSending, Telegra
         with contextlib.suppress(TelegramError):
             await self.app.bot.set_my_commands(MENU)
 
+    async def _start_webhook(self) -> None:
+        assert self._webhook is not None
+        try:
+            await self._webhook.start()
+        except OSError as exc:
+            raise AdapterError(f"cannot serve the Telegram webhook on {self.settings.webhook_listen}: {exc.strerror or exc}") from exc
+        try:
+            await self.app.bot.set_webhook(
+                self.settings.webhook_url, secret_token=self._webhook_secret, allowed_updates=ALLOWED_UPDATES,
+            )
+        except TelegramError as exc:
+            await self._webhook.stop()
+            raise AdapterError(f"Telegram refused the webhook {self.settings.webhook_url}: {exc.message}") from exc
+
+    async def _take_update(self, data: dict[str, object]) -> bool:
+        """One update from the webhook through the handlers: whether it is recorded (or cannot
+        be, ever); ``False``: the database failed, or this process stops, and Telegram sends
+        it again."""
+        if not self.intake.accepting:
+            return False
+        update = Update.de_json(data, self.app.bot)
+        if update is None:
+            return True
+        self._pending_kv, self._handler_error = {}, None
+        await self.app.process_update(update)
+        if self._handler_error is not None and not _may_pass(self._handler_error):
+            log.error("Telegram: update %s cannot be handled (%r); skipped", update.update_id, self._handler_error)
+            return True
+        if self._handler_error is not None:
+            log.error("Telegram: update %s not recorded (%s); Telegram sends it again", update.update_id, self._handler_error)
+            return False
+        return self.intake.accepting
+
     async def stop_intake(self) -> None:
+        if self._webhook is not None:
+            await self._webhook.stop()
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -116,7 +116,9 @@ async def _check_all(settings: Settings, secrets: Secrets, entity: Entity, *, ch
         fail("data_dir", f"{settings.data_dir} is not writable ({exc.strerror}); change data_dir")
     base_url = effective_base_url(settings, secrets)
     store, unwritten = await writable_store(settings)  # what the endpoints show is remembered for the daemon
-    if store is None:
+    if store is None and settings.on_postgres:  # the daemon could not start either
+        fail("store.url", unwritten)
+    elif store is None:
         _note("what check learns", f"for this run only, not remembered for the daemon: {unwritten}")
     try:
         primary_window = None

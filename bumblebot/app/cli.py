@@ -271,7 +271,7 @@ def run_backup(settings: Settings, dest: Path) -> int:
     copied again), checked with ``PRAGMA integrity_check`` before it is moved into place."""
     if settings.on_postgres:
         print(f"bumblebot: the state is in PostgreSQL ({settings.store_shown}): back it up with pg_dump "
-              "(docs/operations.md, Backups)", file=sys.stderr)
+              "(docs/running.md, Backup and restore)", file=sys.stderr)
         return EXIT_FAILURE
     source = settings.db_path
     if not source.is_file():

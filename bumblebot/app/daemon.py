@@ -207,6 +207,7 @@ class Daemon:
                 engine, settings.telegram, secrets.telegram_bot_token.get_secret_value(), media=settings.media,
                 pacer=Pacer(self.pace),
                 poller_role=self.membership.role(TELEGRAM_POLLER) if self.membership is not None else None,
+                webhook_secret=secrets.telegram_webhook_secret.get_secret_value() if secrets.telegram_webhook_secret else None,
             ))
         if settings.discord.enabled and secrets.discord_bot_token:
             from adapters.discord import DiscordAdapter

@@ -3,7 +3,7 @@
 Where the file comes from (first match wins): ``--config PATH``, env ``BUMBLEBOT_CONFIG``,
 ``./bumblebot.yaml``, else built-in defaults. Precedence of values: env override > YAML >
 default. Unknown keys are errors, so a typo never passes silently. Relative paths
-(``data_dir``, ``tools.workspace``, an entity path) are resolved against the config file's
+(``data_dir``, ``tools.workspace``, a SQLite ``store.url``, an entity path) are resolved against the config file's
 directory (or the working directory when there is no file).
 
 Secrets never live in the YAML file: they come from the environment or a ``.env`` file next to
@@ -39,6 +39,7 @@ from pydantic_settings import (
 
 from bumblebot.core.errors import ConfigError
 from bumblebot.core.settings import DEFAULT_OPENAI_BASE_URL, Settings
+from bumblebot.core.store_settings import url_secrets
 
 
 class Secrets(BaseSettings):
@@ -52,6 +53,8 @@ class Secrets(BaseSettings):
     openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")
     #: the web console's login token (else the one ``bumblebot web token`` stored as a hash)
     web_token: SecretStr | None = Field(None, validation_alias="BUMBLEBOT_WEB_TOKEN")
+    #: the secret token Telegram sends with each webhook request (``telegram.webhook_url``)
+    telegram_webhook_secret: SecretStr | None = Field(None, validation_alias="TELEGRAM_WEBHOOK_SECRET")
     #: the PostgreSQL password (``store.url``), as libpq and asyncpg name it
     pg_password: SecretStr | None = Field(None, validation_alias="PGPASSWORD")
 
@@ -70,7 +73,8 @@ class Secrets(BaseSettings):
     def values(self) -> list[str]:
         """Every secret value that is set (for log redaction)."""
         out = []
-        for v in (self.telegram_bot_token, self.discord_bot_token, self.openai_api_key, self.web_token, self.pg_password):
+        for v in (self.telegram_bot_token, self.discord_bot_token, self.openai_api_key, self.web_token, self.pg_password,
+                  self.telegram_webhook_secret):
             if v is not None and v.get_secret_value():
                 out.append(v.get_secret_value())
         return out
@@ -189,8 +193,8 @@ def _describe(error: dict[str, Any]) -> tuple[str, str]:
     msg = error.get("msg", "invalid value")
     msg = msg.removeprefix("Value error, ").removeprefix("Input should be ")
     expected = f"expected {msg}" if kind != "value_error" else msg
-    if "input" in error and not isinstance(error["input"], dict | list):
-        expected += f" (got {error['input']!r})"
+    if "input" in error and not isinstance(error["input"], dict | list) and loc[-1:] != ["url"]:
+        expected += f" (got {error['input']!r})"  # a URL may carry a password: never shown
     return key, expected
 
 
@@ -250,6 +254,9 @@ def load_settings(path: Path | None = None) -> Settings:
     if settings.tools.workspace is not None:
         workspace = settings.tools.workspace.expanduser()
         settings.tools.workspace = (workspace if workspace.is_absolute() else base / workspace).resolve()
+    if settings.store.url and not settings.on_postgres:  # a SQLite file: relative to the config too
+        db = Path(settings.store.url).expanduser()
+        settings.store.url = str((db if db.is_absolute() else base / db).resolve())
     settings.__dict__["config_dir"] = base
     return settings
 
@@ -257,6 +264,7 @@ def load_settings(path: Path | None = None) -> Settings:
 #: The environment variables :class:`Secrets` reads.
 SECRET_VARIABLES = (
     "TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN", "OPENAI_API_KEY", "OPENAI_BASE_URL", "BUMBLEBOT_WEB_TOKEN", "PGPASSWORD",
+    "TELEGRAM_WEBHOOK_SECRET",
 )
 
 
@@ -286,10 +294,7 @@ def load_secrets(*, read_dotenv: bool = True, path: Path = Path(".env")) -> Secr
 
 def store_secrets(settings: Settings) -> list[str]:
     """A password written into ``store.url`` itself: a secret no log or stored text may hold."""
-    from urllib.parse import urlsplit
-
-    password = urlsplit(settings.store.url).password if settings.store.url and settings.on_postgres else None
-    return [password] if password else []
+    return url_secrets(settings.store.url) if settings.store.url and settings.on_postgres else []
 
 
 def effective_base_url(settings: Settings, secrets: Secrets) -> str:

@@ -103,6 +103,10 @@ class TelegramSettings(Section):
     )
     allowed_chat_ids: list[int] = Field(default_factory=list, description="chat ids allowed to talk")
     poll_timeout_s: int = Field(30, ge=0, le=50, description="getUpdates long-poll timeout, seconds")
+    webhook_url: str | None = Field(
+        None, description="the public HTTPS URL Telegram posts updates to (its secret: TELEGRAM_WEBHOOK_SECRET); null: polling"
+    )
+    webhook_listen: str = Field("127.0.0.1:8443", description="host:port this process serves the webhook on, behind the HTTPS proxy")
     respond_in_groups: Literal["mention", "always", "never"] = Field(
         "mention", description="in groups answer when mentioned, replied to or commanded; every message; or never"
     )
@@ -568,10 +572,9 @@ class Settings(BaseSettings):
         """The database, to name in messages (a URL without its password)."""
         if not self.store.url or not self.on_postgres:
             return str(self.db_path)
-        from urllib.parse import urlsplit
+        from bumblebot.core.store_settings import shown_url
 
-        parts = urlsplit(self.store.url)
-        return self.store.url if parts.password is None else self.store.url.replace(f":{parts.password}@", ":***@", 1)
+        return shown_url(self.store.url)
 
     def store_exists(self) -> bool:
         """Whether there is a database to read (a PostgreSQL server is taken to have one)."""

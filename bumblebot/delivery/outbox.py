@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bumblebot.core.adapter import Adapter, FileKind, Typing
-from bumblebot.core.errors import DeliveryFailed, LeaseLost, MediaError
+from bumblebot.core.errors import STORE_FAILURES, DeliveryFailed, LeaseLost, MediaError
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.redaction import NO_SECRETS, Redactor
@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 
 #: Longest platform-requested wait honoured inline, seconds; longer ones leave the row pending.
 MAX_INLINE_WAIT_S = 30.0
+#: Seconds before a row sent but not recorded as sent (the database failed) is recorded again.
+RECORD_RETRY_S = 1.0
 #: Seconds before a row left pending with no wait named by the platform (it kept failing) is
 #: tried again, its chat's later rows waiting behind it in order (instead of the next sweep,
 #: which newer rows would go ahead of).
@@ -109,6 +111,8 @@ class Delivery:
         #: a worker of a cluster: the fence of each conversation it holds (``None`` for the
         #: others, whose rows the sweep leaves to their worker); ``None``: every row is ours
         self.fence_of: Callable[[str], Fence | None] | None = None
+        #: chunks sent whose recording failed, by outbox row (:meth:`_sent_so_far`)
+        self._sent: dict[int, list[str]] = {}
         self._prefix: str | None = None
         #: messages :meth:`post` is delivering, and the last one per chat
         self.posting: set[asyncio.Task[None]] = set()
@@ -245,7 +249,7 @@ class Delivery:
                     await adapter.delete_message(entry.chat, entry.preview_id)
             await self.store.outbox_progress(entry.id, status="failed", message_ids=entry.platform_message_ids, error=error)
             return DeliveryReport(delivered=False, error=error)
-        sent = list(entry.platform_message_ids)
+        sent = self._sent_so_far(entry)
         error = ""
         wait_s: float | None = None  # the platform's wait, when longer than can be waited here
         retry_after: float | None = None  # the last wait the platform asked for
@@ -489,6 +493,15 @@ class Delivery:
                     FENCE.reset(token)
         return delivered
 
+    def _sent_so_far(self, entry: OutboxEntry) -> list[str]:
+        """The message ids of ``entry``'s chunks sent so far: as recorded, or as this process
+        sent them when recording that failed (the database was unreachable just after a
+        send), so that no chunk is sent twice. The list grows as chunks go out."""
+        known = self._sent.get(entry.id)
+        if known is None or len(known) < len(entry.platform_message_ids):
+            known = self._sent[entry.id] = list(entry.platform_message_ids)
+        return known
+
     async def _still_ours(self, entry: OutboxEntry) -> None:
         """No send for a conversation another worker took over (its new worker sends the row)."""
         if not await self.store.holds_fence():
@@ -499,8 +512,13 @@ class Delivery:
         self._in_flight.add(entry.id)
         try:
             report = await self._attempts(entry, attempts)
+        except STORE_FAILURES:
+            if self._sent.get(entry.id):  # out, but not recorded: recorded (never sent) again soon
+                self._later(entry, RECORD_RETRY_S)
+            raise
         finally:
             self._in_flight.discard(entry.id)
+        self._sent.pop(entry.id, None)  # recorded: the row says what went out
         # metrics hook: one outcome per delivery (its inline retries included)
         self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")
         return report

@@ -48,6 +48,8 @@ from bumblebot.store import JournalEntry, Pruned, Store
 log = logging.getLogger(__name__)
 
 OUTBOX_SWEEP_S = 30.0
+#: Seconds before the automations try again after a failure (the database unreachable).
+AUTOMATIONS_RETRY_S = 5.0
 #: Seconds between two retention passes (the first runs as soon as the engine is ready).
 HOUSEKEEPING_S = 24 * 3600.0
 #: How often a worker of a cluster asks whether retention is due (one worker runs it, daily).
@@ -116,6 +118,7 @@ class Engine(EngineCommands, OwnedConversations):
         self._store = store
         self._ownership = ownership
         self._dispatched: dict[int, str] = {}  # a worker's: journal ids queued here, and their chat
+        self._adopting: set[str] = set()  # a worker's: conversations being taken over
         self._runner = runner
         self._delivery = delivery
         self._prompts = prompts
@@ -228,9 +231,10 @@ class Engine(EngineCommands, OwnedConversations):
         while True:
             try:
                 await self.run_automations()
-            except Exception:
+                await scheduler.wait(self._platforms)
+            except Exception:  # the database, say: a due task fires once it answers again
                 log.exception("automations failed; trying again shortly")
-            await scheduler.wait(self._platforms)
+                await asyncio.sleep(AUTOMATIONS_RETRY_S)
 
     async def run_automations(self) -> int:
         """Fire every task due now and start the autonomous turns of this interval slot;
@@ -398,8 +402,7 @@ class Engine(EngineCommands, OwnedConversations):
             return False
         await self._titled(inbound)
         if self._ownership is not None and not self._ownership.owns(inbound.chat.key) and not self._stopped:
-            if await self._ownership.claim(inbound.chat.key):
-                await self.adopt(inbound.chat)  # queues its waiting messages, this one among them
+            await self.take(inbound.chat)  # its adoption queues its waiting messages, this one among them
             self.progress.accepted += 1  # else another worker holds the chat: it reads the journal
             await self.progress.notify()
             return True
@@ -517,9 +520,9 @@ class Engine(EngineCommands, OwnedConversations):
     async def set_cursor(self, key: str, value: str) -> None:
         await self._store.set_kv(key, value)
 
-    async def _dispatch(self, entry: JournalEntry) -> None:
+    async def _dispatch(self, entry: JournalEntry, *, adopting: bool = False) -> None:
         if self._ownership is not None:  # a worker reads the journal too: each entry is queued once
-            if entry.id in self._dispatched:
+            if entry.id in self._dispatched or (entry.inbound.chat.key in self._adopting and not adopting):
                 return
             self._dispatched[entry.id] = entry.inbound.chat.key
         actor = await self._actor(entry.inbound.chat)

@@ -58,13 +58,14 @@ class OwnedConversations:
     _actors: dict[str, ConversationActor]
     _ownership: Ownership | None
     _dispatched: dict[int, str]
+    _adopting: set[str]
     _accepting: bool
     _stopped: bool
     progress: Progress
 
     async def _actor(self, chat: ChatRef) -> ConversationActor: ...
 
-    async def _dispatch(self, entry: JournalEntry) -> None: ...
+    async def _dispatch(self, entry: JournalEntry, *, adopting: bool = False) -> None: ...
 
     async def reply(self, chat: ChatRef, text: str) -> None: ...
 
@@ -77,10 +78,24 @@ class OwnedConversations:
         a conversation nobody holds is taken here first."""
         if self._ownership is None or self._ownership.owns(chat.key):
             return False
-        if await self._ownership.claim(chat.key):
+        return not await self.take(chat)
+
+    async def take(self, chat: ChatRef) -> bool:
+        """Claim ``chat`` if nobody holds it, and adopt it; whether this worker holds it now.
+        Until its adoption is done, nothing else queues work for it here: a message queued
+        before its cut-off turn is resumed would be answered before the messages that turn
+        answers."""
+        assert self._ownership is not None
+        if chat.key in self._adopting:
+            return True
+        self._adopting.add(chat.key)
+        try:
+            if not await self._ownership.claim(chat.key):
+                return self._ownership.owns(chat.key)
             await self.adopt(chat)
-            return False
-        return True
+            return True
+        finally:
+            self._adopting.discard(chat.key)
 
     async def relay_command(self, inbound: Inbound, name: str, journal_id: int, manager: bool) -> None:
         """Pass a command that needs the conversation's actor to the worker holding it; its
@@ -136,7 +151,7 @@ class OwnedConversations:
         resumed = {t.id for t in running}
         for entry in await self._store.pending_inbound():
             if entry.inbound.chat.key == chat.key and entry.turn_id not in resumed and entry.turn_id is None:
-                await self._dispatch(entry)
+                await self._dispatch(entry, adopting=True)
         await self.progress.notify()
 
     async def drop(self, key: str) -> None:
@@ -170,14 +185,16 @@ class OwnedConversations:
         for key, entries in waiting.items():
             orphans.setdefault(key, entries[0].inbound.chat)
         for key, chat in orphans.items():
+            if key in self._adopting:
+                continue  # its adoption queues its waiting messages
             if self._ownership.owns(key):
                 fresh = [e for e in waiting.get(key, []) if e.turn_id is None and e.id not in self._dispatched]
                 for entry in fresh:
                     await self._dispatch(entry)  # journaled by another worker
                 if fresh:
                     await self.progress.notify()
-            elif await self._ownership.claim(key):
-                await self.adopt(chat)
+            else:
+                await self.take(chat)
 
 
 def spawn_in(context: contextvars.Context | None, **kwargs: Any) -> dict[str, Any]:

@@ -103,6 +103,7 @@ class Database:
         self.redactor = redactor
         self._db: Any = None  # aiosqlite.Connection, or postgres.Connection
         self._write_lock = asyncio.Lock()
+        self._transaction_task: asyncio.Task[Any] | None = None  # the task whose transaction is open
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -147,7 +148,7 @@ class Database:
         except BaseException as exc:
             await db.close()
             if isinstance(exc, DatabaseError):
-                raise StoreError(f"cannot open database {self.shown}: {exc}") from exc
+                raise StoreError(str(exc)) from exc  # it names the database (without a password)
             raise
         self._db = db
 
@@ -173,6 +174,7 @@ class Database:
         async with self._write_lock:
             await self._end_left_open()
             await self._begin()
+            self._transaction_task = asyncio.current_task()
             try:
                 await self._check_fence()
                 yield Writes(self.db, self.redactor)
@@ -181,6 +183,8 @@ class Database:
                 raise
             else:
                 await self.db.execute("COMMIT")
+            finally:
+                self._transaction_task = None
 
     async def write(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         """One write statement, serialised with the transactions. In autocommit mode SQLite
@@ -253,8 +257,13 @@ class Database:
 
     async def _one(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
         """The first row of a query that returns at most a few (one trip to aiosqlite's thread)."""
-        rows = await self.db.execute_fetchall(sql, storable(params, self.redactor))
-        return next(iter(rows), None)
+        return next(iter(await self._all(sql, params)), None)
 
     async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """The rows of a query. On PostgreSQL a read of another task than the one whose write
+        transaction is open waits for it to end: an error would abort that transaction (SQLite's
+        does not), and it would read writes not committed yet."""
+        if self.postgres and self._write_lock.locked() and self._transaction_task is not asyncio.current_task():
+            async with self._write_lock:
+                return list(await self.db.execute_fetchall(sql, storable(params, self.redactor)))
         return list(await self.db.execute_fetchall(sql, storable(params, self.redactor)))

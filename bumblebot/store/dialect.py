@@ -12,6 +12,8 @@ PostgreSQL, token by token outside quoted text; each rule below is what the two 
 * ``LIKE`` ignores ASCII case in SQLite: ``ILIKE``;
 * ``json_extract(x, '$.key')`` becomes ``(x::json ->> 'key')`` and ``json_array(x)``
   ``json_build_array(x)::text`` (JSON columns are text in both);
+* ``CAST(x AS INTEGER)`` cuts ``x`` toward zero in SQLite but rounds in PostgreSQL:
+  ``CAST(TRUNC(x) AS BIGINT)``;
 * ``BEGIN IMMEDIATE`` (SQLite's write lock at the start) is PostgreSQL's ``BEGIN``;
 * in the schema only: ``INTEGER PRIMARY KEY`` (SQLite's row id) is an identity column,
   ``INTEGER`` is ``BIGINT`` (SQLite's integers are 64-bit) and ``REAL`` ``DOUBLE PRECISION``.
@@ -27,6 +29,7 @@ import re
 _DIGITS = re.compile(r"[0-9]+")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 _JSON_EXTRACT = re.compile(r"json_extract\(([\w.]+),\s*'\$\.(\w+)'\)", re.IGNORECASE)
+_CAST_INTEGER = re.compile(r"CAST\(([\w.]+) AS INTEGER\)", re.IGNORECASE)
 _JSON_ARRAY = re.compile(r"json_array\(([\w.]+)\)", re.IGNORECASE)
 _SCALAR = {"MAX": "GREATEST", "MIN": "LEAST"}
 
@@ -38,6 +41,7 @@ def statement(sql: str) -> str:
         return "BEGIN"
     sql = _JSON_EXTRACT.sub(r"(\1::json ->> '\2')", sql)
     sql = _JSON_ARRAY.sub(r"json_build_array(\1)::text", sql)
+    sql = _CAST_INTEGER.sub(r"CAST(TRUNC(\1) AS BIGINT)", sql)
     out: list[str] = []
     number = 0
     i, n = 0, len(sql)

@@ -21,11 +21,11 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 from bumblebot.core.errors import DatabaseError
+from bumblebot.core.store_settings import shown_url
 from bumblebot.store import dialect
 
 T = TypeVar("T")
@@ -41,22 +41,16 @@ def is_url(location: object) -> bool:
 
 def shown(url: str) -> str:
     """``url`` without its password, to show in errors and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    user = f"{parts.username}:***@" if parts.username else "***@"
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit((parts.scheme, f"{user}{host}{port}", parts.path, parts.query, parts.fragment))
-
-
-def password(url: str) -> str | None:
-    """The password ``url`` carries, a secret the store's redactor keeps out of everything."""
-    return urlsplit(url).password
+    return shown_url(url)
 
 
 #: prepared statements kept per connection: more than the table modules have
 STATEMENT_CACHE = 512
+#: the longest a statement may take before its connection is given up (a server that stopped
+#: answering: a partition, a frozen machine), seconds; the store's statements take milliseconds
+COMMAND_TIMEOUT_S = 30.0
+#: how long a cancelled caller's statement may still run before its connection is dropped
+CANCEL_GRACE_S = 2.0
 
 
 def _returns_rows(query: str) -> bool:
@@ -113,8 +107,12 @@ class Connection:
         settings = {"default_transaction_read_only": "on"} if self.readonly else {}
         try:
             conn = await asyncpg.connect(
-                self.url, server_settings=settings, timeout=10, statement_cache_size=STATEMENT_CACHE
+                self.url, server_settings=settings, timeout=10, statement_cache_size=STATEMENT_CACHE,
+                command_timeout=COMMAND_TIMEOUT_S,
             )
+        except ValueError:  # asyncpg could not parse the URL: its message would show the password
+            raise DatabaseError(f"{shown(self.url)} is not a database URL asyncpg can read "
+                                "(a password with ?, /, # or [ must be percent-encoded)") from None
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
             raise DatabaseError(f"cannot connect to {shown(self.url)}: {exc}") from exc
         await conn.set_type_codec("numeric", encoder=str, decoder=_numeric, schema="pg_catalog", format="text")
@@ -134,7 +132,14 @@ class Connection:
 
     async def _execute(self, sql: str, params: Sequence[Any]) -> Cursor:
         query = dialect.statement(sql)
-        return await self._run(sql, lambda: self._statement(query, params))
+        try:
+            return await self._run(sql, lambda: self._statement(query, params))
+        except DatabaseError as exc:
+            # a read between transactions that found the connection gone (the server restarted):
+            # once more on a new one, which nothing can tell from the first try
+            if self._transaction or not isinstance(exc.__cause__, _LOST) or not query.lstrip()[:6].upper() == "SELECT":
+                raise
+            return await self._run(sql, lambda: self._statement(query, params))
 
     async def _statement(self, query: str, params: Sequence[Any]) -> Cursor:
         command = query.strip().upper()
@@ -170,15 +175,21 @@ class Connection:
             try:
                 return await asyncio.shield(running)
             except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    await running
+                try:
+                    await asyncio.wait_for(asyncio.shield(running), CANCEL_GRACE_S)
+                except BaseException:  # the server does not answer: the connection goes
+                    self._drop()
                 raise
             except asyncpg.PostgresError as exc:
                 raise DatabaseError(f"{_first_words(sql)} failed on {shown(self.url)}: {exc}") from exc
-            except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError) as exc:
-                if self._conn is not None:
-                    self._conn.terminate()
+            except _LOST as exc:
+                self._drop()
                 raise DatabaseError(f"{_first_words(sql)} failed on {shown(self.url)}: {exc}") from exc
+
+    def _drop(self) -> None:
+        """Give the connection up (the next statement connects again)."""
+        if self._conn is not None:
+            self._conn.terminate()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> _Running:
         return _Running(self, sql, params)
@@ -216,6 +227,10 @@ class Connection:
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
+
+
+#: what a connection that failed (not a statement the server refused) raises
+_LOST = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError)
 
 
 def _count(status: str) -> int:

@@ -15,6 +15,7 @@ import aiosqlite
 
 from bumblebot.core.errors import StoreError
 from bumblebot.core.messages import json_text
+from bumblebot.core.store_settings import shown_url as postgres_shown
 from bumblebot.store import dialect
 
 MIGRATIONS: tuple[str, ...] = (
@@ -326,8 +327,9 @@ async def migrate(db: Any, *, readonly: bool) -> None:
         return
     if readonly:
         exists = (await db.execute_fetchall("SELECT to_regclass('schema_version') IS NOT NULL"))[0][0]
-        if exists:
-            _checked(int((await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM schema_version"))[0][0]))
+        if not exists:
+            raise StoreError(f"no Bumblebot database in {postgres_shown(db.url)} yet (nothing has run there)")
+        _checked(int((await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM schema_version"))[0][0]))
         return
     await db.executescript(
         f"BEGIN; SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK}); {_PG_VERSION};"

@@ -164,11 +164,12 @@ class TaskTables(Database):
         one, a command or background) came after ``since`` (epoch s), with its chat kind; not
         the paused ones."""
         rows = await self._all(
-            "SELECT platform, chat_id, thread_id, chat_kind, MAX(received_at) AS last FROM journal j"
-            " WHERE source='chat' AND background=0 AND turn_id IS NOT NULL"  # answered: not refused, not a command
-            " AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.platform=j.platform AND c.chat_id=j.chat_id"
-            " AND c.thread_id=j.thread_id AND c.paused_at IS NOT NULL)"
-            " GROUP BY platform, chat_id, thread_id HAVING last >= ?",
+            "SELECT j.platform, j.chat_id, j.thread_id, j.chat_kind FROM journal j JOIN"
+            " (SELECT MAX(id) AS last FROM journal"
+            "  WHERE source='chat' AND background=0 AND turn_id IS NOT NULL"  # answered: not refused, not a command
+            "  GROUP BY platform, chat_id, thread_id HAVING MAX(received_at) >= ?) m ON j.id = m.last"
+            " WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.platform=j.platform AND c.chat_id=j.chat_id"
+            " AND c.thread_id=j.thread_id AND c.paused_at IS NOT NULL)",
             (since,),
         )
         return [(ChatRef(Platform(r["platform"]), r["chat_id"], r["thread_id"]), r["chat_kind"]) for r in rows]
