@@ -123,7 +123,7 @@ TEST_PACE_INTERVAL_S = 0.01
 @contextlib.asynccontextmanager
 async def running(
     config: Path, *, telegram_token: str | None = TOKEN, discord_token: str | None = None, adapters: Any = None,
-    pace: Any = None,
+    pace: Any = None, webhook_secret: str | None = None,
 ) -> AsyncIterator[Any]:
     """Run the daemon in this event loop (as ``bumblebot run`` would) and stop it afterwards.
 
@@ -136,7 +136,8 @@ async def running(
 
     settings = load_settings(config)
     secrets = Secrets(
-        TELEGRAM_BOT_TOKEN=telegram_token, DISCORD_BOT_TOKEN=discord_token, OPENAI_API_KEY="sk-test-key-not-real-000000"
+        TELEGRAM_BOT_TOKEN=telegram_token, DISCORD_BOT_TOKEN=discord_token, OPENAI_API_KEY="sk-test-key-not-real-000000",
+        TELEGRAM_WEBHOOK_SECRET=webhook_secret,
     )
     entity = load_entity(settings.entity, config_dir=config.parent)
     if pace is None:

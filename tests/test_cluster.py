@@ -274,3 +274,38 @@ async def test_stop_status_and_an_edit_that_arrive_at_another_worker_reach_the_c
     texts = tg.sent(501)
     assert texts[1:] == ["Stopped.", "re: fixed"] and "re: long one" not in texts
     assert other.engine.loaded_conversations == 0  # nothing of the chat ran at the other worker
+
+
+async def test_two_workers_behind_one_webhook_answer_each_message_once(tmp_path, llm, tg, postgres_server):
+    """Telegram posts to one public URL; the proxy spreads the requests over the workers; an
+    update posted again (to the other worker) is journaled once, and its chat's worker answers."""
+    import socket
+
+    url = await postgres_server.database()
+    llm.default = echo
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+    tg.webhook_targets = [f"http://127.0.0.1:{port}/hook" for port in ports]
+    configs = []
+    for name, port in zip(("a", "b"), ports):
+        folder = tmp_path / name
+        folder.mkdir()
+        configs.append(write_config(
+            folder, llm, tg, store={"url": url}, cluster={"worker": name},
+            telegram={"enabled": True, "base_url": tg.base_url, "base_file_url": tg.base_file_url,
+                      "webhook_url": "https://bot.example.org/hook", "webhook_listen": f"127.0.0.1:{port}"},
+        ))
+    secret = "s3cret-for-the-webhook"
+    async with running(configs[0], webhook_secret=secret) as a, running(configs[1], webhook_secret=secret) as b:
+        for chat in (601, 602, 603, 604):
+            tg.push_text(f"hello {chat}", chat_id=chat)
+        tg.push_update(dict(tg.updates[0], update_id=999))  # the first one again
+        for chat in (601, 602, 603, 604):
+            await tg.wait_for("sendMessage", predicate=lambda p, c=chat: p.get("chat_id") == c)
+        await asyncio.gather(a.engine.wait_until(lambda: a.engine.settled), b.engine.wait_until(lambda: b.engine.settled))
+    assert {chat: tg.sent(chat) for chat in (601, 602, 603, 604)} == {c: [f"re: hello {c}"] for c in (601, 602, 603, 604)}
+    assert {target for target, _, status in tg.webhook_posts if status == "200"} == set(tg.webhook_targets)
+    assert [c for c in tg.calls if c.method == "getUpdates"] == []

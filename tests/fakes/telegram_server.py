@@ -57,6 +57,7 @@ builds as ``base_file_url + token + "/" + file_path``):
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import functools
 import html
@@ -221,7 +222,7 @@ class FakeTelegram:
         self._closing = False
         self._runner: web.AppRunner | None = None
         self._handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
-            "getMe": lambda p: self.get_me, "deleteWebhook": lambda p: True,
+            "getMe": lambda p: self.get_me, "deleteWebhook": self._delete_webhook, "setWebhook": self._set_webhook,
             "getChatMember": self._get_chat_member,
             "sendChatAction": lambda p: True, "close": lambda p: True, "logOut": lambda p: True,
             "sendMessage": self._send_message, "editMessageText": self._edit_message_text,
@@ -231,6 +232,14 @@ class FakeTelegram:
             "answerCallbackQuery": self._answer_callback_query,
         }
         self.callback_answers: list[dict[str, Any]] = []  # answerCallbackQuery params
+        #: setWebhook's last parameters while a webhook is set (``None``: updates are polled)
+        self.webhook: dict[str, Any] | None = None
+        #: where the webhook's POSTs really go, in turn (a test's workers behind the public
+        #: URL, as a proxy would spread them); empty: the URL itself
+        self.webhook_targets: list[str] = []
+        #: each webhook POST: (target, update id, the answer's status or the error's name)
+        self.webhook_posts: list[tuple[str, int, str]] = []
+        self._webhook_task: asyncio.Task[None] | None = None
         self.files: dict[str, StoredFile] = {}  # file_id -> registered file
         self._files_by_path: dict[str, StoredFile] = {}
         self.get_file_calls: list[str] = []  # file ids of every getFile received
@@ -585,6 +594,10 @@ class FakeTelegram:
     async def __aexit__(self, *exc_info: object) -> None:
         self._closing = True
         self._pushed.set()  # release pending long polls so shutdown is immediate
+        if self._webhook_task is not None:
+            self._webhook_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._webhook_task
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -611,6 +624,9 @@ class FakeTelegram:
         failures = self._failures.get(method)
         if failures:
             return _error(*failures.popleft())
+        if method == "getUpdates" and self.webhook is not None:
+            return _error(409, {"ok": False, "error_code": 409,
+                                "description": "Conflict: can't use getUpdates method while webhook is active"})
         if method == "getUpdates":
             result = await self._get_updates(params)
             parts = [u.text if isinstance(u, RawUpdate) else json.dumps(u) for u in result]
@@ -675,6 +691,54 @@ class FakeTelegram:
             except TimeoutError:
                 break
         return self.updates[:limit]
+
+    def _set_webhook(self, params: dict[str, Any]) -> bool:
+        """Bot API setWebhook: from now on each update is POSTed to the URL (or to
+        :attr:`webhook_targets`, in turn) with the secret token, until one answers 200."""
+        allowed = params.get("allowed_updates")
+        if isinstance(allowed, str):
+            allowed = json.loads(allowed)
+        self.webhook = {"url": params["url"], "secret_token": params.get("secret_token"), "allowed_updates": allowed}
+        if allowed:
+            self.allowed_updates = list(allowed)
+        if self._webhook_task is None:
+            self._webhook_task = asyncio.ensure_future(self._post_updates())
+        return True
+
+    def _delete_webhook(self, params: dict[str, Any]) -> bool:
+        self.webhook = None
+        return True
+
+    async def _post_updates(self) -> None:
+        """Telegram's side of a webhook: the oldest update is POSTed until some target takes
+        it (200), one at a time, in order; a refusal or an unreachable target is tried again
+        shortly, at the next target."""
+        import aiohttp
+
+        turn = 0
+        async with aiohttp.ClientSession() as session:
+            while not self._closing:
+                if self.webhook is None or not self._wanted():
+                    self._pushed.clear()
+                    await self._pushed.wait()
+                    continue
+                update = self.updates[0]
+                targets = self.webhook_targets or [self.webhook["url"]]
+                target = targets[turn % len(targets)]
+                turn += 1
+                headers = {"X-Telegram-Bot-Api-Secret-Token": self.webhook["secret_token"] or ""}
+                try:
+                    async with session.post(target, json=update, headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=30)) as answer:
+                        outcome = str(answer.status)
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    outcome = type(exc).__name__
+                self.webhook_posts.append((target, int(update["update_id"]), outcome))
+                if outcome == "200":
+                    self.updates.pop(0)
+                    self.confirmed_offset = max(self.confirmed_offset, int(update["update_id"]) + 1)
+                else:
+                    await asyncio.sleep(0.05)
 
     def _wanted(self) -> list[dict[str, Any]]:
         """The pending updates, without those of kinds ``allowed_updates`` leaves out."""
