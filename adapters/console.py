@@ -50,6 +50,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from bumblebot.core.errors import STORE_FAILURES, StoreError
 from bumblebot.core.adapter import Adapter, Intake
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 
@@ -241,10 +242,17 @@ class ConsoleAdapter(Adapter):
                     chat_kind=ChatKind.PRIVATE,
                     chat_title="terminal",
                 )
-                if line.startswith("/"):
-                    await self._command(inbound, (line[1:].split() or [""])[0])
-                else:
-                    await self._turn(inbound)
+                try:
+                    if line.startswith("/"):
+                        await self._command(inbound, (line[1:].split() or [""])[0])
+                    else:
+                        await self._turn(inbound)
+                except (StoreError, *STORE_FAILURES) as exc:  # not journaled: nothing was taken
+                    self._note(f"that was not taken, the database failed ({exc}); send it again")
+        except Exception as exc:
+            if not self.closed.done():
+                self.closed.set_exception(exc)  # `bumblebot chat` says it and exits 1
+            raise
         finally:
             self._close()
 

@@ -475,3 +475,34 @@ async def chat_through_pipes(tmp_path: Path, llm: Any, typed: bytes, **env: str)
             proc.kill()
             await proc.wait()
     return out
+
+
+async def test_chat_says_when_a_line_was_not_taken_and_goes_on(tmp_path, llm, monkeypatch, capsys):
+    """The database failed as a line was journaled: the line was dropped without a word, and
+    `bumblebot chat` ended with exit status 0."""
+    import io
+
+    from bumblebot.app.cli import run_chat
+    from bumblebot.core.config import Secrets, load_settings
+    from bumblebot.core.entity import load_entity
+    from bumblebot.core.errors import DatabaseError
+    from bumblebot.runtime.engine import Engine
+
+    judges_say_done(llm)
+    llm.push(say("got the second"), when=is_loop)
+    original = Engine.submit
+    failures: list[int] = []
+
+    async def failing_once(self, inbound, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise DatabaseError("INSERT INTO journal failed on postgresql://db/bb: connection refused")
+        return await original(self, inbound, **kwargs)
+
+    monkeypatch.setattr(Engine, "submit", failing_once)
+    settings = load_settings(write_config(tmp_path, llm, None))
+    code = await run_chat(settings, Secrets(OPENAI_API_KEY="sk-test"), load_entity("default"),
+                          stdin=io.StringIO("first line\nsecond line\n"))
+    out = capsys.readouterr().out
+    assert code == 0 and failures
+    assert "not taken, the database failed" in out and "send it again" in out and "got the second" in out
