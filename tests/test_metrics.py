@@ -282,3 +282,8 @@ async def test_metrics_are_off_by_default(tmp_path, llm, tg):
     """Without ``metrics.listen`` nothing is counted or served."""
     async with running(write_config(tmp_path, llm, tg)) as d:
         assert d.metrics is NO_METRICS and d.metrics.address is None
+
+
+def test_a_worker_of_a_cluster_names_itself_in_its_metrics():
+    assert b'target_info{worker="w2"} 1.0' in Metrics("w2").exposition()
+    assert b"target_info" not in Metrics().exposition()  # alone: nothing to tell apart

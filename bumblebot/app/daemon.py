@@ -228,7 +228,8 @@ class Daemon:
         if settings.mcp.servers:
             self.mcp = MCPManager(settings.mcp, environ=environ)
             await self.mcp.start()  # returns at once; the servers connect meanwhile
-        self.metrics = metrics = Metrics() if settings.metrics.listen else NO_METRICS
+        worker = (settings.cluster.worker or default_name()) if settings.on_postgres else None
+        self.metrics = metrics = Metrics(worker) if settings.metrics.listen else NO_METRICS
         base_url = effective_base_url(settings, self.secrets)
         self.spending = SpendingLimits(settings.limits, store)  # checked before each model request
         self.ledger = ledger = Ledger(
@@ -288,7 +289,8 @@ class Daemon:
         await delivery.sweep_staged()  # copies of files no row will send
         self.runner = self._runner(memory, environ)
         if settings.on_postgres:  # a worker: other processes may share the store
-            self.membership = Membership(store, settings.cluster.worker or default_name(), settings.cluster.lease_s)
+            assert worker is not None
+            self.membership = Membership(store, worker, settings.cluster.lease_s)
             delivery.fence_of = self.membership.fence
         self.engine = Engine(
             settings.engine, store, self.runner, delivery, prompts, memory, scheduler=scheduler, metrics=metrics,

@@ -112,8 +112,9 @@ class Metrics:
     on after a stop; nobody reads it.
     """
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    def __init__(self, worker: str | None = None) -> None:
+        # a worker of a cluster names itself once, in OpenMetrics' target_info{worker="…"}
+        self.registry = CollectorRegistry(auto_describe=True, target_info={"worker": worker} if worker else None)
         self.turns = Counter(
             "bumblebot_turns", "Turns finished, by status", ["status"], registry=self.registry
         )
