@@ -29,9 +29,11 @@ from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform, storable
 from bumblebot.delivery import Delivery
 from bumblebot.runtime.actor import ConversationActor
 from bumblebot.runtime.runner import TurnRunner
+from bumblebot.runtime.ownership import Ownership
 from bumblebot.runtime.scheduler import Scheduler, TaskError
 from bumblebot.runtime.usage_report import UsageReport
 from bumblebot.store import Store
+from bumblebot.store.connection import FENCE
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class EngineCommands:
     _actor: Callable[[ChatRef], Awaitable[ConversationActor]]
     reply: Callable[[ChatRef, str], Awaitable[None]]
     _elsewhere: Callable[[ChatRef], Awaitable[bool]]
+    _ownership: Ownership | None
     relay_command: Callable[[Inbound, str, int, bool], Awaitable[None]]
     _operated = itertools.count()  # message ids of the operator's journal rows
 
@@ -116,8 +119,13 @@ class EngineCommands:
         return await self._run_command(inbound, name.lower(), journal_id, manager)
 
     async def _run_command(self, inbound: Inbound, name: str, journal_id: int, manager: bool) -> str:
-        """Run command ``name`` here, where its conversation's actor is; the text to show."""
-        return self._delivery.redactor.shown(await self._commands[name](inbound, journal_id, manager))
+        """Run command ``name`` here, where its conversation's actor is; the text to show. A
+        worker's writes for the conversation carry its lease, as its actor's do."""
+        fence = FENCE.set(self._ownership.fence(inbound.chat.key) if self._ownership is not None else None)
+        try:
+            return self._delivery.redactor.shown(await self._commands[name](inbound, journal_id, manager))
+        finally:
+            FENCE.reset(fence)
 
     def _command_handlers(self) -> dict[str, Callable[[Inbound, int, bool], Awaitable[str]]]:
         """Each command of :data:`~bumblebot.core.commands.COMMANDS` with its handler."""
