@@ -30,6 +30,17 @@ released has come back with its next request, which a worker sends only after it
 delivery; the kill lands while the victim's turns are parked in model calls. Then the requests
 held for the killed worker's chats are answered 503 (nobody reads them), the others go on.
 
+The drill runs twice, once per Telegram ingress (``ingress``):
+
+* ``polling``: the workers share Telegram's long poll (one polls at a time, the others wait);
+* ``webhook``: every worker serves ``telegram.webhook_listen`` on its own port behind the same
+  ``telegram.webhook_url`` and secret (``TELEGRAM_WEBHOOK_SECRET``), and nobody polls. The fake
+  Telegram POSTs each update, in order and one at a time, to the workers in turn, as a proxy
+  would spread them; a killed worker's port refuses connections until it is started again, so
+  an update that could not be given to it (or whose answer it never sent) goes to the next one.
+  Besides the checks above, every update is taken (answered 200) exactly once and getUpdates
+  is never answered.
+
 ``DRILL_SEED=<n>`` replays the random choices (message order, kill times, victims among the
 workers that hold chats with waiting messages, pauses, latencies; the interleaving of the
 processes stays up to the OS); the default seed is fixed. ``DRILL_WORKERS=1 DRILL_KILLS=0``
@@ -43,6 +54,7 @@ import contextlib
 import os
 import random
 import re
+import socket
 import statistics
 import time
 from collections import Counter
@@ -72,6 +84,8 @@ PAUSE_S = (0.3, 1.5)  # between a kill and the restart of that worker
 LATENCY_S = (0.1, 0.6)  # the fake model's, per request: a few turns are always under way
 QUIESCE_S = 3.0  # the longest the model holds every request before a kill (llm.timeout_s is 10)
 DRAIN_S = 40.0  # after the last push and kill, for the last answers
+WEBHOOK_SECRET = "drill-webhook-secret_0123456789"  # TELEGRAM_WEBHOOK_SECRET, the same for every worker
+WEBHOOK_URL = "https://bot.example.org/telegram/hook"  # the public URL (a proxy's)
 TOKEN = re.compile(r"m(\d+)-(\d+)")  # a user message, m<chat>-<n>
 REPLY = re.compile(r"^re: ")
 
@@ -221,11 +235,18 @@ def describe_chat(tg: FakeTelegram, chat: int) -> str | None:
 # -- the workers -------------------------------------------------------------------------------
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @dataclass
 class Worker:
     name: str
     folder: Path
     config: Path
+    hook: str | None = None  # webhook ingress: where this worker takes Telegram's POSTs
     proc: asyncio.subprocess.Process | None = None
     killed: bool = False  # the current process was killed by the drill
 
@@ -233,17 +254,28 @@ class Worker:
 class Cluster:
     """The worker processes; every one ever started is killed in :meth:`kill_leftovers`."""
 
-    def __init__(self, tmp_path: Path, names: list[str], llm: FakeOpenAI, tg: FakeTelegram, url: str) -> None:
+    def __init__(self, tmp_path: Path, names: list[str], llm: FakeOpenAI, tg: FakeTelegram, url: str,
+                 ingress: str = "polling") -> None:
         self.workers: dict[str, Worker] = {}
         self.started: list[asyncio.subprocess.Process] = []
         for name in names:
             folder = tmp_path / name
             folder.mkdir()
+            telegram: dict[str, Any] = {}
+            hook = None
+            if ingress == "webhook":  # its own port, kept across restarts
+                port = free_port()
+                telegram = {"webhook_url": WEBHOOK_URL, "webhook_listen": f"127.0.0.1:{port}"}
+                hook = f"http://127.0.0.1:{port}/telegram/hook"
             config = write_config(
                 folder, llm, tg, store={"url": url}, cluster={"worker": name, "lease_s": LEASE_S},
-                cognition={"classifier": False, "mid_turn_messages": "queue", "debounce_s": 0},
+                cognition={"classifier": False, "mid_turn_messages": "queue", "debounce_s": 0}, telegram=telegram,
             )
-            self.workers[name] = Worker(name, folder, config)
+            self.workers[name] = Worker(name, folder, config, hook)
+
+    def hooks(self) -> list[str]:
+        """The workers' webhook URLs (the proxy's targets), empty when they poll."""
+        return [w.hook for w in self.workers.values() if w.hook is not None]
 
     async def start(self, name: str) -> None:
         worker = self.workers[name]
@@ -351,9 +383,10 @@ class Kill:
 
 class Drill:
     def __init__(self, seed: int, cluster: Cluster, model: DrillModel, tg: FakeTelegram,
-                 conn: asyncpg.Connection, kills: int) -> None:
+                 conn: asyncpg.Connection, kills: int, ingress: str = "polling") -> None:
         self.rng = random.Random(seed)
         self.cluster, self.model, self.tg, self.conn = cluster, model, tg, conn
+        self.ingress = ingress
         self.pusher = Pusher(tg, drill_tokens(self.rng))
         span = len(self.pusher.tokens) / PUSH_RATE_PER_S - FIRST_KILL_S - 5.0
         slot = span / max(kills, 1)
@@ -399,7 +432,7 @@ class Drill:
             await self.kill_one(pause)
 
     async def run(self, drain_s: float) -> None:
-        await self.until_polled(timeout=30)
+        await self.until_ready(timeout=30)
         self.start = time.monotonic()
         await self.watch(asyncio.gather(self.pusher.run(), self.kill_all_planned()), timeout=None)
         await self.watch(self.until_every_message_answered(), timeout=drain_s)
@@ -421,15 +454,17 @@ class Drill:
             with contextlib.suppress(BaseException):
                 await task
 
-    async def until_polled(self, timeout: float) -> None:
-        """Wait until some worker polls Telegram (the workers are up)."""
+    async def until_ready(self, timeout: float) -> None:
+        """Wait until some worker polls Telegram, or (webhook) every worker has set the webhook
+        (it serves its port before it does)."""
+        method, n = ("setWebhook", len(self.cluster.workers)) if self.ingress == "webhook" else ("getUpdates", 1)
         deadline = time.monotonic() + timeout
-        while not any(c.method == "getUpdates" for c in self.tg.calls):
+        while sum(c.method == method for c in self.tg.calls) < n:
             self.cluster.check()
             if time.monotonic() > deadline:
-                raise AssertionError(f"no worker polled Telegram within {timeout}s:\n{self.cluster.log('w1')}")
+                raise AssertionError(f"{method} not called {n} time(s) within {timeout}s:\n{self.cluster.log('w1')}")
             with contextlib.suppress(AssertionError):
-                await self.tg.wait_for("getUpdates", timeout=0.5)
+                await self.tg.wait_for(method, n=n, timeout=0.5)
 
     def unanswered(self) -> str:
         missing = [t for chat in CHATS for t in (token(chat, n) for n in range(1, MESSAGES_PER_CHAT + 1))
@@ -457,9 +492,38 @@ def drill_seed() -> int:
     return int(os.environ.get("DRILL_SEED") or 20250601)
 
 
+def webhook_problems(tg: FakeTelegram, pushed: int) -> list[str]:
+    """What went wrong with the webhook's deliveries: an update left untaken or taken twice,
+    a getUpdates that was answered."""
+    taken = Counter(update_id for _, update_id, status in tg.webhook_posts if status == "200")
+    problems = []
+    if tg.updates:
+        problems.append(f"{len(tg.updates)} update(s) never taken, first {tg.updates[0]['update_id']}")
+    if len(taken) != pushed:
+        problems.append(f"{len(taken)} update(s) taken of {pushed} pushed")
+    if twice := [u for u, n in taken.items() if n > 1]:
+        problems.append(f"updates taken more than once {twice[:10]}")
+    if polled := [c for c in tg.calls if c.method == "getUpdates"]:
+        problems.append(f"{len(polled)} getUpdates call(s) while the webhook was set")
+    return problems
+
+
+def webhook_summary(tg: FakeTelegram, cluster: Cluster) -> str:
+    """How the webhook's POSTs went, per worker: taken, refused, unreachable."""
+    names = {w.hook: w.name for w in cluster.workers.values()}
+    outcomes: dict[str, Counter[str]] = {name: Counter() for name in names.values()}
+    for target, _, status in tg.webhook_posts:
+        outcomes[names.get(target, target)][status] += 1
+    per = "; ".join(f"{name} {dict(c)}" for name, c in outcomes.items())
+    failed = sum(status != "200" for _, _, status in tg.webhook_posts)
+    return f"webhook: {len(tg.webhook_posts)} POSTs, {failed} not taken and sent again to the next worker ({per})"
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("ingress", ["polling", "webhook"])
 async def test_workers_killed_at_random_answer_every_message_once_in_order_and_take_over_in_time(
-    tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, postgres_server: PostgresServer
+    tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, postgres_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch, ingress: str,
 ):
     seed = drill_seed()
     workers = int(os.environ.get("DRILL_WORKERS") or 3)
@@ -468,9 +532,12 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
     model = DrillModel(random.Random(f"{seed}:latency"))
     llm.default = model
     names = [f"w{i}" for i in range(1, workers + 1)]
-    cluster = Cluster(tmp_path, names, llm, tg, url)
+    cluster = Cluster(tmp_path, names, llm, tg, url, ingress)
+    if ingress == "webhook":
+        monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", WEBHOOK_SECRET)  # the workers' environment
+        tg.webhook_targets = cluster.hooks()
     conn = await asyncpg.connect(url)
-    drill = Drill(seed, cluster, model, tg, conn, kills)
+    drill = Drill(seed, cluster, model, tg, conn, kills, ingress)
     began = time.monotonic()
     codes: dict[str, int] = {}
     try:
@@ -480,7 +547,7 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
             await drill.run(DRAIN_S)
         except AssertionError as exc:
             kills_so_far = [k.describe() for k in drill.kills]
-            raise AssertionError(f"seed={seed} (rerun with DRILL_SEED={seed}), kills {kills_so_far}: {exc}") from None
+            raise AssertionError(f"seed={seed} {ingress} (rerun with DRILL_SEED={seed}), kills {kills_so_far}: {exc}") from None
         codes = await cluster.stop_all()
     finally:
         await cluster.kill_leftovers()
@@ -488,8 +555,10 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
 
     takeovers = drill.measure_takeovers()
     p50 = statistics.median(takeovers) if takeovers else None
-    report = [f"seed={seed}: {workers} worker(s), {len(drill.kills)} kills, {time.monotonic() - began:.0f}s",
+    report = [f"seed={seed} {ingress}: {workers} worker(s), {len(drill.kills)} kills, {time.monotonic() - began:.0f}s",
               *(k.describe() for k in drill.kills)]
+    if ingress == "webhook":
+        report.append(webhook_summary(tg, cluster))
     if takeovers:
         finite = sorted(takeovers)
         p90 = finite[int(0.9 * (len(finite) - 1))]
@@ -498,6 +567,8 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
     print("\n".join(report))
 
     problems = [p for chat in CHATS if (p := describe_chat(tg, chat))]
+    if ingress == "webhook":
+        problems += webhook_problems(tg, len(drill.pusher.tokens))
     if kills and len(drill.kills) < kills:
         problems.append(f"only {len(drill.kills)} of {kills} kills")
     if workers > 1 and kills:
@@ -508,6 +579,6 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
     if bad := {n: c for n, c in codes.items() if c != 0}:
         problems.append(f"exit codes on SIGTERM {bad}")
     assert not problems, (
-        f"seed={seed} (rerun with DRILL_SEED={seed}): {len(problems)} problem(s):\n" + "\n".join(problems[:25])
+        f"seed={seed} {ingress} (rerun with DRILL_SEED={seed}): {len(problems)} problem(s):\n" + "\n".join(problems[:25])
         + "\n" + "\n".join(report)
     )
