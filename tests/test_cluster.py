@@ -18,7 +18,7 @@ from fakes.openai_server import Reply, is_aux, text, tool_calls
 from fakes.postgres_server import PostgresServer
 
 from bumblebot.core.errors import LeaseLost
-from bumblebot.store import Store
+from bumblebot.store import Store, postgres
 from bumblebot.store.connection import FENCE, Fence
 
 # -- leases ---------------------------------------------------------------------------------
@@ -262,8 +262,7 @@ async def test_stop_status_and_an_edit_that_arrive_at_another_worker_reach_the_c
 
         queued = said("typo", "9001")
         assert await other.engine.submit(queued)  # waits behind the running turn, at its worker
-        await holder.engine.wait_until(lambda: holder.engine.queue_depth == 1)
-        assert await other.engine.edit(said("fixed", "9001"))
+        assert await other.engine.edit(said("fixed", "9001"))  # at once: before the holder read the message
         assert await other.engine.command(said("/status", "9002"), "status") is None  # relayed
         await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 501)
         assert await other.engine.command(said("/stop", "9003"), "stop") is None
@@ -309,3 +308,63 @@ async def test_two_workers_behind_one_webhook_answer_each_message_once(tmp_path,
     assert {chat: tg.sent(chat) for chat in (601, 602, 603, 604)} == {c: [f"re: hello {c}"] for c in (601, 602, 603, 604)}
     assert {target for target, _, status in tg.webhook_posts if status == "200"} == set(tg.webhook_targets)
     assert [c for c in tg.calls if c.method == "getUpdates"] == []
+
+
+# -- what a review found (each with its input) --------------------------------------------------
+
+
+async def test_a_worker_frozen_inside_a_fenced_write_does_not_freeze_the_others(tmp_path, llm, tg, postgres_server):
+    """A worker stopped (SIGSTOP, a partition) between two statements of a fenced write keeps its
+    lease row locked: the next worker's takeover waited on it, holding its own writes and its
+    renewals, so every chat went unanswered."""
+    url = await postgres_server.database()
+    llm.default = echo
+    async with Store(url) as s:
+        token = await s.acquire("conversation:telegram:701", "ghost", 0.0)  # already expired
+    ghost = await asyncpg.connect(url, server_settings=postgres.SESSION)  # a worker's session, as the store opens it
+    await ghost.execute("BEGIN")
+    await ghost.execute("SELECT 1 FROM leases WHERE name = $1 AND owner = 'ghost' AND token = $2 FOR SHARE",
+                        "conversation:telegram:701", token)
+    try:
+        async with running(worker_config(tmp_path, "b", llm, tg, url, lease_s=3.0)):
+            tg.push_text("to the frozen worker's chat", chat_id=701)
+            tg.push_text("hello", chat_id=702)  # a chat nobody held
+            await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 702, timeout=10)
+            # the server ends the frozen transaction (idle_in_transaction_session_timeout): 701 goes on
+            await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 701, timeout=20)
+    finally:
+        await ghost.close()
+    assert tg.sent(701) == ["re: to the frozen worker's chat"] and tg.sent(702) == ["re: hello"]
+
+
+async def test_a_reply_left_unsent_in_a_chat_nobody_holds_is_sent(tmp_path, llm, tg, postgres_server):
+    """A worker stopped with a reply still pending (a long flood wait): nobody claimed the chat
+    until a new message came, so the reply waited until it expired."""
+    from bumblebot.core.events import ChatRef, Platform
+
+    url = await postgres_server.database()
+    llm.default = echo
+    chat = ChatRef(Platform.TELEGRAM, "801")
+    async with Store(url) as s:  # what a worker that stopped left behind
+        await s.outbox_add((await s.conversation(chat)).id, None, chat, "the answer left pending")
+    async with running(worker_config(tmp_path, "a", llm, tg, url)):
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 801, timeout=10)
+    assert tg.sent(801) == ["the answer left pending"]
+
+
+async def test_an_operators_pause_at_another_worker_reaches_the_chats_worker(tmp_path, llm, tg, postgres_server):
+    """The web console's pause at a worker that does not hold the chat paused nothing there
+    (and loaded an unfenced actor); the holder went on answering."""
+    from bumblebot.core.events import ChatRef, Platform
+
+    url = await postgres_server.database()
+    llm.default = echo
+    async with running(worker_config(tmp_path, "a", llm, tg, url)) as a, running(worker_config(tmp_path, "b", llm, tg, url)) as b:
+        tg.push_text("hi", chat_id=901)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 901)
+        holder = a if (await owners(url)).get("conversation:telegram:901") == "a" else b
+        other = b if holder is a else a
+        said = await other.engine.operate(ChatRef(Platform.TELEGRAM, "901"), "pause")
+        assert said.startswith("Passed to the worker running telegram:901")
+        await holder.engine.wait_until(lambda: holder.engine.paused("telegram:901"))
+        assert other.engine.loaded_conversations == 0

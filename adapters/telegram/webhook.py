@@ -19,6 +19,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -31,6 +32,8 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 SECRET_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 #: The largest update body read, bytes (an update is a few kB; a file is never inside one).
 MAX_BODY = 1024 * 1024
+#: At most one log line per this many seconds about refused requests.
+REFUSED_LOG_S = 60.0
 
 
 def secret_problem(secret: str | None) -> str | None:
@@ -54,6 +57,7 @@ class WebhookServer:
         self._take = take
         self._lock = asyncio.Lock()
         self._runner: web.AppRunner | None = None
+        self._refused, self._refused_logged = 0, -REFUSED_LOG_S
 
     async def start(self) -> None:
         app = web.Application(client_max_size=MAX_BODY)
@@ -72,7 +76,12 @@ class WebhookServer:
     async def _update(self, request: web.Request) -> web.Response:
         given = request.headers.get(SECRET_HEADER, "").encode()
         if not hmac.compare_digest(given, self._secret):
-            log.warning("Telegram webhook: a request without the secret token, from %s; refused", request.remote)
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._refused_logged >= REFUSED_LOG_S:  # a flood logs a line a minute
+                log.warning("Telegram webhook: %d request(s) without the secret token refused (the last from %s)",
+                            self._refused, request.remote)
+                self._refused, self._refused_logged = 0, now
             return web.Response(status=403)
         try:
             update = json.loads(await request.read())

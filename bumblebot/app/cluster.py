@@ -15,6 +15,8 @@ from bumblebot.store import Store
 from bumblebot.store.leases import Lease
 
 CONVERSATION = "conversation:"
+#: workers not seen for this long are no longer listed, seconds
+GONE_FOR_GOOD_S = 86400.0
 
 
 async def cluster_state(settings: Settings) -> dict[str, Any]:
@@ -25,6 +27,8 @@ async def cluster_state(settings: Settings) -> dict[str, Any]:
         backlog = {owner: (count, oldest) for owner, count, oldest in await store.backlog()}
     out = []
     for w in workers:
+        if w.seen_ago > GONE_FOR_GOOD_S:
+            continue  # a worker gone for a day (each restart under <host>-<pid> is a new one)
         held: list[Lease] = [lease for lease in leases if lease.owner == w.name]
         count, oldest = backlog.get(w.name, (0, 0.0))
         out.append({

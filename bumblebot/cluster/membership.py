@@ -130,19 +130,22 @@ class Membership:
                     await self._collect()
             except (StoreError, *STORE_FAILURES) as exc:
                 log.warning("%s: the store failed (%s); retrying", self.name, exc)
-                if time.monotonic() - self._renewed_at > self.lease_s:
-                    await self._lose(list(self._held))  # held no longer for sure: others may have them
+            except Exception:  # a bug must not end the renewals while the roles look held
+                log.exception("%s: the cluster loop failed; retrying", self.name)
+            if time.monotonic() - self._renewed_at > self.lease_s:
+                await self._lose(list(self._held))  # held no longer for sure: others may have them
             await asyncio.sleep(self.poll_s)
 
     async def _renew(self) -> None:
         await self.store.heartbeat(self.name, socket.gethostname(), os.getpid(), self.started_at)
-        kept = dict(await self.store.renew(list(self._held), self.name, self.lease_s))
+        renewing = dict(self._held)  # a claim made while this renews is not judged by it
+        kept = dict(await self.store.renew(list(renewing), self.name, self.lease_s))
         self._renewed_at = time.monotonic()
         live = max(1, sum(1 for w in await self.store.workers() if w.seen_ago < self.lease_s))
-        held = sum(1 for lease in await self.store.leases(CONVERSATION) if lease.expires_in > 0)
+        held = await self.store.live_leases(CONVERSATION)
         self._share = -(-(held + 1) // live)  # ceil
         self._seen = {k: t for k, t in self._seen.items() if time.monotonic() - t < 60}
-        await self._lose([name for name, token in self._held.items() if kept.get(name) != token])
+        await self._lose([name for name, token in renewing.items() if kept.get(name) != token and self._held.get(name) == token])
         for role, held in self._roles.items():
             if role not in self._held and (token := await self.store.acquire(role, self.name, self.lease_s)) is not None:
                 self._held[role] = token

@@ -331,12 +331,40 @@ class Delivery:
             old.cancel()
         self._timers[key] = loop.call_at(until, fire)
 
+    def retry_later(self, rows: set[int]) -> None:
+        """One attempt at the pending ``rows`` soon, in the background (a worker that just took
+        their chat over)."""
+        task = asyncio.ensure_future(self.retry_pending(only=rows))
+        self.retrying.add(task)
+        task.add_done_callback(self.retrying.discard)
+
+    def forget(self, key: str) -> None:
+        """A worker of a cluster no longer holds chat ``key``: its wait and timer go (its rows
+        are its new worker's, found by that worker's sweep)."""
+        self._waiting.pop(key, None)
+        self._waiting_until.pop(key, None)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
     async def _after_wait(self, key: str) -> None:
         """The chat's wait is over: its waiting rows go, oldest first (those that join meanwhile
         after them), each with the full attempts. The first one left pending stops the batch:
         it and the rest keep waiting, behind a new wait (the platform's, or
         :data:`WAITING_RETRY_S`), so nothing overtakes it. Not under the sweeper's lock: other
         chats never wait for this one's pace."""
+        if self.fence_of is not None and self.fence_of(key) is None:
+            self.forget(key)  # taken over meanwhile: its new worker sends them
+            return
+        token = FENCE.set(self.fence_of(key) if self.fence_of is not None else FENCE.get())
+        try:
+            await self._send_after_wait(key)
+        except LeaseLost:
+            self.forget(key)
+        finally:
+            FENCE.reset(token)
+
+    async def _send_after_wait(self, key: str) -> None:
         loop = asyncio.get_running_loop()
         while ids := self._waiting.get(key):
             batch = sorted(ids)
@@ -512,8 +540,8 @@ class Delivery:
         self._in_flight.add(entry.id)
         try:
             report = await self._attempts(entry, attempts)
-        except STORE_FAILURES:
-            if self._sent.get(entry.id):  # out, but not recorded: recorded (never sent) again soon
+        except STORE_FAILURES as exc:
+            if self._sent.get(entry.id) and not isinstance(exc, LeaseLost):  # out, not recorded: recorded soon
                 self._later(entry, RECORD_RETRY_S)
             raise
         finally:

@@ -76,6 +76,7 @@ class EngineCommands:
     _elsewhere: Callable[[ChatRef], Awaitable[bool]]
     _ownership: Ownership | None
     relay_command: Callable[[Inbound, str, int, bool], Awaitable[None]]
+    relay_operation: Callable[[ChatRef, str, str], Awaitable[None]]
     _operated = itertools.count()  # message ids of the operator's journal rows
 
     # -- commands from a chat -------------------------------------------------------------------
@@ -199,6 +200,9 @@ class EngineCommands:
         Returns the text to show the operator."""
         if action not in ACTIONS:
             return f"Unknown action {action!r}."
+        if await self._elsewhere(chat):  # another worker runs the chat: it does it there
+            await self.relay_operation(chat, action, argument)
+            return f"Passed to the worker running {chat.key}: /{action} {argument}".strip()
         key = chat.key
         inbound, journal_id = await self._journal_operator(chat, f"/{action} {argument}".strip())
         if action == "pause":

@@ -119,6 +119,7 @@ class Engine(EngineCommands, OwnedConversations):
         self._ownership = ownership
         self._dispatched: dict[int, str] = {}  # a worker's: journal ids queued here, and their chat
         self._adopting: set[str] = set()  # a worker's: conversations being taken over
+        self._held_back: dict[str, list[JournalEntry]] = {}  # their messages journaled meanwhile
         self._runner = runner
         self._delivery = delivery
         self._prompts = prompts
@@ -409,6 +410,8 @@ class Engine(EngineCommands, OwnedConversations):
         if self._stopped:
             log.info("message %s in %s arrived while stopping; kept for the next start", inbound.message_id, inbound.chat.key)
             return True
+        if self._ownership is not None:  # earlier messages another worker journaled go first
+            await self.catch_up(inbound.chat, journal_id)
         await self._dispatch(JournalEntry(journal_id, inbound, "pending"))
         self.progress.accepted += 1
         await self.progress.notify()
@@ -522,7 +525,10 @@ class Engine(EngineCommands, OwnedConversations):
 
     async def _dispatch(self, entry: JournalEntry, *, adopting: bool = False) -> None:
         if self._ownership is not None:  # a worker reads the journal too: each entry is queued once
-            if entry.id in self._dispatched or (entry.inbound.chat.key in self._adopting and not adopting):
+            if entry.id in self._dispatched:
+                return
+            if entry.inbound.chat.key in self._adopting and not adopting:
+                self._held_back.setdefault(entry.inbound.chat.key, []).append(entry)  # queued after its adoption
                 return
             self._dispatched[entry.id] = entry.inbound.chat.key
         actor = await self._actor(entry.inbound.chat)

@@ -20,8 +20,10 @@ import dataclasses
 import logging
 from typing import Any, Protocol
 
+from bumblebot.core.errors import LeaseLost
 from bumblebot.core.events import Attachment, ChatRef, Inbound
 from bumblebot.runtime.actor import ConversationActor, Progress
+from bumblebot.delivery import Delivery
 from bumblebot.store import JournalEntry, Store
 from bumblebot.store.connection import FENCE, Fence
 
@@ -59,8 +61,10 @@ class OwnedConversations:
     _ownership: Ownership | None
     _dispatched: dict[int, str]
     _adopting: set[str]
+    _held_back: dict[str, list[JournalEntry]]
     _accepting: bool
     _stopped: bool
+    _delivery: Delivery
     progress: Progress
 
     async def _actor(self, chat: ChatRef) -> ConversationActor: ...
@@ -68,6 +72,8 @@ class OwnedConversations:
     async def _dispatch(self, entry: JournalEntry, *, adopting: bool = False) -> None: ...
 
     async def reply(self, chat: ChatRef, text: str) -> None: ...
+
+    async def _load_operated(self) -> None: ...
 
     async def edit(self, inbound: Inbound) -> bool: ...
 
@@ -96,11 +102,20 @@ class OwnedConversations:
             return True
         finally:
             self._adopting.discard(chat.key)
+            for entry in self._held_back.pop(chat.key, []):  # journaled meanwhile: after what adopt queued
+                if self._ownership.owns(chat.key):
+                    await self._dispatch(entry)
 
     async def relay_command(self, inbound: Inbound, name: str, journal_id: int, manager: bool) -> None:
         """Pass a command that needs the conversation's actor to the worker holding it; its
         answer is sent from there."""
         await self._store.relay(inbound.chat.key, "command", {"journal_id": journal_id, "name": name, "manager": manager})
+
+    async def relay_operation(self, chat: ChatRef, action: str, argument: str) -> None:
+        """Pass an operator's action (the web console's pause, stop, reset…) to the chat's worker."""
+        await self._store.relay(chat.key, "operate", {"action": action, "argument": argument})
+
+    async def operate(self, chat: ChatRef, action: str, *, argument: str = "") -> str: ...
 
     async def relay_edit(self, inbound: Inbound) -> None:
         await self._store.relay(inbound.chat.key, "edit", {
@@ -111,12 +126,15 @@ class OwnedConversations:
     async def _relayed(self) -> None:
         """Do what other workers relayed for the conversations held here, in order."""
         assert self._ownership is not None
-        for key, kind, payload in await self._store.take_relayed(self._ownership.held()):
+        relayed = await self._store.take_relayed(self._ownership.held())
+        for key, kind, payload in relayed:
             if kind == "command":
                 entry = await self._store.journal_entry(int(payload["journal_id"]))
                 if entry is not None:
                     answer = await self._run_command(entry.inbound, str(payload["name"]), entry.id, bool(payload["manager"]))
                     await self.reply(entry.inbound.chat, answer)
+            elif kind == "operate":
+                await self.operate(ChatRef.from_key(key), str(payload["action"]), argument=str(payload["argument"]))
             elif kind == "edit":
                 chat = ChatRef.from_key(key)
                 pending = [e for e in await self._store.pending_inbound() if e.inbound.chat.key == key
@@ -126,13 +144,22 @@ class OwnedConversations:
                         pending[0].inbound, chat=chat, text=str(payload["text"]), quote=str(payload["quote"]),
                         attachments=[Attachment.from_json(a) for a in payload["attachments"]],
                     ))
+        if relayed:
+            await self.progress.notify()
 
     def _fenced(self, key: str) -> contextvars.Context | None:
-        """The context an actor's task runs in: its conversation's fence set (``None``: alone)."""
+        """The context an actor's task runs in: its conversation's fence set (``None``: alone).
+
+        Raises:
+            LeaseLost: a worker of a cluster that does not hold ``key`` runs no actor for it.
+        """
         if self._ownership is None:
             return None
+        fence = self._ownership.fence(key)
+        if fence is None:
+            raise LeaseLost(f"{key} is not held by this worker")
         context = contextvars.copy_context()
-        context.run(FENCE.set, self._ownership.fence(key))
+        context.run(FENCE.set, fence)
         return context
 
     def _owned(self, entry: JournalEntry) -> bool:
@@ -143,12 +170,16 @@ class OwnedConversations:
         waiting messages."""
         if not self._accepting or self._stopped:
             return
+        await self._load_operated()  # the operator may have paused it on its last worker
         running = [t for t in await self._store.running_turns() if t.conversation.chat.key == chat.key]
         if running:
             log.warning("%s: taking over %d turn(s) another worker left running", chat.key, len(running))
         for turn in running:
             (await self._actor(chat)).resume(turn)
         resumed = {t.id for t in running}
+        unsent = {row.id for row in await self._store.outbox_pending() if row.chat.key == chat.key}
+        if unsent:  # replies its last worker left unsent: sent now, not at the next sweep
+            self._delivery.retry_later(unsent)
         for entry in await self._store.pending_inbound():
             if entry.inbound.chat.key == chat.key and entry.turn_id not in resumed and entry.turn_id is None:
                 await self._dispatch(entry, adopting=True)
@@ -158,6 +189,7 @@ class OwnedConversations:
         """Stop running conversation ``key`` at once: its lease is gone (another worker may
         hold it already). What its actor had under way stays recorded for the next holder."""
         self._dispatched = {i: k for i, k in self._dispatched.items() if k != key}  # the next holder queues them
+        self._delivery.forget(key)  # its replies waiting out the platform are the next holder's
         actor = self._actors.pop(key, None)
         if actor is None or actor.task is None:
             return
@@ -167,33 +199,33 @@ class OwnedConversations:
         with contextlib.suppress(BaseException):
             await actor.task
 
+    async def catch_up(self, chat: ChatRef, before: int) -> None:
+        """Queue the messages of ``chat`` journaled before ``before`` by other workers that this
+        one has not read yet (by webhook any worker journals): a message taken here must not go
+        before them."""
+        for entry in await self._store.pending_inbound():
+            if entry.inbound.chat.key == chat.key and entry.id < before and entry.turn_id is None:
+                await self._dispatch(entry)
+
     async def collect(self) -> None:
         """Read the journal for work of this worker: messages another worker journaled for a
-        conversation held here, and conversations with work that nobody holds (claimed, then
-        adopted). Called by the cluster's loop."""
+        conversation held here, then what other workers relayed here, and the conversations
+        with work that nobody holds (claimed, then adopted). Called by the cluster's loop."""
         if self._ownership is None or not self._accepting or self._stopped:
             return
-        await self._relayed()
-        waiting: dict[str, list[JournalEntry]] = {}
         queued = set(self._dispatched)  # before the read: those not pending in it are settled for good
-        for entry in await self._store.pending_inbound():
-            waiting.setdefault(entry.inbound.chat.key, []).append(entry)
-        pending = {e.id for entries in waiting.values() for e in entries}
-        for settled in queued - pending:
+        pending = await self._store.pending_inbound()
+        for settled in queued - {e.id for e in pending}:
             self._dispatched.pop(settled, None)
-        orphans = {t.conversation.chat.key: t.conversation.chat for t in await self._store.running_turns()}
-        for key, entries in waiting.items():
-            orphans.setdefault(key, entries[0].inbound.chat)
-        for key, chat in orphans.items():
-            if key in self._adopting:
-                continue  # its adoption queues its waiting messages
-            if self._ownership.owns(key):
-                fresh = [e for e in waiting.get(key, []) if e.turn_id is None and e.id not in self._dispatched]
-                for entry in fresh:
-                    await self._dispatch(entry)  # journaled by another worker
-                if fresh:
-                    await self.progress.notify()
-            else:
+        fresh = [e for e in pending if e.turn_id is None and e.id not in self._dispatched
+                 and self._ownership.owns(e.inbound.chat.key) and e.inbound.chat.key not in self._adopting]
+        for entry in fresh:
+            await self._dispatch(entry)  # journaled by another worker
+        if fresh:
+            await self.progress.notify()
+        await self._relayed()  # after: an edit relayed here finds its message queued
+        for chat in await self._store.unheld_work():
+            if chat.key not in self._adopting:
                 await self.take(chat)
 
 

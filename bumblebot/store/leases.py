@@ -23,9 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bumblebot.core.errors import DatabaseError
+from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.messages import json_text
-from bumblebot.store.connection import Database
+from bumblebot.store.connection import FENCE, Database
 
+#: the longest a worker waits for a lease row another worker's write has locked, ms
+LOCK_WAIT_MS = 1000
 #: the database server's clock, in epoch seconds
 NOW = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
@@ -52,15 +56,41 @@ class LeaseTables(Database):
 
     async def acquire(self, name: str, owner: str, ttl_s: float) -> int | None:
         """Take lease ``name`` for ``ttl_s`` seconds if it is free, expired, or ``owner``'s own
-        (a worker started again under its name); its new token, else ``None`` (held by another)."""
-        rows = await self.write_rows(
-            f"INSERT INTO leases (name, owner, token, expires_at, acquired_at) VALUES (?, ?, 1, {NOW} + ?, {NOW})"
-            " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,"
-            " expires_at = excluded.expires_at, acquired_at = excluded.acquired_at"
-            f" WHERE leases.expires_at < {NOW} OR leases.owner = excluded.owner RETURNING token",
-            (name, owner, ttl_s),
-        )
+        (a worker started again under its name); its new token, else ``None``: held by another,
+        or locked by a write of its last holder still under way (waited for at most
+        :data:`LOCK_WAIT_MS`: a holder frozen mid-transaction must not freeze the taker too)."""
+        unfenced = FENCE.set(None)  # a lease is taken for the worker, never under a conversation's
+        try:
+            async with self.transaction() as db:
+                await db.execute(f"SET LOCAL lock_timeout = {LOCK_WAIT_MS}")
+                rows = await db.execute_fetchall(
+                    f"INSERT INTO leases (name, owner, token, expires_at, acquired_at) VALUES (?, ?, 1, {NOW} + ?, {NOW})"
+                    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,"
+                    " expires_at = excluded.expires_at, acquired_at = excluded.acquired_at"
+                    f" WHERE leases.expires_at < {NOW} OR leases.owner = excluded.owner RETURNING token",
+                    (name, owner, ttl_s),
+                )
+        except DatabaseError as exc:
+            if "lock timeout" not in str(exc):
+                raise
+            return None
+        finally:
+            FENCE.reset(unfenced)
         return int(rows[0][0]) if rows else None
+
+    async def unheld_work(self) -> list[ChatRef]:
+        """The conversations with work waiting (a message, a cut-off turn, a reply not sent
+        yet) whose lease nobody holds now."""
+        rows = await self._all(
+            "SELECT DISTINCT platform, chat_id, thread_id FROM ("
+            " SELECT platform, chat_id, thread_id FROM journal WHERE status = 'pending'"
+            " UNION SELECT c.platform, c.chat_id, c.thread_id FROM turns t JOIN conversations c"
+            "  ON c.id = t.conversation_id WHERE t.status = 'running'"
+            " UNION SELECT platform, chat_id, thread_id FROM outbox WHERE status = 'pending') w"
+            " WHERE NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = 'conversation:' || w.platform || ':' || w.chat_id"
+            f" || CASE WHEN w.thread_id = '' THEN '' ELSE ':' || w.thread_id END AND l.expires_at > {NOW})",
+        )
+        return [ChatRef(Platform(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     async def renew(self, names: list[str], owner: str, ttl_s: float) -> list[tuple[str, int]]:
         """Extend ``owner``'s leases ``names`` by ``ttl_s`` from now; the ``(name, token)`` of
@@ -84,6 +114,13 @@ class LeaseTables(Database):
             (len(prefix), prefix),
         )
         return [Lease(str(r[0]), str(r[1]), int(r[2]), float(r[3])) for r in rows]
+
+    async def live_leases(self, prefix: str) -> int:
+        """How many leases named ``prefix…`` are held now."""
+        row = await self._one(
+            f"SELECT COUNT(*) FROM leases WHERE substr(name, 1, ?) = ? AND expires_at > {NOW}", (len(prefix), prefix)
+        )
+        return int(row[0]) if row else 0
 
     async def heartbeat(self, name: str, host: str, pid: int, started_at: float) -> None:
         """Record that worker ``name`` is alive now."""

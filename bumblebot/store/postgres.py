@@ -44,6 +44,13 @@ def shown(url: str) -> str:
     return shown_url(url)
 
 
+#: the session's settings: a transaction left idle (its process frozen, or cut off) is ended by
+#: the server within seconds, its locks with it (else a frozen worker's lock on a lease row
+#: holds every other worker's takeover for hours), and a dead client is noticed by keepalives
+SESSION = {
+    "idle_in_transaction_session_timeout": "5000",
+    "tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3",
+}
 #: prepared statements kept per connection: more than the table modules have
 STATEMENT_CACHE = 512
 #: the longest a statement may take before its connection is given up (a server that stopped
@@ -104,7 +111,9 @@ class Connection:
         self._transaction = False
 
     async def connect(self) -> None:
-        settings = {"default_transaction_read_only": "on"} if self.readonly else {}
+        settings = dict(SESSION)
+        if self.readonly:
+            settings["default_transaction_read_only"] = "on"
         try:
             conn = await asyncpg.connect(
                 self.url, server_settings=settings, timeout=10, statement_cache_size=STATEMENT_CACHE,
