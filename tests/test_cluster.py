@@ -187,9 +187,17 @@ async def test_one_worker_runs_retention_for_the_cluster_once_a_day(tmp_path, ll
         assert not other.membership.leads("housekeeping")
         await other.engine._housekeep()
         assert await other.store.get_kv("housekeeping.last") is None
+        await leader.store.heartbeat("long-gone", "old-host", 1, 0.0)
+        await leader.store.relay("telegram:1", "command", {"journal_id": 1, "name": "stop", "manager": True})
+        conn = await asyncpg.connect(url)
+        await conn.execute("UPDATE workers SET seen_at = 0 WHERE name = 'long-gone'")
+        await conn.execute("UPDATE relayed SET created_at = 0")
+        await conn.close()
         await leader.engine._housekeep()
         ran = await leader.store.get_kv("housekeeping.last")
         assert ran is not None
+        assert sorted(w.name for w in await leader.store.workers()) == ["a", "b"]  # the gone one forgotten
+        assert await leader.store.take_relayed(["telegram:1"]) == []
         await leader.engine._housekeep()  # not due again today
         assert await leader.store.get_kv("housekeeping.last") == ran
 
@@ -368,3 +376,18 @@ async def test_an_operators_pause_at_another_worker_reaches_the_chats_worker(tmp
         assert said.startswith("Passed to the worker running telegram:901")
         await holder.engine.wait_until(lambda: holder.engine.paused("telegram:901"))
         assert other.engine.loaded_conversations == 0
+
+
+async def test_a_command_relayed_to_a_worker_that_died_is_run_by_the_next(tmp_path, llm, tg, postgres_server):
+    """A relayed command waited for a chat nobody held any more until that chat had work again."""
+    from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+
+    url = await postgres_server.database()
+    llm.default = echo
+    chat = ChatRef(Platform.TELEGRAM, "951")
+    async with Store(url) as s:  # /status came at a worker while "gone" held the chat, which then died
+        journal_id = await s.journal(Inbound(chat, "1", "951", "Ann", "/status", ChatKind.PRIVATE), status="ignored")
+        await s.relay(chat.key, "command", {"journal_id": journal_id, "name": "status", "manager": True})
+    async with running(worker_config(tmp_path, "a", llm, tg, url)):
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 951, timeout=10)
+    assert len(tg.sent(951)) == 1 and "Context" in tg.sent(951)[0]

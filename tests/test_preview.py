@@ -87,3 +87,40 @@ def test_a_preview_the_pacer_skipped_does_not_hold_the_final_text():
 def test_a_preview_refused_with_a_429_holds_the_final_text_until_the_flood_window_ends():
     waited, tries = _take_after_refusal(DeliveryFailed("Flood control exceeded", retryable=True, retry_after=3.0))
     assert waited == 3.0 and tries == 1
+
+
+class ShowingPlatform:
+    """An adapter that shows every preview (its sends and edits, in order)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def send_preview(self, chat: ChatRef, text: str, *, key: str) -> str:
+        self.calls.append(("send", text))
+        return "m1"
+
+    async def edit_preview(self, chat: ChatRef, message_id: str, text: str, *, final: bool = False) -> None:
+        self.calls.append(("edit", text))
+
+
+def test_a_preview_stops_once_another_worker_holds_the_conversation():
+    """A worker that woke after its conversation was taken over went on editing its preview
+    (or posting a new one) over what the new worker shows."""
+    held = [True]
+
+    async def still_ours() -> bool:
+        return held[0]
+
+    async def main() -> list[tuple[str, str]]:
+        platform = ShowingPlatform()
+        live = LivePreview(Rows(), platform, interval_s=1.0, key=_key, still_ours=still_ours)  # type: ignore[arg-type]
+        live.add("Hello there")
+        while not platform.calls:
+            await asyncio.sleep(0.1)
+        held[0] = False  # taken over
+        live.add(", and more text")
+        await asyncio.sleep(5)  # virtual time: several edit intervals
+        await live.take()
+        return platform.calls
+
+    assert virtual(main()) == [("send", "Hello there")]

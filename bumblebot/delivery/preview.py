@@ -78,13 +78,16 @@ class LivePreview:
         clean: what the user may see of the raw text (reasoning and engine notes removed);
             applied when the text is shown, at most once per edit, not on every fragment.
         redactor: the secrets never shown (``Delivery.redactor``), applied after ``clean``.
+        still_ours: whether this worker still holds the conversation (a worker of a cluster:
+            ``Database.holds_fence``), asked before each send or edit; once not, the preview stops.
     """
 
     def __init__(
         self, turn: StreamRows, adapter: Adapter, *, interval_s: float, key: Callable[[int], Awaitable[str]],
         on_shown: Callable[[], None] = lambda: None, clean: Callable[[str], str] = str.strip,
-        redactor: Redactor = NO_SECRETS,
+        redactor: Redactor = NO_SECRETS, still_ours: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
+        self._still_ours = still_ours
         self._clean = clean
         self._redactor = redactor
         self._turn = turn
@@ -153,6 +156,10 @@ class LivePreview:
         """Send or edit the preview; returns the extra pause the platform asked for."""
         assert self.entry is not None
         chat = self._turn.chat
+        if self._still_ours is not None and not await self._still_ours():
+            log.info("streaming preview in %s stopped: another worker took the conversation over", chat.key)
+            self._dead = True
+            return 0.0
         try:
             if self.entry.preview_id is None:
                 message_id = await self._adapter.send_preview(chat, text, key=await self._key(self.entry.id))

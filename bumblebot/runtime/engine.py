@@ -296,6 +296,7 @@ class Engine(EngineCommands, OwnedConversations):
         last = float(await self._store.get_kv(HOUSEKEEPING_KEY) or 0)
         if time.time() - last >= HOUSEKEEPING_S:
             await self.prune()
+            await self._store.prune_cluster(time.time() - HOUSEKEEPING_S)
             await self._store.set_kv(HOUSEKEEPING_KEY, str(time.time()))
 
     async def prune(self, now: float | None = None) -> Pruned:

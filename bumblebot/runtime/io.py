@@ -266,6 +266,7 @@ class TurnIO(TurnPort):
             live = self._streaming[index] = LivePreview(
                 self._turn, adapter, interval_s=interval, key=self._delivery.preview_key,
                 on_shown=self.typing.pause, clean=self._clean, redactor=self._delivery.redactor,
+                still_ours=self._delivery.store.holds_fence,
             )
         live.add(text)
 

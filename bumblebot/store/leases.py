@@ -80,7 +80,7 @@ class LeaseTables(Database):
 
     async def unheld_work(self) -> list[ChatRef]:
         """The conversations with work waiting (a message, a cut-off turn, a reply not sent
-        yet) whose lease nobody holds now."""
+        yet, a command relayed to a worker that died) whose lease nobody holds now."""
         rows = await self._all(
             "SELECT DISTINCT platform, chat_id, thread_id FROM ("
             " SELECT platform, chat_id, thread_id FROM journal WHERE status = 'pending'"
@@ -90,7 +90,14 @@ class LeaseTables(Database):
             " WHERE NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = 'conversation:' || w.platform || ':' || w.chat_id"
             f" || CASE WHEN w.thread_id = '' THEN '' ELSE ':' || w.thread_id END AND l.expires_at > {NOW})",
         )
-        return [ChatRef(Platform(r[0]), str(r[1]), str(r[2])) for r in rows]
+        relayed = await self._all(
+            "SELECT DISTINCT conversation FROM relayed r WHERE NOT EXISTS (SELECT 1 FROM leases l"
+            f" WHERE l.name = 'conversation:' || r.conversation AND l.expires_at > {NOW})"
+        )
+        chats = {c.key: c for c in (ChatRef(Platform(r[0]), str(r[1]), str(r[2])) for r in rows)}
+        for r in relayed:
+            chats.setdefault(str(r[0]), ChatRef.from_key(str(r[0])))
+        return list(chats.values())
 
     async def renew(self, names: list[str], owner: str, ttl_s: float) -> list[tuple[str, int]]:
         """Extend ``owner``'s leases ``names`` by ``ttl_s`` from now; the ``(name, token)`` of
@@ -145,6 +152,15 @@ class LeaseTables(Database):
             " WHERE j.status = 'pending' GROUP BY l.owner ORDER BY l.owner",
         )
         return [(None if r[0] is None else str(r[0]), int(r[1]), float(r[2])) for r in rows]
+
+    async def prune_cluster(self, before: float) -> int:
+        """Forget workers not seen since ``before`` (epoch s) and what was relayed before it to
+        a conversation nobody took since; leases stay (their tokens only grow). Returns how many
+        rows went."""
+        gone = 0
+        for sql in ("DELETE FROM workers WHERE seen_at < ?", "DELETE FROM relayed WHERE created_at < ?"):
+            gone += (await self.write(sql, (before,))).rowcount
+        return gone
 
     async def relay(self, conversation: str, kind: str, payload: dict[str, Any]) -> None:
         """Pass ``kind`` (``command``, ``edit``) with ``payload`` to conversation's worker."""
