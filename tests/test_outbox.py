@@ -79,3 +79,21 @@ async def test_the_sweeper_rechecks_a_row_before_sending_it(tmp_path, store_loca
         finally:
             store.outbox_pending = original  # type: ignore[method-assign]
         assert adapter.sent == []
+
+
+async def test_a_row_delivered_by_two_paths_at_once_is_sent_once(tmp_path, llm, tg):
+    """A worker that took a chat over retried its unsent row while the resumed turn delivered
+    the same row: both sent it (the cluster drill's "answered more than once")."""
+    import asyncio
+
+    from conftest import running, write_config
+
+    from bumblebot.core.events import ChatRef, Platform
+
+    chat = ChatRef(Platform.TELEGRAM, "41")
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        conversation = await d.store.conversation(chat)
+        entry = await d.store.outbox_add(conversation.id, None, chat, "just once")
+        first, second = await asyncio.gather(d.delivery.deliver(entry), d.delivery.deliver(entry))
+    assert first.delivered and second.delivered
+    assert tg.sent(41) == ["just once"]

@@ -113,6 +113,8 @@ class Delivery:
         self.fence_of: Callable[[str], Fence | None] | None = None
         #: chunks sent whose recording failed, by outbox row (:meth:`_sent_so_far`)
         self._sent: dict[int, list[str]] = {}
+        #: the rows being sent now, and the report their send will give (:meth:`_deliver_now`)
+        self._sending: dict[int, asyncio.Future[DeliveryReport]] = {}
         self._prefix: str | None = None
         #: messages :meth:`post` is delivering, and the last one per chat
         self.posting: set[asyncio.Task[None]] = set()
@@ -536,7 +538,30 @@ class Delivery:
             raise LeaseLost(f"{entry.chat.key} was taken over; outbox row {entry.id} is its new worker's")
 
     async def _deliver_now(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
-        """Send ``entry`` now (never deferred behind its chat's wait), with ``attempts``."""
+        """Send ``entry`` now (never deferred behind its chat's wait), with ``attempts``. A row
+        already being sent (by a resumed turn and by a retry at once) is not sent twice: the
+        second caller waits for the first send and gets its report."""
+        sending = self._sending.get(entry.id)
+        if sending is not None:
+            return await asyncio.shield(sending)
+        done: asyncio.Future[DeliveryReport] = asyncio.get_running_loop().create_future()
+        self._sending[entry.id] = done
+        try:
+            report = await self._send_now(entry, attempts)
+        except asyncio.CancelledError:
+            done.cancel()
+            raise
+        except BaseException as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved here: the first caller raises it, a waiting one gets it too
+            raise
+        else:
+            done.set_result(report)
+        finally:
+            del self._sending[entry.id]
+        return report
+
+    async def _send_now(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
         self._in_flight.add(entry.id)
         try:
             report = await self._attempts(entry, attempts)

@@ -177,8 +177,9 @@ class OwnedConversations:
         for turn in running:
             (await self._actor(chat)).resume(turn)
         resumed = {t.id for t in running}
-        unsent = {row.id for row in await self._store.outbox_pending() if row.chat.key == chat.key}
-        if unsent:  # replies its last worker left unsent: sent now, not at the next sweep
+        unsent = {row.id for row in await self._store.outbox_pending()
+                  if row.chat.key == chat.key and row.turn_id not in {t.id for t in running}}
+        if unsent:  # replies its last worker left unsent (its resumed turns send their own): now
             self._delivery.retry_later(unsent)
         for entry in await self._store.pending_inbound():
             if entry.inbound.chat.key == chat.key and entry.turn_id not in resumed and entry.turn_id is None:
