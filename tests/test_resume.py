@@ -274,7 +274,7 @@ async def test_a_second_process_on_a_held_data_dir_exits_at_once_naming_the_hold
             _, err = await asyncio.wait_for(second.communicate(b"hello\n"), 30)
             assert second.returncode == 1, err
             assert b"in use" in err and f"pid {holder.pid}".encode() in err
-            assert time.monotonic() - started < 10
+            assert time.monotonic() - started < 20  # "at once": not after the holder ends (a loaded CI took 10.4 s)
     finally:
         await asyncio.wait_for(holder.communicate(b"/quit\n"), 30)
     assert llm.requests == [] and tg.sent() == []  # nobody answered "hello"

@@ -14,6 +14,7 @@ its lease's fencing token (:data:`~bumblebot.store.connection.FENCE`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -171,7 +172,7 @@ class OwnedConversations:
         if not self._accepting or self._stopped:
             return
         await self._load_operated()  # the operator may have paused it on its last worker
-        running = [t for t in await self._store.running_turns() if t.conversation.chat.key == chat.key]
+        running = await self._store.running_turns(chat=chat)
         if running:
             log.warning("%s: taking over %d turn(s) another worker left running", chat.key, len(running))
         for turn in running:
@@ -181,8 +182,8 @@ class OwnedConversations:
                   if row.chat.key == chat.key and row.turn_id not in {t.id for t in running}}
         if unsent:  # replies its last worker left unsent (its resumed turns send their own): now
             self._delivery.retry_later(unsent)
-        for entry in await self._store.pending_inbound():
-            if entry.inbound.chat.key == chat.key and entry.turn_id not in resumed and entry.turn_id is None:
+        for entry in await self._store.pending_inbound(chat):
+            if entry.turn_id not in resumed and entry.turn_id is None:
                 await self._dispatch(entry, adopting=True)
         await self.progress.notify()
 
@@ -204,8 +205,8 @@ class OwnedConversations:
         """Queue the messages of ``chat`` journaled before ``before`` by other workers that this
         one has not read yet (by webhook any worker journals): a message taken here must not go
         before them."""
-        for entry in await self._store.pending_inbound():
-            if entry.inbound.chat.key == chat.key and entry.id < before and entry.turn_id is None:
+        for entry in await self._store.pending_inbound(chat):
+            if entry.id < before and entry.turn_id is None:
                 await self._dispatch(entry)
 
     async def collect(self) -> None:
@@ -225,9 +226,8 @@ class OwnedConversations:
         if fresh:
             await self.progress.notify()
         await self._relayed()  # after: an edit relayed here finds its message queued
-        for chat in await self._store.unheld_work():
-            if chat.key not in self._adopting:
-                await self.take(chat)
+        unheld = [chat for chat in await self._store.unheld_work() if chat.key not in self._adopting]
+        await asyncio.gather(*(self.take(chat) for chat in unheld))  # a dead worker's many chats at once
 
 
 def spawn_in(context: contextvars.Context | None, **kwargs: Any) -> dict[str, Any]:

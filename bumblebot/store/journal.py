@@ -68,8 +68,14 @@ class JournalTables(Database):
                 await db.execute(SET_KV, (key, value))
         return new_id
 
-    async def pending_inbound(self) -> list[JournalEntry]:
-        """Journaled messages whose turn has not finished, oldest first."""
+    async def pending_inbound(self, chat: ChatRef | None = None) -> list[JournalEntry]:
+        """Journaled messages whose turn has not finished, oldest first (only ``chat``'s, if given)."""
+        if chat is not None:
+            rows = await self._all(
+                "SELECT * FROM journal WHERE status = 'pending' AND platform = ? AND chat_id = ? AND thread_id = ?"
+                " ORDER BY id", (chat.platform.value, chat.chat_id, chat.thread_id),
+            )
+            return [journal_entry_from_row(r) for r in rows]
         rows = await self._all("SELECT * FROM journal WHERE status = 'pending' ORDER BY id")
         return [journal_entry_from_row(r) for r in rows]
 

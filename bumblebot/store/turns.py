@@ -194,7 +194,7 @@ class TurnTables(Database):
                 (status, now, to_json(trace), None if state is None else to_json(state), turn_id),
             )
 
-    async def running_turns(self, platforms: set[str] | None = None) -> list[RunningTurn]:
+    async def running_turns(self, platforms: set[str] | None = None, chat: ChatRef | None = None) -> list[RunningTurn]:
         """Turns left ``running`` (a crash, or a stop past the grace period), oldest first.
 
         A turn written by a version without step checkpoints (no state, no messages) comes back
@@ -204,12 +204,18 @@ class TurnTables(Database):
         Args:
             platforms: only conversations on these platforms (``None``: all), so that
                 ``bumblebot chat`` never touches the turns of a daemon serving Telegram.
+            chat: only this conversation's (a worker of a cluster taking it over).
         """
+        where, params = "", ()
+        if chat is not None:
+            where, params = " AND c.platform = ? AND c.chat_id = ? AND c.thread_id = ?", (
+                chat.platform.value, chat.chat_id, chat.thread_id
+            )
         rows = await self._all(
             "SELECT t.id, t.session, t.state, t.trace, c.id AS cid, c.platform, c.chat_id, c.thread_id,"
             " c.session AS current, (SELECT COUNT(*) FROM messages m WHERE m.turn_id = t.id) AS n"
             " FROM turns t JOIN conversations c ON c.id = t.conversation_id"
-            " WHERE t.status = 'running' ORDER BY t.id"
+            f" WHERE t.status = 'running'{where} ORDER BY t.id", params,
         )
         out: list[RunningTurn] = []
         stale: list[int] = []
