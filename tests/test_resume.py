@@ -233,6 +233,28 @@ async def test_a_turn_resumed_too_often_is_given_up_with_one_message(tmp_path, l
     assert db(tmp_path).execute("SELECT status FROM journal").fetchall() == [("failed",)]
 
 
+async def test_a_step_of_the_model_starts_the_count_of_resumes_again(tmp_path, llm, tg):
+    """A turn whose workers were killed while it progressed (the cluster drill: a chat taken
+    over three times) is not given up: only resumes with no step between them count."""
+    judges_say_done(llm)
+    llm.push(say("still here"), when=is_loop)
+    config = write_config(tmp_path, llm, tg)
+    chat = ChatRef(Platform.TELEGRAM, "67")
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        journal_id = await store.journal(Inbound(chat, "1", "67", "Ann", "keep going", ChatKind.PRIVATE))
+        conversation = await store.conversation(chat)
+        await store.begin_turn(
+            conversation.id, conversation.session, [journal_id], Message(role="user", content="keep going"),
+            {"route": "reflex", "resumes": 2},  # this start's resume is its third: one more would end it
+        )
+    async with running(config) as d:
+        await tg.wait_for("sendMessage", timeout=10)
+        await d.engine.wait_for_turns(1)
+    assert tg.sent(67) == ["still here"]
+    [(state,)] = db(tmp_path).execute("SELECT state FROM turns").fetchall()
+    assert json.loads(state)["resumes"] == 0  # a crash after its step would be its first resume again
+
+
 async def test_the_learned_token_scale_survives_a_restart(tmp_path, llm, tg):
     judges_say_done(llm)
     llm.push(say("ok"), when=is_loop)

@@ -90,8 +90,9 @@ from bumblebot.store import JournalEntry, RunningTurn
 
 log = logging.getLogger(__name__)
 
-#: A turn resumed this many times without finishing is given up (a poison turn must not crash
-#: the daemon for ever).
+#: A turn resumed this many times in a row without a new step of its model is given up (a poison
+#: turn must not crash the daemon for ever; a turn whose worker was killed while it progressed
+#: is not one).
 MAX_RESUMES = 3
 #: The system prompt and tool schemas together take at most this share of the window.
 FIXED_SHARE = 0.25
@@ -277,7 +278,8 @@ class TurnRunner:
 
         A turn that had already queued the note that ends it is only finished. A turn that was
         cut off while it was working counts one resume (a turn that was waiting out an outage,
-        or that a stop cut off cleanly, does not); after :data:`MAX_RESUMES` it is given up.
+        or that a stop cut off cleanly, does not); after :data:`MAX_RESUMES` with no step of
+        the model between them it is given up.
         """
         with bind(conversation=conversation.key, turn=running.id), turn_scope(conversation.key, running.entries):
             return await self._resume(conversation, running)

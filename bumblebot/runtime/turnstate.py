@@ -33,7 +33,8 @@ class TurnState:
     #: the journal entry its ``[Turn context]`` is about (who speaks): the last of those its
     #: first user message answers, never one steered in later; ``None`` for a turn saved without it
     speaker_entry: int | None = None
-    #: times it was resumed after being cut off while working (a poison turn is given up)
+    #: times it was resumed after being cut off while working since its model's last step (a
+    #: poison turn, cut off again and again at the same point, is given up)
     resumes: int = 0
     #: working: a crash now counts a resume (not while it waits out an outage, or after a clean stop)
     active: bool = True
