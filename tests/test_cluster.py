@@ -68,6 +68,117 @@ async def test_a_write_under_a_lease_taken_over_is_refused_and_changes_nothing(p
         assert not old.db.in_transaction
 
 
+async def test_a_send_check_extends_the_lease_so_no_other_worker_can_take_it_meanwhile(postgres_server: PostgresServer):
+    """A worker checks its lease before each send; another may take the lease only once it has
+    expired. Without the extension, a check made just before the expiry let the next worker
+    resume the turn and send the same row while this one's send was still on its way."""
+    url = await postgres_server.database()
+    async with Store(url) as old, Store(url) as new:
+        token = await old.acquire("conversation:a", "w1", 1)  # a second left: the renewal is late
+        assert token is not None
+        FENCE.set(Fence("conversation:a", "w1", token, 30.0))
+        assert await old.holds_fence()
+        FENCE.set(None)
+        [lease] = await old.leases("conversation:")
+        assert lease.expires_in > 20
+        assert await new.acquire("conversation:a", "w2", 30) is None
+
+
+async def test_a_send_whose_chat_was_taken_over_meanwhile_is_recorded_and_never_sent_again(postgres_server: PostgresServer):
+    """The lease was lost while the platform took the message: recording it as sent was
+    refused like any write of a worker that lost its lease, so the next worker sent it again."""
+    from support import FlakyConsole
+
+    from bumblebot.core.events import ChatRef, Platform
+    from bumblebot.delivery import Delivery
+
+    url = await postgres_server.database()
+    chat = ChatRef(Platform.CONSOLE, "c")
+    async with Store(url) as old, Store(url) as new:
+
+        class TakenOverMeanwhile(FlakyConsole):
+            async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
+                sent = await super().send_chunk(chat, text, key=key)
+                conn = await asyncpg.connect(url)  # w1 stalled past its lease; w2 took the chat
+                await conn.execute("UPDATE leases SET expires_at = 0")
+                await conn.close()
+                unset = FENCE.set(None)
+                self.taken = await new.acquire("conversation:" + chat.key, "w2", 30)
+                FENCE.reset(unset)
+                return sent
+
+        conversation = await old.conversation(chat)
+        entry = await old.outbox_add(conversation.id, None, chat, "once")
+        token = await old.acquire("conversation:" + chat.key, "w1", 30)
+        assert token is not None
+        adapter = TakenOverMeanwhile(fail_on_call=set())
+        first, second = Delivery(old), Delivery(new)
+        first.register(adapter)
+        second.register(adapter)
+        FENCE.set(Fence("conversation:" + chat.key, "w1", token, 30.0))
+        await first.deliver(entry)
+        FENCE.set(None)
+        assert adapter.taken == token + 1
+        assert await new.outbox_pending() == []
+        assert await second.retry_pending() == 0
+    assert adapter.sent == ["once"]
+
+
+async def test_a_dead_workers_conversations_are_split_among_the_others_at_once(postgres_server: PostgresServer):
+    """Its twenty leases lapsed together: the share counted only the leases held, so the first
+    worker to look took one and left the rest for a second later, or (claims made at once not
+    counted) took all twenty."""
+    from bumblebot.cluster.membership import Membership
+
+    url = await postgres_server.database()
+    keys = [f"telegram:{300 + i}" for i in range(20)]
+    async with Store(url) as dead, Store(url) as s2, Store(url) as s3:
+        await dead.heartbeat("w1", "host", 1, 1.0)
+        for key in keys:
+            assert await dead.acquire("conversation:" + key, "w1", 30) is not None
+        conn = await asyncpg.connect(url)
+        await conn.execute("UPDATE leases SET expires_at = expires_at - 31")  # w1 was killed
+        await conn.execute("UPDATE workers SET seen_at = seen_at - 31")
+        await conn.close()
+        w2, w3 = Membership(s2, "w2", 3.0), Membership(s3, "w3", 3.0)
+        for _ in range(2):  # each has seen the other's heartbeat
+            await w2._renew()
+            await w3._renew()
+        for _ in range(2):  # a read of the journal, and the next (a claim lost to the other)
+            await asyncio.gather(*(w.claim(key) for key in keys for w in (w2, w3) if not w2.owns(key) and not w3.owns(key)))
+    assert len(w2.held()) + len(w3.held()) == 20
+    assert max(len(w2.held()), len(w3.held())) <= 11  # its share: (20 + 1) / 2 workers
+
+
+async def test_a_worker_over_its_share_gives_up_idle_conversations_to_a_worker_started_again(postgres_server: PostgresServer):
+    """After a kill, the survivors took the dead worker's conversations and kept them: the
+    worker started again got none back, and the next kill left one worker twenty to take over."""
+    from bumblebot.cluster.membership import Membership
+
+    url = await postgres_server.database()
+    keys = [f"telegram:{300 + i}" for i in range(10)]
+    async with Store(url) as s1, Store(url) as s2:
+        w1, w2 = Membership(s1, "w1", 30.0), Membership(s2, "w2", 30.0)
+        for key in keys:  # alone, it takes them all
+            await w1._renew()
+            assert await w1.claim(key)
+        dropped: list[str] = []
+
+        async def drop(key: str, *, released: bool = False) -> None:
+            dropped.append(key)
+
+        async def collect() -> None: ...
+
+        w1.bind(collect, drop, at_rest=lambda key: key != keys[0])  # keys[0] has a turn running
+        await w2._renew()  # w2 (re)started: two live workers
+        await w1._renew()
+        await w1._shed()
+        assert len(w1.held()) == 7  # its share, (10 + 1) / 2 = 6, plus one
+        assert keys[0] in w1.held() and len(dropped) == 3 and keys[0] not in dropped
+        for key in dropped:
+            assert await w2.claim(key)  # released: taken at once, no lease to wait out
+
+
 # -- workers --------------------------------------------------------------------------------
 
 

@@ -488,6 +488,23 @@ class Drill:
         return out
 
 
+def sent_at(tg: FakeTelegram, chat: int) -> str:
+    """When each reply in ``chat`` arrived, on the wall clock of the workers' logs."""
+    offset = time.time() - time.monotonic()
+    return "\n  replies at: " + ", ".join(
+        f"{time.strftime('%H:%M:%S', time.localtime(at + offset))}.{int((at + offset) % 1 * 1000):03d} {said}"
+        for at, said in replies(tg, chat))
+
+
+async def outbox_rows(conn: asyncpg.Connection, chat: int) -> str:
+    """The outbox rows of ``chat`` and their turns, for the report of a chat answered wrong."""
+    found = await conn.fetch(
+        "SELECT o.id, o.turn_id, o.status, o.text, o.platform_message_ids, o.attempts, o.last_error, t.status AS turn,"
+        " o.created_at, o.sent_at"
+        " FROM outbox o LEFT JOIN turns t ON t.id = o.turn_id WHERE o.chat_id = $1 ORDER BY o.id", str(chat))
+    return f"  outbox of chat {chat}:\n" + "\n".join(f"    {dict(r)}" for r in found)
+
+
 def drill_seed() -> int:
     return int(os.environ.get("DRILL_SEED") or 20250601)
 
@@ -549,6 +566,7 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
             kills_so_far = [k.describe() for k in drill.kills]
             raise AssertionError(f"seed={seed} {ingress} (rerun with DRILL_SEED={seed}), kills {kills_so_far}: {exc}") from None
         codes = await cluster.stop_all()
+        rows = [await outbox_rows(conn, chat) + sent_at(tg, chat) for chat in CHATS if describe_chat(tg, chat)]
     finally:
         await cluster.kill_leftovers()
         await conn.close()
@@ -566,7 +584,7 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
                       f"p90={p90:.2f}s max={finite[-1]:.2f}s (limit p50 {TAKEOVER_LIMIT_S}s)")
     print("\n".join(report))
 
-    problems = [p for chat in CHATS if (p := describe_chat(tg, chat))]
+    problems = [p for chat in CHATS if (p := describe_chat(tg, chat))] + rows
     if ingress == "webhook":
         problems += webhook_problems(tg, len(drill.pusher.tokens))
     if kills and len(drill.kills) < kills:

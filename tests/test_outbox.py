@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from support import FlakyConsole
 
 from bumblebot.core.events import ChatRef, Platform
@@ -97,3 +98,47 @@ async def test_a_row_delivered_by_two_paths_at_once_is_sent_once(tmp_path, llm, 
         first, second = await asyncio.gather(d.delivery.deliver(entry), d.delivery.deliver(entry))
     assert first.delivered and second.delivered
     assert tg.sent(41) == ["just once"]
+
+
+async def test_a_caller_cancelled_while_its_message_is_on_the_way_does_not_leave_it_to_be_sent_again(tmp_path, store_location):
+    """A turn stopped (``/stop``, a conversation dropped when its lease is lost) while the
+    platform had its message but had not answered yet: the row stayed pending and the
+    sweeper sent it a second time."""
+    chat = ChatRef(Platform.CONSOLE, "c")
+    arrived, answer = asyncio.Event(), asyncio.Event()
+
+    class Slow(FlakyConsole):
+        async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
+            self.sent.append(text)  # the request reached the platform
+            arrived.set()
+            await answer.wait()  # its answer has not come back yet
+            return "7"
+
+    async with Store(store_location) as store:
+        conversation = await store.conversation(chat)
+        adapter = Slow(fail_on_call=set())
+        delivery = delivery_for(store, adapter)
+        caller = asyncio.create_task(delivery.send(conversation.id, chat, "hello"))
+        await arrived.wait()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        answer.set()
+        await asyncio.wait(delivery.retrying)
+        assert await store.outbox_pending() == []
+        assert await delivery.retry_pending() == 0
+    assert adapter.sent == ["hello"]
+
+
+async def test_a_row_recorded_sent_stays_sent(tmp_path, store_location):
+    """A worker that lost its chat records a failed attempt after the new worker recorded the
+    row sent: the row must not become pending (it would be sent again)."""
+    chat = ChatRef(Platform.CONSOLE, "c")
+    async with Store(store_location) as store:
+        conversation = await store.conversation(chat)
+        entry = await store.outbox_add(conversation.id, None, chat, "once")
+        await store.outbox_progress(entry.id, status="sent", message_ids=["1"])
+        await store.outbox_progress(entry.id, status="pending", message_ids=[], error="network down")
+        await store.outbox_progress(entry.id, status="failed", message_ids=[], error="refused")
+        row = await store.outbox_entry(entry.id)
+    assert row is not None and (row.status, row.platform_message_ids) == ("sent", ["1"])

@@ -298,7 +298,7 @@ class Daemon:
             ownership=self.membership,
         )
         if self.membership is not None:
-            self.membership.bind(self.engine.collect, self.engine.drop)
+            self.membership.bind(self.engine.collect, self.engine.drop, self.engine.at_rest)
         self.spending.reply = self.engine.reply  # limits.notify_chat is told through the outbox
         return self.engine
 

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 #: seconds between two reads of the journal for work another worker journaled
 POLL_S = 0.25
 CONVERSATION = "conversation:"
+#: a conversation whose lease lapsed less than this many ``lease_s`` ago counts in the fair
+#: share (a dead worker's, to be shared by the others)
+SHARED_LAPSED = 10
 #: the role of the one worker that polls Telegram's getUpdates and journals for all
 TELEGRAM_POLLER = "telegram.poller"
 
@@ -59,7 +62,8 @@ class Membership:
         self._claiming: set[str] = set()
         self._roles: dict[str, asyncio.Event] = {}  # role lease -> set while held
         self._collect: Callable[[], Awaitable[None]] | None = None
-        self._drop: Callable[[str], Awaitable[None]] | None = None
+        self._drop: Callable[..., Awaitable[None]] | None = None
+        self._at_rest: Callable[[str], bool] | None = None
         self._renewed_at = time.monotonic()
         self._share = 1  # conversations a worker may hold before it leaves new ones to others
         self._seen: dict[str, float] = {}  # unheld conversations with work, since when
@@ -91,7 +95,7 @@ class Membership:
         share (the conversations held, plus one, over the live workers), or once the others left
         it unheld for a few reads of the journal (they are busier, or gone)."""
         first = self._seen.setdefault(key, time.monotonic())
-        mine = sum(1 for name in self._held if name.startswith(CONVERSATION))
+        mine = sum(1 for name in [*self._held, *self._claiming] if name.startswith(CONVERSATION))  # claims under way count
         return mine < self._share or time.monotonic() - first > 4 * self.poll_s
 
     def held(self) -> list[str]:
@@ -99,7 +103,7 @@ class Membership:
 
     def fence(self, key: str) -> Fence | None:
         token = self._held.get(CONVERSATION + key)
-        return None if token is None else Fence(CONVERSATION + key, self.name, token)
+        return None if token is None else Fence(CONVERSATION + key, self.name, token, self.lease_s)
 
     # -- roles -------------------------------------------------------------------------------
 
@@ -113,36 +117,48 @@ class Membership:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def bind(self, collect: Callable[[], Awaitable[None]], drop: Callable[[str], Awaitable[None]]) -> None:
-        """The engine's ``collect`` and ``drop``."""
-        self._collect, self._drop = collect, drop
+    def bind(self, collect: Callable[[], Awaitable[None]], drop: Callable[..., Awaitable[None]],
+             at_rest: Callable[[str], bool] | None = None) -> None:
+        """The engine's ``collect``, ``drop`` and ``at_rest``."""
+        self._collect, self._drop, self._at_rest = collect, drop, at_rest
 
     async def run(self) -> None:
         """Renew, take roles, read the journal for work; until cancelled."""
         next_renewal = 0.0
         while True:
             now = time.monotonic()
-            try:
-                if now >= next_renewal:
-                    await self._renew()
-                    next_renewal = now + self.lease_s / 3
-                if self._collect is not None:
-                    await self._collect()
-            except (StoreError, *STORE_FAILURES) as exc:
-                log.warning("%s: the store failed (%s); retrying", self.name, exc)
-            except Exception:  # a bug must not end the renewals while the roles look held
-                log.exception("%s: the cluster loop failed; retrying", self.name)
+            if now >= next_renewal and await self._step(self._renew):
+                next_renewal = now + self.lease_s / 3
+                await self._step(self._shed)
+            if self._collect is not None:
+                await self._step(self._collect)
             if time.monotonic() - self._renewed_at > self.lease_s:
                 await self._lose(list(self._held))  # held no longer for sure: others may have them
             await asyncio.sleep(self.poll_s)
+
+    async def _step(self, step: Callable[[], Awaitable[None]]) -> bool:
+        """Run one step of the loop; whether it went through (a failed one is tried again at
+        the next turn of the loop, and never stops the others)."""
+        try:
+            await step()
+        except (StoreError, *STORE_FAILURES) as exc:
+            log.warning("%s: the store failed (%s); retrying", self.name, exc)
+        except Exception:  # a bug must not end the renewals while the roles look held
+            log.exception("%s: the cluster loop failed in %s; retrying", self.name, step.__name__)
+        else:
+            return True
+        return False
 
     async def _renew(self) -> None:
         await self.store.heartbeat(self.name, socket.gethostname(), os.getpid(), self.started_at)
         renewing = dict(self._held)  # a claim made while this renews is not judged by it
         kept = dict(await self.store.renew(list(renewing), self.name, self.lease_s))
         self._renewed_at = time.monotonic()
-        live = max(1, sum(1 for w in await self.store.workers() if w.seen_ago < self.lease_s))
-        held = await self.store.live_leases(CONVERSATION)
+        # the share counts a dead worker's conversations but not the dead worker: as its leases
+        # lapse, the others take them at once, each its part (a worker renews every third of
+        # lease_s: one unseen for two thirds is gone or stalled)
+        live = max(1, sum(1 for w in await self.store.workers() if w.seen_ago < self.lease_s * 2 / 3))
+        held = await self.store.live_leases(CONVERSATION, lapsed_s=SHARED_LAPSED * self.lease_s)
         self._share = -(-(held + 1) // live)  # ceil
         self._seen = {k: t for k, t in self._seen.items() if time.monotonic() - t < 60}
         await self._lose([name for name, token in renewing.items() if kept.get(name) != token and self._held.get(name) == token])
@@ -151,6 +167,27 @@ class Membership:
                 self._held[role] = token
                 log.info("%s: now the %s (token %d)", self.name, role, token)
                 held.set()
+
+    async def _shed(self) -> None:
+        """Give up idle conversations held beyond one more than the share: a worker started
+        again (or added) gets its part back as their next messages come, and a worker that
+        dies later leaves fewer to take over."""
+        if self._at_rest is None or self._drop is None:
+            return
+        mine = [name for name in self._held if name.startswith(CONVERSATION)]
+        excess = len(mine) - (self._share + 1)
+        for name in mine:
+            key = name.removeprefix(CONVERSATION)
+            if excess <= 0:
+                break
+            if not self._at_rest(key):
+                continue
+            token = self._held.pop(name)  # with the check, before any await: nothing new queues for it here
+            excess -= 1
+            await self._drop(key, released=True)
+            with contextlib.suppress(StoreError, *STORE_FAILURES):  # else it lapses within lease_s
+                await self.store.release(name, self.name, token)
+            log.info("%s: gave %s up (over its share of %d)", self.name, key, self._share)
 
     async def _lose(self, names: list[str]) -> None:
         for name in names:

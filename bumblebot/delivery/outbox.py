@@ -113,8 +113,9 @@ class Delivery:
         self.fence_of: Callable[[str], Fence | None] | None = None
         #: chunks sent whose recording failed, by outbox row (:meth:`_sent_so_far`)
         self._sent: dict[int, list[str]] = {}
-        #: the rows being sent now, and the report their send will give (:meth:`_deliver_now`)
+        #: the rows being sent now, by the task sending each (:meth:`_deliver_now`)
         self._sending: dict[int, asyncio.Future[DeliveryReport]] = {}
+        self._sending_to: dict[int, str] = {}  # their chats
         self._prefix: str | None = None
         #: messages :meth:`post` is delivering, and the last one per chat
         self.posting: set[asyncio.Task[None]] = set()
@@ -124,8 +125,8 @@ class Delivery:
         self._waiting: dict[str, set[int]] = {}
         self._waiting_until: dict[str, float] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        #: the retries running as a wait ends (the engine lets them finish before it stops)
-        self.retrying: set[asyncio.Task[None]] = set()
+        #: the sends and retries under way (the engine lets them finish before it stops)
+        self.retrying: set[asyncio.Future[Any]] = set()
         self._closed = False
 
     def register(self, adapter: Adapter) -> None:
@@ -340,6 +341,10 @@ class Delivery:
         self.retrying.add(task)
         task.add_done_callback(self.retrying.discard)
 
+    def busy(self, key: str) -> bool:
+        """Whether a message to chat ``key`` is being sent, or waits for the platform here."""
+        return key in self._waiting or key in self._posted or key in self._sending_to.values()
+
     def forget(self, key: str) -> None:
         """A worker of a cluster no longer holds chat ``key``: its wait and timer go (its rows
         are its new worker's, found by that worker's sweep)."""
@@ -517,6 +522,8 @@ class Delivery:
                         continue
                     report = await self.deliver(entry, 1)
                     delivered += int(report.delivered)
+                    if report.delivered:
+                        log.info("outbox row %d to %s sent on a retry", entry.id, entry.chat.key)
                 except LeaseLost:
                     continue  # taken over meanwhile: its new worker sends it
                 finally:
@@ -538,28 +545,29 @@ class Delivery:
             raise LeaseLost(f"{entry.chat.key} was taken over; outbox row {entry.id} is its new worker's")
 
     async def _deliver_now(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
-        """Send ``entry`` now (never deferred behind its chat's wait), with ``attempts``. A row
-        already being sent (by a resumed turn and by a retry at once) is not sent twice: the
-        second caller waits for the first send and gets its report."""
+        """Send ``entry`` now (never deferred behind its chat's wait), with ``attempts``.
+
+        The send runs as a task of its own, which the caller's cancellation does not stop (a
+        ``/stop``, a conversation dropped when its lease is lost): a message whose request
+        had left would otherwise reach the chat unrecorded and be sent again. A row already
+        being sent (by a resumed turn and by a retry at once) is not sent twice: the second
+        caller waits for the first send and gets its report."""
         sending = self._sending.get(entry.id)
-        if sending is not None:
-            return await asyncio.shield(sending)
-        done: asyncio.Future[DeliveryReport] = asyncio.get_running_loop().create_future()
-        self._sending[entry.id] = done
-        try:
-            report = await self._send_now(entry, attempts)
-        except asyncio.CancelledError:
-            done.cancel()
-            raise
-        except BaseException as exc:
-            done.set_exception(exc)
-            done.exception()  # retrieved here: the first caller raises it, a waiting one gets it too
-            raise
-        else:
-            done.set_result(report)
-        finally:
-            del self._sending[entry.id]
-        return report
+        if sending is None:
+            sending = self._sending[entry.id] = asyncio.ensure_future(self._send_now(entry, attempts))
+            self._sending_to[entry.id] = entry.chat.key
+            self.retrying.add(sending)  # the engine lets it finish before the store closes
+
+            def done(task: asyncio.Future[DeliveryReport]) -> None:
+                self.retrying.discard(task)
+                if self._sending.get(entry.id) is task:
+                    del self._sending[entry.id]
+                    del self._sending_to[entry.id]
+                if not task.cancelled():
+                    task.exception()  # retrieved: its callers (if any are left) get it
+
+            sending.add_done_callback(done)
+        return await asyncio.shield(sending)
 
     async def _send_now(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
         self._in_flight.add(entry.id)

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import random
 from typing import Any, Protocol
 
 from bumblebot.core.errors import LeaseLost
@@ -178,8 +179,7 @@ class OwnedConversations:
         for turn in running:
             (await self._actor(chat)).resume(turn)
         resumed = {t.id for t in running}
-        unsent = {row.id for row in await self._store.outbox_pending()
-                  if row.chat.key == chat.key and row.turn_id not in {t.id for t in running}}
+        unsent = {row.id for row in await self._store.outbox_pending(chat) if row.turn_id not in resumed}
         if unsent:  # replies its last worker left unsent (its resumed turns send their own): now
             self._delivery.retry_later(unsent)
         for entry in await self._store.pending_inbound(chat):
@@ -187,15 +187,25 @@ class OwnedConversations:
                 await self._dispatch(entry, adopting=True)
         await self.progress.notify()
 
-    async def drop(self, key: str) -> None:
+    def at_rest(self, key: str) -> bool:
+        """Whether conversation ``key`` has nothing under way here (no turn, job or message
+        queued, nothing being sent): a worker over its share may give it up."""
+        actor = self._actors.get(key)
+        if actor is not None and (actor.working or actor.waiting or actor.compacting or actor.queued):
+            return False
+        return key not in self._adopting and key not in self._dispatched.values() and not self._delivery.busy(key)
+
+    async def drop(self, key: str, *, released: bool = False) -> None:
         """Stop running conversation ``key`` at once: its lease is gone (another worker may
-        hold it already). What its actor had under way stays recorded for the next holder."""
+        hold it already), or this worker gave it up idle (``released``). What its actor had
+        under way stays recorded for the next holder."""
         self._dispatched = {i: k for i, k in self._dispatched.items() if k != key}  # the next holder queues them
         self._delivery.forget(key)  # its replies waiting out the platform are the next holder's
         actor = self._actors.pop(key, None)
         if actor is None or actor.task is None:
             return
-        log.warning("%s: lease lost; this worker no longer runs it", key)
+        if not released:
+            log.warning("%s: lease lost; this worker no longer runs it", key)
         actor.stop()
         actor.task.cancel()
         with contextlib.suppress(BaseException):
@@ -227,6 +237,7 @@ class OwnedConversations:
             await self.progress.notify()
         await self._relayed()  # after: an edit relayed here finds its message queued
         unheld = [chat for chat in await self._store.unheld_work() if chat.key not in self._adopting]
+        random.shuffle(unheld)  # the workers reading together do not all reach for the same ones first
         await asyncio.gather(*(self.take(chat) for chat in unheld))  # a dead worker's many chats at once
 
 

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -46,16 +46,33 @@ SET_KV = "INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE 
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """The lease the writes of a task carry: lease ``name``, held by ``owner`` with ``token``."""
+    """The lease the writes of a task carry: lease ``name``, held by ``owner`` with ``token``;
+    ``ttl_s``: how long a send's check (:meth:`Database.holds_fence`) extends it."""
 
     name: str
     owner: str
     token: int
+    ttl_s: float = 0.0
 
 
 #: the fence of the writes made in this context (a conversation's actor sets it); ``None``: none
 FENCE: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("bumblebot_fence", default=None)
 _FENCE_CHECK = "SELECT 1 FROM leases WHERE name = ? AND owner = ? AND token = ? FOR SHARE"
+
+
+@contextlib.contextmanager
+def unfenced() -> Iterator[None]:
+    """Writes in this block carry no fence: a lease's own row, and what a send made happen
+    (a fact of the platform, recorded even by a worker that has just lost the conversation)."""
+    token = FENCE.set(None)
+    try:
+        yield
+    finally:
+        FENCE.reset(token)
+
+
+#: the database server's clock, in epoch seconds (PostgreSQL: the workers' clocks may differ)
+DB_NOW = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
 
 def storable(params: Sequence[Any], redactor: Redactor = NO_SECRETS) -> Any:
@@ -225,12 +242,22 @@ class Database:
             raise LeaseLost(f"{fence.owner} no longer holds {fence.name} with token {fence.token}")
 
     async def holds_fence(self) -> bool:
-        """Whether this context's fence (if any) is still held: asked before a platform send,
-        which no transaction covers."""
+        """Whether this context's fence (if any) is still held, asked before each platform send
+        (no transaction covers one); a fence held is extended by its ``ttl_s`` from now.
+
+        The extension is what keeps a send exactly-once across a takeover: another worker can
+        take the lease only once it has expired, so a send checked here reaches the platform
+        ``ttl_s`` before anyone else may send the same row, unless this process stalls longer
+        than that between the check and the send."""
         fence = FENCE.get()
         if fence is None or not self.postgres:
             return True
-        rows = await self._all("SELECT 1 FROM leases WHERE name = ? AND owner = ? AND token = ?", (fence.name, fence.owner, fence.token))
+        with unfenced():
+            rows = await self.write_rows(
+                f"UPDATE leases SET expires_at = GREATEST(expires_at, {DB_NOW} + ?)"
+                " WHERE name = ? AND owner = ? AND token = ? RETURNING 1",
+                (fence.ttl_s, fence.name, fence.owner, fence.token),
+            )
         return bool(rows)
 
     async def _begin(self) -> None:

@@ -26,12 +26,11 @@ from typing import Any
 from bumblebot.core.errors import DatabaseError
 from bumblebot.core.events import ChatRef, Platform
 from bumblebot.core.messages import json_text
-from bumblebot.store.connection import FENCE, Database
+from bumblebot.store.connection import DB_NOW as NOW
+from bumblebot.store.connection import Database, unfenced
 
 #: the longest a worker waits for a lease row another worker's write has locked, ms
 LOCK_WAIT_MS = 1000
-#: the database server's clock, in epoch seconds
-NOW = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +58,21 @@ class LeaseTables(Database):
         (a worker started again under its name); its new token, else ``None``: held by another,
         or locked by a write of its last holder still under way (waited for at most
         :data:`LOCK_WAIT_MS`: a holder frozen mid-transaction must not freeze the taker too)."""
-        unfenced = FENCE.set(None)  # a lease is taken for the worker, never under a conversation's
         try:
-            async with self.transaction() as db:
-                await db.execute(f"SET LOCAL lock_timeout = {LOCK_WAIT_MS}")
-                rows = await db.execute_fetchall(
-                    f"INSERT INTO leases (name, owner, token, expires_at, acquired_at) VALUES (?, ?, 1, {NOW} + ?, {NOW})"
-                    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,"
-                    " expires_at = excluded.expires_at, acquired_at = excluded.acquired_at"
-                    f" WHERE leases.expires_at < {NOW} OR leases.owner = excluded.owner RETURNING token",
-                    (name, owner, ttl_s),
-                )
+            with unfenced():  # a lease is taken for the worker, never under a conversation's
+                async with self.transaction() as db:
+                    await db.execute(f"SET LOCAL lock_timeout = {LOCK_WAIT_MS}")
+                    rows = await db.execute_fetchall(
+                        f"INSERT INTO leases (name, owner, token, expires_at, acquired_at) VALUES (?, ?, 1, {NOW} + ?, {NOW})"
+                        " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,"
+                        " expires_at = excluded.expires_at, acquired_at = excluded.acquired_at"
+                        f" WHERE leases.expires_at < {NOW} OR leases.owner = excluded.owner RETURNING token",
+                        (name, owner, ttl_s),
+                    )
         except DatabaseError as exc:
             if "lock timeout" not in str(exc):
                 raise
             return None
-        finally:
-            FENCE.reset(unfenced)
         return int(rows[0][0]) if rows else None
 
     async def unheld_work(self) -> list[ChatRef]:
@@ -112,8 +109,9 @@ class LeaseTables(Database):
         return [(str(r[0]), int(r[1])) for r in rows]
 
     async def release(self, name: str, owner: str, token: int) -> None:
-        """Give lease ``name`` up at once (another worker may take it; the token stays)."""
-        await self.write("UPDATE leases SET expires_at = 0 WHERE name = ? AND owner = ? AND token = ?", (name, owner, token))
+        """Give lease ``name`` up at once (another worker may take it; the token stays). It
+        lapses now, and counts among the recent ones of the fair share a while yet."""
+        await self.write(f"UPDATE leases SET expires_at = {NOW} WHERE name = ? AND owner = ? AND token = ?", (name, owner, token))
 
     async def leases(self, prefix: str = "") -> list[Lease]:
         rows = await self._all(
@@ -122,10 +120,12 @@ class LeaseTables(Database):
         )
         return [Lease(str(r[0]), str(r[1]), int(r[2]), float(r[3])) for r in rows]
 
-    async def live_leases(self, prefix: str) -> int:
-        """How many leases named ``prefix…`` are held now."""
+    async def live_leases(self, prefix: str, lapsed_s: float = 0.0) -> int:
+        """How many leases named ``prefix…`` are held now, or lapsed less than ``lapsed_s``
+        seconds ago (a dead worker's, for the others to share)."""
         row = await self._one(
-            f"SELECT COUNT(*) FROM leases WHERE substr(name, 1, ?) = ? AND expires_at > {NOW}", (len(prefix), prefix)
+            f"SELECT COUNT(*) FROM leases WHERE substr(name, 1, ?) = ? AND expires_at > {NOW} - ?",
+            (len(prefix), prefix, lapsed_s),
         )
         return int(row[0]) if row else 0
 

@@ -19,7 +19,7 @@ from typing import Any
 import aiosqlite
 
 from bumblebot.core.events import ChatRef, Platform
-from bumblebot.store.connection import Database, Writes
+from bumblebot.store.connection import Database, Writes, unfenced
 from bumblebot.store.records import OutboxEntry
 from bumblebot.store.schema import to_json
 
@@ -36,20 +36,29 @@ class OutboxTables(Database):
         self, outbox_id: int, *, status: str, message_ids: list[str], error: str | None = None
     ) -> None:
         """Record a delivery attempt: status ``pending`` (retry later), ``sent`` or ``failed``
-        (``sent`` also marks the conversation active, in the same transaction)."""
+        (``sent`` also marks the conversation active, in the same transaction). A row once
+        ``sent`` stays so. ``sent`` is recorded under no fence: a worker that lost the
+        conversation during the send still records what reached the chat, so that its next
+        worker does not send it again."""
         now = time.time()
         update = (
             (
                 "UPDATE outbox SET status=?, platform_message_ids=?, attempts=attempts+1, last_error=?,"
-                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=?"
+                " sent_at=CASE WHEN ?='sent' THEN ? ELSE sent_at END WHERE id=? AND (status<>'sent' OR ?='sent')"
             ),
-            (status, json.dumps(message_ids), error, status, now, outbox_id),
+            (status, json.dumps(message_ids), error, status, now, outbox_id, status),
         )
-        await write_status(self, update, outbox_id, status, now)
+        if status != "sent":
+            await write_status(self, update, outbox_id, status, now)
+            return
+        with unfenced():
+            await write_status(self, update, outbox_id, status, now)
 
     async def outbox_chunks_sent(self, outbox_id: int, message_ids: list[str]) -> None:
-        """Record the chunks of a message delivered so far (a retry resumes after them)."""
-        await self.write("UPDATE outbox SET platform_message_ids=? WHERE id=?", (json.dumps(message_ids), outbox_id))
+        """Record the chunks of a message delivered so far (a retry resumes after them); under
+        no fence, like a row's ``sent``."""
+        with unfenced():
+            await self.write("UPDATE outbox SET platform_message_ids=? WHERE id=?", (json.dumps(message_ids), outbox_id))
 
     async def outbox_set_attachment(self, outbox_id: int, attachment: dict[str, Any]) -> None:
         """Record the file made for a row's attachment (a reply's speech, once synthesised)."""
@@ -59,8 +68,15 @@ class OutboxTables(Database):
         row = await self._one("SELECT * FROM outbox WHERE id=?", (outbox_id,))
         return None if row is None else outbox_entry_from_row(row)
 
-    async def outbox_pending(self) -> list[OutboxEntry]:
-        rows = await self._all("SELECT * FROM outbox WHERE status='pending' AND streaming=0 ORDER BY id")
+    async def outbox_pending(self, chat: ChatRef | None = None) -> list[OutboxEntry]:
+        """The rows waiting to be sent, oldest first (those of ``chat`` alone, if given)."""
+        if chat is None:
+            rows = await self._all("SELECT * FROM outbox WHERE status='pending' AND streaming=0 ORDER BY id")
+        else:
+            rows = await self._all(
+                "SELECT * FROM outbox WHERE status='pending' AND streaming=0 AND platform=? AND chat_id=? AND thread_id=?"
+                " ORDER BY id", (chat.platform.value, chat.chat_id, chat.thread_id),
+            )
         return [outbox_entry_from_row(r) for r in rows]
 
     async def outbox_for_turn(self, turn_id: int) -> list[OutboxEntry]:
