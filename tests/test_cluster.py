@@ -253,6 +253,32 @@ async def test_a_worker_that_stops_hands_its_chats_over_at_once(tmp_path, llm, t
     assert all(tg.sent(chat) == [f"re: one {chat}", f"re: two {chat}"] for chat in (201, 202, 203, 204))
 
 
+async def test_a_message_journaled_just_as_its_chat_is_given_up_stays_for_the_next_holder(tmp_path, llm, tg, postgres_server):
+    """The chat was given up (or lost) between its message's journaling and its queueing: the
+    engine raised LeaseLost, so the Telegram poller failed the update and waited 2 s before
+    trying it again, holding up every chat's messages (a webhook answered 500)."""
+    from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
+    from bumblebot.store import JournalEntry
+
+    url = await postgres_server.database()
+    llm.default = echo
+    chat = ChatRef(Platform.TELEGRAM, "150")
+    async with running(worker_config(tmp_path, "a", llm, tg, url)) as a:
+        tg.push_text("one", chat_id=150)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 150)
+        await a.engine.wait_until(lambda: a.engine.settled)
+        await a.engine.collect()  # a read of the journal: its message is seen answered
+        assert a.engine.at_rest(chat.key)
+        a.membership._held.pop("conversation:" + chat.key)  # as Membership._shed gives it up
+        await a.engine.drop(chat.key, released=True)
+        inbound = Inbound(chat, "77", "150", "Ann", "two", ChatKind.PRIVATE)
+        journal_id = await a.store.journal(inbound)
+        await a.engine._dispatch(JournalEntry(journal_id, inbound, "pending"))  # raised LeaseLost
+        assert chat.key not in a.engine._actors  # no actor without a task left behind
+        [pending] = [e for e in await a.store.pending_inbound(chat)]
+        assert pending.id == journal_id  # for the next holder (this worker too, once it claims it)
+
+
 async def test_a_stalled_workers_chats_are_taken_over_and_its_late_writes_refused(tmp_path, llm, tg, postgres_server):
     """Worker a stops renewing (its loop is stuck) while its turn waits on the model: after
     ``lease_s`` worker b takes the chat, resumes the turn and answers; a's own late answer is

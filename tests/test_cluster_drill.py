@@ -6,7 +6,8 @@ its own data directory and ``cluster.worker`` name, the same ``store.url``) and 
 (the users). 20 private chats get 15 messages each, ``m<chat>-<n>`` in order, pushed at a
 steady pace in rounds (round n holds message n of every chat, in random order); meanwhile
 workers are SIGKILLed one at a time (at least six kills) and each is started again under its
-name after a short pause, so two always run. In the end:
+name after a short pause, so two always run. It is marked ``drill``: the README's test command
+runs it alone, after the others, since it times the takeovers. In the end:
 
 * every message is answered exactly once, in order: the ids the replies of a chat answer,
   read in the order the fake Telegram received them, are ``m<chat>-1`` .. ``m<chat>-15``;
@@ -71,6 +72,8 @@ from fakes.telegram_server import FakeTelegram
 from support import start_daemon, stop_daemon
 
 from bumblebot.core.events import ChatRef, Platform
+
+pytestmark = pytest.mark.drill  # timed: run alone, after the others (docs/development.md)
 
 LEASE_S = 3.0
 #: the median time from a kill to the next reply in a chat the killed worker held

@@ -29,7 +29,7 @@ def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, An
 CONFIG_DOC = ROOT / "docs" / "configuration.md"
 #: The README's two commands, word for word.
 INSTALL_AND_RUN = "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/bumblebot run"
-TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -n 4"
+TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -n 4 -m 'not drill' && .venv/bin/python -m pytest -q -m drill"
 
 
 def _config_keys() -> list[tuple[str, Any]]:
@@ -106,7 +106,8 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_one():
     assert any(d.startswith("pytest-xdist") for d in project["optional-dependencies"]["test"])  # -n 4
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert any(line.endswith("pip install --quiet -e '.[test]'") for line in ci)
-    assert ci[-1] == "exec " + TEST_COMMAND.split(" && ")[-1]
+    *_, parallel, drills = TEST_COMMAND.split(" && ")
+    assert ci[-2:] == [parallel, "exec " + drills]
 
 
 def _subcommands(p: Any) -> dict[str, Any]:

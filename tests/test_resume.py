@@ -223,7 +223,7 @@ async def test_a_turn_resumed_too_often_is_given_up_with_one_message(tmp_path, l
         conversation = await store.conversation(chat)
         await store.begin_turn(
             conversation.id, conversation.session, [journal_id], Message(role="user", content="crash me"),
-            {"route": "reflex", "resumes": 3},
+            {"route": "reflex", "resumes": 3, "stalled_resumes": 3},
         )
     async with running(config) as d:
         await tg.wait_for("sendMessage", timeout=10)
@@ -245,14 +245,15 @@ async def test_a_step_of_the_model_starts_the_count_of_resumes_again(tmp_path, l
         conversation = await store.conversation(chat)
         await store.begin_turn(
             conversation.id, conversation.session, [journal_id], Message(role="user", content="keep going"),
-            {"route": "reflex", "resumes": 2},  # this start's resume is its third: one more would end it
+            {"route": "reflex", "resumes": 2, "stalled_resumes": 2},  # this start's resume is its third: one more would end it
         )
     async with running(config) as d:
         await tg.wait_for("sendMessage", timeout=10)
         await d.engine.wait_for_turns(1)
     assert tg.sent(67) == ["still here"]
     [(state,)] = db(tmp_path).execute("SELECT state FROM turns").fetchall()
-    assert json.loads(state)["resumes"] == 0  # a crash after its step would be its first resume again
+    assert json.loads(state)["stalled_resumes"] == 0  # a crash after its step would be its first resume again
+    assert json.loads(state)["resumes"] == 3  # as the trace tells
 
 
 async def test_the_learned_token_scale_survives_a_restart(tmp_path, llm, tg):

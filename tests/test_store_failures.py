@@ -150,7 +150,7 @@ async def test_a_turn_given_up_after_too_many_resumes_closes_its_open_tool_calls
         conversation = await store.conversation(chat)
         turn_id = await store.begin_turn(
             conversation.id, conversation.session, [journal_id], Message(role="user", content="crash me"),
-            {"route": "deliberate", "resumes": 3, "active": True},
+            {"route": "deliberate", "resumes": 3, "stalled_resumes": 3, "active": True},
         )
         call = {"id": "call_cut", "type": "function",
                 "function": {"name": "run_command", "arguments": '{"command": "sleep 60"}'}}

@@ -269,10 +269,10 @@ class Turn:
     async def record(self, message: Message, *, trace: dict[str, Any] | None = None) -> None:
         """Checkpoint one message: an assistant message before its tools run, or one tool result
         as it completes (kept in call order in memory). ``trace`` is saved with it. A step of
-        the model's (an assistant message) is progress: the resumes counted so far are forgotten,
-        so only a turn cut off again and again at the same point is given up."""
+        the model's (an assistant message) is progress: the stalled resumes counted so far are
+        forgotten, so only a turn cut off again and again at the same point is given up."""
         if message.role == "assistant" and not message.note:
-            self.state.resumes = 0
+            self.state.stalled_resumes = 0
         state = self._changed_state()
         await self._store.record(self.conversation.id, self.session.number, self.id, [message], state=state, trace=trace)
         self._state_saved(state)

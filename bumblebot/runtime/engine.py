@@ -33,6 +33,7 @@ from bumblebot.cognition.knowledge import Memory
 from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.core.activity import NO_ACTIVITY, Activity
 from bumblebot.core.events import ChatRef, Inbound, Platform, blank
+from bumblebot.core.errors import LeaseLost
 from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.settings import EngineSettings
 from bumblebot.delivery import Delivery
@@ -532,7 +533,11 @@ class Engine(EngineCommands, OwnedConversations):
                 self._held_back.setdefault(entry.inbound.chat.key, []).append(entry)  # queued after its adoption
                 return
             self._dispatched[entry.id] = entry.inbound.chat.key
-        actor = await self._actor(entry.inbound.chat)
+        try:
+            actor = await self._actor(entry.inbound.chat)
+        except LeaseLost:  # given up or lost meanwhile: journaled, its holder queues it from there
+            self._dispatched.pop(entry.id, None)
+            return
         actor.enqueue(entry)
         self.activity.publish(actor.key, "queued", waiting=actor.queued, total=self.queue_depth)
 
@@ -541,6 +546,7 @@ class Engine(EngineCommands, OwnedConversations):
         async with self._actor_lock:
             actor = self._actors.get(chat.key)
             if actor is None or actor.closed:
+                context = self._fenced(chat.key)  # LeaseLost before anything is made
                 conversation = await Conversation.load(
                     self._store, chat, debounce_s=self._debounce_s, activity=self.activity
                 )
@@ -553,7 +559,7 @@ class Engine(EngineCommands, OwnedConversations):
                     progress=self.progress,
                 )
                 self._actors[chat.key] = actor
-                actor.task = self._spawn(actor.run(), f"bumblebot:{chat.key}:actor", self._fenced(chat.key))
+                actor.task = self._spawn(actor.run(), f"bumblebot:{chat.key}:actor", context)
                 actor.task.add_done_callback(lambda _, a=actor: self._forget(a))
             return actor
 

@@ -299,10 +299,11 @@ class TurnRunner:
             return await self._finish(conversation, turn, dict(running.trace), closing.status, stop, time.monotonic())
         if turn.state.active:
             turn.state.resumes += 1
+            turn.state.stalled_resumes += 1
         turn.state.active = True
         await turn.save_state()  # counted before anything can crash again (a poison turn ends)
         log.warning("resuming turn %s in %s (resume %d)", turn.id, conversation.key, turn.state.resumes)
-        if turn.state.resumes > MAX_RESUMES:
+        if turn.state.stalled_resumes > MAX_RESUMES:
             await self.loop.abandon(self._io(conversation, turn), "given up after repeated interruptions")
             return await self._end(conversation, turn, running.trace, "failed", Stop(StopReason.RESUME_CAP), RESUME_GAVE_UP)
         return await self._drive(conversation, turn, running.trace)

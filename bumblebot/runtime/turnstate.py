@@ -33,9 +33,11 @@ class TurnState:
     #: the journal entry its ``[Turn context]`` is about (who speaks): the last of those its
     #: first user message answers, never one steered in later; ``None`` for a turn saved without it
     speaker_entry: int | None = None
-    #: times it was resumed after being cut off while working since its model's last step (a
-    #: poison turn, cut off again and again at the same point, is given up)
+    #: times it was resumed after being cut off while working (the trace's ``resumes``)
     resumes: int = 0
+    #: of those, the ones since its model's last step: a poison turn, cut off again and again
+    #: at the same point, is given up (a turn whose workers were killed while it progressed is not)
+    stalled_resumes: int = 0
     #: working: a crash now counts a resume (not while it waits out an outage, or after a clean stop)
     active: bool = True
     #: the outage it waits out: since when (epoch seconds), how many tries, whether the chat was told
