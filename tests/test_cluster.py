@@ -179,6 +179,113 @@ async def test_a_worker_over_its_share_gives_up_idle_conversations_to_a_worker_s
             assert await w2.claim(key)  # released: taken at once, no lease to wait out
 
 
+async def test_a_send_begun_under_an_earlier_hold_is_not_joined_by_the_holder_now(postgres_server: PostgresServer):
+    """A worker's send went on after its actor was dropped; the worker took the chat again (a
+    new token) and its resumed turn delivered the same row: it joined the old send, whose next
+    chunk's check failed on the old token, and the holder's turn ended as if taken over."""
+    from support import FlakyConsole
+
+    from bumblebot.core.events import ChatRef, Platform
+    from bumblebot.delivery import Delivery
+
+    url = await postgres_server.database()
+    chat = ChatRef(Platform.CONSOLE, "c")
+    name = "conversation:" + chat.key
+    first_out, gate = asyncio.Event(), asyncio.Event()
+
+    class Slow(FlakyConsole):
+        async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
+            sent = await super().send_chunk(chat, text, key=key)
+            if text == "one":
+                first_out.set()
+                await gate.wait()
+            return sent
+
+    async with Store(url) as store:
+        conversation = await store.conversation(chat)
+        entry = await store.outbox_add(conversation.id, None, chat, "one|two")
+        old = await store.acquire(name, "w1", 30)
+        assert old is not None
+        adapter = Slow(fail_on_call=set())
+        delivery = Delivery(store)
+        delivery.register(adapter)
+        FENCE.set(Fence(name, "w1", old, 30.0))
+        dropped = asyncio.create_task(delivery.deliver(entry))
+        await first_out.wait()
+        dropped.cancel()  # the actor was dropped; its send goes on
+        FENCE.set(None)
+        new = await store.acquire(name, "w1", 30)  # taken again: a new token
+        FENCE.set(Fence(name, "w1", new, 30.0))
+        holder = asyncio.create_task(delivery.deliver(entry))
+        gate.set()
+        report = await holder
+        FENCE.set(None)
+        row = await store.outbox_entry(entry.id)
+    assert report.delivered and row is not None and row.status == "sent"
+    assert adapter.sent == ["one", "two"]  # each chunk once
+
+
+async def test_a_lease_given_up_or_lapsed_is_not_revived_by_a_send_check(postgres_server: PostgresServer):
+    """A send still carrying the fence of a lease given up (or lapsed) extended it again: no
+    other worker could take the chat for lease_s, and this one no longer ran it."""
+    url = await postgres_server.database()
+    async with Store(url) as w1, Store(url) as w2:
+        for lapse in ("release", "expire"):
+            name = f"conversation:{lapse}"
+            token = await w1.acquire(name, "w1", 10)
+            assert token is not None
+            if lapse == "release":
+                await w1.release(name, "w1", token)
+            else:
+                conn = await asyncpg.connect(url)
+                await conn.execute("UPDATE leases SET expires_at = expires_at - 60 WHERE name = $1", name)
+                await conn.close()
+            FENCE.set(Fence(name, "w1", token, 10.0))
+            assert not await w1.holds_fence()
+            FENCE.set(None)
+            assert await w2.acquire(name, "w2", 10) == token + 1
+
+
+async def test_a_send_that_outlived_its_dropped_actor_stops_at_its_next_try(postgres_server: PostgresServer):
+    """The platform was down; the chat was dropped meanwhile. The send went on retrying, and
+    each try's check extended the lease: nobody else could take the chat."""
+    from support import FlakyConsole
+
+    from bumblebot.core.events import ChatRef, Platform
+    from bumblebot.delivery import Delivery
+
+    url = await postgres_server.database()
+    chat = ChatRef(Platform.CONSOLE, "c")
+    name = "conversation:" + chat.key
+    tried = asyncio.Event()
+
+    class Down(FlakyConsole):
+        async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
+            tried.set()
+            return await super().send_chunk(chat, text, key=key)
+
+    async with Store(url) as w1, Store(url) as w2:
+        conversation = await w1.conversation(chat)
+        entry = await w1.outbox_add(conversation.id, None, chat, "hello")
+        token = await w1.acquire(name, "w1", 30)
+        assert token is not None
+        held: dict[str, Fence] = {chat.key: Fence(name, "w1", token, 30.0)}
+        delivery = Delivery(w1, attempts=3, base_delay_s=0.2)
+        delivery.register(Down(fail_on_call={1, 2, 3}))
+        delivery.fence_of = held.get
+        FENCE.set(held[chat.key])
+        caller = asyncio.create_task(delivery.deliver(entry))
+        await tried.wait()
+        caller.cancel()  # dropped: the lease is given up
+        FENCE.set(None)
+        del held[chat.key]
+        await w1.release(name, "w1", token)
+        await asyncio.wait(delivery.retrying)
+        assert await w2.acquire(name, "w2", 30) == token + 1  # not extended meanwhile
+        [row] = await w1.outbox_pending()
+    assert row.id == entry.id
+
+
 # -- workers --------------------------------------------------------------------------------
 
 
@@ -277,6 +384,30 @@ async def test_a_message_journaled_just_as_its_chat_is_given_up_stays_for_the_ne
         assert chat.key not in a.engine._actors  # no actor without a task left behind
         [pending] = [e for e in await a.store.pending_inbound(chat)]
         assert pending.id == journal_id  # for the next holder (this worker too, once it claims it)
+
+
+async def test_a_chat_whose_actor_found_its_lease_lapsed_is_taken_again_and_answered(tmp_path, llm, tg, postgres_server):
+    """A send found the lease lapsed (nobody had taken it yet) and the actor ended as if taken
+    over, but the worker's next renewal kept the lease: the chat stayed held with nobody
+    running it, its turn never resumed."""
+    url = await postgres_server.database()
+    lapsed = False
+
+    async def model(request: dict[str, Any]) -> Reply:
+        nonlocal lapsed
+        if not is_aux(request) and not lapsed:  # the worker stalls past its lease before the send
+            lapsed = True
+            conn = await asyncpg.connect(url)
+            await conn.execute("UPDATE leases SET expires_at = expires_at - 60 WHERE name = 'conversation:telegram:160'")
+            await conn.close()
+        return echo(request)
+
+    llm.default = model
+    async with running(worker_config(tmp_path, "a", llm, tg, url, lease_s=60.0)) as a:
+        tg.push_text("hi", chat_id=160)
+        await tg.wait_for("sendMessage", predicate=lambda p: p.get("chat_id") == 160, timeout=15)
+        await a.engine.wait_until(lambda: a.engine.settled)
+    assert lapsed and tg.sent(160) == ["re: hi"]
 
 
 async def test_a_stalled_workers_chats_are_taken_over_and_its_late_writes_refused(tmp_path, llm, tg, postgres_server):

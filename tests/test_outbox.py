@@ -142,3 +142,25 @@ async def test_a_row_recorded_sent_stays_sent(tmp_path, store_location):
         await store.outbox_progress(entry.id, status="failed", message_ids=[], error="refused")
         row = await store.outbox_entry(entry.id)
     assert row is not None and (row.status, row.platform_message_ids) == ("sent", ["1"])
+
+
+async def test_a_send_that_fails_after_its_caller_left_is_logged(tmp_path, store_location, caplog):
+    """A ``/stop`` left the send going on its own; its failure was never logged anywhere."""
+    chat = ChatRef(Platform.CONSOLE, "c")
+    arrived, answer = asyncio.Event(), asyncio.Event()
+
+    class Broken(FlakyConsole):
+        async def send_chunk(self, chat: ChatRef, text: str, *, key: str = "") -> str:
+            arrived.set()
+            await answer.wait()
+            raise RuntimeError("adapter bug")
+
+    async with Store(store_location) as store:
+        conversation = await store.conversation(chat)
+        delivery = delivery_for(store, Broken(fail_on_call=set()))
+        caller = asyncio.create_task(delivery.send(conversation.id, chat, "hello"))
+        await arrived.wait()
+        caller.cancel()
+        answer.set()
+        await asyncio.wait(delivery.retrying)
+    assert any("not sent" in r.getMessage() and "adapter bug" in r.getMessage() for r in caplog.records)

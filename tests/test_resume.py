@@ -215,7 +215,8 @@ async def test_an_outage_survives_a_restart_without_a_second_notice(tmp_path, ll
     assert [t for t in tg.sent(65) if "reachable" in t] and tg.sent(65)[1:] == ["up now"]
 
 
-async def test_a_turn_resumed_too_often_is_given_up_with_one_message(tmp_path, llm, tg):
+@pytest.mark.parametrize("state", [{"resumes": 3, "stalled_resumes": 3}, {"resumes": 10, "stalled_resumes": 0}])
+async def test_a_turn_resumed_too_often_is_given_up_with_one_message(tmp_path, llm, tg, state):
     config = write_config(tmp_path, llm, tg)
     chat = ChatRef(Platform.TELEGRAM, "66")
     async with Store(tmp_path / "data" / "bumblebot.db") as store:
@@ -223,7 +224,7 @@ async def test_a_turn_resumed_too_often_is_given_up_with_one_message(tmp_path, l
         conversation = await store.conversation(chat)
         await store.begin_turn(
             conversation.id, conversation.session, [journal_id], Message(role="user", content="crash me"),
-            {"route": "reflex", "resumes": 3, "stalled_resumes": 3},
+            {"route": "reflex", **state},  # cut off at the same point, or after each of its steps
         )
     async with running(config) as d:
         await tg.wait_for("sendMessage", timeout=10)
@@ -245,7 +246,7 @@ async def test_a_step_of_the_model_starts_the_count_of_resumes_again(tmp_path, l
         conversation = await store.conversation(chat)
         await store.begin_turn(
             conversation.id, conversation.session, [journal_id], Message(role="user", content="keep going"),
-            {"route": "reflex", "resumes": 2, "stalled_resumes": 2},  # this start's resume is its third: one more would end it
+            {"route": "reflex", "resumes": 5, "stalled_resumes": 2},  # this start's resume is its third with no step
         )
     async with running(config) as d:
         await tg.wait_for("sendMessage", timeout=10)
@@ -253,7 +254,7 @@ async def test_a_step_of_the_model_starts_the_count_of_resumes_again(tmp_path, l
     assert tg.sent(67) == ["still here"]
     [(state,)] = db(tmp_path).execute("SELECT state FROM turns").fetchall()
     assert json.loads(state)["stalled_resumes"] == 0  # a crash after its step would be its first resume again
-    assert json.loads(state)["resumes"] == 3  # as the trace tells
+    assert json.loads(state)["resumes"] == 6  # as the trace tells
 
 
 async def test_the_learned_token_scale_survives_a_restart(tmp_path, llm, tg):

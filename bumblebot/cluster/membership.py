@@ -101,6 +101,14 @@ class Membership:
     def held(self) -> list[str]:
         return [name.removeprefix(CONVERSATION) for name in self._held if name.startswith(CONVERSATION)]
 
+    async def give_up(self, key: str) -> None:
+        name = CONVERSATION + key
+        token = self._held.pop(name, None)
+        if token is not None:
+            with contextlib.suppress(StoreError, *STORE_FAILURES):  # else it lapses within lease_s
+                await self.store.release(name, self.name, token)
+            log.info("%s: let %s go (its actor found the lease lost)", self.name, key)
+
     def fence(self, key: str) -> Fence | None:
         token = self._held.get(CONVERSATION + key)
         return None if token is None else Fence(CONVERSATION + key, self.name, token, self.lease_s)

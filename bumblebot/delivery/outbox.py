@@ -50,7 +50,7 @@ from bumblebot.core.metrics import NO_METRICS, Metrics
 from bumblebot.core.redaction import NO_SECRETS, Redactor
 from bumblebot.core.toolkit import DeliveryReport
 from bumblebot.core.usage import current_scope, scoped
-from bumblebot.delivery.staging import OUTGOING, StagingError, stage_file
+from bumblebot.delivery.staging import OUTGOING, StagingError, delete_unwanted, stage_file
 from bumblebot.llm.speech import Speech
 from bumblebot.store import OutboxEntry, Store
 from bumblebot.store.connection import FENCE, Fence
@@ -116,6 +116,7 @@ class Delivery:
         #: the rows being sent now, by the task sending each (:meth:`_deliver_now`)
         self._sending: dict[int, asyncio.Future[DeliveryReport]] = {}
         self._sending_to: dict[int, str] = {}  # their chats
+        self._sending_under: dict[int, Fence | None] = {}  # the hold each was started under
         self._prefix: str | None = None
         #: messages :meth:`post` is delivering, and the last one per chat
         self.posting: set[asyncio.Task[None]] = set()
@@ -325,9 +326,7 @@ class Delivery:
             self._timers.pop(key, None)
             if self._waiting_until.get(key) != until or self._closed:
                 return  # a longer wait came since: its own timer goes
-            task = asyncio.ensure_future(self._after_wait(key))
-            self.retrying.add(task)
-            task.add_done_callback(self.retrying.discard)
+            self._background(self._after_wait(key))
 
         old = self._timers.pop(key, None)
         if old is not None:
@@ -337,9 +336,14 @@ class Delivery:
     def retry_later(self, rows: set[int]) -> None:
         """One attempt at the pending ``rows`` soon, in the background (a worker that just took
         their chat over)."""
-        task = asyncio.ensure_future(self.retry_pending(only=rows))
+        self._background(self.retry_pending(only=rows))
+
+    def _background(self, work: Any) -> asyncio.Future[Any]:
+        """``work`` in a task of its own, which the engine lets finish before the store closes."""
+        task = asyncio.ensure_future(work)
         self.retrying.add(task)
         task.add_done_callback(self.retrying.discard)
+        return task
 
     def busy(self, key: str) -> bool:
         """Whether a message to chat ``key`` is being sent, or waits for the platform here."""
@@ -461,7 +465,7 @@ class Delivery:
             return 0
         pending = [(e.attachment or {}).get("path") for e in await self.store.outbox_pending()]
         wanted = {str(self._file(path)) for path in pending if path}
-        return await asyncio.to_thread(_delete_unwanted, self._media_dir / OUTGOING, wanted)
+        return await asyncio.to_thread(delete_unwanted, self._media_dir / OUTGOING, wanted)
 
     def stored_path(self, path: Path) -> str:
         """How a row records a file of the media directory: relative to it. The store redacts
@@ -540,7 +544,11 @@ class Delivery:
         return known
 
     async def _still_ours(self, entry: OutboxEntry) -> None:
-        """No send for a conversation another worker took over (its new worker sends the row)."""
+        """No send for a conversation another worker took over (its new worker sends the row),
+        nor under a hold this worker no longer has (a send that outlived its dropped actor)."""
+        fence = FENCE.get()
+        if fence is not None and self.fence_of is not None and self.fence_of(entry.chat.key) != fence:
+            raise LeaseLost(f"{entry.chat.key} is no longer held with this send's token; outbox row {entry.id} waits")
         if not await self.store.holds_fence():
             raise LeaseLost(f"{entry.chat.key} was taken over; outbox row {entry.id} is its new worker's")
 
@@ -553,18 +561,24 @@ class Delivery:
         being sent (by a resumed turn and by a retry at once) is not sent twice: the second
         caller waits for the first send and gets its report."""
         sending = self._sending.get(entry.id)
+        if sending is not None and self._sending_under.get(entry.id) != FENCE.get():
+            # started under an earlier hold of the chat: it ends at its next check; then this
+            # one sends what it left, from the row as recorded
+            await asyncio.wait([sending])
+            fresh = await self.store.outbox_entry(entry.id)
+            if fresh is None or fresh.status != "pending":
+                return DeliveryReport(delivered=fresh is not None and fresh.status == "sent")
+            entry, sending = fresh, self._sending.get(entry.id)
         if sending is None:
-            sending = self._sending[entry.id] = asyncio.ensure_future(self._send_now(entry, attempts))
-            self._sending_to[entry.id] = entry.chat.key
-            self.retrying.add(sending)  # the engine lets it finish before the store closes
+            sending = self._sending[entry.id] = self._background(self._send_now(entry, attempts))
+            self._sending_to[entry.id], self._sending_under[entry.id] = entry.chat.key, FENCE.get()
 
             def done(task: asyncio.Future[DeliveryReport]) -> None:
-                self.retrying.discard(task)
                 if self._sending.get(entry.id) is task:
-                    del self._sending[entry.id]
-                    del self._sending_to[entry.id]
-                if not task.cancelled():
-                    task.exception()  # retrieved: its callers (if any are left) get it
+                    del self._sending[entry.id], self._sending_to[entry.id], self._sending_under[entry.id]
+                failure = None if task.cancelled() else task.exception()  # retrieved: callers left get it too
+                if failure is not None and not isinstance(failure, LeaseLost):
+                    log.warning("outbox row %d to %s not sent: %r; the sweeper retries it", entry.id, entry.chat.key, failure)
 
             sending.add_done_callback(done)
         return await asyncio.shield(sending)
@@ -584,13 +598,3 @@ class Delivery:
         self._metrics.delivery("sent" if report.delivered else "queued" if report.queued else "failed")
         return report
 
-
-def _delete_unwanted(folder: Path, wanted: set[str]) -> int:
-    """Delete the files of ``folder`` whose paths are not in ``wanted``."""
-    deleted = 0
-    for path in folder.iterdir() if folder.is_dir() else ():
-        if str(path) not in wanted:
-            with contextlib.suppress(OSError):
-                path.unlink()
-                deleted += 1
-    return deleted

@@ -13,6 +13,7 @@ sent.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -64,3 +65,15 @@ def stage_file(path: Path, into: Path, max_bytes: int) -> Path:
                 copy.unlink()
                 raise StagingError(f"{path.name} changed while it was being sent; send it again")
     return copy
+
+
+def delete_unwanted(folder: Path, wanted: set[str]) -> int:
+    """Delete the copies in ``folder`` whose paths are not in ``wanted`` (no pending row sends
+    them); returns how many."""
+    deleted = 0
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if str(path) not in wanted:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                deleted += 1
+    return deleted

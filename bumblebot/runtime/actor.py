@@ -102,6 +102,8 @@ class ConversationActor:
         self.busy = False
         #: set (synchronously) when the actor has ended: it takes nothing more
         self.closed = False
+        #: it ended on a lease lost (its worker lets the conversation go, to be taken again)
+        self.lost = False
         self.task: asyncio.Task[None] | None = None
 
     @property
@@ -331,7 +333,7 @@ class ConversationActor:
             # recorded: nothing more of it here
             log.warning("%s was taken over by another worker (%s); its turn goes on there", self.key, exc)
             self._stopping = True
-            self.closed = True
+            self.closed = self.lost = True
         except Exception:
             # a write under the turn failed (the database): the turn is half-recorded and
             # nothing else may run in this conversation before it is read back and resumed

@@ -566,6 +566,8 @@ class Engine(EngineCommands, OwnedConversations):
     def _forget(self, actor: ConversationActor) -> None:
         if self._actors.get(actor.key) is actor:
             del self._actors[actor.key]
+        if actor.lost and not self._stopped:
+            self._spawn(self.let_go(actor.key), f"bumblebot:{actor.key}:let-go")
         if not self._stopped:
             self._spawn(self.progress.notify(), "bumblebot:notify")
 

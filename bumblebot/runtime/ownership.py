@@ -53,6 +53,9 @@ class Ownership(Protocol):
     def held(self) -> list[str]:
         """The keys of the conversations this worker holds."""
 
+    async def give_up(self, key: str) -> None:
+        """Hold conversation ``key`` no more (released at once, if still held)."""
+
 
 class OwnedConversations:
     """The engine's side of a cluster: adopting, dropping, and reading the journal for the
@@ -179,8 +182,9 @@ class OwnedConversations:
         for turn in running:
             (await self._actor(chat)).resume(turn)
         resumed = {t.id for t in running}
-        unsent = {row.id for row in await self._store.outbox_pending(chat) if row.turn_id not in resumed}
-        if unsent:  # replies its last worker left unsent (its resumed turns send their own): now
+        unsent = {row.id for row in await self._store.outbox_pending(chat)}
+        if unsent:  # replies its last worker left unsent, its resumed turns' too (a resumed turn
+            # finds its row queued and goes on; a row is never sent by two paths at once): now
             self._delivery.retry_later(unsent)
         for entry in await self._store.pending_inbound(chat):
             if entry.turn_id not in resumed and entry.turn_id is None:
@@ -210,6 +214,16 @@ class OwnedConversations:
         actor.task.cancel()
         with contextlib.suppress(BaseException):
             await actor.task
+
+    async def let_go(self, key: str) -> None:
+        """Its actor found conversation ``key``'s lease lost. Whether another worker took it or
+        this one holds it under a newer token (a send begun under an earlier hold), it is let
+        go here: taken again by the first worker that sees work for it, and adopted, its
+        cut-off turn resumed; never left held with nobody running it."""
+        if self._ownership is None:
+            return
+        await self.drop(key, released=True)
+        await self._ownership.give_up(key)
 
     async def catch_up(self, chat: ChatRef, before: int) -> None:
         """Queue the messages of ``chat`` journaled before ``before`` by other workers that this

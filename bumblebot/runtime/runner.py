@@ -94,6 +94,9 @@ log = logging.getLogger(__name__)
 #: turn must not crash the daemon for ever; a turn whose worker was killed while it progressed
 #: is not one).
 MAX_RESUMES = 3
+#: ... and one resumed this many times in all, even with steps between (a tool that crashes
+#: the process after each step of the model).
+MAX_TOTAL_RESUMES = 10
 #: The system prompt and tool schemas together take at most this share of the window.
 FIXED_SHARE = 0.25
 
@@ -279,7 +282,7 @@ class TurnRunner:
         A turn that had already queued the note that ends it is only finished. A turn that was
         cut off while it was working counts one resume (a turn that was waiting out an outage,
         or that a stop cut off cleanly, does not); after :data:`MAX_RESUMES` with no step of
-        the model between them it is given up.
+        the model between them, or :data:`MAX_TOTAL_RESUMES` in all, it is given up.
         """
         with bind(conversation=conversation.key, turn=running.id), turn_scope(conversation.key, running.entries):
             return await self._resume(conversation, running)
@@ -303,7 +306,7 @@ class TurnRunner:
         turn.state.active = True
         await turn.save_state()  # counted before anything can crash again (a poison turn ends)
         log.warning("resuming turn %s in %s (resume %d)", turn.id, conversation.key, turn.state.resumes)
-        if turn.state.stalled_resumes > MAX_RESUMES:
+        if turn.state.stalled_resumes > MAX_RESUMES or turn.state.resumes > MAX_TOTAL_RESUMES:
             await self.loop.abandon(self._io(conversation, turn), "given up after repeated interruptions")
             return await self._end(conversation, turn, running.trace, "failed", Stop(StopReason.RESUME_CAP), RESUME_GAVE_UP)
         return await self._drive(conversation, turn, running.trace)

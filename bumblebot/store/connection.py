@@ -253,9 +253,9 @@ class Database:
         if fence is None or not self.postgres:
             return True
         with unfenced():
-            rows = await self.write_rows(
+            rows = await self.write_rows(  # a lease given up or lapsed stays so: others may take it
                 f"UPDATE leases SET expires_at = GREATEST(expires_at, {DB_NOW} + ?)"
-                " WHERE name = ? AND owner = ? AND token = ? RETURNING 1",
+                f" WHERE name = ? AND owner = ? AND token = ? AND expires_at > {DB_NOW} RETURNING 1",
                 (fence.ttl_s, fence.name, fence.owner, fence.token),
             )
         return bool(rows)
