@@ -140,7 +140,7 @@ async def test_a_dead_workers_conversations_are_split_among_the_others_at_once(p
         await conn.execute("UPDATE leases SET expires_at = expires_at - 31")  # w1 was killed
         await conn.execute("UPDATE workers SET seen_at = seen_at - 31")
         await conn.close()
-        w2, w3 = Membership(s2, "w2", 3.0), Membership(s3, "w3", 3.0)
+        w2, w3 = (Membership(s, n, 30.0, poll_s=10.0) for s, n in ((s2, "w2"), (s3, "w3")))  # no timing in play
         for _ in range(2):  # each has seen the other's heartbeat
             await w2._renew()
             await w3._renew()

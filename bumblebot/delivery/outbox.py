@@ -553,21 +553,21 @@ class Delivery:
             raise LeaseLost(f"{entry.chat.key} was taken over; outbox row {entry.id} is its new worker's")
 
     async def _deliver_now(self, entry: OutboxEntry, attempts: int) -> DeliveryReport:
-        """Send ``entry`` now (never deferred behind its chat's wait), with ``attempts``.
-
-        The send runs as a task of its own, which the caller's cancellation does not stop (a
-        ``/stop``, a conversation dropped when its lease is lost): a message whose request
-        had left would otherwise reach the chat unrecorded and be sent again. A row already
-        being sent (by a resumed turn and by a retry at once) is not sent twice: the second
-        caller waits for the first send and gets its report."""
+        """Send ``entry`` now (never behind its chat's wait), with ``attempts``, in a task of its
+        own that the caller's cancellation (``/stop``, a dropped chat) does not stop: a request
+        that had left would reach the chat unrecorded and be sent again. A row being sent is
+        not sent twice: a second caller under the same hold gets the first send's report."""
         sending = self._sending.get(entry.id)
-        if sending is not None and self._sending_under.get(entry.id) != FENCE.get():
+        while sending is not None and self._sending_under.get(entry.id) != FENCE.get():
             # started under an earlier hold of the chat: it ends at its next check; then this
             # one sends what it left, from the row as recorded
             await asyncio.wait([sending])
             fresh = await self.store.outbox_entry(entry.id)
             if fresh is None or fresh.status != "pending":
-                return DeliveryReport(delivered=fresh is not None and fresh.status == "sent")
+                if not sending.cancelled() and sending.exception() is None:
+                    return sending.result()  # its report, details and all
+                return DeliveryReport(delivered=fresh is not None and fresh.status == "sent",
+                                      error=None if fresh is None else fresh.last_error)
             entry, sending = fresh, self._sending.get(entry.id)
         if sending is None:
             sending = self._sending[entry.id] = self._background(self._send_now(entry, attempts))

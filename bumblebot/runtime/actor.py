@@ -23,6 +23,7 @@ from bumblebot.runtime.conversation import Conversation
 from bumblebot.runtime.outcomes import Finished, Outcome, Postponed, Requeued, Suspended
 from bumblebot.runtime.runner import TurnRunner
 from bumblebot.store import JournalEntry, RunningTurn
+from bumblebot.store.connection import Fence
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class ConversationActor:
         self.closed = False
         #: it ended on a lease lost (its worker lets the conversation go, to be taken again)
         self.lost = False
+        #: the hold of a worker of a cluster it runs under (``None``: alone)
+        self.fence: Fence | None = None
         self.task: asyncio.Task[None] | None = None
 
     @property

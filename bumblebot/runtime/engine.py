@@ -45,6 +45,7 @@ from bumblebot.runtime.ownership import HOUSEKEEPING_ROLE, OwnedConversations, O
 from bumblebot.runtime.runner import TurnRunner
 from bumblebot.runtime.scheduler import Scheduler
 from bumblebot.store import JournalEntry, Pruned, Store
+from bumblebot.store.connection import FENCE
 
 log = logging.getLogger(__name__)
 
@@ -559,6 +560,7 @@ class Engine(EngineCommands, OwnedConversations):
                     progress=self.progress,
                 )
                 self._actors[chat.key] = actor
+                actor.fence = None if context is None else context.get(FENCE)
                 actor.task = self._spawn(actor.run(), f"bumblebot:{chat.key}:actor", context)
                 actor.task.add_done_callback(lambda _, a=actor: self._forget(a))
             return actor
@@ -567,7 +569,7 @@ class Engine(EngineCommands, OwnedConversations):
         if self._actors.get(actor.key) is actor:
             del self._actors[actor.key]
         if actor.lost and not self._stopped:
-            self._spawn(self.let_go(actor.key), f"bumblebot:{actor.key}:let-go")
+            self._spawn(self.let_go(actor.key, actor.fence), f"bumblebot:{actor.key}:let-go")
         if not self._stopped:
             self._spawn(self.progress.notify(), "bumblebot:notify")
 

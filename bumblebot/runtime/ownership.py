@@ -182,9 +182,8 @@ class OwnedConversations:
         for turn in running:
             (await self._actor(chat)).resume(turn)
         resumed = {t.id for t in running}
-        unsent = {row.id for row in await self._store.outbox_pending(chat)}
-        if unsent:  # replies its last worker left unsent, its resumed turns' too (a resumed turn
-            # finds its row queued and goes on; a row is never sent by two paths at once): now
+        unsent = {row.id for row in await self._store.outbox_pending(chat) if row.turn_id not in resumed}
+        if unsent:  # replies its last worker left unsent (its resumed turns send theirs first): now
             self._delivery.retry_later(unsent)
         for entry in await self._store.pending_inbound(chat):
             if entry.turn_id not in resumed and entry.turn_id is None:
@@ -215,12 +214,13 @@ class OwnedConversations:
         with contextlib.suppress(BaseException):
             await actor.task
 
-    async def let_go(self, key: str) -> None:
-        """Its actor found conversation ``key``'s lease lost. Whether another worker took it or
-        this one holds it under a newer token (a send begun under an earlier hold), it is let
-        go here: taken again by the first worker that sees work for it, and adopted, its
-        cut-off turn resumed; never left held with nobody running it."""
-        if self._ownership is None:
+    async def let_go(self, key: str, fence: Fence | None) -> None:
+        """Its actor, run under ``fence``, found conversation ``key``'s lease lost. Still held
+        under that fence (another worker took it, unseen yet; or it lapsed and a renewal
+        revived it), it is let go here: taken again by the first worker that sees work for
+        it, and adopted, its cut-off turn resumed; never left held with nobody running it. A
+        newer hold of it here (a new actor) is left alone."""
+        if self._ownership is None or self._ownership.fence(key) != fence:
             return
         await self.drop(key, released=True)
         await self._ownership.give_up(key)

@@ -300,6 +300,8 @@ class TurnRunner:
             await self.delivery.retry_pending({e.id for e in await turn.outbox() if e.status == "pending"})
             stop = Stop.parse(closing.stop)
             return await self._finish(conversation, turn, dict(running.trace), closing.status, stop, time.monotonic())
+        # its rows left pending (cut off mid-send) go first: its next reply must not overtake them
+        await self.delivery.retry_pending({e.id for e in await turn.outbox() if e.status == "pending"})
         if turn.state.active:
             turn.state.resumes += 1
             turn.state.stalled_resumes += 1
