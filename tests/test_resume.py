@@ -215,17 +215,21 @@ async def test_an_outage_survives_a_restart_without_a_second_notice(tmp_path, ll
     assert [t for t in tg.sent(65) if "reachable" in t] and tg.sent(65)[1:] == ["up now"]
 
 
+async def left_running(tmp_path, chat_id: str, text: str, state: dict[str, Any]) -> None:
+    """A turn of Telegram chat ``chat_id`` answering ``text``, left running with ``state`` by
+    the last process."""
+    chat = ChatRef(Platform.TELEGRAM, chat_id)
+    async with Store(tmp_path / "data" / "bumblebot.db") as store:
+        journal_id = await store.journal(Inbound(chat, "1", chat_id, "Ann", text, ChatKind.PRIVATE))
+        conversation = await store.conversation(chat)
+        await store.begin_turn(conversation.id, conversation.session, [journal_id], Message(role="user", content=text), state)
+
+
 @pytest.mark.parametrize("state", [{"resumes": 3, "stalled_resumes": 3}, {"resumes": 10, "stalled_resumes": 0}])
 async def test_a_turn_resumed_too_often_is_given_up_with_one_message(tmp_path, llm, tg, state):
     config = write_config(tmp_path, llm, tg)
-    chat = ChatRef(Platform.TELEGRAM, "66")
-    async with Store(tmp_path / "data" / "bumblebot.db") as store:
-        journal_id = await store.journal(Inbound(chat, "1", "66", "Ann", "crash me", ChatKind.PRIVATE))
-        conversation = await store.conversation(chat)
-        await store.begin_turn(
-            conversation.id, conversation.session, [journal_id], Message(role="user", content="crash me"),
-            {"route": "reflex", **state},  # cut off at the same point, or after each of its steps
-        )
+    # cut off at the same point, or after each of its steps
+    await left_running(tmp_path, "66", "crash me", {"route": "reflex", **state})
     async with running(config) as d:
         await tg.wait_for("sendMessage", timeout=10)
         await d.engine.wait_for_turns(1)
@@ -240,14 +244,8 @@ async def test_a_step_of_the_model_starts_the_count_of_resumes_again(tmp_path, l
     judges_say_done(llm)
     llm.push(say("still here"), when=is_loop)
     config = write_config(tmp_path, llm, tg)
-    chat = ChatRef(Platform.TELEGRAM, "67")
-    async with Store(tmp_path / "data" / "bumblebot.db") as store:
-        journal_id = await store.journal(Inbound(chat, "1", "67", "Ann", "keep going", ChatKind.PRIVATE))
-        conversation = await store.conversation(chat)
-        await store.begin_turn(
-            conversation.id, conversation.session, [journal_id], Message(role="user", content="keep going"),
-            {"route": "reflex", "resumes": 5, "stalled_resumes": 2},  # this start's resume is its third with no step
-        )
+    # this start's resume is its third with no step
+    await left_running(tmp_path, "67", "keep going", {"route": "reflex", "resumes": 5, "stalled_resumes": 2})
     async with running(config) as d:
         await tg.wait_for("sendMessage", timeout=10)
         await d.engine.wait_for_turns(1)
