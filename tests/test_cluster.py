@@ -336,6 +336,9 @@ async def test_two_workers_share_the_chats_one_polls_and_each_message_is_answere
     llm.default = echo
     chats = [101, 102, 103, 104, 105, 106]
     async with running(worker_config(tmp_path, "a", llm, tg, url)) as a, running(worker_config(tmp_path, "b", llm, tg, url)) as b:
+        for worker in (a, b, a):  # each has seen the other alive (a worker alone takes every chat)
+            assert worker.membership is not None
+            await worker.membership._renew()
         for chat in chats:
             tg.push_text(f"hello {chat}", chat_id=chat)
         for chat in chats:
