@@ -66,7 +66,6 @@ class Membership:
         self._at_rest: Callable[[str], bool] | None = None
         self._renewed_at = time.monotonic()
         self._share = 1  # conversations a worker may hold before it leaves new ones to others
-        self._live = 1  # workers seen alive at the last renewal
         self._seen: dict[str, float] = {}  # unheld conversations with work, since when
         self.role(HOUSEKEEPING_ROLE)  # every worker stands for it; one holds it
 
@@ -95,10 +94,8 @@ class Membership:
         """Whether to take conversation ``key`` now: while this worker holds no more than its
         share (the conversations held, plus one, over the live workers), or once the others left
         it unheld for a few reads of the journal (they are busier, or gone)."""
-        if self._live <= 1:
-            return True  # nobody to share with: every chat at once (ten new ones at the start)
         first = self._seen.setdefault(key, time.monotonic())
-        mine = sum(1 for name in [*self._held, *self._claiming] if name.startswith(CONVERSATION))  # claims under way count
+        mine = sum(1 for name in self._held if name.startswith(CONVERSATION))
         return mine < self._share or time.monotonic() - first > 4 * self.poll_s
 
     def held(self) -> list[str]:
@@ -170,7 +167,7 @@ class Membership:
         # lease_s: one unseen for two thirds is gone or stalled)
         live = max(1, sum(1 for w in await self.store.workers() if w.seen_ago < self.lease_s * 2 / 3))
         held = await self.store.live_leases(CONVERSATION, lapsed_s=SHARED_LAPSED * self.lease_s)
-        self._share, self._live = -(-(held + 1) // live), live  # ceil
+        self._share = -(-(held + 1) // live)  # ceil
         self._seen = {k: t for k, t in self._seen.items() if time.monotonic() - t < 60}
         await self._lose([name for name, token in renewing.items() if kept.get(name) != token and self._held.get(name) == token])
         for role, held in self._roles.items():
