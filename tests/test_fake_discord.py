@@ -7,9 +7,13 @@ on events (asyncio.Event / Condition) with timeouts, never on sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
+import aiohttp
 import pytest
 
 with warnings.catch_warnings():
@@ -36,9 +40,11 @@ def default_intents(message_content: bool = True) -> discord.Intents:
 class RecordingClient(discord.Client):
     """A discord.Client that records on_ready/on_message/on_resumed and handler errors."""
 
-    def __init__(self, intents: discord.Intents) -> None:
-        super().__init__(intents=intents, guild_ready_timeout=0.1)
+    def __init__(self, intents: discord.Intents, **options: Any) -> None:
+        super().__init__(intents=intents, guild_ready_timeout=0.1, **options)
         self.ready = asyncio.Event()
+        self.ready_payloads: list[dict[str, Any]] = []  # READY ``d``s, with enable_debug_events
+        self.task: asyncio.Task[None] | None = None  # client.start(), when run by `Bots`
         self.received: list[discord.Message] = []
         self.handler_errors: list[str] = []
         self.reply: Callable[[discord.Message], Awaitable[None]] | None = None
@@ -49,6 +55,11 @@ class RecordingClient(discord.Client):
 
     async def on_ready(self) -> None:
         self.ready.set()
+
+    async def on_socket_raw_receive(self, raw: str) -> None:
+        frame = json.loads(raw)
+        if frame.get("t") == "READY":
+            self.ready_payloads.append(frame["d"])
 
     async def on_message(self, message: discord.Message) -> None:
         if self.user is not None and message.author.id == self.user.id:
@@ -360,3 +371,243 @@ async def test_slash_command_sync_and_interaction_response(
     assert asked == ["why?"]
     assert call.json["type"] == 4 and call.json["data"]["content"] == "you asked: why?"
     assert dc.interaction_responses[0]["id"] == payload["id"]
+
+
+# ---- shards and concurrent sessions ---------------------------------------------------------
+
+
+class Bots:
+    """RecordingClients started against any FakeDiscord, closed on teardown (`bots` fixture)."""
+
+    def __init__(self) -> None:
+        self.running: list[RecordingClient] = []
+
+    async def start(self, fake: FakeDiscord, *, shard_id: int | None = None) -> RecordingClient:
+        options: dict[str, Any] = {"enable_debug_events": True}
+        if shard_id is not None:
+            options.update(shard_id=shard_id, shard_count=fake.shard_count)
+        client = RecordingClient(default_intents(), **options)
+        client.task = asyncio.create_task(client.start(fake.token))
+        self.running.append(client)
+        await fake.wait_identified(count=fake.identify_count + 1)
+        await asyncio.wait_for(client.ready.wait(), 5.0)
+        return client
+
+    async def close_all(self) -> None:
+        for client in self.running:
+            await client.close()
+            assert client.task is not None
+            await asyncio.wait_for(client.task, 5.0)  # re-raises anything client.start() raised
+            assert client.handler_errors == []
+
+
+@pytest.fixture
+async def bots() -> AsyncIterator[Bots]:
+    started = Bots()
+    yield started
+    await started.close_all()
+
+
+@pytest.fixture
+async def sharded() -> AsyncIterator[FakeDiscord]:
+    """A FakeDiscord that expects two shards."""
+    async with FakeDiscord(shard_count=2) as fake:
+        with fake.patch_discord():
+            yield fake
+        assert fake.server_errors == []
+
+
+@contextlib.asynccontextmanager
+async def raw_gateway(fake: FakeDiscord) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """A bare websocket on the fake's gateway, past HELLO, speaking the protocol by hand."""
+    url = f"{fake.gateway_url}?v=10&encoding=json"
+    async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
+        hello = await ws.receive_json(timeout=5.0)
+        assert hello["op"] == 10
+        yield ws
+
+
+async def resume(
+    ws: aiohttp.ClientWebSocketResponse, fake: FakeDiscord, session_id: str, seq: int
+) -> list[dict[str, Any]]:
+    """Send RESUME; return the frames up to RESUMED or INVALID_SESSION, that one included."""
+    await ws.send_json({"op": 6, "d": {"token": fake.token, "session_id": session_id, "seq": seq}})
+    frames: list[dict[str, Any]] = []
+    while not frames or (frames[-1].get("t") != "RESUMED" and frames[-1]["op"] != 9):
+        frames.append(await ws.receive_json(timeout=5.0))
+    return frames
+
+
+def events(frames: list[dict[str, Any]]) -> list[tuple[str | None, str | None]]:
+    """(event name, message id) of each frame, to compare replays."""
+    return [(f.get("t"), (f.get("d") or {}).get("id")) for f in frames]
+
+
+async def drop(client: RecordingClient) -> tuple[str, int]:
+    """Stop a client as a process dying mid-session does: its socket closes with 4000 (the code
+    discord.py closes with when it means to RESUME) and it never comes back. Returns its
+    session id and last sequence number.
+
+    ``client.close()`` runs while discord.py's gateway loop still waits for the server's answer
+    to the close frame, so the loop sees the client closed and does not reconnect; the socket
+    is closed already, so no 1000 follows."""
+    assert client.ws is not None and client.task is not None
+    session_id, seq = client.ws.session_id, client.ws.sequence
+    assert session_id is not None and seq is not None
+    await client.ws.close(code=4000)
+    await client.close()
+    await asyncio.wait_for(client.task, 5.0)
+    return session_id, seq
+
+
+async def test_each_shard_gets_its_guilds_and_dms_go_to_shard_0(
+    sharded: FakeDiscord, bots: Bots
+) -> None:
+    g0, g1 = sharded.guild_id_on_shard(0), sharded.guild_id_on_shard(1)
+    ch0, ch1 = sharded.snowflake(), sharded.snowflake()
+    sharded.add_guild(g0, [ch0], name="Zero")
+    sharded.add_guild(g1, [ch1], name="One")
+    zero = await bots.start(sharded, shard_id=0)
+    early = await sharded.send_guild_message("early", g1, ch1)  # shard 1 not identified yet
+    one = await bots.start(sharded, shard_id=1)
+
+    assert [r["guilds"] for r in zero.ready_payloads] == [[{"id": g0, "unavailable": True}]]
+    assert [r["guilds"] for r in one.ready_payloads] == [[{"id": g1, "unavailable": True}]]
+    assert [r["shard"] for r in zero.ready_payloads + one.ready_payloads] == [[0, 2], [1, 2]]
+    assert [g.id for g in zero.guilds] == [int(g0)] and [g.id for g in one.guilds] == [int(g1)]
+    assert zero.guilds[0].shard_id == 0 and one.guilds[0].shard_id == 1  # discord.py agrees
+    assert sharded.shard_of(g0) == 0 and sharded.shard_of(g1) == 1
+    assert sharded.live_shards() == [0, 1] and sharded.identifies_by_shard == {0: 1, 1: 1}
+    assert [(s["shard"], s["live"], s["ended"]) for s in sharded.sessions()] == [
+        (0, True, False),
+        (1, True, False),
+    ]
+
+    await sharded.send_guild_message("for one", g1, ch1)
+    await sharded.send_guild_message("for zero", g0, ch0)
+    await sharded.send_dm("direct")
+    # Each socket keeps its order: anything sent to the wrong shard would arrive before these.
+    await sharded.send_dm("last for zero")
+    await sharded.send_guild_message("last for one", g1, ch1)
+
+    got_zero = await zero.wait_messages(3)
+    got_one = await one.wait_messages(3)
+    assert [m.content for m in got_zero] == ["for zero", "direct", "last for zero"]
+    assert [m.content for m in got_one] == ["early", "for one", "last for one"]
+    assert got_one[0].id == int(early["id"])
+    assert isinstance(got_zero[1].channel, discord.DMChannel)
+    async with aiohttp.ClientSession() as http:
+        headers = {"Authorization": f"Bot {sharded.token}"}
+        async with http.get(f"{sharded.api_base}/gateway/bot", headers=headers) as response:
+            assert (await response.json())["shards"] == 2
+
+
+async def test_force_reconnect_of_one_shard_leaves_the_other_alone(
+    sharded: FakeDiscord, bots: Bots
+) -> None:
+    g1, ch1 = sharded.guild_id_on_shard(1), sharded.snowflake()
+    sharded.add_guild(g1, [ch1])
+    zero = await bots.start(sharded, shard_id=0)
+    one = await bots.start(sharded, shard_id=1)
+    before = sharded.sessions()
+
+    await sharded.force_reconnect("close", shard=1)
+    await sharded.send_guild_message("while one is away", g1, ch1)
+    await sharded.wait_resumed()
+
+    [message] = await one.wait_messages(1)
+    assert message.content == "while one is away"
+    assert sharded.resume_count == 1 and sharded.identify_count == 2
+    assert len(sharded.gw_close_codes) == 1 and sharded.live_shards() == [0, 1]
+    assert [s["session_id"] for s in sharded.sessions()] == [s["session_id"] for s in before]
+    assert zero.received == []
+
+
+async def test_a_dropped_session_is_resumed_from_another_socket_until_closed_with_1000(
+    dc: FakeDiscord, bots: Bots
+) -> None:
+    client = await bots.start(dc)
+    await dc.send_dm("seen live")
+    await client.wait_messages(1)
+    session_id, seq = await drop(client)
+    await dc.wait_until(lambda: dc.live_shards() == [], 5.0, "the socket gone")
+    assert [(s["session_id"], s["live"], s["ended"]) for s in dc.sessions()] == [
+        (session_id, False, False)
+    ]
+    assert len(dc.gw_queries) == 1 and dc.resume_count == 0  # the client did not come back
+
+    missed = [await dc.send_dm("missed 1"), await dc.send_dm("missed 2")]
+    async with raw_gateway(dc) as first:
+        frames = await resume(first, dc, session_id, seq)
+        assert events(frames) == [
+            ("MESSAGE_CREATE", missed[0]["id"]),
+            ("MESSAGE_CREATE", missed[1]["id"]),
+            ("RESUMED", None),
+        ]
+        assert [f["s"] for f in frames] == [seq + 1, seq + 2, seq + 3]
+        assert dc.resume_count == 1 and dc.live_shards() == [0]
+        live = await dc.send_dm("live again")
+        assert events([await first.receive_json(timeout=5.0)]) == [("MESSAGE_CREATE", live["id"])]
+
+        # A second socket takes the session over: the first is closed with 4000 first.
+        async with raw_gateway(dc) as second:
+            first_closed = asyncio.create_task(first.receive(timeout=5.0))
+            frames = await resume(second, dc, session_id, seq + 4)
+            assert events(frames) == [("RESUMED", None)] and frames[0]["s"] == seq + 5
+            closing = await first_closed
+            assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 4000
+            assert [(s["live"], s["ended"]) for s in dc.sessions()] == [(True, False)]
+            await second.close(code=1000)
+    await dc.wait_until(lambda: dc.sessions()[0]["ended"], 5.0, "the session ended")
+
+    async with raw_gateway(dc) as late:
+        assert await resume(late, dc, session_id, seq + 5) == [{"op": 9, "d": False}]
+    assert dc.resume_count == 2 and dc.identify_count == 1
+
+
+async def test_a_new_identify_beside_a_resumable_session_opens_a_second_session(
+    sharded: FakeDiscord, bots: Bots
+) -> None:
+    g1, ch1 = sharded.guild_id_on_shard(1), sharded.snowflake()
+    sharded.add_guild(g1, [ch1])
+    old = await bots.start(sharded, shard_id=1)
+    old_id, old_seq = await drop(old)
+    assert sharded.sessions(1)[0]["seq"] == old_seq
+
+    new = await bots.start(sharded, shard_id=1)
+    new_id = new.ws.session_id
+    assert new_id != old_id and sharded.identifies_by_shard[1] == 2
+    assert [(s["session_id"], s["live"], s["ended"]) for s in sharded.sessions(1)] == [
+        (old_id, False, False),
+        (new_id, True, False),
+    ]
+
+    payload = await sharded.send_guild_message("to shard one", g1, ch1)
+    [message] = await new.wait_messages(1)
+    assert message.id == int(payload["id"])
+    assert sharded.sessions(1)[0]["seq"] == old_seq + 1  # logged for the old session too
+
+    async with raw_gateway(sharded) as ws:
+        frames = await resume(ws, sharded, old_id, old_seq)
+        assert events(frames) == [("MESSAGE_CREATE", payload["id"]), ("RESUMED", None)]
+        assert [s["live"] for s in sharded.sessions(1)] == [True, True]
+    assert sharded.live_shards() == [1] and sharded.sessions(0) == []
+
+
+@pytest.mark.parametrize(
+    ("shard_id", "shard_count"),
+    [(0, 3), (2, 2), (None, None)],
+    ids=["wrong-count", "id-out-of-range", "no-shard-field"],
+)
+async def test_identify_with_a_wrong_shard_is_closed_with_4010(
+    sharded: FakeDiscord, shard_id: int | None, shard_count: int | None
+) -> None:
+    client = RecordingClient(default_intents(), shard_id=shard_id, shard_count=shard_count)
+    with pytest.raises(discord.ConnectionClosed) as closed:
+        await asyncio.wait_for(client.start(sharded.token), 5.0)
+
+    assert closed.value.code == 4010
+    assert sharded.identify_count == 0 and sharded.sessions() == []
+    assert len(sharded.gw_queries) == 1  # discord.py does not retry after 4010
+    identify = next(p for p in sharded.gw_received if p["op"] == 2)
+    assert identify["d"].get("shard") == (None if shard_id is None else [shard_id, shard_count])

@@ -24,6 +24,7 @@ Platform rules mimicked (source: Discord developer docs, "Gateway", "Message Res
 - Gateway frames are plain-JSON text frames; discord.py only decompresses binary frames.
 - Events dispatched while the client is disconnected are kept in the session's event log and
   replayed on RESUME (events with ``s`` greater than the client's sequence), then RESUMED.
+  Sessions and shards follow the rules below.
 - Without the MESSAGE_CONTENT intent (``1 << 15``) in IDENTIFY, guild messages that do not
   mention the bot arrive with empty ``content``/``embeds``/``attachments``/``components``.
 - Sending: empty content with nothing else -> 400 code 50006; content over 2000 characters
@@ -34,6 +35,29 @@ Platform rules mimicked (source: Discord developer docs, "Gateway", "Message Res
   author's edit sets ``edited_timestamp``, embeds added alone (a link preview) do not. Replies:
   ``referenced_message`` as in `FakeDiscord.message_payload`; set it to ``None`` in the built
   payload for a reply to a deleted message, or drop it to make the client look the message up.
+
+Gateway sessions and shards ("Gateway": "Sharding", "Resuming", "Gateway Close Event Codes"):
+
+- IDENTIFY may carry ``"shard": [shard_id, num_shards]``; without it the session is shard 0
+  of 1. ``num_shards`` must equal the fake's ``shard_count`` (default 1, also answered by
+  ``GET /gateway/bot``) and ``shard_id`` be below it, else the socket is closed with 4010
+  "Invalid shard". An IDENTIFY or RESUME on a socket that already carries a session is closed
+  with 4005 "Already authenticated"; a wrong token in IDENTIFY with 4004.
+- A guild event goes to shard ``(int(guild_id) >> 22) % shard_count`` (`FakeDiscord.shard_of`;
+  GUILD_CREATE/UPDATE/DELETE take the guild from ``id``); DMs and events without a guild go
+  to shard 0. READY lists only the shard's guilds (unavailable), carries ``"shard"`` when the
+  IDENTIFY did, and is followed by a GUILD_CREATE for each of them.
+- Every IDENTIFY opens a new session with its own ``session_id``, sequence numbers and event
+  log; several may exist at once, even for one shard. An event is appended to the log of
+  every session of its shard that has not ended and sent to those whose socket is live.
+- A session outlives its socket unless the client closed it with 1000 or 1001 (the session
+  ended). Any socket may RESUME it with ``{token, session_id, seq}``: a socket still carrying
+  it is closed with 4000 first, then the logged events with ``s`` above ``seq`` are replayed
+  and RESUMED follows. RESUMing an unknown or ended session gets INVALID_SESSION (op 9,
+  ``d`` false). A new socket does not disturb other sockets; it waits for IDENTIFY or RESUME.
+- Events for a shard no session has identified yet are held and sent after its first READY
+  (so a test may dispatch before the client is up). `FakeDiscord.invalidate_session` with
+  ``resumable=False`` puts a shard back in that state when it leaves no session of it.
 
 Files ("Message Resource": attachment object, "Uploading Files"):
 
@@ -71,6 +95,7 @@ import mimetypes
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -114,6 +139,12 @@ embed links, attach files, add reactions."""
 
 MAX_CONTENT_LENGTH = 2000
 HEARTBEAT_INTERVAL_MS = 41250
+
+CLOSE_AUTHENTICATION_FAILED = 4004
+CLOSE_ALREADY_AUTHENTICATED = 4005
+CLOSE_INVALID_SHARD = 4010
+CLIENT_ENDS_SESSION = (1000, 1001)
+"""Close codes with which the client ends its session (it cannot be RESUMEd afterwards)."""
 
 
 def make_user(user_id: str, name: str, *, bot: bool = False) -> JSON:
@@ -188,6 +219,36 @@ class _Req:
     files: list[JSON]
 
 
+@dataclass(eq=False)
+class _Session:
+    """One gateway session: its own sequence numbers and event log, outliving its sockets.
+
+    ``ws`` is the socket carrying it now (None when detached); ``live`` is true while events
+    are sent on that socket (false from the moment a RECONNECT or INVALID_SESSION went out);
+    ``ended`` once the client closed with 1000/1001 or the session was invalidated for good.
+    """
+
+    session_id: str
+    shard: int
+    intents: int
+    shard_in_identify: bool
+    seq: int = 0
+    log: list[JSON] = field(default_factory=list)
+    ws: web.WebSocketResponse | None = None
+    live: bool = False
+    ended: bool = False
+
+    @property
+    def attached(self) -> bool:
+        """Carried by a socket that is still open."""
+        return self.ws is not None and not self.ws.closed
+
+    def detach(self) -> web.WebSocketResponse | None:
+        """Take the session off its socket; returns that socket."""
+        ws, self.ws, self.live = self.ws, None, False
+        return ws
+
+
 def _json_response(
     data: Any, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
@@ -226,8 +287,12 @@ class FakeDiscord:
 
     Args:
         token: the bot token the fake accepts (``Authorization: Bot <token>`` and IDENTIFY).
-        enforce_message_content_intent: blank guild message content when IDENTIFY lacked the
-            MESSAGE_CONTENT intent and the bot is not mentioned, as real Discord does.
+        enforce_message_content_intent: blank guild message content when the session's
+            IDENTIFY lacked the MESSAGE_CONTENT intent and the bot is not mentioned, as real
+            Discord does.
+        upload_limit: largest file accepted in an upload, in bytes.
+        shard_count: the number of gateway shards the bot must IDENTIFY with (module
+            docstring, "Gateway sessions and shards").
 
     Attributes (read them in tests):
         api_base, gateway_url: URLs to point discord.py at (valid inside ``async with``).
@@ -237,8 +302,11 @@ class FakeDiscord:
         gw_received: every gateway payload received from the client, parsed.
         gw_close_codes: close code of each gateway connection as it ended.
         gw_queries: query parameters of each gateway connection (v, encoding, compress).
-        identify_count, resume_count: number of IDENTIFY (accepted) and successful RESUME.
+        identify_count, resume_count: number of IDENTIFY (accepted) and successful RESUME,
+            over all shards.
+        identifies_by_shard: accepted IDENTIFYs counted by shard id.
         intents: the intents integer of the latest IDENTIFY, or None.
+        shard_count: as given.
         interaction_responses: bodies POSTed to interaction callbacks, with id and token.
         server_errors: exceptions raised inside the fake's handlers (answered as 400).
         app_commands: registered application commands, keyed by guild id (None = global).
@@ -252,8 +320,12 @@ class FakeDiscord:
         *,
         enforce_message_content_intent: bool = True,
         upload_limit: int = UPLOAD_LIMIT,
+        shard_count: int = 1,
     ) -> None:
+        if shard_count < 1:
+            raise ValueError(f"shard_count must be at least 1, not {shard_count}")
         self.token = token
+        self.shard_count = shard_count
         self.upload_limit = upload_limit
         self.files_sent: list[JSON] = []
         self.downloads: list[str] = []
@@ -271,6 +343,7 @@ class FakeDiscord:
         self.gw_close_codes: list[int | None] = []
         self.gw_queries: list[dict[str, str]] = []
         self.identify_count = 0
+        self.identifies_by_shard: Counter[int] = Counter()
         self.resume_count = 0
         self.intents: int | None = None
         self.interaction_responses: list[JSON] = []
@@ -293,14 +366,12 @@ class FakeDiscord:
         self._interactions: dict[str, JSON] = {}
         self._originals: dict[str, str] = {}  # interaction token -> message id
 
-        self._ws: web.WebSocketResponse | None = None
         self._all_ws: set[web.WebSocketResponse] = set()
-        self._session_id: str | None = None
-        self._seq = 0
-        self._live = False
-        self._event_log: list[JSON] = []
-        self._pre_ready: list[tuple[str, JSON]] = []
-        self._resumes_at_force = 0
+        self._closed_by_fake: set[web.WebSocketResponse] = set()
+        self._sessions: list[_Session] = []  # every session ever opened, oldest first
+        self._identified_shards: set[int] = set()  # shards whose events are no longer held
+        self._held: dict[int, list[tuple[str, JSON]]] = {}  # shard -> events awaiting READY
+        self._resume_target = 1  # resume_count that `wait_resumed` waits for by default
         self._routes = self._build_routes()
 
     # ------------------------------------------------------------------ lifecycle
@@ -334,7 +405,7 @@ class FakeDiscord:
         for ws in list(self._all_ws):
             if not ws.closed:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(ws.close(code=1001), 1.0)
+                    await asyncio.wait_for(self._close_socket(ws, 1001), 1.0)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -384,6 +455,21 @@ class FakeDiscord:
         self._last_snowflake = value
         return str(value)
 
+    def shard_of(self, guild_id: str | int) -> int:
+        """The shard that gets the guild's events: ``(guild_id >> 22) % shard_count``."""
+        return (int(guild_id) >> 22) % self.shard_count
+
+    def guild_id_on_shard(self, shard: int) -> str:
+        """A new snowflake (as string) that, as a guild id, maps to ``shard``."""
+        if not 0 <= shard < self.shard_count:
+            raise ValueError(f"shard {shard} is not below shard_count {self.shard_count}")
+        value = int(self.snowflake())
+        timestamp = value >> 22
+        timestamp += (shard - timestamp) % self.shard_count
+        value = (timestamp << 22) | (value & ((1 << 22) - 1))
+        self._last_snowflake = max(self._last_snowflake, value)
+        return str(value)
+
     def human(self, id: str = HUMAN_ID, name: str = "alice") -> JSON:
         """A non-bot user object with the given id and username."""
         return make_user(str(id), name)
@@ -403,8 +489,9 @@ class FakeDiscord:
     ) -> JSON:
         """Register a guild with text channels; returns its GUILD_CREATE ``d`` payload.
 
-        Guilds registered before IDENTIFY are listed unavailable in READY and each is followed
-        by a GUILD_CREATE, as Discord does. For a guild added later use `join_guild`.
+        Guilds registered before IDENTIFY are listed unavailable in the READY of their shard
+        (`shard_of`) and each is followed by a GUILD_CREATE, as Discord does. For a guild added
+        later use `join_guild`.
         """
         gid = str(guild_id)
         owner = owner or self.human_user
@@ -773,18 +860,22 @@ class FakeDiscord:
 
     # ------------------------------------------------------------------ gateway dispatch API
 
-    async def dispatch(self, event_name: str, data: JSON) -> None:
-        """Send a DISPATCH (op 0) event to the client.
+    async def dispatch(self, event_name: str, data: JSON, *, shard: int | None = None) -> None:
+        """Send a DISPATCH (op 0) event to the sessions of its shard.
 
-        Before the first READY the event is queued and sent right after READY and the
-        GUILD_CREATEs. While the client is disconnected it is logged and replayed on RESUME.
+        The shard is ``shard`` if given, else the event's guild's (`shard_of`), else 0. Before
+        the shard's first READY the event is held and sent right after READY and the
+        GUILD_CREATEs. A session whose socket is down logs it and replays it on RESUME.
         """
         assert self._send_lock is not None, "FakeDiscord is not started"
+        target = self._event_shard(event_name, data) if shard is None else shard
         async with self._send_lock:
-            if self._session_id is None:
-                self._pre_ready.append((event_name, data))
+            if target not in self._identified_shards:
+                self._held.setdefault(target, []).append((event_name, data))
                 return
-            await self._emit_locked(event_name, data)
+            for session in self._open_sessions(target):
+                await self._emit_locked(session, event_name, data)
+        await self._notify()
 
     async def send_dm(
         self,
@@ -891,45 +982,67 @@ class FakeDiscord:
         return payload
 
     async def force_reconnect(
-        self, how: Literal["op7", "close"] = "op7", close_code: int = 4000
+        self,
+        how: Literal["op7", "close"] = "op7",
+        close_code: int = 4000,
+        *,
+        shard: int | None = None,
     ) -> None:
         """Make the client drop its gateway connection and RESUME.
 
+        Acts on every session carried by an open socket, or only those of ``shard``.
         ``"op7"`` sends RECONNECT (op 7); ``"close"`` closes the socket with ``close_code``
         (4000 "unknown error" is resumable). Wait with `wait_resumed`.
         """
         assert self._send_lock is not None, "FakeDiscord is not started"
         async with self._send_lock:
-            ws = self._ws
-            self._live = False
-            self._resumes_at_force = self.resume_count
-            if ws is None or ws.closed:
-                return
+            targets = self._attached_sessions(shard)
+            self._resume_target = self.resume_count + max(1, len(targets))
+            sockets = [session.ws for session in targets if session.ws is not None]
+            for session in targets:
+                session.live = False
             if how == "op7":
-                with contextlib.suppress(ConnectionError):
-                    await ws.send_str(json.dumps({"op": 7, "d": None}))
+                for ws in sockets:
+                    with contextlib.suppress(ConnectionError):
+                        await ws.send_str(json.dumps({"op": 7, "d": None}))
                 return
-        await asyncio.wait_for(ws.close(code=close_code), 5.0)
+        await asyncio.gather(
+            *(asyncio.wait_for(self._close_socket(ws, close_code), 5.0) for ws in sockets)
+        )
 
-    async def invalidate_session(self, resumable: bool = False) -> None:
-        """Send INVALID_SESSION (op 9); with ``resumable=False`` the client must IDENTIFY again."""
+    async def invalidate_session(self, resumable: bool = False, *, shard: int | None = None) -> None:
+        """Send INVALID_SESSION (op 9) on every socket carrying a session (or one of ``shard``).
+
+        With ``resumable=False`` those sessions end and the client must IDENTIFY again; a shard
+        left without a session holds its events for the next READY, as before its first.
+        """
         assert self._send_lock is not None, "FakeDiscord is not started"
         async with self._send_lock:
-            ws = self._ws
-            if not resumable:
-                self._session_id = None
-            self._live = False
-            if ws is not None and not ws.closed:
+            targets = self._attached_sessions(shard)
+            sockets = [session.ws for session in targets if session.ws is not None]
+            for session in targets:
+                session.live = False
+                if not resumable:
+                    session.ended = True
+                    session.detach()
+            for ws in sockets:
                 with contextlib.suppress(ConnectionError):
                     await ws.send_str(json.dumps({"op": 9, "d": resumable}))
+            for shard_id in {session.shard for session in targets}:
+                if not self._open_sessions(shard_id):
+                    self._identified_shards.discard(shard_id)
+        await self._notify()
 
     async def wait_identified(self, timeout: float = 5.0, count: int = 1) -> None:
-        """Wait until ``count`` IDENTIFYs were answered with READY. Raises TimeoutError."""
+        """Wait until ``count`` IDENTIFYs (all shards) were answered with READY.
+
+        Raises TimeoutError."""
         await self.wait_until(lambda: self.identify_count >= count, timeout, f"{count} IDENTIFY")
 
     async def wait_resumed(self, timeout: float = 5.0, count: int | None = None) -> None:
-        """Wait until the client RESUMEd; by default, once more than before `force_reconnect`."""
-        target = self._resumes_at_force + 1 if count is None else count
+        """Wait until ``count`` RESUMEs (all shards) succeeded; by default, until each session
+        `force_reconnect` acted on (at least one) RESUMEd once more."""
+        target = self._resume_target if count is None else count
         await self.wait_until(lambda: self.resume_count >= target, timeout, f"{target} RESUME")
 
     # ------------------------------------------------------------------ observation API
@@ -953,6 +1066,36 @@ class FakeDiscord:
     def message(self, message_id: str | int) -> JSON | None:
         """Current state of a stored message (created, dispatched, edited), or None if absent."""
         return self._messages.get(str(message_id))
+
+    def sessions(self, shard: int | None = None) -> list[JSON]:
+        """Every gateway session opened (of ``shard``, if given), oldest first, as dicts
+        ``{session_id, shard, seq, live, ended}``; ``seq`` is the last sequence number logged,
+        ``live`` whether events reach it now."""
+        return [
+            {
+                "session_id": session.session_id,
+                "shard": session.shard,
+                "seq": session.seq,
+                "live": session.live and session.attached,
+                "ended": session.ended,
+            }
+            for session in self._sessions
+            if shard is None or session.shard == shard
+        ]
+
+    def logged(self, text: str) -> list[JSON]:
+        """The sessions whose log holds a message event with ``text`` in its content, with that
+        event's sequence number as ``seq``."""
+        return [
+            {"session_id": session.session_id, "shard": session.shard, "seq": frame["s"], "ended": session.ended}
+            for session in self._sessions
+            for frame in session.log
+            if frame.get("t") == "MESSAGE_CREATE" and text in str(frame["d"].get("content", ""))
+        ]
+
+    def live_shards(self) -> list[int]:
+        """Shards with at least one live session (identified or resumed, socket open), sorted."""
+        return sorted({s.shard for s in self._sessions if s.live and s.attached})
 
     def matching_calls(
         self, method: str, path: PathSpec, *, status: int | None = None
@@ -1073,25 +1216,44 @@ class FakeDiscord:
 
     # ------------------------------------------------------------------ internals: gateway
 
-    async def _send_frame_locked(self, frame: JSON) -> bool:
-        ws = self._ws
-        if ws is None or ws.closed or not self._live:
+    def _event_shard(self, event_name: str, data: JSON) -> int:
+        """The shard an event belongs to: its guild's, or 0 for DMs and guildless events."""
+        guild_id = data.get("guild_id")
+        if guild_id is None and event_name in ("GUILD_CREATE", "GUILD_UPDATE", "GUILD_DELETE"):
+            guild_id = data.get("id")
+        return 0 if guild_id is None else self.shard_of(guild_id)
+
+    def _open_sessions(self, shard: int) -> list[_Session]:
+        """Sessions of ``shard`` that have not ended (each logs the shard's events)."""
+        return [s for s in self._sessions if s.shard == shard and not s.ended]
+
+    def _attached_sessions(self, shard: int | None) -> list[_Session]:
+        """Sessions carried by an open socket, of ``shard`` or of every shard."""
+        return [
+            s for s in self._sessions if s.attached and (shard is None or s.shard == shard)
+        ]
+
+    def _session_on(self, ws: web.WebSocketResponse) -> _Session | None:
+        return next((s for s in self._sessions if s.ws is ws), None)
+
+    async def _send_frame_locked(self, session: _Session, frame: JSON) -> bool:
+        ws = session.ws
+        if ws is None or ws.closed or not session.live:
             return False
         try:
             await ws.send_str(json.dumps(frame))
         except ConnectionError:
-            self._live = False
+            session.live = False
             return False
         return True
 
-    def _visible_to_bot(self, event_name: str, data: JSON) -> JSON:
+    def _visible_to_bot(self, event_name: str, data: JSON, intents: int) -> JSON:
         """Apply the MESSAGE_CONTENT intent rule to a message event (see module docstring)."""
         if (
             not self.enforce_message_content_intent
             or event_name not in ("MESSAGE_CREATE", "MESSAGE_UPDATE")
             or "guild_id" not in data
-            or self.intents is None
-            or self.intents & INTENT_MESSAGE_CONTENT
+            or intents & INTENT_MESSAGE_CONTENT
         ):
             return data
         bot_id = self.bot_user["id"]
@@ -1101,16 +1263,28 @@ class FakeDiscord:
             return data
         return {**data, "content": "", "embeds": [], "attachments": [], "components": []}
 
-    async def _emit_locked(self, event_name: str, data: JSON) -> None:
-        self._seq += 1
+    async def _emit_locked(self, session: _Session, event_name: str, data: JSON) -> None:
+        """Log the event in ``session`` with its next sequence number; send it if live.
+        RESUMED takes a number but is not logged: it ends the replay of the connection it is
+        sent on, and a later RESUME replays the events, not an earlier connection's end."""
+        session.seq += 1
         frame = {
             "op": 0,
             "t": event_name,
-            "s": self._seq,
-            "d": self._visible_to_bot(event_name, data),
+            "s": session.seq,
+            "d": self._visible_to_bot(event_name, data, session.intents),
         }
-        self._event_log.append(frame)
-        await self._send_frame_locked(frame)
+        if event_name != "RESUMED":
+            session.log.append(frame)
+        await self._send_frame_locked(session, frame)
+
+    async def _close_socket(
+        self, ws: web.WebSocketResponse, code: int, message: bytes = b""
+    ) -> None:
+        """Close a gateway socket from the fake's side. The client's answering close frame
+        may reach the socket's reader; it must not count as the client ending its session."""
+        self._closed_by_fake.add(ws)
+        await ws.close(code=code, message=message)
 
     async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)
@@ -1118,91 +1292,147 @@ class FakeDiscord:
         self._all_ws.add(ws)
         self.gw_queries.append(dict(request.query))
         assert self._send_lock is not None
-        async with self._send_lock:
-            old, self._ws, self._live = self._ws, ws, False
-        if old is not None and not old.closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(old.close(code=4000), 1.0)
+        client_close_code: int | None = None  # set when the client sent a close frame
         try:
             await ws.send_str(
                 json.dumps({"op": 10, "d": {"heartbeat_interval": HEARTBEAT_INTERVAL_MS}})
             )
-            async for msg in ws:
-                if msg.type != WSMsgType.TEXT:
+            while True:
+                msg = await ws.receive()
+                if msg.type == WSMsgType.CLOSE:
+                    if ws not in self._closed_by_fake:
+                        client_close_code = msg.data
                     break
+                if msg.type != WSMsgType.TEXT:
+                    break  # closed by the fake, connection lost, or a binary frame
                 payload = json.loads(msg.data)
                 self.gw_received.append(payload)
                 await self._on_gateway_payload(ws, payload)
         finally:
             async with self._send_lock:
-                if self._ws is ws:
-                    self._ws, self._live = None, False
+                session = self._session_on(ws)
+                if session is not None:
+                    session.detach()
+                    if client_close_code in CLIENT_ENDS_SESSION:
+                        session.ended = True
             self.gw_close_codes.append(ws.close_code)
             self._all_ws.discard(ws)
+            self._closed_by_fake.discard(ws)
             await self._notify()
         return ws
 
     async def _on_gateway_payload(self, ws: web.WebSocketResponse, payload: JSON) -> None:
         op = payload.get("op")
-        d = payload.get("d")
-        assert self._send_lock is not None
+        raw_d = payload.get("d")
+        d: JSON = raw_d if isinstance(raw_d, dict) else {}
         if op == 1:  # HEARTBEAT
             with contextlib.suppress(ConnectionError):
                 await ws.send_str(json.dumps({"op": 11}))
+        elif op in (2, 6) and self._session_on(ws) is not None:
+            await self._close_socket(ws, CLOSE_ALREADY_AUTHENTICATED, b"Already authenticated.")
         elif op == 2:  # IDENTIFY
-            if d.get("token") != self.token:
-                await ws.close(code=4004, message=b"Authentication failed.")
-                return
-            async with self._send_lock:
-                await self._identify_locked(ws, d)
-            await self._notify()
+            await self._identify(ws, d)
         elif op == 6:  # RESUME
-            async with self._send_lock:
-                await self._resume_locked(ws, d)
-            await self._notify()
+            await self._resume(ws, d)
         # op 3 presence, op 4 voice state, op 8 request members: recorded only.
 
-    async def _identify_locked(self, ws: web.WebSocketResponse, d: JSON) -> None:
+    async def _identify(self, ws: web.WebSocketResponse, d: JSON) -> None:
+        if d.get("token") != self.token:
+            await self._close_socket(ws, CLOSE_AUTHENTICATION_FAILED, b"Authentication failed.")
+            return
+        shard_field = d.get("shard")
+        shard: Any = None
+        num_shards: Any = None
+        if shard_field is None:
+            shard, num_shards = 0, 1
+        elif isinstance(shard_field, list) and len(shard_field) == 2:
+            shard, num_shards = shard_field
+        if not (
+            isinstance(shard, int)
+            and num_shards == self.shard_count
+            and 0 <= shard < self.shard_count
+        ):
+            await self._close_socket(ws, CLOSE_INVALID_SHARD, b"Invalid shard.")
+            return
+        assert self._send_lock is not None
+        async with self._send_lock:
+            await self._identify_locked(ws, d, shard, shard_in_identify=shard_field is not None)
+        await self._notify()
+
+    async def _identify_locked(
+        self, ws: web.WebSocketResponse, d: JSON, shard: int, *, shard_in_identify: bool
+    ) -> None:
         self.intents = int(d.get("intents", 0))
-        self._session_id = f"fake-session-{uuid.uuid4().hex[:12]}"
-        self._seq = 0
-        self._event_log = []
-        self._live = self._ws is ws
-        ready = {
+        session = _Session(
+            session_id=f"fake-session-{uuid.uuid4().hex[:12]}",
+            shard=shard,
+            intents=self.intents,
+            shard_in_identify=shard_in_identify,
+            ws=ws,
+            live=not ws.closed,
+        )
+        self._sessions.append(session)
+        guilds = [g for gid, g in self._guilds.items() if self.shard_of(gid) == shard]
+        ready: JSON = {
             "v": 10,
             "user": self.bot_user,
-            "guilds": [{"id": gid, "unavailable": True} for gid in self._guilds],
-            "session_id": self._session_id,
+            "guilds": [{"id": g["id"], "unavailable": True} for g in guilds],
+            "session_id": session.session_id,
             "session_type": "normal",
             "resume_gateway_url": self.gateway_url,
             "private_channels": [],
             "relationships": [],
             "application": {"id": self.application_id, "flags": 0},
         }
-        await self._emit_locked("READY", ready)
-        for guild in self._guilds.values():
-            await self._emit_locked("GUILD_CREATE", guild)
-        pending, self._pre_ready = self._pre_ready, []
-        for event_name, data in pending:
-            await self._emit_locked(event_name, data)
+        if shard_in_identify:
+            ready["shard"] = [shard, self.shard_count]
+        await self._emit_locked(session, "READY", ready)
+        for guild in guilds:
+            await self._emit_locked(session, "GUILD_CREATE", guild)
+        if shard not in self._identified_shards:
+            self._identified_shards.add(shard)
+            for event_name, data in self._held.pop(shard, []):
+                await self._emit_locked(session, event_name, data)
         self.identify_count += 1
+        self.identifies_by_shard[shard] += 1
 
-    async def _resume_locked(self, ws: web.WebSocketResponse, d: JSON) -> None:
-        if (
-            d.get("token") != self.token
-            or d.get("session_id") != self._session_id
-            or self._session_id is None
-        ):
-            with contextlib.suppress(ConnectionError):
-                await ws.send_str(json.dumps({"op": 9, "d": False}))
-            return
-        self._live = self._ws is ws
-        client_seq = d.get("seq") or 0
-        for frame in self._event_log:
+    async def _resume(self, ws: web.WebSocketResponse, d: JSON) -> None:
+        assert self._send_lock is not None
+        while True:
+            async with self._send_lock:
+                session = self._resumable(d)
+                if session is None or ws.closed:
+                    with contextlib.suppress(ConnectionError):
+                        await ws.send_str(json.dumps({"op": 9, "d": False}))
+                    return
+                if not session.attached:
+                    await self._resume_locked(ws, session, d.get("seq") or 0)
+                    break
+                displaced = session.detach()
+            # Another socket carries the session: close it first (it no longer gets events).
+            assert displaced is not None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._close_socket(displaced, 4000), 1.0)
+        await self._notify()
+
+    async def _resume_locked(
+        self, ws: web.WebSocketResponse, session: _Session, client_seq: int
+    ) -> None:
+        """Attach ``session`` to ``ws``, replay what the client missed, then RESUMED."""
+        session.ws, session.live = ws, True
+        for frame in session.log:
             if frame["s"] > client_seq:
-                await self._send_frame_locked(frame)
-        await self._emit_locked("RESUMED", {})
+                await self._send_frame_locked(session, frame)
+        await self._emit_locked(session, "RESUMED", {})
         self.resume_count += 1
+
+    def _resumable(self, d: JSON) -> _Session | None:
+        """The session a RESUME names, if the token is right and the session has not ended."""
+        if d.get("token") != self.token:
+            return None
+        session_id = d.get("session_id")
+        found = next((s for s in self._sessions if s.session_id == session_id), None)
+        return found if found is not None and not found.ended else None
 
     # ------------------------------------------------------------------ internals: REST
 
@@ -1371,7 +1601,7 @@ class FakeDiscord:
         return _json_response(
             {
                 "url": self.gateway_url,
-                "shards": 1,
+                "shards": self.shard_count,
                 "session_start_limit": {
                     "total": 1000,
                     "remaining": 999,
