@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds the adapter waits for a gateway connection's READY before giving up.
+READY_TIMEOUT_S = 60.0
 #: Seconds discord.py waits for further GUILD_CREATEs after READY before ``on_ready``. The
 #: guilds arrive right after READY; the cache fills on its own for any that come later, and
 #: messages are taken before ``on_ready`` anyway, so a long wait would only delay start-up.
@@ -74,6 +76,9 @@ def describe_failure(exc: BaseException, settings: DiscordSettings) -> str:
     if isinstance(exc, discord.ConnectionClosed):
         if exc.code == 4004:
             return "Discord gateway rejected DISCORD_BOT_TOKEN (close code 4004)"
+        if exc.code in (4010, 4011):  # invalid shard / sharding required
+            return (f"Discord gateway refused the shards (close code {exc.code}: {exc.reason or 'no reason'}): set "
+                    "discord.shard_count, the same on every worker, to at least the shards GET /gateway/bot recommends")
         reason = exc.reason or "no reason"
         return f"Discord gateway closed the connection (close code {exc.code}: {reason})"
     if isinstance(exc, discord.HTTPException):
@@ -84,9 +89,16 @@ def describe_failure(exc: BaseException, settings: DiscordSettings) -> str:
 
 
 class Client(discord.Client):
-    """discord.Client whose events go to the adapter."""
+    """discord.Client whose events go to the adapter.
 
-    def __init__(self, adapter: DiscordAdapter) -> None:
+    Args:
+        adapter: the adapter its events go to.
+        shard: ``(shard_id, shard_count)`` for one gateway shard of several
+            (:class:`adapters.discord.shards.ShardClient`); ``None``: the whole bot on one
+            connection, or (sharded) the client the adapter sends and syncs commands with.
+    """
+
+    def __init__(self, adapter: DiscordAdapter, shard: tuple[int, int] | None = None) -> None:
         # Bumblebot uses no voice: skip discord.py's start-up warnings about voice libraries.
         discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
         super().__init__(
@@ -95,6 +107,7 @@ class Client(discord.Client):
             guild_ready_timeout=GUILD_READY_TIMEOUT_S,
             max_ratelimit_timeout=MAX_RATELIMIT_WAIT_S,
             chunk_guilds_at_startup=False,
+            **({"shard_id": shard[0], "shard_count": shard[1]} if shard is not None else {}),
         )
         self.adapter = adapter
         # discord.py has no hook around its parsers: its connection state holds them by event

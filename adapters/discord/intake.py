@@ -240,12 +240,19 @@ class DiscordIntake:
         role = guild.self_role if guild is not None else None
         return frozenset({role.id}) if role is not None else frozenset()
 
+    def _any_channel(self, cid: int) -> Any:
+        """Channel ``cid`` from the cache of any connection here (with shards, each caches its own guilds)."""
+        for client in (self.client, *getattr(self, "shards", {}).values()):
+            if (found := client.get_channel(cid)) is not None:
+                return found
+        return None
+
     def _names(self, message: discord.Message) -> MentionNames:
         guild = message.guild
         channels: dict[int, str] = {}
         for cid in message.raw_channel_mentions:
             found = guild.get_channel_or_thread(cid) if guild else None
-            found = found or self.client.get_channel(cid)
+            found = found or self._any_channel(cid)
             name = getattr(found, "name", None)
             if name:
                 channels[cid] = name

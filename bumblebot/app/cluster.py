@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from bumblebot.cluster.shards import MEMBER
 from bumblebot.core.settings import Settings
 from bumblebot.store import Store
 from bumblebot.store.leases import Lease
@@ -35,7 +36,8 @@ async def cluster_state(settings: Settings) -> dict[str, Any]:
             "name": w.name, "host": w.host, "pid": w.pid, "seen_ago_s": round(w.seen_ago, 1),
             "alive": w.seen_ago < settings.cluster.lease_s,
             "conversations": sum(1 for lease in held if lease.name.startswith(CONVERSATION)),
-            "roles": [lease.name for lease in held if not lease.name.startswith(CONVERSATION)],
+            # roles, and Discord's shards (``discord.shard:<n>``); not the lease that counts it among their workers
+            "roles": [lease.name for lease in held if not lease.name.startswith((CONVERSATION, MEMBER))],
             "waiting": count, "oldest_waiting_s": round(oldest, 1),
         })
     count, oldest = backlog.get(None, (0, 0.0))

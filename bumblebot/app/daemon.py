@@ -23,6 +23,7 @@ from adapters.telegram.pacing import PaceLimits, Pacer
 from bumblebot.app.environment import mcp_environ, shell_sandbox, shell_sandbox_problem
 from bumblebot.app.private import PRIVATE_UMASK, make_private
 from bumblebot.app.watchdog import LoopWatchdog
+from bumblebot.cluster import TELEGRAM_POLLER, Membership, ShardLeases, default_name
 from bumblebot.cognition.budget import ContextBudget
 from bumblebot.cognition.compactor import Compactor
 from bumblebot.cognition.gate import CompletionGate
@@ -31,7 +32,6 @@ from bumblebot.cognition.loop import AgentLoop
 from bumblebot.cognition.prompt import PromptBuilder
 from bumblebot.core.activity import Activity
 from bumblebot.core.adapter import Adapter
-from bumblebot.cluster import TELEGRAM_POLLER, Membership, default_name
 from bumblebot.core.config import Secrets, effective_base_url, endpoint_secrets, store_secrets
 from bumblebot.core.entity import Entity
 from bumblebot.core.errors import ConfigError, DataDirInUse
@@ -196,6 +196,9 @@ class Daemon:
         #: a worker sharing a PostgreSQL store: its leases (``None``: alone, on SQLite)
         self.membership: Membership | None = None
         self._membership_task: asyncio.Task[None] | None = None
+        #: a worker with Discord's shards split across the cluster: the shards it holds
+        self.shard_leases: ShardLeases | None = None
+        self._shards_task: asyncio.Task[None] | None = None
 
     def platform_adapters(self, engine: Engine) -> list[Adapter]:
         settings, secrets = self.settings, self.secrets
@@ -212,7 +215,10 @@ class Daemon:
         if settings.discord.enabled and secrets.discord_bot_token:
             from adapters.discord import DiscordAdapter
 
-            adapters.append(DiscordAdapter(engine, settings.discord, secrets.discord_bot_token.get_secret_value()))
+            adapters.append(DiscordAdapter(
+                engine, settings.discord, secrets.discord_bot_token.get_secret_value(),
+                leased_shards=self.membership is not None,
+            ))
         return adapters
 
     async def open(self) -> Engine:
@@ -396,6 +402,17 @@ class Daemon:
         engine.mark_ready()
         if self.membership is not None:  # claims its conversations, and its roles, from now on
             self._membership_task = asyncio.create_task(self.membership.run(), name="bumblebot:cluster")
+            self._lease_shards()
+
+    def _lease_shards(self) -> None:
+        """Take part in splitting Discord's shards, when they are set (``discord.shard_count``)."""
+        from adapters.discord import DiscordAdapter
+
+        count = self.settings.discord.shard_count
+        for adapter in self.adapters:
+            if isinstance(adapter, DiscordAdapter) and count is not None and self.membership is not None:
+                self.shard_leases = ShardLeases(self.membership, count, adapter)
+                self._shards_task = asyncio.create_task(self.shard_leases.run(), name="bumblebot:cluster:shards")
 
     async def web_token_sha256(self) -> str | None:
         """The web console's login token as its SHA-256 (hex): ``BUMBLEBOT_WEB_TOKEN``'s, else
@@ -414,7 +431,6 @@ class Daemon:
         """
         from bumblebot.app.console import DaemonConsole
         from bumblebot.web import WebConsole
-
         from bumblebot.web.auth import MIN_TOKEN_CHARS
 
         given = self.secrets.web_token.get_secret_value() if self.secrets.web_token is not None else ""
@@ -447,6 +463,12 @@ class Daemon:
             if self.web is not None:
                 await self.web.stop()  # first: no action reaches a stopping engine
             await self._each_adapter("stop_intake")
+            if self._shards_task is not None:
+                self._shards_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._shards_task
+            if self.shard_leases is not None:  # saved and released: another worker takes them at once
+                await self.shard_leases.leave()
             if self.engine is not None:
                 await self.engine.stop()  # in-flight turns finish and deliver
             if self._membership_task is not None:

@@ -127,6 +127,10 @@ class DiscordSettings(Section):
     enabled: bool = Field(False, description="run the Discord adapter when a token is set")
     api_base_url: str = Field("https://discord.com/api/v10", description="REST base URL")
     gateway_url: str = Field("wss://gateway.discord.gg", description="gateway websocket URL")
+    shard_count: int | None = Field(
+        None, ge=1, le=1024,
+        description="gateway shards (unset: one connection per process); workers of a cluster split them through leases",
+    )
     respond_in_guilds: Literal["mention", "all", "off"] = Field(
         "mention", description="in guild channels answer when mentioned/replied to, always, or never"
     )

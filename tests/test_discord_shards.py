@@ -1,0 +1,208 @@
+"""Discord's gateway shards: one process running them all, workers of a cluster splitting them,
+and a shard taken over without losing a message (``adapters/discord/shards.py``,
+``bumblebot/cluster/shards.py``). The drill with killed workers is ``tests/test_cluster_drill.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+from conftest import running, write_config
+from fakes.discord_server import FakeDiscord
+from fakes.openai_server import FakeOpenAI, Reply, is_aux, text, tool_calls
+from fakes.postgres_server import PostgresServer
+
+from adapters.discord.shards import replayed
+from bumblebot.app.cluster import cluster_state
+from bumblebot.core.errors import AdapterError
+
+TOKEN = re.compile(r"m\d+")
+
+
+def echo(request: dict[str, Any]) -> Reply:
+    """Answers each turn with the ``m<n>`` tokens of its user messages not answered yet."""
+    if is_aux(request):
+        return text("DONE: ok")
+    asked: list[str] = []
+    for m in reversed(request["messages"]):
+        if m["role"] == "assistant":
+            break
+        if m["role"] == "user":
+            asked[:0] = TOKEN.findall(str(m["content"]))
+    return tool_calls(("say", {"text": "re: " + " ".join(asked)}), ("end_turn", {}))
+
+
+def config(folder: Path, llm: FakeOpenAI, dc: FakeDiscord, **sections: Any) -> Path:
+    folder.mkdir(exist_ok=True)
+    discord = {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url,
+               "respond_in_guilds": "all", "shard_count": 2}
+    return write_config(folder, llm, None, **{"discord": discord, **sections})
+
+
+def worker(tmp_path: Path, name: str, llm: FakeOpenAI, dc: FakeDiscord, url: str) -> Any:
+    path = config(tmp_path / name, llm, dc, store={"url": url}, cluster={"worker": name, "lease_s": 10})
+    return running(path, telegram_token=None, discord_token=dc.token)
+
+
+def guilds(dc: FakeDiscord) -> list[tuple[str, str]]:
+    """A guild on each of the two shards, with one channel each: ``[(guild, channel)]``."""
+    out = []
+    for shard in (0, 1):
+        guild, channel = dc.guild_id_on_shard(shard), dc.snowflake()
+        dc.add_guild(guild, [channel], name=f"guild on shard {shard}")
+        out.append((guild, channel))
+    return out
+
+
+def answered(dc: FakeDiscord, channel: str) -> list[str]:
+    return [t for sent in dc.messages_sent(channel) for t in TOKEN.findall(sent)]
+
+
+async def until_answered(dc: FakeDiscord, channel: str, tokens: list[str]) -> None:
+    await dc.wait_until(lambda: len(answered(dc, channel)) >= len(tokens), 15, f"answers {tokens} in {channel}")
+
+
+async def opened(daemon: Any) -> None:
+    """Wait until the shards ``daemon`` took at its last balance are open and caught up."""
+    await asyncio.gather(*daemon.shard_leases._opening.values())
+
+
+async def lease_owners(url: str) -> dict[str, str]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT name, owner FROM leases WHERE name LIKE 'discord.shard:%'"
+                                " AND expires_at > EXTRACT(EPOCH FROM clock_timestamp())")
+    finally:
+        await conn.close()
+    return {r["name"]: r["owner"] for r in rows}
+
+
+async def test_alone_a_sharded_bot_runs_every_shard_and_answers_in_each(tmp_path, llm):
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        (g0, c0), (g1, c1) = guilds(dc)
+        async with running(config(tmp_path, llm, dc), telegram_token=None, discord_token=dc.token):
+            assert dc.live_shards() == [0, 1]
+            await dc.send_guild_message("m1 on shard zero", g0, c0)
+            await dc.send_guild_message("m2 on shard one", g1, c1)
+            await dc.send_dm("m3 in a DM")
+            dm = dc.dm_channel_id()
+            for channel, tokens in ((c0, ["m1"]), (c1, ["m2"]), (dm, ["m3"])):
+                await until_answered(dc, channel, tokens)
+        assert (answered(dc, c0), answered(dc, c1), answered(dc, dm)) == (["m1"], ["m2"], ["m3"])
+        assert dc.identifies_by_shard == {0: 1, 1: 1}
+        assert dc.server_errors == []
+
+
+async def test_two_workers_split_the_shards_and_a_shard_handed_over_misses_no_message(
+    tmp_path, llm, postgres_server: PostgresServer
+):
+    """Worker a runs both shards alone; b joins, a gives shard 1 up, and the messages sent
+    while shard 1 had no connection are answered once b resumes a's session, in order."""
+    url = await postgres_server.database()
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        (g0, c0), (g1, c1) = guilds(dc)
+        async with worker(tmp_path, "a", llm, dc, url) as a:
+            a._shards_task.cancel()  # the balances are driven here, one at a time
+            await a.shard_leases.balance()
+            await opened(a)
+            assert dc.live_shards() == [0, 1] and sorted(a.shard_leases.held) == [0, 1]
+            await dc.send_guild_message("m1", g0, c0)
+            await dc.send_guild_message("m2", g1, c1)
+            await until_answered(dc, c0, ["m1"])
+            await until_answered(dc, c1, ["m2"])
+            async with worker(tmp_path, "b", llm, dc, url) as b:
+                b._shards_task.cancel()
+                await b.shard_leases.balance()  # both held by a: b waits
+                assert b.shard_leases.held == {}
+                await a.shard_leases.balance()  # two workers now: a gives shard 1 up
+                assert sorted(a.shard_leases.held) == [0] and dc.live_shards() == [0]
+                await dc.send_guild_message("m3", g1, c1)  # nobody runs shard 1 meanwhile
+                await dc.send_guild_message("m4", g1, c1)
+                resumed = dc.resume_count
+                await b.shard_leases.balance()
+                await opened(b)
+                assert sorted(b.shard_leases.held) == [1] and dc.live_shards() == [0, 1]
+                assert dc.resume_count == resumed + 1  # b resumed a's session to catch up
+                await dc.send_guild_message("m5", g1, c1)
+                await dc.send_guild_message("m6", g0, c0)
+                await until_answered(dc, c1, ["m2", "m3", "m4", "m5"])
+                await until_answered(dc, c0, ["m1", "m6"])
+                assert await lease_owners(url) == {"discord.shard:0": "a", "discord.shard:1": "b"}
+                await asyncio.gather(a.engine.wait_until(lambda: a.engine.settled),
+                                     b.engine.wait_until(lambda: b.engine.settled))
+        assert answered(dc, c0) == ["m1", "m6"]
+        assert answered(dc, c1) == ["m2", "m3", "m4", "m5"]
+        assert dc.server_errors == []
+
+
+async def test_a_shard_taken_over_elsewhere_is_closed_here_and_its_checkpoint_left_alone(
+    tmp_path, llm, postgres_server: PostgresServer
+):
+    """a stalled past its shard's lease, and another worker took the shard: a's next balance
+    closes the shard at once and does not overwrite the new holder's checkpoint."""
+    url = await postgres_server.database()
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        guilds(dc)
+        async with worker(tmp_path, "a", llm, dc, url) as a:
+            a._shards_task.cancel()
+            await a.shard_leases.balance()
+            await opened(a)
+            await a.shard_leases.balance()  # saves both checkpoints
+            state = await cluster_state(a.settings)
+            roles = state["workers"][0]["roles"]  # the shards, not the lease that counts a among their workers
+            assert [r for r in roles if r.startswith("discord")] == ["discord.shard:0", "discord.shard:1"]
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute("UPDATE leases SET expires_at = 0 WHERE name = 'discord.shard:1'")
+                assert await a.store.acquire("discord.shard:1", "c", 30) is not None
+                mine = json.dumps({"session_id": "the-new-holders", "resume_url": dc.gateway_url, "seq": 7})
+                await a.store.set_kv("discord.shard:1", mine)
+                await a.shard_leases.balance()
+                assert sorted(a.shard_leases.held) == [0] and dc.live_shards() == [0]
+                assert await a.store.get_kv("discord.shard:1") == mine
+            finally:
+                await conn.close()
+        assert dc.server_errors == []
+
+
+async def test_a_session_caught_up_with_twice_replays_everything_after_the_checkpoint_both_times():
+    """A holder that dies before saving its own checkpoint leaves the next one the same
+    checkpoint: the second catch-up must get what the first got and what came since (the
+    first catch-up's RESUMED is no end of the second's replay)."""
+    async with FakeDiscord(shard_count=2) as dc:
+        guild, channel = dc.guild_id_on_shard(1), dc.snowflake()
+        dc.add_guild(guild, [channel])
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"{dc.gateway_url}?v=10&encoding=json") as ws:
+            await ws.receive_json()  # HELLO
+            await ws.send_json({"op": 2, "d": {"token": dc.token, "intents": (1 << 15) | 513, "shard": [1, 2],
+                                               "properties": {}}})
+            ready = await ws.receive_json()
+            await ws.close(code=4000)  # the holder's connection drops; its session stays resumable
+        checkpoint = {"session_id": ready["d"]["session_id"], "resume_url": dc.gateway_url, "seq": ready["s"] + 1}
+        await dc.send_guild_message("m1", guild, channel)
+        first = await replayed(checkpoint, dc.token)
+        await dc.send_guild_message("m2", guild, channel)
+        second = await replayed(checkpoint, dc.token)
+        assert [e["d"]["content"] for e in first] == ["m1"]
+        assert [e["d"]["content"] for e in second] == ["m1", "m2"]
+
+
+async def test_a_shard_count_discord_refuses_stops_the_start_naming_the_setting(tmp_path, llm):
+    async with FakeDiscord(shard_count=2) as dc:
+        guilds(dc)
+        path = config(tmp_path, llm, dc, discord={"enabled": True, "api_base_url": dc.api_base,
+                                                  "gateway_url": dc.gateway_url, "shard_count": 3})
+        with pytest.raises(AdapterError, match=r"4010.*discord\.shard_count"):
+            async with running(path, telegram_token=None, discord_token=dc.token):
+                pass
+        assert dc.live_shards() == []
