@@ -31,7 +31,7 @@ released has come back with its next request, which a worker sends only after it
 delivery; the kill lands while the victim's turns are parked in model calls. Then the requests
 held for the killed worker's chats are answered 503 (nobody reads them), the others go on.
 
-The drill runs twice, once per Telegram ingress (``ingress``):
+The drill runs three times, once per ingress (``ingress``):
 
 * ``polling``: the workers share Telegram's long poll (one polls at a time, the others wait);
 * ``webhook``: every worker serves ``telegram.webhook_listen`` on its own port behind the same
@@ -41,6 +41,10 @@ The drill runs twice, once per Telegram ingress (``ingress``):
   an update that could not be given to it (or whose answer it never sent) goes to the next one.
   Besides the checks above, every update is taken (answered 200) exactly once and getUpdates
   is never answered.
+* ``discord``: two workers split the two gateway shards of :class:`~fakes.discord_server.FakeDiscord`
+  (``discord.shard_count: 2``; the 20 chats are channels of two guilds, one on each shard), and
+  the messages are guild messages. A killed worker's shard is taken over by the other, which
+  resumes the killed worker's gateway session to take what was sent meanwhile.
 
 ``DRILL_SEED=<n>`` replays the random choices (message order, kill times, victims among the
 workers that hold chats with waiting messages, pauses, latencies; the interleaving of the
@@ -60,12 +64,14 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 from conftest import write_config
+from fakes.discord_server import FakeDiscord
 from fakes.openai_server import FakeOpenAI, Reply, error, is_loop, text, tool_calls
 from fakes.postgres_server import PostgresServer
 from fakes.telegram_server import FakeTelegram
@@ -89,16 +95,13 @@ QUIESCE_S = 3.0  # the longest the model holds every request before a kill (llm.
 DRAIN_S = 40.0  # after the last push and kill, for the last answers
 WEBHOOK_SECRET = "drill-webhook-secret_0123456789"  # TELEGRAM_WEBHOOK_SECRET, the same for every worker
 WEBHOOK_URL = "https://bot.example.org/telegram/hook"  # the public URL (a proxy's)
+SHARDS = 2  # the discord variant's gateway shards, and its workers
 TOKEN = re.compile(r"m(\d+)-(\d+)")  # a user message, m<chat>-<n>
 REPLY = re.compile(r"^re: ")
 
 
 def token(chat: int, n: int) -> str:
     return f"m{chat}-{n}"
-
-
-def lease_name(chat: int) -> str:
-    return f"conversation:{ChatRef(Platform.TELEGRAM, str(chat)).key}"
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -202,22 +205,104 @@ class DrillModel:
 # -- what the users saw ------------------------------------------------------------------------
 
 
-def replies(tg: FakeTelegram, chat: int) -> list[tuple[float, str]]:
-    """``(monotonic time, text)`` of every sendMessage to ``chat``, in arrival order."""
-    return [(c.time, str(c.params.get("text", ""))) for c in tg.calls
-            if c.method == "sendMessage" and int(c.params.get("chat_id", 0)) == chat]
+class TelegramUsers:
+    """The chats as private Telegram chats: messages pushed as updates, replies read from the
+    fake's ``sendMessage`` calls."""
+
+    def __init__(self, tg: FakeTelegram, ingress: str) -> None:
+        self.tg, self.ingress = tg, ingress
+
+    async def push(self, chat: int, said: str) -> None:
+        self.tg.push_text(said, chat_id=chat)
+
+    def replies(self, chat: int) -> list[tuple[float, str]]:
+        """``(monotonic time, text)`` of every sendMessage to ``chat``, in arrival order."""
+        return [(c.time, str(c.params.get("text", ""))) for c in self.tg.calls
+                if c.method == "sendMessage" and int(c.params.get("chat_id", 0)) == chat]
+
+    def lease_name(self, chat: int) -> str:
+        return f"conversation:{ChatRef(Platform.TELEGRAM, self.chat_id(chat)).key}"
+
+    def chat_id(self, chat: int) -> str:
+        return str(chat)
+
+    def ready(self, workers: int) -> bool:
+        """Some worker polls, or (webhook) every worker has set the webhook (it serves its port
+        before it does)."""
+        method, n = ("setWebhook", workers) if self.ingress == "webhook" else ("getUpdates", 1)
+        return sum(c.method == method for c in self.tg.calls) >= n
+
+    def sent(self) -> int:
+        return len(self.tg.sent())
+
+    def trail(self, ids: list[str]) -> str:
+        return ""
+
+    async def until_sent(self, n: int, timeout: float) -> None:
+        with contextlib.suppress(AssertionError):
+            await self.tg.wait_for("sendMessage", n=n, timeout=timeout)
 
 
-def answered(tg: FakeTelegram, chat: int) -> list[str]:
+class DiscordUsers:
+    """The chats as channels of two guilds, one on each gateway shard: messages dispatched as
+    guild messages, replies read from the messages the bot created (Discord keeps one message
+    per nonce: a send made twice shows once, as it would to the users)."""
+
+    def __init__(self, dc: FakeDiscord) -> None:
+        self.dc = dc
+        guilds = [dc.guild_id_on_shard(shard) for shard in range(SHARDS)]
+        self.channels = {chat: (guilds[i % SHARDS], dc.snowflake()) for i, chat in enumerate(CHATS)}
+        for n, guild in enumerate(guilds):
+            dc.add_guild(guild, [c for g, c in self.channels.values() if g == guild], name=f"shard {n}")
+
+    async def push(self, chat: int, said: str) -> None:
+        guild, channel = self.channels[chat]
+        await self.dc.send_guild_message(said, guild, channel)
+
+    def replies(self, chat: int) -> list[tuple[float, str]]:
+        offset = time.time() - time.monotonic()
+        return [(datetime.fromisoformat(m["timestamp"]).timestamp() - offset, str(m.get("content", "")))
+                for m in self.dc.created_messages(self.channels[chat][1])]
+
+    def lease_name(self, chat: int) -> str:
+        return f"conversation:{ChatRef(Platform.DISCORD, self.chat_id(chat)).key}"
+
+    def chat_id(self, chat: int) -> str:
+        return self.channels[chat][1]
+
+    def ready(self, workers: int) -> bool:
+        """Every shard is open on some worker."""
+        return self.dc.live_shards() == list(range(SHARDS))
+
+    def sent(self) -> int:
+        return len(self.dc.messages_sent())
+
+    def trail(self, ids: list[str]) -> str:
+        """Which gateway sessions logged the messages ``ids`` (sequence number), for a report."""
+        lines = [f"  sessions: {self.dc.sessions()}"]
+        for t in ids[:10]:
+            seen = [f"{s['session_id'][-6:]}#{s['shard']}@{s['seq']}" for s in self.dc.logged(t)]
+            lines.append(f"  {t}: {', '.join(seen) or 'in no session'}")
+        return "\n" + "\n".join(lines)
+
+    async def until_sent(self, n: int, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await self.dc.wait_until(lambda: self.sent() >= n, timeout, f"{n} messages sent")
+
+
+Users = TelegramUsers | DiscordUsers
+
+
+def answered(users: Users, chat: int) -> list[str]:
     """The ids the replies in ``chat`` answer, in the order they were received (repeats kept)."""
-    return [t for _, said in replies(tg, chat) if REPLY.match(said) for t in tokens_in(said)]
+    return [t for _, said in users.replies(chat) if REPLY.match(said) for t in tokens_in(said)]
 
 
-def describe_chat(tg: FakeTelegram, chat: int) -> str | None:
+def describe_chat(users: Users, chat: int) -> str | None:
     """Why ``chat``'s replies are not m<chat>-1..15 each once in order, or None."""
     expected = [token(chat, n) for n in range(1, MESSAGES_PER_CHAT + 1)]
-    got = answered(tg, chat)
-    others = [said for _, said in replies(tg, chat) if not REPLY.match(said)]
+    got = answered(users, chat)
+    others = [said for _, said in users.replies(chat) if not REPLY.match(said)]
     if got == expected and not others:
         return None
     counts = Counter(got)
@@ -232,7 +317,7 @@ def describe_chat(tg: FakeTelegram, chat: int) -> str | None:
         parts.append("out of order")
     if others:
         parts.append(f"{len(others)} other message(s) {[o[:60] for o in others[:3]]}")
-    return f"chat {chat}: {'; '.join(parts)}; replies {[s for _, s in replies(tg, chat)]}"
+    return f"chat {chat}: {'; '.join(parts)}; replies {[s for _, s in users.replies(chat)]}"
 
 
 # -- the workers -------------------------------------------------------------------------------
@@ -257,8 +342,8 @@ class Worker:
 class Cluster:
     """The worker processes; every one ever started is killed in :meth:`kill_leftovers`."""
 
-    def __init__(self, tmp_path: Path, names: list[str], llm: FakeOpenAI, tg: FakeTelegram, url: str,
-                 ingress: str = "polling") -> None:
+    def __init__(self, tmp_path: Path, names: list[str], llm: FakeOpenAI, tg: FakeTelegram | None, url: str,
+                 ingress: str = "polling", dc: FakeDiscord | None = None) -> None:
         self.workers: dict[str, Worker] = {}
         self.started: list[asyncio.subprocess.Process] = []
         for name in names:
@@ -270,9 +355,13 @@ class Cluster:
                 port = free_port()
                 telegram = {"webhook_url": WEBHOOK_URL, "webhook_listen": f"127.0.0.1:{port}"}
                 hook = f"http://127.0.0.1:{port}/telegram/hook"
+            platform: dict[str, Any] = {"telegram": telegram}
+            if dc is not None:  # the workers split its gateway shards
+                platform = {"discord": {"enabled": True, "api_base_url": dc.api_base, "gateway_url": dc.gateway_url,
+                                        "respond_in_guilds": "all", "shard_count": SHARDS}}
             config = write_config(
                 folder, llm, tg, store={"url": url}, cluster={"worker": name, "lease_s": LEASE_S},
-                cognition={"classifier": False, "mid_turn_messages": "queue", "debounce_s": 0}, telegram=telegram,
+                cognition={"classifier": False, "mid_turn_messages": "queue", "debounce_s": 0}, **platform,
             )
             self.workers[name] = Worker(name, folder, config, hook)
 
@@ -323,7 +412,7 @@ class Cluster:
                     await asyncio.wait_for(proc.wait(), 10)
 
 
-async def held_chats(conn: asyncpg.Connection, worker: str) -> tuple[set[int], set[int]]:
+async def held_chats(conn: asyncpg.Connection, worker: str, users: Users) -> tuple[set[int], set[int]]:
     """The chats whose conversation lease ``worker`` holds or held last (not released), and
     of those the ones whose lease has not run out (nobody else can have taken them)."""
     try:
@@ -333,7 +422,7 @@ async def held_chats(conn: asyncpg.Connection, worker: str) -> tuple[set[int], s
         )
     except asyncpg.UndefinedTableError:
         return set(), set()
-    names = {lease_name(chat): chat for chat in CHATS}
+    names = {users.lease_name(chat): chat for chat in CHATS}
     held = {names[r["name"]] for r in rows if r["name"] in names}
     return held, {names[r["name"]] for r in rows if r["name"] in names and r["valid"]}
 
@@ -344,8 +433,8 @@ async def held_chats(conn: asyncpg.Connection, worker: str) -> tuple[set[int], s
 class Pusher:
     """Pushes one message per id at a steady pace; counts what each chat was sent."""
 
-    def __init__(self, tg: FakeTelegram, tokens: list[str]) -> None:
-        self.tg, self.tokens = tg, tokens
+    def __init__(self, users: Users, tokens: list[str]) -> None:
+        self.users, self.tokens = users, tokens
         self.pushed: Counter[int] = Counter()
 
     async def run(self) -> None:
@@ -353,7 +442,7 @@ class Pusher:
         for i, t in enumerate(self.tokens):
             await asyncio.sleep(max(0.0, start + i / PUSH_RATE_PER_S - time.monotonic()))
             chat = int(TOKEN.fullmatch(t).group(1))  # type: ignore[union-attr]
-            self.tg.push_text(t, chat_id=chat)
+            await self.users.push(chat, t)
             self.pushed[chat] += 1
 
 
@@ -385,12 +474,11 @@ class Kill:
 
 
 class Drill:
-    def __init__(self, seed: int, cluster: Cluster, model: DrillModel, tg: FakeTelegram,
-                 conn: asyncpg.Connection, kills: int, ingress: str = "polling") -> None:
+    def __init__(self, seed: int, cluster: Cluster, model: DrillModel, users: Users,
+                 conn: asyncpg.Connection, kills: int) -> None:
         self.rng = random.Random(seed)
-        self.cluster, self.model, self.tg, self.conn = cluster, model, tg, conn
-        self.ingress = ingress
-        self.pusher = Pusher(tg, drill_tokens(self.rng))
+        self.cluster, self.model, self.users, self.conn = cluster, model, users, conn
+        self.pusher = Pusher(users, drill_tokens(self.rng))
         span = len(self.pusher.tokens) / PUSH_RATE_PER_S - FIRST_KILL_S - 5.0
         slot = span / max(kills, 1)
         self.plan = [(FIRST_KILL_S + i * slot + self.rng.uniform(0, slot / 3), self.rng.uniform(*PAUSE_S))
@@ -399,7 +487,7 @@ class Drill:
         self.start = 0.0
 
     def waiting(self, chats: set[int]) -> set[int]:
-        return {c for c in chats if self.pusher.pushed[c] > len(set(answered(self.tg, c)))}
+        return {c for c in chats if self.pusher.pushed[c] > len(set(answered(self.users, c)))}
 
     async def kill_one(self, pause: float) -> None:
         freeze = Freeze()
@@ -408,7 +496,7 @@ class Drill:
         try:
             quiet = await self.model.quiesce(QUIESCE_S)
             alive = self.cluster.alive()
-            held_by = {name: await held_chats(self.conn, name) for name in alive}
+            held_by = {name: await held_chats(self.conn, name, self.users) for name in alive}
             if len(self.cluster.workers) == 1:  # no failover: the one worker holds every chat
                 held_by = {name: (set(CHATS), set(CHATS)) for name in alive}
             busy = [name for name in alive if self.waiting(held_by[name][0])]
@@ -458,54 +546,64 @@ class Drill:
                 await task
 
     async def until_ready(self, timeout: float) -> None:
-        """Wait until some worker polls Telegram, or (webhook) every worker has set the webhook
-        (it serves its port before it does)."""
-        method, n = ("setWebhook", len(self.cluster.workers)) if self.ingress == "webhook" else ("getUpdates", 1)
+        """Wait until the workers take messages (:meth:`TelegramUsers.ready`, :meth:`DiscordUsers.ready`)."""
         deadline = time.monotonic() + timeout
-        while sum(c.method == method for c in self.tg.calls) < n:
+        while not self.users.ready(len(self.cluster.workers)):
             self.cluster.check()
             if time.monotonic() > deadline:
-                raise AssertionError(f"{method} not called {n} time(s) within {timeout}s:\n{self.cluster.log('w1')}")
-            with contextlib.suppress(AssertionError):
-                await self.tg.wait_for(method, n=n, timeout=0.5)
+                raise AssertionError(f"the workers were not ready within {timeout}s:\n{self.cluster.log('w1')}")
+            await self.users.until_sent(self.users.sent() + 1, timeout=0.2)  # a tick, or any change
+
+    def missing(self) -> list[str]:
+        """The ids pushed and not answered yet."""
+        return [t for chat in CHATS for t in (token(chat, n) for n in range(1, self.pusher.pushed[chat] + 1))
+                if t not in set(answered(self.users, chat))]
 
     def unanswered(self) -> str:
-        missing = [t for chat in CHATS for t in (token(chat, n) for n in range(1, MESSAGES_PER_CHAT + 1))
-                   if t not in set(answered(self.tg, chat))]
+        missing = self.missing()
         return f"{len(missing)} message(s) never answered: {missing[:20]}"
 
     async def until_every_message_answered(self) -> None:
         """Wait (one sendMessage at a time) until every message has an answer."""
-        while any(len(set(answered(self.tg, c))) < MESSAGES_PER_CHAT for c in CHATS):
-            with contextlib.suppress(AssertionError):
-                await self.tg.wait_for("sendMessage", n=len(self.tg.sent()) + 1, timeout=1.0)
+        while any(len(set(answered(self.users, c))) < MESSAGES_PER_CHAT for c in CHATS):
+            await self.users.until_sent(self.users.sent() + 1, timeout=1.0)
 
     def measure_takeovers(self) -> list[float]:
         """Per kill and waiting chat, the seconds to that chat's next reply (inf: none came)."""
         out = []
         for kill in self.kills:
             for chat in sorted(kill.waiting):
-                after = [at for at, _ in replies(self.tg, chat) if at > kill.at]
+                after = [at for at, _ in self.users.replies(chat) if at > kill.at]
                 kill.takeover[chat] = min(after) - kill.at if after else float("inf")
                 out.append(kill.takeover[chat])
         return out
 
 
-def sent_at(tg: FakeTelegram, chat: int) -> str:
+def sent_at(users: Users, chat: int) -> str:
     """When each reply in ``chat`` arrived, on the wall clock of the workers' logs."""
     offset = time.time() - time.monotonic()
     return "\n  replies at: " + ", ".join(
         f"{time.strftime('%H:%M:%S', time.localtime(at + offset))}.{int((at + offset) % 1 * 1000):03d} {said}"
-        for at, said in replies(tg, chat))
+        for at, said in users.replies(chat))
 
 
-async def outbox_rows(conn: asyncpg.Connection, chat: int) -> str:
+async def outbox_rows(conn: asyncpg.Connection, chat: str) -> str:
     """The outbox rows of ``chat`` and their turns, for the report of a chat answered wrong."""
     found = await conn.fetch(
         "SELECT o.id, o.turn_id, o.status, o.text, o.platform_message_ids, o.attempts, o.last_error, t.status AS turn,"
         " o.created_at, o.sent_at"
-        " FROM outbox o LEFT JOIN turns t ON t.id = o.turn_id WHERE o.chat_id = $1 ORDER BY o.id", str(chat))
+        " FROM outbox o LEFT JOIN turns t ON t.id = o.turn_id WHERE o.chat_id = $1 ORDER BY o.id", chat)
     return f"  outbox of chat {chat}:\n" + "\n".join(f"    {dict(r)}" for r in found)
+
+
+async def journaled(conn: asyncpg.Connection, ids: list[str]) -> str:
+    """How the journal holds the messages ``ids`` (not there: never taken from the platform)."""
+    lines = []
+    for t in ids[:20]:
+        rows = await conn.fetch("SELECT id, chat_id, status, turn_id, received_at FROM journal WHERE text LIKE $1",
+                                f"%{t}%")
+        lines.append(f"  {t}: " + (", ".join(str(dict(r)) for r in rows) or "not journaled"))
+    return "journal of the messages not answered:\n" + "\n".join(lines)
 
 
 def drill_seed() -> int:
@@ -540,24 +638,30 @@ def webhook_summary(tg: FakeTelegram, cluster: Cluster) -> str:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("ingress", ["polling", "webhook"])
+@pytest.mark.parametrize("ingress", ["polling", "webhook", "discord"])
 async def test_workers_killed_at_random_answer_every_message_once_in_order_and_take_over_in_time(
     tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, postgres_server: PostgresServer,
     monkeypatch: pytest.MonkeyPatch, ingress: str,
 ):
     seed = drill_seed()
-    workers = int(os.environ.get("DRILL_WORKERS") or 3)
+    workers = int(os.environ.get("DRILL_WORKERS") or (SHARDS if ingress == "discord" else 3))
     kills = int(os.environ.get("DRILL_KILLS") or MIN_KILLS + random.Random(f"{seed}:kills").randint(0, 1))
     url = await postgres_server.database()
     model = DrillModel(random.Random(f"{seed}:latency"))
     llm.default = model
     names = [f"w{i}" for i in range(1, workers + 1)]
-    cluster = Cluster(tmp_path, names, llm, tg, url, ingress)
+    dc = FakeDiscord(shard_count=SHARDS) if ingress == "discord" else None
+    users: Users = TelegramUsers(tg, ingress)
+    if dc is not None:
+        await dc.start()
+        monkeypatch.setenv("DISCORD_BOT_TOKEN", dc.token)  # the workers' environment
+        users = DiscordUsers(dc)
+    cluster = Cluster(tmp_path, names, llm, None if dc else tg, url, ingress, dc)
     if ingress == "webhook":
         monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", WEBHOOK_SECRET)  # the workers' environment
         tg.webhook_targets = cluster.hooks()
     conn = await asyncpg.connect(url)
-    drill = Drill(seed, cluster, model, tg, conn, kills, ingress)
+    drill = Drill(seed, cluster, model, users, conn, kills)
     began = time.monotonic()
     codes: dict[str, int] = {}
     try:
@@ -567,12 +671,16 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
             await drill.run(DRAIN_S)
         except AssertionError as exc:
             kills_so_far = [k.describe() for k in drill.kills]
-            raise AssertionError(f"seed={seed} {ingress} (rerun with DRILL_SEED={seed}), kills {kills_so_far}: {exc}") from None
+            raise AssertionError(f"seed={seed} {ingress} (rerun with DRILL_SEED={seed}), kills {kills_so_far}: {exc}"
+                                 f"\n{await journaled(conn, drill.missing())}{users.trail(drill.missing())}") from None
         codes = await cluster.stop_all()
-        rows = [await outbox_rows(conn, chat) + sent_at(tg, chat) for chat in CHATS if describe_chat(tg, chat)]
+        rows = [await outbox_rows(conn, users.chat_id(chat)) + sent_at(users, chat)
+                for chat in CHATS if describe_chat(users, chat)]
     finally:
         await cluster.kill_leftovers()
         await conn.close()
+        if dc is not None:
+            await dc.stop()
 
     takeovers = drill.measure_takeovers()
     p50 = statistics.median(takeovers) if takeovers else None
@@ -587,7 +695,9 @@ async def test_workers_killed_at_random_answer_every_message_once_in_order_and_t
                       f"p90={p90:.2f}s max={finite[-1]:.2f}s (limit p50 {TAKEOVER_LIMIT_S}s)")
     print("\n".join(report))
 
-    problems = [p for chat in CHATS if (p := describe_chat(tg, chat))] + rows
+    problems = [p for chat in CHATS if (p := describe_chat(users, chat))] + rows
+    if dc is not None and dc.server_errors:
+        problems.append(f"the fake Discord failed: {dc.server_errors[:3]}")
     if ingress == "webhook":
         problems += webhook_problems(tg, len(drill.pusher.tokens))
     if kills and len(drill.kills) < kills:
