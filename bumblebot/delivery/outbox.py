@@ -509,9 +509,9 @@ class Delivery:
         left to the end of that wait. Returns how many were delivered."""
         delivered = 0
         async with self._lock:
-            for listed in await self.store.outbox_pending():
-                if only is not None and listed.id not in only:
-                    continue
+            rows = None if only is None else [  # those rows alone, as outbox_pending lists them
+                r for i in sorted(only) if (r := await self.store.outbox_entry(i)) and r.status == "pending" and not r.streaming]
+            for listed in rows if rows is not None else await self.store.outbox_pending():
                 if listed.chat.platform not in self._adapters or listed.id in self._in_flight:
                     continue
                 if listed.chat.key in self._waiting:

@@ -186,7 +186,7 @@ class OwnedConversations:
         if unsent:  # replies its last worker left unsent (its resumed turns send theirs first): now
             self._delivery.retry_later(unsent)
         for entry in await self._store.pending_inbound(chat):
-            if entry.turn_id not in resumed and entry.turn_id is None:
+            if entry.turn_id is None:  # one a resumed turn had taken answers with it
                 await self._dispatch(entry, adopting=True)
         await self.progress.notify()
 
