@@ -14,10 +14,12 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
+from aiohttp import web
 from conftest import running, write_config
 from fakes.discord_server import FakeDiscord
 from fakes.openai_server import FakeOpenAI, Reply, is_aux, text, tool_calls
 from fakes.postgres_server import PostgresServer
+from support import judges_say_done, say
 
 from adapters.discord.shards import replayed
 from bumblebot.app.cluster import cluster_state
@@ -206,3 +208,181 @@ async def test_a_shard_count_discord_refuses_stops_the_start_naming_the_setting(
             async with running(path, telegram_token=None, discord_token=dc.token):
                 pass
         assert dc.live_shards() == []
+
+
+# -- the catch-up when the previous session's gateway misbehaves ----------------------------------
+
+
+async def gateway(handler: Any) -> tuple[web.AppRunner, str]:
+    """A gateway of its own on 127.0.0.1 that runs ``handler`` for each websocket."""
+    app = web.Application()
+    app.router.add_get("/gateway", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"ws://127.0.0.1:{port}/gateway"
+
+
+async def closes_before_hello(request: web.Request) -> web.WebSocketResponse:
+    ws = web.WebSocketResponse()
+    await ws.prepare(request)
+    await ws.close(code=1001, message=b"going away")
+    return ws
+
+
+async def test_a_catch_up_whose_gateway_closes_before_hello_gives_nothing_and_raises_nothing():
+    runner, url = await gateway(closes_before_hello)
+    try:
+        assert await replayed({"session_id": "s", "resume_url": url, "seq": 3}, "TOKEN") == []
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_catch_up_that_fails_does_not_wedge_the_shard(tmp_path, llm, postgres_server: PostgresServer):
+    """The stored checkpoint names a gateway that closes before HELLO: the shard's own session
+    goes on (its messages were held back for good before), and its checkpoints are saved."""
+    url = await postgres_server.database()
+    llm.default = echo
+    runner, resume_url = await gateway(closes_before_hello)
+    try:
+        async with FakeDiscord(shard_count=2) as dc:
+            (_, _), (g1, c1) = guilds(dc)
+            async with worker(tmp_path, "a", llm, dc, url) as a:
+                a._shards_task.cancel()
+                await a.store.set_kv("discord.shard:1", json.dumps({"session_id": "old", "resume_url": resume_url, "seq": 5}))
+                await a.shard_leases.balance()
+                await opened(a)
+                await dc.send_guild_message("m1", g1, c1)
+                await until_answered(dc, c1, ["m1"])
+                await a.shard_leases.balance()
+                saved = json.loads(await a.store.get_kv("discord.shard:1") or "{}")
+                assert saved.get("session_id") != "old"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_catch_up_is_bounded_even_when_the_handshake_hangs():
+    """A resume host that accepts the connection and never answers the upgrade."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(1024):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        checkpoint = {"session_id": "s", "resume_url": f"ws://127.0.0.1:{port}/gateway", "seq": 1}
+        assert await asyncio.wait_for(replayed(checkpoint, "T", timeout=0.5), 10) == []
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_replay_cut_off_by_a_reconnect_is_resumed_from_the_last_event():
+    resumed_after: list[int] = []
+
+    async def reconnects_once(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_json({"op": 10, "d": {"heartbeat_interval": 41250}})
+        resumed_after.append((await ws.receive_json())["d"]["seq"])
+        if len(resumed_after) == 1:
+            await ws.send_json({"op": 0, "t": "MESSAGE_CREATE", "s": 4, "d": {"id": "1", "content": "m1"}})
+            await ws.send_json({"op": 7, "d": None})  # RECONNECT, before the replay's end
+            await ws.close(code=4000)
+        else:
+            await ws.send_json({"op": 0, "t": "MESSAGE_CREATE", "s": 5, "d": {"id": "2", "content": "m2"}})
+            await ws.send_json({"op": 0, "t": "RESUMED", "s": 6, "d": {}})
+            await ws.receive()
+        return ws
+
+    runner, url = await gateway(reconnects_once)
+    try:
+        events = await replayed({"session_id": "s", "resume_url": url, "seq": 3}, "T")
+    finally:
+        await runner.cleanup()
+    assert [e["d"]["content"] for e in events] == ["m1", "m2"]
+    assert resumed_after == [3, 4]
+
+
+async def left_resumable(dc: FakeDiscord) -> tuple[dict[str, Any], str, str]:
+    """A shard-1 session whose holder died (closed with 4000) with a long backlog, then m1:
+    its checkpoint, guild and channel."""
+    guild, channel = dc.guild_id_on_shard(1), dc.snowflake()
+    dc.add_guild(guild, [channel])
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{dc.gateway_url}?v=10&encoding=json") as ws:
+        await ws.receive_json()
+        await ws.send_json({"op": 2, "d": {"token": dc.token, "intents": (1 << 15) | 513, "shard": [1, 2], "properties": {}}})
+        ready = await ws.receive_json()
+        await ws.close(code=4000)
+    for _ in range(20_000):  # a busy shard: a replay longer than the catch-up is let run
+        await dc.dispatch("TYPING_START", {"guild_id": guild, "channel_id": channel, "user_id": "1"}, shard=1)
+    await dc.send_guild_message("m1", guild, channel)
+    return {"session_id": ready["d"]["session_id"], "resume_url": dc.gateway_url, "seq": ready["s"] + 1}, guild, channel
+
+
+async def test_a_catch_up_cancelled_or_timed_out_leaves_the_previous_session_resumable():
+    """Cancelled (the worker stops, loses or gives up the shard meanwhile) or out of time, the
+    catch-up closes with 4000 as it does when done, never ending the session it resumed."""
+    async with FakeDiscord(shard_count=2) as dc:
+        checkpoint, _, _ = await left_resumable(dc)
+        task = asyncio.create_task(replayed(checkpoint, dc.token))
+        await dc.wait_until(lambda: any(s["live"] for s in dc.sessions(1)), 10, "the RESUME taken")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await dc.wait_until(lambda: not any(s["live"] for s in dc.sessions(1)), 5, "the catch-up closed")
+        await replayed(checkpoint, dc.token, timeout=0.3)  # shorter than the replay
+        await dc.wait_until(lambda: not any(s["live"] for s in dc.sessions(1)), 5, "the catch-up closed")
+        again = await replayed(checkpoint, dc.token)  # the next holder
+        assert [e["d"]["content"] for e in again] == ["m1"]
+        assert not any(s["ended"] for s in dc.sessions(1))
+
+
+async def test_a_message_whose_journaling_failed_stays_after_the_checkpoint(tmp_path, llm, postgres_server: PostgresServer):
+    """The database refuses to journal m2 (a failing write): the checkpoint stays before it, so
+    the next holder replays it."""
+    url = await postgres_server.database()
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        (_, _), (g1, c1) = guilds(dc)
+        async with worker(tmp_path, "a", llm, dc, url) as a:
+            a._shards_task.cancel()
+            await a.shard_leases.balance()
+            await opened(a)
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute("ALTER TABLE journal ADD CONSTRAINT no_m2 CHECK (text NOT LIKE '%m2%') NOT VALID")
+                await dc.send_guild_message("m2", g1, c1)
+                await dc.send_guild_message("m3", g1, c1)
+                await until_answered(dc, c1, ["m3"])  # one channel, in order: m2's handler ended before
+            finally:
+                await conn.close()
+            m2 = [s["seq"] for s in dc.logged("m2") if not s["ended"]][-1]
+            assert a.shard_leases.host.checkpoint(1)["seq"] < m2
+
+
+async def test_the_stop_button_and_a_slash_command_work_on_a_shard(tmp_path, llm):
+    judges_say_done(llm)
+    hold = asyncio.Event()
+    reply = say("a long answer, word by word. " * 40)
+    reply.stream_hold, reply.stream_hold_after, reply.stream_chars = hold, 12, 4
+    llm.push(reply, when=lambda r: "tools" in r)
+    async with FakeDiscord(shard_count=2) as dc:
+        (_, _), (g1, c1) = guilds(dc)
+        path = config(tmp_path, llm, dc, delivery={"streaming": "on", "stream_edit_interval_s": 0.2})
+        async with running(path, telegram_token=None, discord_token=dc.token) as daemon:
+            await dc.send_guild_message("tell me something long", g1, c1)
+            await dc.wait_for_call("POST", f"/channels/{c1}/messages", status=200)
+            [preview] = dc.created_messages(c1)
+            [button] = preview["components"][0]["components"]
+            await dc.press_button(preview["id"], button["custom_id"])  # arrives on shard 1's connection
+            progress = daemon.engine.progress
+            await progress.wait_until(lambda: progress.turns_finished >= 1, timeout=5)
+            hold.set()
+            interaction = await dc.send_interaction("help", channel_id=c1, guild_id=g1)
+            await dc.wait_for_call("POST", rf"/webhooks/\d+/{interaction['token']}", status=200)
+        assert dc.interaction_responses[0]["data"]["content"] == "Stopped."
+        assert dc.server_errors == []

@@ -136,7 +136,7 @@ class DiscordAdapter(DiscordIntake, DiscordCommands, DiscordSending, DiscordFile
         if not self._leased_shards:
             assert self.settings.shard_count is not None
             try:
-                for shard in range(self.settings.shard_count):  # one at a time: Discord's identify rate limit
+                for shard in range(self.settings.shard_count):  # in order, each READY before the next IDENTIFY
                     await self.open_shard(shard)
             except AdapterError:
                 await self._close_client()

@@ -45,8 +45,10 @@ log = logging.getLogger(__name__)
 TRACKED = ("MESSAGE_CREATE", "MESSAGE_UPDATE")
 #: the gateway version discord.py speaks (discord.http.INTERNAL_API_VERSION)
 GATEWAY_VERSION = 10
-#: seconds the catch-up waits for the previous session's replay to end (RESUMED)
+#: seconds the catch-up waits for the previous session's replay to end (RESUMED), connecting included
 CATCH_UP_S = 15.0
+#: RESUMEs of the previous session when its replay breaks off before RESUMED
+CATCH_UP_TRIES = 3
 #: seconds after which an event still being taken no longer holds the checkpoint back (a
 #: handler that never ran must not keep every later takeover replaying from it)
 STUCK_S = 60.0
@@ -96,18 +98,14 @@ class ShardClient(Client):
         self.adapter._on_ready(self)
 
     async def on_message(self, message: discord.Message) -> None:
-        try:
-            await self.caught_up.wait()
-            await self.adapter._on_message(message)
-        finally:
-            self._taken()
+        await self.caught_up.wait()
+        await self.adapter._on_message(message)
+        self._taken()  # not when taking it raised: the next holder replays it (for STUCK_S)
 
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
-        try:
-            await self.caught_up.wait()
-            await self.adapter._on_edit(payload)
-        finally:
-            self._taken()
+        await self.caught_up.wait()
+        await self.adapter._on_edit(payload)
+        self._taken()
 
     def _taken(self) -> None:
         seq = EVENT_SEQ.get()
@@ -142,35 +140,55 @@ class ShardClient(Client):
 
 async def replayed(checkpoint: Checkpoint, token: str, *, timeout: float = CATCH_UP_S) -> list[dict[str, Any]]:
     """The message events the session of ``checkpoint`` got after its sequence number, as
-    Discord replays them on a RESUME (none: the session can no longer be resumed; those that
-    came, when the replay broke off). The connection is closed with 4000 after the replay: the
-    session stays resumable, so a holder that dies before its own first checkpoint leaves it
-    to the next."""
-    url = yarl.URL(str(checkpoint["resume_url"])).with_query(v=GATEWAY_VERSION, encoding="json")
+    Discord replays them on a RESUME: none when the session can no longer be resumed; those
+    that came, with a warning, when the replay could not be finished within ``timeout``
+    seconds. A replay broken off before its RESUMED (a RECONNECT, a dropped connection) is
+    resumed again from the last event received, at most :data:`CATCH_UP_TRIES` times. Every
+    connection is closed with 4000, whatever happens (a cancellation too): the session stays
+    resumable, so a holder that dies before its own first checkpoint leaves it to the next."""
     events: list[dict[str, Any]] = []
+    seq = checkpoint["seq"]
     try:
-        async with aiohttp.ClientSession() as session, session.ws_connect(url, max_msg_size=0) as ws:
-            async with asyncio.timeout(timeout):
-                await ws.receive_json()  # HELLO
-                await ws.send_json({"op": 6, "d": {
-                    "token": token, "session_id": checkpoint["session_id"], "seq": checkpoint["seq"],
-                }})
-                async for frame in ws:
-                    payload = frame.json() if frame.type == aiohttp.WSMsgType.TEXT else {}
-                    if payload.get("op") == 9:  # INVALID_SESSION: ended, or too old to resume
-                        log.warning("Discord: the session to catch up with cannot be resumed; messages "
-                                    "sent while its shard had no worker are not answered")
-                        break
-                    if payload.get("t") == "RESUMED":
-                        break
-                    if payload.get("op") == 0 and payload.get("t") in TRACKED:
-                        events.append(payload)
-            with contextlib.suppress(Exception):
-                await ws.close(code=4000)
-    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-        log.warning("Discord: catching up with the previous session broke off (%s: %s); %d message "
-                    "event(s) replayed", type(exc).__name__, exc, len(events))
+        async with asyncio.timeout(timeout), aiohttp.ClientSession() as http:
+            for _ in range(CATCH_UP_TRIES):
+                done, seq = await _replay(http, checkpoint, seq, token, events)
+                if done:
+                    return events
+        log.warning("Discord: the replay of the previous session broke off %d times; %d message event(s) "
+                    "replayed, later ones may be missing", CATCH_UP_TRIES, len(events))
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the shard goes on with what came
+        log.warning("Discord: catching up with the previous session failed (%s: %s); %d message event(s) "
+                    "replayed, later ones may be missing", type(exc).__name__, exc, len(events))
     return events
+
+
+async def _replay(http: aiohttp.ClientSession, checkpoint: Checkpoint, seq: int, token: str,
+                  events: list[dict[str, Any]]) -> tuple[bool, int]:
+    """One RESUME of ``checkpoint``'s session after ``seq``, its message events appended to
+    ``events``; whether the replay ended (RESUMED, or the session is gone) and the last
+    sequence number received."""
+    url = yarl.URL(str(checkpoint["resume_url"])).with_query(v=GATEWAY_VERSION, encoding="json")
+    ws = await http.ws_connect(url, max_msg_size=0, autoclose=False)
+    try:
+        await ws.receive_json()  # HELLO
+        await ws.send_json({"op": 6, "d": {"token": token, "session_id": checkpoint["session_id"], "seq": seq}})
+        async for frame in ws:
+            payload = frame.json() if frame.type == aiohttp.WSMsgType.TEXT else {}
+            if payload.get("op") == 9:  # INVALID_SESSION: ended, or too old to resume
+                log.warning("Discord: the session to catch up with cannot be resumed; messages sent "
+                            "while its shard had no worker are not answered")
+                return True, seq
+            if payload.get("t") == "RESUMED":
+                return True, seq
+            if payload.get("op") == 0:
+                seq = payload.get("s") or seq
+                if payload.get("t") in TRACKED:
+                    events.append(payload)
+        return False, seq  # closed before RESUMED (a RECONNECT): resumed again from here
+    finally:
+        if not ws.closed:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(ws.close(code=4000))
 
 
 async def take_replayed(client: ShardClient, events: list[dict[str, Any]]) -> None:
@@ -230,12 +248,14 @@ class ShardedGateway:
                 describe_failure(failed, self.settings) if failed else f"no READY for shard {shard} within {READY_TIMEOUT_S:.0f} s"
             ) from failed
         task.add_done_callback(lambda t: self._on_shard_done(shard, client, t))
-        if resume is not None:
-            events = await replayed(resume, self._token)
-            log.info("Discord: shard %d caught up with its previous session after %s (%d message event(s) replayed)",
-                     shard, resume.get("seq"), len(events))
-            await take_replayed(client, events)
-        client.caught_up.set()
+        try:
+            if resume is not None:
+                events = await replayed(resume, self._token)
+                log.info("Discord: shard %d caught up with its previous session after %s (%d message event(s) "
+                         "replayed)", shard, resume.get("seq"), len(events))
+                await take_replayed(client, events)
+        finally:
+            client.caught_up.set()  # whatever the catch-up came to, this session's messages go on
 
     async def close_shard(self, shard: int) -> Checkpoint | None:
         """Close shard ``shard`` keeping its session resumable; its checkpoint (``None``: not

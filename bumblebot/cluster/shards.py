@@ -22,7 +22,7 @@ import random
 import time
 from typing import Any, Protocol
 
-from bumblebot.core.errors import STORE_FAILURES, AdapterError, StoreError
+from bumblebot.core.errors import STORE_FAILURES, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,10 @@ class ShardLeases:
         log.info("%s: now runs Discord shard %d%s", self.name, shard, " (resuming its last session)" if resume else "")
         try:
             await self.host.open_shard(shard, resume)
-        except AdapterError as exc:
-            log.error("%s: Discord shard %d cannot be opened (%s); leaving it to another worker", self.name, shard, exc)
+        except Exception as exc:  # noqa: BLE001 - never a lease renewed for a shard nobody runs
+            log.error("%s: Discord shard %d cannot be opened (%s: %s); leaving it to another worker",
+                      self.name, shard, type(exc).__name__, exc)
+            await self.host.close_shard(shard)
             token = self.held.pop(shard, None)
             if token is not None:
                 with contextlib.suppress(StoreError, *STORE_FAILURES):
