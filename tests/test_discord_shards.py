@@ -386,3 +386,38 @@ async def test_the_stop_button_and_a_slash_command_work_on_a_shard(tmp_path, llm
             await dc.wait_for_call("POST", rf"/webhooks/\d+/{interaction['token']}", status=200)
         assert dc.interaction_responses[0]["data"]["content"] == "Stopped."
         assert dc.server_errors == []
+
+
+async def test_a_message_stuck_in_an_earlier_session_does_not_set_the_new_sessions_checkpoint(
+    tmp_path, llm, postgres_server: PostgresServer
+):
+    """m5's journaling failed in a session Discord then invalidated; the shard identifies a new
+    session, whose numbers start again. Its checkpoint is its own (after m6), not one before m5's
+    number in the old session, which would skip the new session's messages past it."""
+    url = await postgres_server.database()
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        (_, _), (g1, c1) = guilds(dc)
+        async with worker(tmp_path, "a", llm, dc, url) as a:
+            a._shards_task.cancel()
+            await a.shard_leases.balance()
+            await opened(a)
+            for n in range(1, 5):
+                await dc.send_guild_message(f"m{n}", g1, c1)
+            await until_answered(dc, c1, ["m1", "m2", "m3", "m4"])
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute("ALTER TABLE journal ADD CONSTRAINT no_m5 CHECK (text NOT LIKE '%m5%') NOT VALID")
+                await dc.send_guild_message("m5", g1, c1)
+                await dc.send_guild_message("m6", g1, c1)
+                await until_answered(dc, c1, ["m1", "m2", "m3", "m4", "m6"])
+            finally:
+                await conn.close()
+            identified = dc.identifies_by_shard[1]
+            await dc.invalidate_session(resumable=False, shard=1)
+            await dc.wait_until(lambda: dc.identifies_by_shard[1] > identified and dc.live_shards() == [0, 1], 15, "IDENTIFY again")
+            await dc.send_guild_message("m7", g1, c1)
+            await until_answered(dc, c1, ["m1", "m2", "m3", "m4", "m6", "m7"])
+            [session] = [s for s in dc.sessions(1) if s["live"]]
+            checkpoint = a.shard_leases.host.checkpoint(1)
+            assert checkpoint["session_id"] == session["session_id"] and checkpoint["seq"] == session["seq"]

@@ -52,8 +52,8 @@ CATCH_UP_TRIES = 3
 #: seconds after which an event still being taken no longer holds the checkpoint back (a
 #: handler that never ran must not keep every later takeover replaying from it)
 STUCK_S = 60.0
-#: the sequence number of the event whose handler runs in this task
-EVENT_SEQ: contextvars.ContextVar[int | None] = contextvars.ContextVar("discord_event_seq", default=None)
+#: the session and sequence number of the event whose handler runs in this task
+EVENT_SEQ: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar("discord_event_seq", default=None)
 
 Checkpoint = dict[str, Any]  # {"session_id", "resume_url", "seq"}
 
@@ -67,7 +67,7 @@ class ShardClient(Client):
         self.ready = asyncio.Event()
         #: set once the previous holder's missed messages are taken: this session's wait until then
         self.caught_up = asyncio.Event()
-        self._taking: dict[int, float] = {}  # sequence numbers of messages being taken, since when
+        self._taking: dict[tuple[str, int], float] = {}  # (session, sequence) of messages being taken: since when
         parsers = self._connection.parsers
         for event in TRACKED:
             parsers[event] = self._noted(parsers[event])
@@ -77,12 +77,13 @@ class ShardClient(Client):
         created by the parser inherits the context it runs in)."""
 
         def read(data: Any) -> None:
-            seq = self.ws.sequence if self.ws is not None else None
-            if seq is None:
+            ws = self.ws
+            if ws is None or ws.session_id is None or ws.sequence is None:
                 parse(data)
                 return
-            self._taking[seq] = time.monotonic()
-            token = EVENT_SEQ.set(seq)
+            event = (ws.session_id, ws.sequence)
+            self._taking[event] = time.monotonic()
+            token = EVENT_SEQ.set(event)
             try:
                 parse(data)
             finally:
@@ -108,9 +109,9 @@ class ShardClient(Client):
         self._taken()
 
     def _taken(self) -> None:
-        seq = EVENT_SEQ.get()
-        if seq is not None:
-            self._taking.pop(seq, None)
+        event = EVENT_SEQ.get()
+        if event is not None:
+            self._taking.pop(event, None)
 
     def checkpoint(self) -> Checkpoint | None:
         """Where the next holder resumes this shard's session: after the last event up to which
@@ -119,7 +120,10 @@ class ShardClient(Client):
         if ws is None or ws.session_id is None or ws.sequence is None or not self.caught_up.is_set():
             return None
         now = time.monotonic()
-        waiting = [seq for seq, since in self._taking.items() if now - since < STUCK_S]
+        # another session's (before a new IDENTIFY) or a stuck one's no longer count
+        self._taking = {event: since for event, since in self._taking.items()
+                        if event[0] == ws.session_id and now - since < STUCK_S}
+        waiting = [seq for _, seq in self._taking]
         seq = min(waiting) - 1 if waiting else ws.sequence
         return {"session_id": ws.session_id, "resume_url": str(ws.gateway), "seq": seq}
 
