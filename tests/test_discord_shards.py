@@ -421,3 +421,141 @@ async def test_a_message_stuck_in_an_earlier_session_does_not_set_the_new_sessio
             [session] = [s for s in dc.sessions(1) if s["live"]]
             checkpoint = a.shard_leases.host.checkpoint(1)
             assert checkpoint["session_id"] == session["session_id"] and checkpoint["seq"] == session["seq"]
+
+
+# -- handovers that go wrong -------------------------------------------------------------------
+
+
+async def backlog(dc: FakeDiscord, guild: str, channel: str, n: int = 20_000) -> None:
+    for _ in range(n):  # a busy shard: the catch-up's replay takes a while
+        await dc.dispatch("TYPING_START", {"guild_id": guild, "channel_id": channel, "user_id": "1"}, shard=1)
+
+
+async def test_a_worker_stopped_during_its_catch_up_leaves_the_previous_checkpoint_for_the_next(
+    tmp_path, llm, postgres_server: PostgresServer
+):
+    url = await postgres_server.database()
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        (_, _), (g1, c1) = guilds(dc)
+        async with worker(tmp_path, "a", llm, dc, url) as a:
+            a._shards_task.cancel()
+            await a.shard_leases.balance()
+            await opened(a)
+            await a.shard_leases.balance()  # checkpoints saved
+            async with worker(tmp_path, "b", llm, dc, url) as b:
+                b._shards_task.cancel()
+                await b.shard_leases.balance()  # b counts among the workers
+                await a.shard_leases.balance()  # a gives shard 1 up, checkpoint saved
+                old = json.loads(await a.store.get_kv("discord.shard:1"))["session_id"]
+                await backlog(dc, g1, c1)
+                await dc.send_guild_message("m3 sent while shard 1 had no worker", g1, c1)
+                await b.shard_leases.balance()  # b takes shard 1: identifies, then resumes a's session
+                assert sorted(b.shard_leases.held) == [1]
+                await dc.wait_until(lambda: any(s["live"] and s["session_id"] == old for s in dc.sessions(1)),
+                                    30, "b's catch-up resuming a's session")
+                # b is stopped now (SIGTERM), in the middle of its catch-up
+            assert json.loads(await a.store.get_kv("discord.shard:1") or "{}")["session_id"] == old
+            await a.shard_leases.balance()  # alone again: a takes shard 1 back
+            await opened(a)
+            await until_answered(dc, c1, ["m3"])
+        assert answered(dc, c1) == ["m3"]
+
+
+async def test_a_replayed_message_whose_journaling_failed_is_replayed_by_the_next_holder(
+    tmp_path, llm, postgres_server: PostgresServer
+):
+    """As test_a_message_whose_journaling_failed_stays_after_the_checkpoint, for a message the
+    catch-up replays: b keeps a's checkpoint a while, so a replays m3 once the database is back."""
+    url = await postgres_server.database()
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        (_, _), (g1, c1) = guilds(dc)
+        async with worker(tmp_path, "a", llm, dc, url) as a:
+            a._shards_task.cancel()
+            await a.shard_leases.balance()
+            await opened(a)
+            async with worker(tmp_path, "b", llm, dc, url) as b:
+                b._shards_task.cancel()
+                await b.shard_leases.balance()
+                await a.shard_leases.balance()  # a gives shard 1 up
+                await dc.send_guild_message("m3", g1, c1)  # while nobody runs shard 1
+                conn = await asyncpg.connect(url)
+                try:
+                    await conn.execute("ALTER TABLE journal ADD CONSTRAINT no_m3 CHECK (text NOT LIKE '%m3%') NOT VALID")
+                    await b.shard_leases.balance()
+                    await opened(b)  # the catch-up replayed m3; journaling it failed
+                    await conn.execute("ALTER TABLE journal DROP CONSTRAINT no_m3")  # the database is back
+                finally:
+                    await conn.close()
+                await b.shard_leases.balance()  # b's checkpoint saved
+            await a.shard_leases.balance()  # b stopped: a takes shard 1 back and resumes b's session
+            await opened(a)
+            await until_answered(dc, c1, ["m3"])
+
+
+class Unreachable:
+    """Worker b's adapter, seen by its shards' leases, on a machine that cannot reach Discord's
+    gateway (the two workers of these tests share one process, and discord.py's gateway URL is
+    a class attribute: b's own cannot point elsewhere)."""
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter, self.opened = adapter, 0
+
+    async def open_shard(self, shard: int, resume: Any = None) -> None:
+        self.opened += 1
+        raise AdapterError("cannot reach Discord at ws://127.0.0.1:9/gateway")
+
+    async def close_shard(self, shard: int) -> Any:
+        return await self.adapter.close_shard(shard)
+
+    def checkpoint(self, shard: int) -> Any:
+        return self.adapter.checkpoint(shard)
+
+
+async def test_a_worker_that_cannot_connect_its_shard_leaves_it_to_the_others(
+    tmp_path, llm, postgres_server: PostgresServer
+):
+    url = await postgres_server.database()
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        (_, _), (g1, c1) = guilds(dc)
+        async with worker(tmp_path, "a", llm, dc, url) as a:
+            a._shards_task.cancel()
+            await a.shard_leases.balance()
+            await opened(a)
+            async with worker(tmp_path, "b", llm, dc, url) as b:
+                b._shards_task.cancel()
+                b.shard_leases.host = unreachable = Unreachable(b.adapters[0])
+                await b.shard_leases.balance()
+                await a.shard_leases.balance()  # a gives shard 1 up
+                for _ in range(3):
+                    await b.shard_leases.balance()  # b takes shard 1 once, cannot open it, then rests
+                    await opened(b)
+                    await a.shard_leases.balance()
+                assert unreachable.opened == 1
+                assert sorted(a.shard_leases.held) == [0, 1] and b.shard_leases.held == {}
+                await opened(a)
+                await dc.send_guild_message("m1", g1, c1)
+                await until_answered(dc, c1, ["m1"])
+
+
+async def test_a_shard_count_discord_refuses_stops_a_worker_of_a_cluster_too(
+    tmp_path, llm, postgres_server: PostgresServer
+):
+    url = await postgres_server.database()
+    llm.default = echo
+    async with FakeDiscord(shard_count=2) as dc:
+        guilds(dc)
+        path = config(tmp_path / "a", llm, dc, store={"url": url}, cluster={"worker": "a", "lease_s": 10})
+        path.write_text(path.read_text().replace("shard_count: 2", "shard_count: 3"))
+        async with running(path, telegram_token=None, discord_token=dc.token) as a:
+            a._shards_task.cancel()
+            for _ in range(4):
+                await a.shard_leases.balance()
+                await opened(a)
+            refused = sum(1 for p in dc.gw_received if p.get("op") == 2)
+            assert refused <= 3  # Discord counts each IDENTIFY against the bot's daily limit
+            [adapter] = a.adapters
+            with pytest.raises(AdapterError, match=r"4010.*discord\.shard_count"):
+                adapter.failure.result()  # bumblebot run stops on it

@@ -68,6 +68,8 @@ class ShardClient(Client):
         #: set once the previous holder's missed messages are taken: this session's wait until then
         self.caught_up = asyncio.Event()
         self._taking: dict[tuple[str, int], float] = {}  # (session, sequence) of messages being taken: since when
+        #: the previous holder's checkpoint, kept until when: some of what it replayed could not be taken
+        self.behind: tuple[Checkpoint, float] | None = None
         parsers = self._connection.parsers
         for event in TRACKED:
             parsers[event] = self._noted(parsers[event])
@@ -120,6 +122,8 @@ class ShardClient(Client):
         if ws is None or ws.session_id is None or ws.sequence is None or not self.caught_up.is_set():
             return None
         now = time.monotonic()
+        if self.behind is not None and now < self.behind[1]:
+            return self.behind[0]
         # another session's (before a new IDENTIFY) or a stuck one's no longer count
         self._taking = {event: since for event, since in self._taking.items()
                         if event[0] == ws.session_id and now - since < STUCK_S}
@@ -195,12 +199,14 @@ async def _replay(http: aiohttp.ClientSession, checkpoint: Checkpoint, seq: int,
                 await asyncio.shield(ws.close(code=4000))
 
 
-async def take_replayed(client: ShardClient, events: list[dict[str, Any]]) -> None:
+async def take_replayed(client: ShardClient, events: list[dict[str, Any]]) -> bool:
     """Take the replayed messages and edits one by one, in their order, as discord.py's own
     parsers would hand them over (``parse_message_create`` / ``parse_message_update``: the
-    channel from the shard's cache, a DM channel made for one it does not know)."""
+    channel from the shard's cache, a DM channel made for one it does not know). Whether every
+    one was taken."""
     state = client._connection
     adapter = client.adapter
+    taken = True
     for event in events:
         data = event["d"]
         try:
@@ -211,8 +217,19 @@ async def take_replayed(client: ShardClient, events: list[dict[str, Any]]) -> No
             else:
                 await adapter._on_edit(discord.RawMessageUpdateEvent(data=data, message=message))
         except Exception as exc:  # noqa: BLE001 - one unreadable event must not stop the others
+            taken = False
             log.warning("Discord: a replayed %s (id %s) cannot be taken (%s: %s); skipped",
                         event["t"], data.get("id") if isinstance(data, dict) else None, type(exc).__name__, exc)
+    return taken
+
+
+def fatal(exc: BaseException | None) -> bool:
+    """Whether a connection failed on what only the operator can mend: the token, the intents,
+    or a ``discord.shard_count`` Discord refuses (close codes 4004, 4010, 4011, 4014). Opened
+    again at each balance, Discord would count every IDENTIFY against the bot's daily limit."""
+    if isinstance(exc, (discord.LoginFailure, discord.PrivilegedIntentsRequired)):
+        return True
+    return isinstance(exc, discord.ConnectionClosed) and exc.code in (4004, 4010, 4011, 4014)
 
 
 class ShardedGateway:
@@ -248,18 +265,23 @@ class ShardedGateway:
             ready.cancel()
             failed = task.exception() if task in done and not task.cancelled() else None
             await self.close_shard(shard)
-            raise AdapterError(
+            error = AdapterError(
                 describe_failure(failed, self.settings) if failed else f"no READY for shard {shard} within {READY_TIMEOUT_S:.0f} s"
-            ) from failed
+            )
+            if fatal(failed) and not self.failure.done():
+                self.failure.set_exception(error)  # bumblebot run stops: trying again cannot help
+            raise error from failed
         task.add_done_callback(lambda t: self._on_shard_done(shard, client, t))
-        try:
-            if resume is not None:
-                events = await replayed(resume, self._token)
-                log.info("Discord: shard %d caught up with its previous session after %s (%d message event(s) "
-                         "replayed)", shard, resume.get("seq"), len(events))
-                await take_replayed(client, events)
-        finally:
-            client.caught_up.set()  # whatever the catch-up came to, this session's messages go on
+        # neither raises but a cancellation: a shard closed before it caught up saves no
+        # checkpoint of its own (the previous one stands); else this session's messages go on
+        # whatever the catch-up came to
+        if resume is not None:
+            events = await replayed(resume, self._token)
+            log.info("Discord: shard %d caught up with its previous session after %s (%d message event(s) "
+                     "replayed)", shard, resume.get("seq"), len(events))
+            if not await take_replayed(client, events):  # the next holder replays them, for a while
+                client.behind = (resume, time.monotonic() + STUCK_S)
+        client.caught_up.set()
 
     async def close_shard(self, shard: int) -> Checkpoint | None:
         """Close shard ``shard`` keeping its session resumable; its checkpoint (``None``: not

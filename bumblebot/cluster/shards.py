@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 SHARD = "discord.shard:"
 #: the lease each worker taking part in the shards holds while it does
 MEMBER = "discord.shards.worker:"
+#: the longest a worker whose shards could not be opened leaves them to the others, seconds
+REST_MAX_S = 600.0
 
 
 class ShardHost(Protocol):
@@ -64,6 +66,8 @@ class ShardLeases:
         self._opening: dict[int, asyncio.Task[None]] = {}
         self._saved: dict[int, dict[str, Any]] = {}
         self._member: int | None = None  # the token of this worker's lease among the shards' workers
+        self._failures = 0  # shards that could not be opened here, in a row
+        self._resting_until = 0.0  # till then this worker takes no shard and counts in no share
         self._renewed_at = time.monotonic()
 
     @property
@@ -81,14 +85,17 @@ class ShardLeases:
                 await self.balance()
             except (StoreError, *STORE_FAILURES) as exc:
                 log.warning("%s: the store failed while renewing Discord's shards (%s); retrying", self.name, exc)
-                if time.monotonic() - self._renewed_at > self.lease_s:
-                    for shard in list(self.held):  # held no longer for sure
+                if time.monotonic() - self._renewed_at > self.lease_s * 2 / 3:
+                    for shard in list(self.held):  # before the leases run out: never two holders at once
                         await self._close(shard, save=False)
             except Exception:  # a bug must not end the renewals while the shards look held
                 log.exception("%s: balancing Discord's shards failed; retrying", self.name)
             await asyncio.sleep(self.lease_s / 3)
 
     async def balance(self) -> None:
+        if time.monotonic() < self._resting_until:  # its shards failed to open here: the others take them
+            await self.leave()
+            return
         workers = await self._workers()  # renewed first: a dead worker's lapses before its shards
         renewing = dict(self.held)
         kept = dict(await self.store.renew([SHARD + str(n) for n in renewing], self.name, self.lease_s))
@@ -128,9 +135,13 @@ class ShardLeases:
         log.info("%s: now runs Discord shard %d%s", self.name, shard, " (resuming its last session)" if resume else "")
         try:
             await self.host.open_shard(shard, resume)
+            self._failures = 0
         except Exception as exc:  # noqa: BLE001 - never a lease renewed for a shard nobody runs
-            log.error("%s: Discord shard %d cannot be opened (%s: %s); leaving it to another worker",
-                      self.name, shard, type(exc).__name__, exc)
+            self._failures += 1
+            rest = min(REST_MAX_S, self.lease_s * 2 ** self._failures)
+            self._resting_until = time.monotonic() + rest
+            log.error("%s: Discord shard %d cannot be opened (%s: %s); leaving the shards to the other workers "
+                      "for %.0f s", self.name, shard, type(exc).__name__, exc, rest)
             await self.host.close_shard(shard)
             token = self.held.pop(shard, None)
             if token is not None:
@@ -168,6 +179,9 @@ class ShardLeases:
         others take them at their next balance."""
         for shard in list(self.held):
             await self._close(shard, save=True)
+        await self._leave_members()
+
+    async def _leave_members(self) -> None:
         if self._member is not None:
             with contextlib.suppress(StoreError, *STORE_FAILURES):
                 await self.store.release(MEMBER + self.name, self.name, self._member)
