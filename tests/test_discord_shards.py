@@ -76,6 +76,14 @@ async def opened(daemon: Any) -> None:
     await asyncio.gather(*daemon.shard_leases._opening.values())
 
 
+async def drive(daemon: Any) -> None:
+    """Balance ``daemon``'s shards here, one balance at a time (its own loop stopped), and wait
+    until the shards its first balance took are open and caught up."""
+    daemon._shards_task.cancel()
+    await daemon.shard_leases.balance()
+    await opened(daemon)
+
+
 async def lease_owners(url: str) -> dict[str, str]:
     conn = await asyncpg.connect(url)
     try:
@@ -113,9 +121,7 @@ async def test_two_workers_split_the_shards_and_a_shard_handed_over_misses_no_me
     async with FakeDiscord(shard_count=2) as dc:
         (g0, c0), (g1, c1) = guilds(dc)
         async with worker(tmp_path, "a", llm, dc, url) as a:
-            a._shards_task.cancel()  # the balances are driven here, one at a time
-            await a.shard_leases.balance()
-            await opened(a)
+            await drive(a)
             assert dc.live_shards() == [0, 1] and sorted(a.shard_leases.held) == [0, 1]
             await dc.send_guild_message("m1", g0, c0)
             await dc.send_guild_message("m2", g1, c1)
@@ -156,9 +162,7 @@ async def test_a_shard_taken_over_elsewhere_is_closed_here_and_its_checkpoint_le
     async with FakeDiscord(shard_count=2) as dc:
         guilds(dc)
         async with worker(tmp_path, "a", llm, dc, url) as a:
-            a._shards_task.cancel()
-            await a.shard_leases.balance()
-            await opened(a)
+            await drive(a)
             await a.shard_leases.balance()  # saves both checkpoints
             state = await cluster_state(a.settings)
             roles = state["workers"][0]["roles"]  # the shards, not the lease that counts a among their workers
@@ -349,9 +353,7 @@ async def test_a_message_whose_journaling_failed_stays_after_the_checkpoint(tmp_
     async with FakeDiscord(shard_count=2) as dc:
         (_, _), (g1, c1) = guilds(dc)
         async with worker(tmp_path, "a", llm, dc, url) as a:
-            a._shards_task.cancel()
-            await a.shard_leases.balance()
-            await opened(a)
+            await drive(a)
             conn = await asyncpg.connect(url)
             try:
                 await conn.execute("ALTER TABLE journal ADD CONSTRAINT no_m2 CHECK (text NOT LIKE '%m2%') NOT VALID")
@@ -399,9 +401,7 @@ async def test_a_message_stuck_in_an_earlier_session_does_not_set_the_new_sessio
     async with FakeDiscord(shard_count=2) as dc:
         (_, _), (g1, c1) = guilds(dc)
         async with worker(tmp_path, "a", llm, dc, url) as a:
-            a._shards_task.cancel()
-            await a.shard_leases.balance()
-            await opened(a)
+            await drive(a)
             for n in range(1, 5):
                 await dc.send_guild_message(f"m{n}", g1, c1)
             await until_answered(dc, c1, ["m1", "m2", "m3", "m4"])
@@ -439,9 +439,7 @@ async def test_a_worker_stopped_during_its_catch_up_leaves_the_previous_checkpoi
     async with FakeDiscord(shard_count=2) as dc:
         (_, _), (g1, c1) = guilds(dc)
         async with worker(tmp_path, "a", llm, dc, url) as a:
-            a._shards_task.cancel()
-            await a.shard_leases.balance()
-            await opened(a)
+            await drive(a)
             await a.shard_leases.balance()  # checkpoints saved
             async with worker(tmp_path, "b", llm, dc, url) as b:
                 b._shards_task.cancel()
@@ -472,9 +470,7 @@ async def test_a_replayed_message_whose_journaling_failed_is_replayed_by_the_nex
     async with FakeDiscord(shard_count=2) as dc:
         (_, _), (g1, c1) = guilds(dc)
         async with worker(tmp_path, "a", llm, dc, url) as a:
-            a._shards_task.cancel()
-            await a.shard_leases.balance()
-            await opened(a)
+            await drive(a)
             async with worker(tmp_path, "b", llm, dc, url) as b:
                 b._shards_task.cancel()
                 await b.shard_leases.balance()
@@ -521,9 +517,7 @@ async def test_a_worker_that_cannot_connect_its_shard_leaves_it_to_the_others(
     async with FakeDiscord(shard_count=2) as dc:
         (_, _), (g1, c1) = guilds(dc)
         async with worker(tmp_path, "a", llm, dc, url) as a:
-            a._shards_task.cancel()
-            await a.shard_leases.balance()
-            await opened(a)
+            await drive(a)
             async with worker(tmp_path, "b", llm, dc, url) as b:
                 b._shards_task.cancel()
                 b.shard_leases.host = unreachable = Unreachable(b.adapters[0])
