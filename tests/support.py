@@ -9,7 +9,7 @@ import selectors
 import signal
 import sqlite3
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,14 @@ def contents(request: dict[str, Any]) -> str:
         for call in m.get("tool_calls") or ():
             parts.append(call["function"]["arguments"])
     return "\n".join(parts)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``condition`` holds (for state that notifies nobody, such as the request
+    slots: it is polled), or fail."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
 
 
 class Gate:

@@ -24,6 +24,7 @@ from support import (
     loop_requests,
     say,
     tool_result,
+    until,
 )
 
 from bumblebot.cognition.notes import LOOPING_MESSAGE
@@ -452,7 +453,64 @@ async def test_a_message_sent_while_a_turn_is_at_its_cap_gets_its_own_turn(tmp_p
         await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
         first.release.set()
         await d.engine.wait_for_turns(2)
+        capped = (await d.store.recent_turns())[-1]["trace"]
     assert tg.sent(401) == [f"Fact {i}." for i in range(4)] + ["2+2 is 4."]
+    assert not llm.unscripted
+    # it could say no more: it ended with the message waiting, the model not asked again
+    assert capped["stop_reason"] == "message_waiting"
+    assert len([r for r in loop_requests(llm) if "2+2" not in contents(r)]) == 1
+
+
+FOUR_SAYS_AND_A_LOOK = tool_calls(*[("say", {"text": f"Line {i}."}) for i in range(4)], ("list_directory", {"path": "."}))
+
+
+async def test_a_message_ends_a_capped_turn_whose_request_is_in_flight(tmp_path, llm, tg):
+    """SmolLM2-135M at its cap kept calling list_directory, one slow step after another, while
+    "good night" waited for the turn to end: it got no answer within 600 s."""
+    judges_say_done(llm)
+    llm.push(FOUR_SAYS_AND_A_LOOK, when=is_loop)
+    slow = Gate(tool_calls(("list_directory", {"path": "."})))
+    llm.push(slow, when=lambda r: is_loop(r) and "good night" not in contents(r))
+    llm.push(say("Good night!"), when=lambda r: is_loop(r) and "good night" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("tell me four things", chat_id=404)
+        await slow.entered.wait()
+        tg.push_text("good night", chat_id=404)
+        await d.engine.wait_for_turns(2)  # answered while the capped turn's request still hangs
+        turns = await d.store.recent_turns()
+    assert tg.sent(404) == [f"Line {i}." for i in range(4)] + ["Good night!"]
+    assert not slow.release.is_set() and turns[-1]["trace"]["stop_reason"] == "message_waiting"
+    assert len(turns[-1]["trace"]["steps"]) == 1  # the aborted step left nothing in the history
+    assert not llm.unscripted
+
+
+async def test_a_message_ends_a_capped_turn_whose_request_waits_for_the_slot(tmp_path, llm, tg):
+    """On a one-slot endpoint the capped turn's next request queued behind another chat's,
+    and the message that came meanwhile waited for both."""
+    judges_say_done(llm)
+    first, other = Gate(FOUR_SAYS_AND_A_LOOK), Gate(say("Hello there."))
+    llm.push(first, when=lambda r: is_loop(r) and "four things" in contents(r))
+    llm.push(other, when=lambda r: is_loop(r) and "hello" in contents(r))
+    llm.push(say("Good night!"), when=lambda r: is_loop(r) and "good night" in contents(r))
+    config = write_config(tmp_path, llm, tg, llm={"max_concurrent_requests": 1})
+    async with running(config) as d:
+        endpoint = d.llm.primary
+        tg.push_text("tell me four things", chat_id=405)
+        await first.entered.wait()
+        tg.push_text("hello", chat_id=406)
+        await until(lambda: endpoint.waiting == 1)
+        first.release.set()
+        await other.entered.wait()  # the other chat holds the one slot...
+        await until(lambda: endpoint.waiting == 1)  # ...and the capped turn's next step waits for it
+        tg.push_text("good night", chat_id=405)
+        await d.engine.wait_for_turns(1)  # the capped turn ended, its request never sent
+        other.release.set()
+        await d.engine.wait_for_turns(3)
+        turns = await d.store.recent_turns()
+    assert tg.sent(405) == [f"Line {i}." for i in range(4)] + ["Good night!"]
+    assert [t["trace"]["stop_reason"] for t in turns][::-1] == ["message_waiting", "end_turn", "end_turn"]
+    chat_405 = [r for r in loop_requests(llm) if "four things" in contents(r)]
+    assert len([r for r in chat_405 if "good night" not in contents(r)]) == 1
     assert not llm.unscripted
 
 

@@ -6,13 +6,12 @@ chats' turns, and background work comes last. Real openai client against the fak
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
 from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI
-from support import Gate, contents, is_loop_with, judges_say_done, loop_requests, say
+from support import Gate, contents, is_loop_with, judges_say_done, loop_requests, say, until
 
 from bumblebot.core.settings import LLMSettings
 from bumblebot.cognition.state import LoopState
@@ -127,13 +126,6 @@ async def test_requests_through_the_client_wait_for_the_slot_most_urgent_first()
         await llm.aclose()
     asked = [r["messages"][-1]["content"] for r in server.requests]
     assert asked == ["held", "a new message", "a later step"]
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait until ``condition`` holds (the slots notify nobody: it is polled), or fail."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 async def test_a_new_message_goes_before_other_chats_later_steps_at_a_one_slot_server(tmp_path, tg):

@@ -9,7 +9,8 @@ reasoning and is never delivered. A plain-text answer (an endpoint that does not
 **The model decides when its turn is over.** A turn ends when the model calls ``end_turn``
 (or answers in plain text) and the completion gate accepts; otherwise only at a limit: the
 step cap, a model that repeats itself without progress (``looping``), replies that keep
-hitting the token budget (``budget``), a full window, or ``/stop``. Delivering a ``say`` never
+hitting the token budget (``budget``), a full window, ``/stop``, or a person's message waiting
+while the turn is at its message cap (``message_waiting``). Delivering a ``say`` never
 ends a turn. A turn that stops at a limit tells the user so once, in words the model is asked
 for (in the user's language), or a plain note when it cannot give them.
 
@@ -91,6 +92,7 @@ from bumblebot.cognition.state import DELIVERIES, LoopState
 from bumblebot.cognition.steps import (
     Burst,
     Stopped,
+    Superseded,
     cut_short,
     unique_id,
     unless_stopped,
@@ -174,6 +176,8 @@ class AgentLoop:
         if run.port.stop.is_set():
             run.stop_reason = StopReason.STOPPED
             return False
+        if self._at_cap(run) and run.port.message_waiting():
+            return self._superseded(run)
         if run.ended_by is not None and await self._gate(run):
             return False
         limit = self._limit(run)
@@ -192,6 +196,8 @@ class AgentLoop:
         except Stopped:
             run.stop_reason = StopReason.STOPPED
             return False
+        except Superseded:
+            return self._superseded(run)
         except ContextTooLong:
             if not run.state.delivered:
                 raise  # nothing got through: the turn fails with the "too long" note
@@ -234,6 +240,21 @@ class AgentLoop:
         return False
 
     @staticmethod
+    def _at_cap(run: Run) -> bool:
+        return len(run.state.delivered) >= run.limits.max_messages
+
+    @staticmethod
+    def _superseded(run: Run) -> bool:
+        """The turn can say no more and a person's message waits for it to end: it ends now,
+        decided from delivery state, not from what was said. Its steps left could only work
+        on unseen, or call ``end_turn`` for the check to judge; the message's own turn sees
+        all of it in the history, and the person does not wait for it (minutes on a slow
+        endpoint). ``False``: the turn is over."""
+        ended = {"end_turn": StopReason.END_TURN, "text": StopReason.FINAL_REPLY}
+        run.stop_reason = ended.get(run.ended_by or "", StopReason.MESSAGE_WAITING)
+        return False
+
+    @staticmethod
     def _limit(run: Run) -> StopReason | None:
         """The limit the turn has reached, if any (it stops there)."""
         if run.state.steps >= run.limits.max_steps:
@@ -263,10 +284,16 @@ class AgentLoop:
         # burst it began with goes on (cognition.debounce_s): it has shown nothing yet
         first = not run.trace.steps and not run.restarted and not run.state.delivered
         call = "say" if self._speak_now(run) else None
+        # at the cap, a person's message coming ends the turn, its request aborted (or never
+        # sent: a one-slot endpoint may keep it waiting behind other chats' for minutes)
+        superseded = run.port.arrival() if self._at_cap(run) else None
+        if superseded is not None and run.port.message_waiting():
+            raise Superseded  # came while the request was built
         try:
             completion, request = await unless_stopped(stop, self._complete_fitting(
                 request, run.nudge, run.requests, limits, run.stream.listener, call
-            ), burst=run.port.burst if first else None, may_restart=lambda: not run.stream.shown)
+            ), burst=run.port.burst if first else None, may_restart=lambda: not run.stream.shown,
+                superseded=superseded)
         except Burst:
             run.restarted = True
             await unless_stopped(stop, run.port.settle_burst())

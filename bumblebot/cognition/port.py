@@ -40,6 +40,12 @@ class TurnPort(TurnControl, Protocol):
         """Messages that arrived during the turn (steer mode), already recorded in it.
         ``burst``: the rest of the burst the turn began with, whatever the mode."""
 
+    def message_waiting(self) -> bool:
+        """A message from a person waits for a turn in this turn's conversation."""
+
+    def arrival(self) -> asyncio.Event:
+        """An event set when the next message from a person comes for this conversation."""
+
     async def settle_burst(self) -> None:
         """Wait until the burst the turn began with is over (``cognition.debounce_s`` with no
         new message, at most ``DEBOUNCE_MAX_S``)."""

@@ -51,6 +51,12 @@ class Stopped(Exception):
     """``/stop`` came while the loop waited (:func:`unless_stopped`)."""
 
 
+class Superseded(Exception):
+    """A person's message came while a turn that can say no more (at its message cap) waited
+    on the model (:func:`unless_stopped` with ``superseded``): it was aborted, and the turn
+    ends so that the message gets a turn of its own."""
+
+
 class Burst(Exception):
     """More messages of a burst came while the turn's first completion was awaited
     (:func:`unless_stopped` with ``burst``): it was aborted, to be asked again with them."""
@@ -59,6 +65,7 @@ class Burst(Exception):
 async def unless_stopped(
     stop: asyncio.Event, coro: Coroutine[Any, Any, _T], *,
     burst: asyncio.Event | None = None, may_restart: Callable[[], bool] = lambda: True,
+    superseded: asyncio.Event | None = None,
 ) -> _T:
     """Await ``coro`` unless ``stop`` is set first: then it is cancelled (an HTTP request is
     aborted, a tool's process is stopped the way its timeout stops it) and :class:`Stopped`
@@ -66,7 +73,8 @@ async def unless_stopped(
 
     ``burst`` (the turn's first completion): when it is set and ``may_restart()`` (nothing of
     the completion is on screen yet), ``coro`` is cancelled the same way and :class:`Burst`
-    raised; otherwise it is cleared and the wait goes on."""
+    raised; otherwise it is cleared and the wait goes on. ``superseded`` (a turn at its message
+    cap): when it is set, ``coro`` is cancelled the same way and :class:`Superseded` raised."""
     if stop.is_set():
         coro.close()
         raise Stopped
@@ -76,6 +84,8 @@ async def unless_stopped(
         waiters = [asyncio.ensure_future(stop.wait())]
         if burst is not None:
             waiters.append(asyncio.ensure_future(burst.wait()))
+        if superseded is not None:
+            waiters.append(asyncio.ensure_future(superseded.wait()))
         try:
             await asyncio.wait({task, *waiters}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # we are cancelled ourselves (a shutdown): so is the call
@@ -86,8 +96,8 @@ async def unless_stopped(
                 waiter.cancel()
         if task.done():
             return task.result()
-        if stop.is_set() or burst is None:
-            break
+        if stop.is_set() or burst is None or not burst.is_set():
+            break  # a stop, or the turn was superseded
         burst.clear()
         if may_restart():
             restart = True
@@ -102,7 +112,9 @@ async def unless_stopped(
             raise  # a shutdown came meanwhile
     except Exception as exc:  # what the cancelled call raised on its way out
         log.debug("a call stopped by /stop raised %s", type(exc).__name__)
-    raise Burst if restart else Stopped
+    if restart:
+        raise Burst
+    raise Superseded if superseded is not None and superseded.is_set() and not stop.is_set() else Stopped
 
 
 async def all_or_none(coros: list[Coroutine[Any, Any, _T]]) -> list[_T]:

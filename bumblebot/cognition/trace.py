@@ -31,6 +31,8 @@ class StopReason(StrEnum):
     UNDELIVERABLE = "undeliverable"
     #: ``/stop``
     STOPPED = "stopped"
+    #: at its message cap, with a person's message waiting for a turn of its own
+    MESSAGE_WAITING = "message_waiting"
     # ended by the turn's runner, not the loop
     MODEL_ERROR = "model_error"
     MODEL_UNREACHABLE = "model_unreachable"

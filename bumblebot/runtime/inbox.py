@@ -61,6 +61,8 @@ class Inbox:
         #: set when a message continues the burst the turn being prepared (or awaiting its
         #: first completion) began with: it is asked again with it
         self.burst = asyncio.Event()
+        #: set by the next message from a person (:meth:`arrival`)
+        self._arrival = asyncio.Event()
         #: loop time until which the burst goes on: the last message's arrival plus the quiet it asks for
         self.settle_at = 0.0
         self._burst_at = -1e9  # when the last message from a person arrived
@@ -81,10 +83,23 @@ class Inbox:
     def __bool__(self) -> bool:
         return bool(self.entries)
 
+    @property
+    def person_waiting(self) -> bool:
+        """A message from a person waits here for a turn."""
+        return any(e.inbound.source == "chat" for e in self.entries)
+
+    def arrival(self) -> asyncio.Event:
+        """An event set when the next message from a person is added (each message sets the
+        event handed out before it, and a new one is handed out after it)."""
+        return self._arrival
+
     def add(self, entry: JournalEntry, *, busy: bool) -> None:
         """A journaled message for this conversation; ``busy``: a turn is running."""
         now = self._clock()
         inbound = entry.inbound
+        if inbound.source == "chat":
+            self._arrival.set()
+            self._arrival = asyncio.Event()
         if inbound.album:
             if not self.entries or self.entries[-1].inbound.album != inbound.album:
                 self._album_since = now

@@ -126,6 +126,12 @@ class TurnIO(TurnPort):
     async def settle_burst(self) -> None:
         await self._conversation.inbox.burst_settled()
 
+    def message_waiting(self) -> bool:
+        return self._conversation.inbox.person_waiting
+
+    def arrival(self) -> asyncio.Event:
+        return self._conversation.inbox.arrival()
+
     async def take_steering(self, *, burst: bool = False) -> list[Message]:
         # after /reset the running turn belongs to the old session: new messages wait for the next
         inbox = self._conversation.inbox
