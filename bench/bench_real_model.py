@@ -7,12 +7,12 @@ llama.cpp's ``llama-server`` with SmolLM2-135M-Instruct and ``--jinja``)::
 
 ``python -m bumblebot run`` (this tree's code) talks to the endpoint and to the fake Telegram of
 ``tests/fakes``, which runs in this process (no network besides the endpoint). Each chat sends
-its messages one after another, the next once the turn of the last one has finished (read from
-the daemon's database) or ``--turn-timeout`` has passed. Printed per message: how many bot
-messages it got, how long until the first one showed and until its turn finished; then the
-distribution of those figures, the messages over the turn's message cap, the messages left
-unanswered, and the conversations that stopped working (a "too long" note, or no answer to
-their last message).
+its messages one after another, the next once the turn that answers the last one has finished
+(its journal entry, read from the daemon's database) or ``--turn-timeout`` has passed. Printed
+per message: how many bot messages it got, how long until the first one showed and until its
+turn finished; then the distribution of those figures, the messages over the turn's message
+cap, the messages left unanswered, and the conversations that stopped working (a "too long"
+note, or no answer to their last message).
 """
 
 from __future__ import annotations
@@ -57,18 +57,20 @@ class Row:
     texts: list[str] = field(default_factory=list)
 
 
-def finished_turns(db: Path, chat: int) -> int:
+def handled(db: Path, chat: int, message_id: int) -> bool:
+    """Whether the turn that answers the message has finished: its journal entry is no longer
+    pending (a message taken into a running turn is done when that turn ends; counting the
+    chat's finished turns took the end of a turn that was running when it came for its own)."""
     if not db.exists():
-        return 0
+        return False
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            (n,) = conn.execute(
-                "SELECT count(*) FROM turns t JOIN conversations c ON c.id = t.conversation_id "
-                "WHERE c.chat_id = ? AND t.status IN ('done', 'failed')", (str(chat),)
+            row = conn.execute(
+                "SELECT status FROM journal WHERE chat_id = ? AND message_id = ?", (str(chat), str(message_id))
             ).fetchone()
     except sqlite3.Error:
-        return 0
-    return int(n)
+        return False
+    return row is not None and row[0] != "pending"
 
 
 def shown(tg: FakeTelegram, chat: int) -> list[str]:
@@ -77,16 +79,15 @@ def shown(tg: FakeTelegram, chat: int) -> list[str]:
 
 async def one_chat(tg: FakeTelegram, db: Path, chat: int, texts: list[str], timeout: float, rows: list[Row]) -> None:
     for text in texts:
-        before_turns = finished_turns(db, chat)
         before = len(shown(tg, chat))
         row = Row(chat, text)
         rows.append(row)
         pushed = time.monotonic()
-        tg.push_text(text, chat_id=chat)
+        message_id = tg.push_text(text, chat_id=chat)["message"]["message_id"]
         while time.monotonic() - pushed < timeout:
             if row.first_s is None and len(shown(tg, chat)) > before:
                 row.first_s = time.monotonic() - pushed
-            if finished_turns(db, chat) > before_turns:
+            if handled(db, chat, message_id):
                 row.turn_s = time.monotonic() - pushed
                 break
             await asyncio.sleep(0.2)
