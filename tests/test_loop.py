@@ -27,7 +27,7 @@ from support import (
     until,
 )
 
-from bumblebot.cognition.notes import LOOPING_MESSAGE
+from bumblebot.cognition.notes import LOOPING_MESSAGE, SUPERSEDED_NOTE
 from bumblebot.core.events import ChatKind, ChatRef, Inbound, Platform
 from bumblebot.core.messages import Message
 from bumblebot.store import Store
@@ -464,23 +464,74 @@ async def test_a_message_sent_while_a_turn_is_at_its_cap_gets_its_own_turn(tmp_p
 FOUR_SAYS_AND_A_LOOK = tool_calls(*[("say", {"text": f"Line {i}."}) for i in range(4)], ("list_directory", {"path": "."}))
 
 
-async def test_a_message_ends_a_capped_turn_whose_request_is_in_flight(tmp_path, llm, tg):
+async def test_a_message_ends_a_capped_turn_after_the_step_in_flight(tmp_path, llm, tg):
     """SmolLM2-135M at its cap kept calling list_directory, one slow step after another, while
-    "good night" waited for the turn to end: it got no answer within 600 s."""
+    "good night" waited for the turn to end: it got no answer within 600 s. The step in flight
+    when the message came is work the model decided on: it runs, and the turn ends there."""
     judges_say_done(llm)
-    llm.push(FOUR_SAYS_AND_A_LOOK, when=is_loop)
-    slow = Gate(tool_calls(("list_directory", {"path": "."})))
-    llm.push(slow, when=lambda r: is_loop(r) and "good night" not in contents(r))
+    llm.push(tool_calls(*[("say", {"text": f"Fact {i}."}) for i in range(4)]), when=is_loop)
+    save = Gate(tool_calls(("write_file", {"path": "facts.md", "content": "facts\n"})))
+    llm.push(save, when=lambda r: is_loop(r) and "thanks" not in contents(r))
+    llm.push(say("You're welcome!"), when=lambda r: is_loop(r) and "thanks" in contents(r))
+    async with running(write_config(tmp_path, llm, tg)) as d:
+        tg.push_text("tell me four facts and save them to facts.md", chat_id=404)
+        await save.entered.wait()
+        tg.push_text("thanks!", chat_id=404)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        save.release.set()
+        await d.engine.wait_for_turns(2)
+        turns = await d.store.recent_turns()
+        workspace = d.settings.workspace
+    assert (workspace / "facts.md").read_text() == "facts\n"
+    assert tg.sent(404) == [f"Fact {i}." for i in range(4)] + ["You're welcome!"]
+    assert turns[-1]["trace"]["stop_reason"] == "message_waiting" and len(turns[-1]["trace"]["steps"]) == 2
+    # the next turn is told the previous one ended before the model ended it
+    [answer] = [r for r in loop_requests(llm) if "thanks" in contents(r)]
+    assert SUPERSEDED_NOTE in contents(answer)
+    assert not llm.unscripted
+
+
+async def test_a_paused_chat_s_capped_turn_finishes_though_a_message_waits(tmp_path, llm, tg):
+    """Paused, "the turn running now finishes": a message that waits for the resume ended it
+    at its cap, and the log it was writing was never written."""
+    judges_say_done(llm)
+    llm.push(tool_calls(*[("say", {"text": f"Fact {i}."}) for i in range(4)]), when=is_loop)
+    work = Gate(tool_calls(("write_file", {"path": "log.md", "content": "done\n"})))
+    llm.push(work, when=is_loop)
+    llm.push(tool_calls(("end_turn", {})), when=is_loop)
+    async with running(write_config(tmp_path, llm, tg, llm={"max_concurrent_requests": 1})) as d:
+        tg.push_text("four facts, then log it", chat_id=407)
+        await work.entered.wait()
+        await d.engine.operate(ChatRef(Platform.TELEGRAM, "407"), "pause")
+        tg.push_text("hello?", chat_id=407)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        work.release.set()
+        await d.engine.wait_for_turns(1)
+        turns = await d.store.recent_turns()
+        workspace = d.settings.workspace
+    assert (workspace / "log.md").read_text() == "done\n"
+    assert turns[-1]["trace"]["stop_reason"] == "end_turn"
+
+
+async def test_a_capped_turn_s_cut_step_is_not_asked_again_while_a_message_waits(tmp_path, llm, tg):
+    """At the cap, a reflex step cut at its budget was asked again with the deliberate one
+    (2,048 tokens) while "good night" waited for it."""
+    judges_say_done(llm)
+    llm.push(tool_calls(*[("say", {"text": f"Fact {i}."}) for i in range(4)]), when=is_loop)
+    cut = Gate(text("and one more thing about", finish_reason="length"))
+    llm.push(cut, when=lambda r: is_loop(r) and "good night" not in contents(r))
     llm.push(say("Good night!"), when=lambda r: is_loop(r) and "good night" in contents(r))
     async with running(write_config(tmp_path, llm, tg)) as d:
-        tg.push_text("tell me four things", chat_id=404)
-        await slow.entered.wait()
-        tg.push_text("good night", chat_id=404)
-        await d.engine.wait_for_turns(2)  # answered while the capped turn's request still hangs
+        tg.push_text("hi, four facts", chat_id=408)
+        await cut.entered.wait()
+        tg.push_text("good night", chat_id=408)
+        await d.engine.wait_until(lambda: d.engine.progress.accepted >= 2)
+        cut.release.set()
+        await d.engine.wait_for_turns(2)
         turns = await d.store.recent_turns()
-    assert tg.sent(404) == [f"Line {i}." for i in range(4)] + ["Good night!"]
-    assert not slow.release.is_set() and turns[-1]["trace"]["stop_reason"] == "message_waiting"
-    assert len(turns[-1]["trace"]["steps"]) == 1  # the aborted step left nothing in the history
+    assert tg.sent(408) == [f"Fact {i}." for i in range(4)] + ["Good night!"]
+    assert turns[-1]["trace"]["route"] == "reflex" and turns[-1]["trace"]["stop_reason"] == "message_waiting"
+    assert len([r for r in loop_requests(llm) if "good night" not in contents(r)]) == 2
     assert not llm.unscripted
 
 

@@ -94,6 +94,7 @@ from bumblebot.cognition.steps import (
     Stopped,
     Superseded,
     cut_short,
+    given_up_for,
     unique_id,
     unless_stopped,
 )
@@ -177,7 +178,7 @@ class AgentLoop:
             run.stop_reason = StopReason.STOPPED
             return False
         if self._at_cap(run) and run.port.message_waiting():
-            return self._superseded(run)
+            return await self._superseded(run)
         if run.ended_by is not None and await self._gate(run):
             return False
         limit = self._limit(run)
@@ -197,7 +198,9 @@ class AgentLoop:
             run.stop_reason = StopReason.STOPPED
             return False
         except Superseded:
-            return self._superseded(run)
+            if not run.port.message_waiting():
+                return True  # the message no longer waits (a paused chat, /reset): ask again
+            return await self._superseded(run)
         except ContextTooLong:
             if not run.state.delivered:
                 raise  # nothing got through: the turn fails with the "too long" note
@@ -244,14 +247,17 @@ class AgentLoop:
         return len(run.state.delivered) >= run.limits.max_messages
 
     @staticmethod
-    def _superseded(run: Run) -> bool:
+    async def _superseded(run: Run) -> bool:
         """The turn can say no more and a person's message waits for it to end: it ends now,
         decided from delivery state, not from what was said. Its steps left could only work
-        on unseen, or call ``end_turn`` for the check to judge; the message's own turn sees
-        all of it in the history, and the person does not wait for it (minutes on a slow
-        endpoint). ``False``: the turn is over."""
+        unseen, or call ``end_turn`` for the check to judge; the person does not wait for
+        them (minutes on a slow endpoint). The message's own turn sees all of it in the
+        history, with a note that this turn ended before the model ended it (work it had not
+        asked for yet was not done). ``False``: the turn is over."""
         ended = {"end_turn": StopReason.END_TURN, "text": StopReason.FINAL_REPLY}
         run.stop_reason = ended.get(run.ended_by or "", StopReason.MESSAGE_WAITING)
+        if run.stop_reason is StopReason.MESSAGE_WAITING:
+            await run.port.superseded()
         return False
 
     @staticmethod
@@ -284,16 +290,16 @@ class AgentLoop:
         # burst it began with goes on (cognition.debounce_s): it has shown nothing yet
         first = not run.trace.steps and not run.restarted and not run.state.delivered
         call = "say" if self._speak_now(run) else None
-        # at the cap, a person's message coming ends the turn, its request aborted (or never
-        # sent: a one-slot endpoint may keep it waiting behind other chats' for minutes)
+        # at the cap, a person's message coming ends the turn before its next request is sent
+        # (a one-slot endpoint may keep that request waiting behind other chats' for minutes)
         superseded = run.port.arrival() if self._at_cap(run) else None
         if superseded is not None and run.port.message_waiting():
             raise Superseded  # came while the request was built
         try:
-            completion, request = await unless_stopped(stop, self._complete_fitting(
-                request, run.nudge, run.requests, limits, run.stream.listener, call
-            ), burst=run.port.burst if first else None, may_restart=lambda: not run.stream.shown,
-                superseded=superseded)
+            with given_up_for(superseded):
+                completion, request = await unless_stopped(stop, self._complete_fitting(
+                    request, run.nudge, run.requests, limits, run.stream.listener, call
+                ), burst=run.port.burst if first else None, may_restart=lambda: not run.stream.shown)
         except Burst:
             run.restarted = True
             await unless_stopped(stop, run.port.settle_burst())
@@ -321,12 +327,15 @@ class AgentLoop:
             # a reply cut by the reflex budget: ask again once with the deliberate one, before
             # anything of it is run or delivered (not one the client cut: that server did not
             # stop at the budget it was given, and would only run longer with a larger one)
+            if superseded is not None and run.port.message_waiting():
+                raise Superseded  # a cut step of a turn that can say no more: not worth a longer one
             limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
             run.port.restart_previews()  # the new text takes the shown messages over
             run.stream.reset()
-            completion = await unless_stopped(
-                stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener, call)
-            )
+            with given_up_for(superseded):
+                completion = await unless_stopped(
+                    stop, self._complete(request, run.requests.tool_schemas, limits, run.stream.listener, call)
+                )
             step.finish_reason, step.escalated = completion.finish_reason, True
             step.endpoint, step.model = completion.endpoint, completion.model
             self._repeated(run, completion, request)  # the next request of that endpoint and model repeats this one

@@ -97,6 +97,11 @@ LIMIT_NOTES = {
 }
 #: What history keeps of a stopped turn, after what the user saw of it.
 STOPPED_NOTE = "[The user stopped this turn with /stop; it ended here.]"
+#: recorded when a turn at its message cap ends because the user wrote again
+SUPERSEDED_NOTE = (
+    "[This turn had sent all the messages it may and ended here, before its next step, because the user "
+    "wrote again; anything it had not done yet is not done.]"
+)
 
 
 def clip(text: str, n: int) -> str:

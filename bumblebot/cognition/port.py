@@ -85,6 +85,10 @@ class TurnPort(TurnControl, Protocol):
     def judging(self) -> None:
         """The reply is on screen and the completion check runs (no typing indicator)."""
 
+    async def superseded(self) -> None:
+        """Record, as the turn's end, that it ended at its message cap because a person's
+        message came (``message_waiting``)."""
+
     async def stopped(self) -> None:
         """Record that the user stopped the turn (``/stop``), with what of it they saw, as the
         turn's end."""

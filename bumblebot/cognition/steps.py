@@ -9,7 +9,8 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from bumblebot.cognition.compaction import cap_tool_result
@@ -17,6 +18,7 @@ from bumblebot.cognition.limits import MIN_RESULT_SHARE
 from bumblebot.cognition.notes import NEVER_SENT
 from bumblebot.core.messages import Message, valid_arguments
 from bumblebot.core.toolkit import DeliveryReport, ToolResult
+from bumblebot.core.usage import unless
 from bumblebot.llm import Completion, ToolCall
 from bumblebot.store import OutboxEntry
 
@@ -53,8 +55,28 @@ class Stopped(Exception):
 
 class Superseded(Exception):
     """A person's message came while a turn that can say no more (at its message cap) waited
-    on the model (:func:`unless_stopped` with ``superseded``): it was aborted, and the turn
-    ends so that the message gets a turn of its own."""
+    for a slot to send its next request (:func:`given_up_for`): the request was never sent,
+    and the turn ends so that the message gets a turn of its own."""
+
+
+@contextmanager
+def given_up_for(event: asyncio.Event | None) -> Iterator[None]:
+    """Send the block's model requests only while ``event`` is not set
+    (:func:`~bumblebot.core.usage.unless`): one still waiting for a slot when it is set is
+    never sent, and :class:`Superseded` is raised. One already sent is answered: a server
+    answering one request at a time goes on with it anyway, and the calls it brings are work
+    the model decided on."""
+    if event is None:
+        yield
+        return
+    with unless(event):
+        try:
+            yield
+        except asyncio.CancelledError:  # a request given up inside a task ends it as cancelled
+            current = asyncio.current_task()
+            if not event.is_set() or (current is not None and current.cancelling()):
+                raise  # a shutdown, or a cancellation of the call's own
+            raise Superseded from None
 
 
 class Burst(Exception):
@@ -65,7 +87,6 @@ class Burst(Exception):
 async def unless_stopped(
     stop: asyncio.Event, coro: Coroutine[Any, Any, _T], *,
     burst: asyncio.Event | None = None, may_restart: Callable[[], bool] = lambda: True,
-    superseded: asyncio.Event | None = None,
 ) -> _T:
     """Await ``coro`` unless ``stop`` is set first: then it is cancelled (an HTTP request is
     aborted, a tool's process is stopped the way its timeout stops it) and :class:`Stopped`
@@ -73,8 +94,7 @@ async def unless_stopped(
 
     ``burst`` (the turn's first completion): when it is set and ``may_restart()`` (nothing of
     the completion is on screen yet), ``coro`` is cancelled the same way and :class:`Burst`
-    raised; otherwise it is cleared and the wait goes on. ``superseded`` (a turn at its message
-    cap): when it is set, ``coro`` is cancelled the same way and :class:`Superseded` raised."""
+    raised; otherwise it is cleared and the wait goes on."""
     if stop.is_set():
         coro.close()
         raise Stopped
@@ -84,8 +104,6 @@ async def unless_stopped(
         waiters = [asyncio.ensure_future(stop.wait())]
         if burst is not None:
             waiters.append(asyncio.ensure_future(burst.wait()))
-        if superseded is not None:
-            waiters.append(asyncio.ensure_future(superseded.wait()))
         try:
             await asyncio.wait({task, *waiters}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # we are cancelled ourselves (a shutdown): so is the call
@@ -96,8 +114,8 @@ async def unless_stopped(
                 waiter.cancel()
         if task.done():
             return task.result()
-        if stop.is_set() or burst is None or not burst.is_set():
-            break  # a stop, or the turn was superseded
+        if stop.is_set() or burst is None:
+            break
         burst.clear()
         if may_restart():
             restart = True
@@ -112,9 +130,7 @@ async def unless_stopped(
             raise  # a shutdown came meanwhile
     except Exception as exc:  # what the cancelled call raised on its way out
         log.debug("a call stopped by /stop raised %s", type(exc).__name__)
-    if restart:
-        raise Burst
-    raise Superseded if superseded is not None and superseded.is_set() and not stop.is_set() else Stopped
+    raise Burst if restart else Stopped
 
 
 async def all_or_none(coros: list[Coroutine[Any, Any, _T]]) -> list[_T]:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bumblebot.cognition.notes import STOPPED_NOTE
+from bumblebot.cognition.notes import STOPPED_NOTE, SUPERSEDED_NOTE
 from bumblebot.cognition.port import TurnPort
 from bumblebot.cognition.speech import DeliveryRule
 from bumblebot.cognition.trace import StopReason
@@ -127,7 +127,8 @@ class TurnIO(TurnPort):
         await self._conversation.inbox.burst_settled()
 
     def message_waiting(self) -> bool:
-        return self._conversation.inbox.person_waiting
+        # a paused conversation's messages wait for the resume: the running turn finishes
+        return self._conversation.inbox.person_waiting and not self._conversation.paused
 
     def arrival(self) -> asyncio.Event:
         return self._conversation.inbox.arrival()
@@ -322,6 +323,11 @@ class TurnIO(TurnPort):
         self._turn.state.closing = Closing("done", StopReason.STOPPED.value)
         messages = [Message(role="assistant", content=text) for text in shown]
         await self._turn.record_all([*messages, Message(role="assistant", content=STOPPED_NOTE, note=True)])
+
+    async def superseded(self) -> None:
+        # recorded with the turn's end, so a crash from here on finishes the turn
+        self._turn.state.closing = Closing("done", StopReason.MESSAGE_WAITING.value)
+        await self._turn.record_all([Message(role="assistant", content=SUPERSEDED_NOTE, note=True)])
 
     async def outbox(self) -> list[OutboxEntry]:
         return await self._turn.outbox()
