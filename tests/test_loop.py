@@ -14,7 +14,16 @@ import sqlite3
 from typing import Any
 
 from conftest import running, write_config
-from fakes.openai_server import FakeOpenAI, Reply, error, is_aux, is_last_chance, is_loop, text, tool_calls
+from fakes.openai_server import (
+    FakeOpenAI,
+    Reply,
+    error,
+    is_aux,
+    is_last_chance,
+    is_loop,
+    text,
+    tool_calls,
+)
 from support import (
     Gate,
     contents,
@@ -532,6 +541,7 @@ async def test_a_capped_turn_s_cut_step_is_not_asked_again_while_a_message_waits
     assert tg.sent(408) == [f"Fact {i}." for i in range(4)] + ["Good night!"]
     assert turns[-1]["trace"]["route"] == "reflex" and turns[-1]["trace"]["stop_reason"] == "message_waiting"
     assert len([r for r in loop_requests(llm) if "good night" not in contents(r)]) == 2
+    assert len(turns[-1]["trace"]["steps"]) == 2  # the cut step was answered: the trace keeps it
     assert not llm.unscripted
 
 
@@ -563,6 +573,40 @@ async def test_a_message_ends_a_capped_turn_whose_request_waits_for_the_slot(tmp
     chat_405 = [r for r in loop_requests(llm) if "four things" in contents(r)]
     assert len([r for r in chat_405 if "good night" not in contents(r)]) == 1
     assert not llm.unscripted
+
+
+async def capped_turn_waiting_for_the_slot(d: Any, llm: Any, tg: Any, chat: int, other_chat: int) -> Gate:
+    """A turn of ``chat`` at its cap whose next request waits for the one slot, which a turn
+    of ``other_chat`` holds until the returned gate is released."""
+    first, other = Gate(FOUR_SAYS_AND_A_LOOK), Gate(say("Hello there."))
+    llm.push(first, when=lambda r: is_loop(r) and "four things" in contents(r))
+    llm.push(other, when=lambda r: is_loop(r) and "hello" in contents(r))
+    endpoint = d.llm.primary
+    tg.push_text("tell me four things", chat_id=chat)
+    await first.entered.wait()
+    tg.push_text("hello", chat_id=other_chat)
+    await until(lambda: endpoint.waiting == 1)
+    first.release.set()
+    await other.entered.wait()
+    await until(lambda: endpoint.waiting == 1)
+    return other
+
+
+async def test_stop_of_a_capped_turn_waiting_for_the_slot_leaves_the_slot_to_others(tmp_path, llm, tg):
+    """/stop while the capped turn's request waited for the one slot: the slot went to that
+    request's dead place, and the endpoint answered no chat again."""
+    judges_say_done(llm)
+    llm.push(say("Later answer."), when=lambda r: is_loop(r) and "anyone there" in contents(r))
+    async with running(write_config(tmp_path, llm, tg, llm={"max_concurrent_requests": 1})) as d:
+        other = await capped_turn_waiting_for_the_slot(d, llm, tg, 409, 410)
+        tg.push_text("/stop", chat_id=409)
+        await d.engine.wait_for_turns(1)
+        other.release.set()
+        await d.engine.wait_for_turns(2)
+        tg.push_text("anyone there?", chat_id=411)
+        await d.engine.wait_for_turns(3)
+        waiting = d.llm.primary.waiting
+    assert tg.sent(411) == ["Later answer."] and waiting == 0
 
 
 async def test_two_equal_says_in_one_step_show_one_preview(tmp_path, llm, tg):

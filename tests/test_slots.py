@@ -8,15 +8,25 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import running, write_config
 from fakes.openai_server import FakeOpenAI
 from support import Gate, contents, is_loop_with, judges_say_done, loop_requests, say, until
 
-from bumblebot.core.settings import LLMSettings
 from bumblebot.cognition.state import LoopState
 from bumblebot.core.messages import Message
-from bumblebot.core.usage import BACKGROUND, FIRST_WORDS, INTERACTIVE, answered, awaited, message_came, scoped, unanswered, urgency
+from bumblebot.core.settings import LLMSettings
+from bumblebot.core.usage import (
+    BACKGROUND,
+    FIRST_WORDS,
+    INTERACTIVE,
+    answered,
+    awaited,
+    message_came,
+    scoped,
+    unanswered,
+    unless,
+    urgency,
+)
 from bumblebot.llm import LLM, CapabilityMemory
 from bumblebot.llm.slots import RequestSlots
 
@@ -359,3 +369,27 @@ async def test_a_turn_entered_again_is_the_same_turn_to_the_slots_and_to_message
         message_came("telegram:1")
         assert usage.urgency() == FIRST_WORDS
     await asyncio.wait_for(slots.__aenter__(), 1)  # released when the turn ended
+
+
+async def test_a_request_cancelled_while_it_may_give_up_its_wait_leaves_the_slot_to_the_next():
+    """/stop of a capped turn whose request waited for the one slot (inside ``unless``): its
+    pending place kept the slot when released, and the endpoint answered nobody again."""
+    slots = RequestSlots(1, keep_s=0)
+    await slots.__aenter__()  # another request in flight
+
+    async def capped() -> None:
+        with unless(asyncio.Event()):
+            async with slots:
+                pass
+
+    waiting = asyncio.ensure_future(capped())
+    await until(lambda: slots.waiting == 1)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    await slots.__aexit__(None, None, None)
+
+    async def later() -> str:
+        async with slots:
+            return "sent"
+
+    assert await asyncio.wait_for(later(), 2) == "sent"

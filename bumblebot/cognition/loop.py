@@ -198,6 +198,9 @@ class AgentLoop:
             run.stop_reason = StopReason.STOPPED
             return False
         except Superseded:
+            if run.port.stop.is_set():
+                run.stop_reason = StopReason.STOPPED  # /stop came with the message: it wins
+                return False
             if not run.port.message_waiting():
                 return True  # the message no longer waits (a paused chat, /reset): ask again
             return await self._superseded(run)
@@ -328,6 +331,7 @@ class AgentLoop:
             # anything of it is run or delivered (not one the client cut: that server did not
             # stop at the budget it was given, and would only run longer with a larger one)
             if superseded is not None and run.port.message_waiting():
+                run.trace.steps.append(step.as_dict())  # answered and metered: it stays in the trace
                 raise Superseded  # a cut step of a turn that can say no more: not worth a longer one
             limits.max_tokens, limits.escalate_tokens = limits.escalate_tokens, None
             run.port.restart_previews()  # the new text takes the shown messages over

@@ -34,7 +34,14 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from bumblebot.core.usage import FIRST_WORDS, GaveUp, awaited_turn, give_up_event, urgency, when_ended
+from bumblebot.core.usage import (
+    FIRST_WORDS,
+    GaveUp,
+    awaited_turn,
+    give_up_event,
+    urgency,
+    when_ended,
+)
 
 #: Seconds a one-slot endpoint's slot stays kept for the next request of the turn that used it.
 KEEP_S = 1.0
@@ -124,6 +131,12 @@ class RequestSlots:
         waiter = asyncio.ensure_future(give_up.wait())
         try:
             await asyncio.wait({given, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # cancelled while waiting (a /stop, a shutdown): asyncio.wait leaves ``given``
+            # pending, and a release would hand the slot to it for good
+            if not given.done():
+                given.cancel()
+            raise
         finally:
             waiter.cancel()
         if not given.done():
