@@ -470,6 +470,11 @@ async def test_a_message_sent_while_a_turn_is_at_its_cap_gets_its_own_turn(tmp_p
     assert len([r for r in loop_requests(llm) if "2+2" not in contents(r)]) == 1
 
 
+def four_facts() -> Reply:
+    """A step that says four messages: a turn at its message cap (4)."""
+    return tool_calls(*[("say", {"text": f"Fact {i}."}) for i in range(4)])
+
+
 FOUR_SAYS_AND_A_LOOK = tool_calls(*[("say", {"text": f"Line {i}."}) for i in range(4)], ("list_directory", {"path": "."}))
 
 
@@ -478,7 +483,7 @@ async def test_a_message_ends_a_capped_turn_after_the_step_in_flight(tmp_path, l
     "good night" waited for the turn to end: it got no answer within 600 s. The step in flight
     when the message came is work the model decided on: it runs, and the turn ends there."""
     judges_say_done(llm)
-    llm.push(tool_calls(*[("say", {"text": f"Fact {i}."}) for i in range(4)]), when=is_loop)
+    llm.push(four_facts(), when=is_loop)
     save = Gate(tool_calls(("write_file", {"path": "facts.md", "content": "facts\n"})))
     llm.push(save, when=lambda r: is_loop(r) and "thanks" not in contents(r))
     llm.push(say("You're welcome!"), when=lambda r: is_loop(r) and "thanks" in contents(r))
@@ -504,11 +509,11 @@ async def test_a_paused_chat_s_capped_turn_finishes_though_a_message_waits(tmp_p
     """Paused, "the turn running now finishes": a message that waits for the resume ended it
     at its cap, and the log it was writing was never written."""
     judges_say_done(llm)
-    llm.push(tool_calls(*[("say", {"text": f"Fact {i}."}) for i in range(4)]), when=is_loop)
+    llm.push(four_facts(), when=is_loop)
     work = Gate(tool_calls(("write_file", {"path": "log.md", "content": "done\n"})))
     llm.push(work, when=is_loop)
     llm.push(tool_calls(("end_turn", {})), when=is_loop)
-    async with running(write_config(tmp_path, llm, tg, llm={"max_concurrent_requests": 1})) as d:
+    async with running(write_config(tmp_path, llm, tg)) as d:
         tg.push_text("four facts, then log it", chat_id=407)
         await work.entered.wait()
         await d.engine.operate(ChatRef(Platform.TELEGRAM, "407"), "pause")
@@ -526,7 +531,7 @@ async def test_a_capped_turn_s_cut_step_is_not_asked_again_while_a_message_waits
     """At the cap, a reflex step cut at its budget was asked again with the deliberate one
     (2,048 tokens) while "good night" waited for it."""
     judges_say_done(llm)
-    llm.push(tool_calls(*[("say", {"text": f"Fact {i}."}) for i in range(4)]), when=is_loop)
+    llm.push(four_facts(), when=is_loop)
     cut = Gate(text("and one more thing about", finish_reason="length"))
     llm.push(cut, when=lambda r: is_loop(r) and "good night" not in contents(r))
     llm.push(say("Good night!"), when=lambda r: is_loop(r) and "good night" in contents(r))
